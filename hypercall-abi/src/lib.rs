@@ -1,0 +1,18 @@
+//! The stagevm guest/host contract.
+//!
+//! This crate holds everything a guest and the stagevm VMM must agree on, and
+//! nothing else: constants, `#[repr(C)]` layouts and their size assertions. It
+//! is `no_std` and has no dependencies so the test unikernel, the guest agent
+//! and the VMM all build it unchanged.
+//!
+//! * [`boot`] — the direct ring-3 boot protocol: how each vCPU starts and the
+//!   [`boot::BootInfo`] page the VMM writes for the guest.
+//! * [`platform`] — the platform's fixed port-I/O devices (serial console,
+//!   shutdown, vCPU stop).
+//!
+//! The stage channel (per-vCPU event rings, stage map, doorbell) is added here
+//! as ABI v1 by the stage-channel work; see `../shared/DESIGN.md`.
+#![no_std]
+
+pub mod boot;
+pub mod platform;

@@ -1,0 +1,229 @@
+//! stagevm's test unikernel.
+//!
+//! Every vCPU enters [`rust_main`] directly in ring 3 (the boot protocol of
+//! `hypercall_abi::boot`): there is no guest kernel-mode code at all, so on
+//! the project's machines, where CPL0 is emulated, everything here runs
+//! natively. Each vCPU runs [`workload`] and prints its checksum on COM1; the
+//! last vCPU to finish asks the VMM to shut down with exit code 0.
+//!
+//! Command line (space-separated `key=value`):
+//! * `iters=N` — workload iterations per vCPU (default 1000000),
+//! * `exit=N` — exit code to shut down with after the work (default 0),
+//! * `fault=1` — execute `hlt` in ring 3 after the banner: a #GP with no IDT,
+//!   i.e. a triple fault, to test the VMM's failure path.
+#![no_std]
+#![no_main]
+
+use core::arch::{asm, global_asm};
+use core::fmt::Write;
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use hypercall_abi::boot::BootInfo;
+use hypercall_abi::platform::{
+    SERIAL_LSR, SERIAL_LSR_THR_EMPTY, SERIAL_PORT_BASE, SERIAL_THR, SHUTDOWN_PORT, VCPU_STOP_PORT,
+};
+
+global_asm!(
+    r#"
+    .section .text.entry, "ax"
+    .global _start
+_start:
+    and rsp, -16
+    call {main}
+    ud2
+"#,
+    main = sym rust_main,
+);
+
+fn outb(port: u16, value: u8) {
+    // SAFETY: port I/O has no memory effects; IOPL 3 allows it in ring 3.
+    unsafe { asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack)) };
+}
+
+fn outl(port: u16, value: u32) {
+    // SAFETY: as for `outb`.
+    unsafe { asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack)) };
+}
+
+fn inb(port: u16) -> u8 {
+    let value: u8;
+    // SAFETY: as for `outb`.
+    unsafe { asm!("in al, dx", out("al") value, in("dx") port, options(nomem, nostack)) };
+    value
+}
+
+/// Current privilege level, from the low bits of CS.
+fn cpl() -> u16 {
+    let cs: u16;
+    // SAFETY: reading CS has no side effects.
+    unsafe { asm!("mov {0:x}, cs", out(reg) cs, options(nomem, nostack)) };
+    cs & 3
+}
+
+/// Ends the VM with `code` (the VMM returns it as its exit status).
+fn shutdown(code: u32) -> ! {
+    outl(SHUTDOWN_PORT, code);
+    loop {
+        core::hint::spin_loop();
+    }
+}
+
+/// Stops this vCPU for good.
+fn stop_vcpu() -> ! {
+    outb(VCPU_STOP_PORT, 0);
+    loop {
+        core::hint::spin_loop();
+    }
+}
+
+/// A polled 16550 writer; the lock keeps lines of different vCPUs apart.
+struct Console;
+
+static CONSOLE_LOCK: AtomicBool = AtomicBool::new(false);
+
+impl Write for Console {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        for b in s.bytes() {
+            while inb(SERIAL_PORT_BASE + SERIAL_LSR) & SERIAL_LSR_THR_EMPTY == 0 {
+                core::hint::spin_loop();
+            }
+            outb(SERIAL_PORT_BASE + SERIAL_THR, b);
+        }
+        Ok(())
+    }
+}
+
+fn print_line(args: core::fmt::Arguments) {
+    while CONSOLE_LOCK
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        core::hint::spin_loop();
+    }
+    let _ = Console.write_fmt(args);
+    let _ = Console.write_str("\n");
+    CONSOLE_LOCK.store(false, Ordering::Release);
+}
+
+macro_rules! println {
+    ($($arg:tt)*) => { print_line(format_args!($($arg)*)) };
+}
+
+/// xorshift64 (Marsaglia, "Xorshift RNGs", J. Stat. Softw. 2003; shifts 13, 7, 17).
+fn xorshift64(mut x: u64) -> u64 {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    x
+}
+
+/// Words in the workload's table: 4096 × 8 bytes = 32 KiB per vCPU.
+const TABLE_WORDS: usize = 4096;
+
+/// The per-vCPU workload: fills a 32 KiB table from a xorshift64 stream seeded
+/// by the vCPU index, then does `iters` data-dependent read-modify-writes and
+/// folds them into a checksum. The end-to-end tests recompute it on the host.
+fn workload(vcpu: u64, iters: u64) -> u64 {
+    let mut table = [0u64; TABLE_WORDS];
+    let mut x = 0x5354_4147_4556_4d31 ^ (vcpu + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    for word in table.iter_mut() {
+        x = xorshift64(x);
+        *word = x;
+    }
+    let mut sum = 0u64;
+    for i in 0..iters {
+        x = xorshift64(x);
+        let j = (x % TABLE_WORDS as u64) as usize;
+        table[j] = table[j].rotate_left(7) ^ i;
+        sum = sum.rotate_left(5) ^ table[j];
+    }
+    table.iter().fold(sum, |acc, w| acc.wrapping_add(*w))
+}
+
+/// Options from the command line.
+struct Options {
+    iters: u64,
+    exit: u32,
+    fault: bool,
+}
+
+fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
+    let mut opts = Options {
+        iters: 1_000_000,
+        exit: 0,
+        fault: false,
+    };
+    for word in cmdline.split_ascii_whitespace() {
+        let (key, value) = word.split_once('=').ok_or(word)?;
+        match key {
+            "iters" => opts.iters = value.parse().map_err(|_| word)?,
+            "exit" => opts.exit = value.parse().map_err(|_| word)?,
+            "fault" => opts.fault = value == "1",
+            _ => return Err(word),
+        }
+    }
+    Ok(opts)
+}
+
+/// vCPUs that have finished their work.
+static DONE: AtomicU32 = AtomicU32::new(0);
+
+/// Entry of every vCPU, in ring 3: `vcpu` is its index (RDI), `boot` the GPA
+/// of the boot info (RSI), identity-mapped.
+extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
+    // SAFETY: the VMM writes a BootInfo at this identity-mapped GPA before any
+    // vCPU starts; it is only read.
+    let info = unsafe { boot.read_volatile() };
+    if !info.is_valid() {
+        println!("testguest: bad boot info (magic {:#x})", info.magic);
+        shutdown(3);
+    }
+    // SAFETY: the VMM wrote `cmdline_len` bytes at `cmdline_gpa`, inside RAM.
+    let raw = unsafe {
+        core::slice::from_raw_parts(info.cmdline_gpa as *const u8, info.cmdline_len as usize)
+    };
+    let cmdline = core::str::from_utf8(raw).unwrap_or("");
+    let opts = match parse_cmdline(cmdline) {
+        Ok(opts) => opts,
+        Err(word) => {
+            if vcpu == 0 {
+                println!("testguest: bad command-line word '{}'", word);
+            }
+            shutdown(4);
+        }
+    };
+    if vcpu == 0 {
+        println!(
+            "stagevm testguest: {} vCPUs, {} MiB, tsc {} kHz, cmdline \"{}\"",
+            info.num_vcpus,
+            info.mem_size >> 20,
+            info.tsc_khz,
+            cmdline
+        );
+        if opts.fault {
+            println!("testguest: executing hlt in ring 3 (expect a triple fault)");
+            // SAFETY: deliberately faults; the VMM ends the VM.
+            unsafe { asm!("hlt") };
+        }
+    }
+    let checksum = workload(vcpu, opts.iters);
+    println!(
+        "vcpu {}: ring {}, iters {}, checksum {:#018x}",
+        vcpu,
+        cpl(),
+        opts.iters,
+        checksum
+    );
+    if DONE.fetch_add(1, Ordering::AcqRel) + 1 == info.num_vcpus {
+        println!("testguest: all {} vCPUs done", info.num_vcpus);
+        shutdown(opts.exit);
+    }
+    stop_vcpu();
+}
+
+#[panic_handler]
+fn panic(panic: &core::panic::PanicInfo) -> ! {
+    CONSOLE_LOCK.store(false, Ordering::Release);
+    println!("testguest: panic: {}", panic);
+    shutdown(101);
+}

@@ -1,0 +1,296 @@
+//! VM configuration: the parsed values of `stagevm`'s command-line options.
+//!
+//! Option values follow Cloud Hypervisor's `key=value[,key=value]` style
+//! (`--cpus boot=4`, `--memory size=512M`, `--serial file=/tmp/log`). Every
+//! parse error names the option and the bad value.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// Errors from parsing an option value. Each names the offending text.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// A `key=value` list contained a key the option does not know.
+    #[error("unknown key '{key}' in '{value}' (expected: {expected})")]
+    UnknownKey {
+        /// The unknown key.
+        key: String,
+        /// The whole option value.
+        value: String,
+        /// The keys the option accepts.
+        expected: &'static str,
+    },
+    /// A required key is missing.
+    #[error("missing '{key}=' in '{value}'")]
+    MissingKey {
+        /// The missing key.
+        key: &'static str,
+        /// The whole option value.
+        value: String,
+    },
+    /// A value could not be parsed.
+    #[error("invalid {what} '{value}': {reason}")]
+    Invalid {
+        /// What was being parsed (e.g. "vCPU count").
+        what: &'static str,
+        /// The bad text.
+        value: String,
+        /// Why it is invalid.
+        reason: String,
+    },
+}
+
+fn key_values<'a>(
+    value: &'a str,
+    expected: &'static str,
+) -> Result<Vec<(&'a str, &'a str)>, ConfigError> {
+    value
+        .split(',')
+        .filter(|part| !part.is_empty())
+        .map(|part| {
+            part.split_once('=').ok_or_else(|| ConfigError::Invalid {
+                what: "option",
+                value: value.to_string(),
+                reason: format!("'{part}' is not key=value (expected: {expected})"),
+            })
+        })
+        .collect()
+}
+
+/// `--cpus boot=N`: the number of vCPUs started at boot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpusConfig {
+    /// Number of vCPUs (≥ 1; the upper bound is KVM's `KVM_CAP_MAX_VCPUS`,
+    /// checked when the VM is created).
+    pub boot: u32,
+}
+
+impl Default for CpusConfig {
+    fn default() -> Self {
+        Self { boot: 1 }
+    }
+}
+
+impl FromStr for CpusConfig {
+    type Err = ConfigError;
+
+    fn from_str(value: &str) -> Result<Self, ConfigError> {
+        let mut boot = None;
+        for (key, v) in key_values(value, "boot=N")? {
+            match key {
+                "boot" => {
+                    let n: u32 = v.parse().map_err(|e| ConfigError::Invalid {
+                        what: "vCPU count",
+                        value: v.to_string(),
+                        reason: format!("{e}"),
+                    })?;
+                    if n == 0 {
+                        return Err(ConfigError::Invalid {
+                            what: "vCPU count",
+                            value: v.to_string(),
+                            reason: "a VM needs at least 1 vCPU".into(),
+                        });
+                    }
+                    boot = Some(n);
+                }
+                _ => {
+                    return Err(ConfigError::UnknownKey {
+                        key: key.into(),
+                        value: value.into(),
+                        expected: "boot",
+                    })
+                }
+            }
+        }
+        boot.map(|boot| Self { boot })
+            .ok_or(ConfigError::MissingKey {
+                key: "boot",
+                value: value.into(),
+            })
+    }
+}
+
+/// Parses a byte size with an optional binary suffix: `4096`, `512K`, `256M`,
+/// `1G` (K = KiB, M = MiB, G = GiB). Returns bytes.
+pub fn parse_size(text: &str) -> Result<u64, ConfigError> {
+    let invalid = |reason: &str| ConfigError::Invalid {
+        what: "memory size",
+        value: text.to_string(),
+        reason: reason.to_string(),
+    };
+    let (digits, shift) = match text.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&text[..i], 10),
+        Some((i, 'M' | 'm')) => (&text[..i], 20),
+        Some((i, 'G' | 'g')) => (&text[..i], 30),
+        Some(_) => (text, 0),
+        None => return Err(invalid("empty")),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| invalid("expected a number with an optional K, M or G suffix"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| invalid("too large"))
+}
+
+/// Formats a byte count the way [`parse_size`] reads it, with the largest
+/// exact binary suffix (`268435456` → `256M`).
+pub fn format_size(bytes: u64) -> String {
+    for (shift, suffix) in [(30, "G"), (20, "M"), (10, "K")] {
+        if bytes != 0 && bytes % (1u64 << shift) == 0 {
+            return format!("{}{suffix}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// `--memory size=SIZE`: guest RAM, one range starting at GPA 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryConfig {
+    /// Guest RAM in bytes, a multiple of 4 KiB, at most [`MAX_MEMORY`].
+    pub size: u64,
+}
+
+/// Largest guest RAM stagevm supports: 3 GiB, so RAM stays below the 32-bit
+/// MMIO hole where devices are placed.
+pub const MAX_MEMORY: u64 = 3 << 30;
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self { size: 256 << 20 }
+    }
+}
+
+impl FromStr for MemoryConfig {
+    type Err = ConfigError;
+
+    fn from_str(value: &str) -> Result<Self, ConfigError> {
+        let mut size = None;
+        for (key, v) in key_values(value, "size=SIZE")? {
+            match key {
+                "size" => {
+                    let bytes = parse_size(v)?;
+                    let bad = |reason: &str| ConfigError::Invalid {
+                        what: "memory size",
+                        value: v.to_string(),
+                        reason: reason.to_string(),
+                    };
+                    if bytes == 0 || bytes % 4096 != 0 {
+                        return Err(bad("must be a non-zero multiple of 4 KiB"));
+                    }
+                    if bytes > MAX_MEMORY {
+                        return Err(bad("more than the supported maximum of 3G"));
+                    }
+                    size = Some(bytes);
+                }
+                _ => {
+                    return Err(ConfigError::UnknownKey {
+                        key: key.into(),
+                        value: value.into(),
+                        expected: "size",
+                    })
+                }
+            }
+        }
+        size.map(|size| Self { size })
+            .ok_or(ConfigError::MissingKey {
+                key: "size",
+                value: value.into(),
+            })
+    }
+}
+
+/// `--serial tty|null|file=PATH`: where the guest's COM1 output goes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum SerialConfig {
+    /// The VMM's standard output.
+    #[default]
+    Tty,
+    /// Discarded.
+    Null,
+    /// Appended to a file (created if missing).
+    File(PathBuf),
+}
+
+impl FromStr for SerialConfig {
+    type Err = ConfigError;
+
+    fn from_str(value: &str) -> Result<Self, ConfigError> {
+        match value {
+            "tty" => Ok(Self::Tty),
+            "null" | "off" => Ok(Self::Null),
+            _ => match value.strip_prefix("file=") {
+                Some(path) if !path.is_empty() => Ok(Self::File(path.into())),
+                _ => Err(ConfigError::Invalid {
+                    what: "serial",
+                    value: value.into(),
+                    reason: "expected tty, null or file=PATH".into(),
+                }),
+            },
+        }
+    }
+}
+
+/// Everything needed to build and run one VM.
+#[derive(Clone, Debug)]
+pub struct VmConfig {
+    /// Path of the guest ELF64 kernel.
+    pub kernel: PathBuf,
+    /// Kernel command line, at most `CMDLINE_MAX - 1` bytes.
+    pub cmdline: String,
+    /// vCPUs.
+    pub cpus: CpusConfig,
+    /// Guest RAM.
+    pub memory: MemoryConfig,
+    /// Serial console output.
+    pub serial: SerialConfig,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("512K").unwrap(), 512 << 10);
+        assert_eq!(parse_size("256M").unwrap(), 256 << 20);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        assert!(parse_size("abc").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999999G").is_err());
+        for text in ["4096", "512K", "256M", "3G", "1536K"] {
+            assert_eq!(format_size(parse_size(text).unwrap()), text);
+        }
+    }
+
+    #[test]
+    fn cpus_reject_zero_and_garbage() {
+        assert_eq!("boot=4".parse::<CpusConfig>().unwrap().boot, 4);
+        let e = "boot=0".parse::<CpusConfig>().unwrap_err().to_string();
+        assert!(e.contains("'0'"), "{e}");
+        let e = "boot=x".parse::<CpusConfig>().unwrap_err().to_string();
+        assert!(e.contains("'x'"), "{e}");
+        let e = "max=2".parse::<CpusConfig>().unwrap_err().to_string();
+        assert!(e.contains("'max'"), "{e}");
+        assert!("".parse::<CpusConfig>().is_err());
+    }
+
+    #[test]
+    fn memory_bounds() {
+        assert_eq!("size=256M".parse::<MemoryConfig>().unwrap().size, 256 << 20);
+        assert!("size=4G".parse::<MemoryConfig>().is_err());
+        assert!("size=1000".parse::<MemoryConfig>().is_err());
+        assert!("size=0".parse::<MemoryConfig>().is_err());
+    }
+
+    #[test]
+    fn serial_forms() {
+        assert_eq!("tty".parse::<SerialConfig>().unwrap(), SerialConfig::Tty);
+        assert_eq!("null".parse::<SerialConfig>().unwrap(), SerialConfig::Null);
+        assert_eq!(
+            "file=/tmp/x".parse::<SerialConfig>().unwrap(),
+            SerialConfig::File("/tmp/x".into())
+        );
+        assert!("pty".parse::<SerialConfig>().is_err());
+    }
+}

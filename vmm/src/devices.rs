@@ -1,0 +1,155 @@
+//! The platform's port-I/O devices: the 16550A serial console (`vm-superio`)
+//! and the shutdown / vCPU-stop ports of [`hypercall_abi::platform`].
+
+use std::fs::OpenOptions;
+use std::io::{self, Write};
+use std::sync::Mutex;
+
+use hypercall_abi::platform::{SERIAL_PORT_BASE, SERIAL_PORT_COUNT, SHUTDOWN_PORT, VCPU_STOP_PORT};
+use vm_superio::{Serial, Trigger};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::config::SerialConfig;
+
+/// Interrupt line of the UART as an `EventFd`.
+///
+/// `vm-superio`'s `Serial` signals interrupts through a [`Trigger`]. stagevm
+/// starts guests in ring 3 with interrupts off and creates no interrupt
+/// controller yet, so nothing listens on this `EventFd`; it becomes an irqfd
+/// once devices need interrupts.
+pub struct EventFdTrigger(EventFd);
+
+impl Trigger for EventFdTrigger {
+    type E = io::Error;
+
+    fn trigger(&self) -> io::Result<()> {
+        self.0.write(1)
+    }
+}
+
+/// Where serial bytes go.
+pub type SerialOut = Box<dyn Write + Send>;
+
+/// What a vCPU must do after a port-I/O write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PioAction {
+    /// Resume the guest.
+    Continue,
+    /// The guest asked to end the VM with this exit code (raw 32-bit value).
+    Shutdown(u32),
+    /// The guest asked to stop the vCPU that wrote.
+    StopVcpu,
+}
+
+/// All port-I/O devices, shared by every vCPU thread.
+pub struct Devices {
+    serial: Mutex<Serial<EventFdTrigger, vm_superio::serial::NoEvents, SerialOut>>,
+}
+
+impl Devices {
+    /// Creates the devices; opens the serial output file for
+    /// [`SerialConfig::File`] (error: the file cannot be opened).
+    pub fn new(serial: &SerialConfig) -> io::Result<Self> {
+        let out: SerialOut = match serial {
+            SerialConfig::Tty => Box::new(io::stdout()),
+            SerialConfig::Null => Box::new(io::sink()),
+            SerialConfig::File(path) => Box::new(
+                OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|e| {
+                        io::Error::new(e.kind(), format!("serial file {}: {e}", path.display()))
+                    })?,
+            ),
+        };
+        let trigger = EventFdTrigger(EventFd::new(libc::EFD_NONBLOCK)?);
+        Ok(Self {
+            serial: Mutex::new(Serial::new(trigger, out)),
+        })
+    }
+
+    fn serial_offset(port: u16) -> Option<u8> {
+        port.checked_sub(SERIAL_PORT_BASE)
+            .filter(|off| *off < SERIAL_PORT_COUNT)
+            .map(|off| off as u8)
+    }
+
+    /// Handles an `in` from `port`: fills `data` (1, 2 or 4 bytes). Unknown
+    /// ports read as all ones, like an open ISA bus.
+    pub fn pio_read(&self, port: u16, data: &mut [u8]) {
+        data.fill(0xff);
+        if let Some(offset) = Self::serial_offset(port) {
+            if let Some(first) = data.first_mut() {
+                *first = self.lock_serial().read(offset);
+            }
+        } else {
+            tracing::trace!(port = format_args!("{port:#x}"), "read from unhandled port");
+        }
+    }
+
+    /// Handles an `out` of `data` (1, 2 or 4 bytes, little endian) to `port`.
+    pub fn pio_write(&self, port: u16, data: &[u8]) -> PioAction {
+        if let Some(offset) = Self::serial_offset(port) {
+            if let Some(&byte) = data.first() {
+                if let Err(e) = self.lock_serial().write(offset, byte) {
+                    tracing::warn!("serial output failed: {e}");
+                }
+            }
+            return PioAction::Continue;
+        }
+        match port {
+            SHUTDOWN_PORT => {
+                let mut raw = [0u8; 4];
+                let n = data.len().min(4);
+                raw[..n].copy_from_slice(&data[..n]);
+                PioAction::Shutdown(u32::from_le_bytes(raw))
+            }
+            VCPU_STOP_PORT => PioAction::StopVcpu,
+            _ => {
+                tracing::trace!(port = format_args!("{port:#x}"), "write to unhandled port");
+                PioAction::Continue
+            }
+        }
+    }
+
+    /// Flushes the serial output (called once at VM exit).
+    pub fn flush(&self) {
+        if let Err(e) = self.lock_serial().writer_mut().flush() {
+            tracing::warn!("serial flush failed: {e}");
+        }
+    }
+
+    fn lock_serial(
+        &self,
+    ) -> std::sync::MutexGuard<'_, Serial<EventFdTrigger, vm_superio::serial::NoEvents, SerialOut>>
+    {
+        // A vCPU thread that panicked while holding the lock leaves the UART
+        // state intact (every update is a single field store), so keep going.
+        self.serial.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shutdown_carries_the_code_and_unknown_ports_read_ones() {
+        let d = Devices::new(&SerialConfig::Null).unwrap();
+        assert_eq!(d.pio_write(SHUTDOWN_PORT, &[7]), PioAction::Shutdown(7));
+        assert_eq!(
+            d.pio_write(SHUTDOWN_PORT, &300u32.to_le_bytes()),
+            PioAction::Shutdown(300)
+        );
+        assert_eq!(d.pio_write(VCPU_STOP_PORT, &[0]), PioAction::StopVcpu);
+        assert_eq!(d.pio_write(0x80, &[0]), PioAction::Continue);
+        let mut buf = [0u8; 2];
+        d.pio_read(0x80, &mut buf);
+        assert_eq!(buf, [0xff, 0xff]);
+        // LSR reports the transmitter empty, as a guest driver expects.
+        let mut lsr = [0u8];
+        d.pio_read(SERIAL_PORT_BASE + 5, &mut lsr);
+        assert_ne!(lsr[0] & 0x20, 0);
+    }
+}

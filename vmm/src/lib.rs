@@ -1,0 +1,18 @@
+//! stagevm: a VMM on rust-vmm crates that boots guests on `/dev/kvm` and (in
+//! later parts) schedules their vCPUs by server stage.
+//!
+//! * [`config`] — parsed command-line values,
+//! * [`kernel`] — ELF checks and loading (`linux-loader`),
+//! * [`layout`] — guest memory layout, GDT, page tables, boot info,
+//! * [`devices`] — port-I/O devices (`vm-superio` serial, shutdown ports),
+//! * [`vcpu`] — vCPU register set-up for the direct ring-3 boot and run loop,
+//! * [`vm`] — building and running a VM.
+//!
+//! The guest/host contract lives in the `hypercall-abi` crate.
+
+pub mod config;
+pub mod devices;
+pub mod kernel;
+pub mod layout;
+pub mod vcpu;
+pub mod vm;

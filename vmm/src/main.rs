@@ -1,0 +1,90 @@
+//! `stagevm` command-line entry point.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use hypercall_abi::platform::EXIT_VMM_ERROR;
+use stagevm::config::{CpusConfig, MemoryConfig, SerialConfig, VmConfig};
+use stagevm::vm::Vm;
+
+/// Boots a guest kernel on /dev/kvm.
+///
+/// Exit status: the code the guest wrote to its shutdown port (0-255);
+/// 1 for a configuration or start-up error; 2 when the guest fails (triple
+/// fault, KVM internal error, every vCPU stopped); 130 after SIGINT; 143 after
+/// SIGTERM.
+#[derive(Parser, Debug)]
+#[command(name = "stagevm", version, about, long_about)]
+struct Cli {
+    /// Guest kernel: an ELF64 x86-64 image loaded at or above 1 MiB.
+    #[arg(long, value_name = "PATH")]
+    kernel: PathBuf,
+
+    /// Kernel command line (at most 4095 bytes).
+    #[arg(long, value_name = "STRING", default_value = "")]
+    cmdline: String,
+
+    /// vCPUs: boot=N (1 up to KVM_CAP_MAX_VCPUS; more vCPUs than host cores is fine).
+    #[arg(long, value_name = "boot=N", default_value = "boot=1")]
+    cpus: CpusConfig,
+
+    /// Guest RAM: size=SIZE with an optional K, M or G suffix (4 KiB multiple, at most 3G).
+    #[arg(long, value_name = "size=SIZE", default_value = "size=256M")]
+    memory: MemoryConfig,
+
+    /// Serial console output: tty (stdout), null, or file=PATH.
+    #[arg(long, value_name = "tty|null|file=PATH", default_value = "tty")]
+    serial: SerialConfig,
+
+    /// Log filter for the VMM's own messages on stderr (tracing env-filter syntax,
+    /// e.g. "debug" or "stagevm=trace"); RUST_LOG overrides it.
+    #[arg(long, value_name = "FILTER", default_value = "warn")]
+    log_level: String,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version are not errors; everything else exits 1,
+            // keeping 2 for guest failures.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { EXIT_VMM_ERROR } else { 0 });
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log_level));
+    let filter = match filter {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("stagevm: invalid --log-level '{}': {e}", cli.log_level);
+            return ExitCode::from(EXIT_VMM_ERROR);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+
+    let config = VmConfig {
+        kernel: cli.kernel,
+        cmdline: cli.cmdline,
+        cpus: cli.cpus,
+        memory: cli.memory,
+        serial: cli.serial,
+    };
+    let result = Vm::new(&config).and_then(Vm::run);
+    match result {
+        Ok(exit) => {
+            if let stagevm::vm::VmExit::GuestFailure(reason) = &exit {
+                eprintln!("stagevm: guest failed: {reason}");
+            }
+            ExitCode::from(exit.exit_code())
+        }
+        Err(e) => {
+            eprintln!("stagevm: error: {e}");
+            ExitCode::from(EXIT_VMM_ERROR)
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! Building a VM from a [`VmConfig`] and running it to its end.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hypercall_abi::boot::CMDLINE_MAX;
+use hypercall_abi::platform::{EXIT_GUEST_FAILURE, EXIT_SIGINT, EXIT_SIGTERM};
+use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
+
+use crate::config::VmConfig;
+use crate::devices::Devices;
+use crate::kernel::{self, KernelError};
+use crate::layout::{self, STACK_SIZE};
+use crate::vcpu::{self, Vcpu, VmEvent};
+
+/// Path of the KVM device.
+pub const KVM_PATH: &str = "/dev/kvm";
+/// Lowest GPA free for the kernel image and the guest: everything below holds
+/// the fixed boot structures of [`hypercall_abi::boot`].
+const FIXED_AREA_END: u64 = hypercall_abi::boot::KERNEL_MIN_GPA;
+/// How long the control loop keeps kicking vCPU threads before giving up on
+/// joining them (the process exit then ends them).
+const STOP_TIMEOUT: Duration = Duration::from_secs(2);
+/// Interval between kicks of a vCPU thread that has not stopped yet.
+const KICK_INTERVAL: Duration = Duration::from_millis(2);
+
+/// Errors that prevent a VM from being built or started. Each message names
+/// the bad value.
+#[derive(Debug, thiserror::Error)]
+pub enum VmmError {
+    /// `/dev/kvm` cannot be opened.
+    #[error("cannot open {KVM_PATH}: {source}{hint}")]
+    KvmOpen {
+        /// The open error.
+        source: kvm_ioctls::Error,
+        /// A hint for the common causes.
+        hint: &'static str,
+    },
+    /// The kernel image is missing or bad.
+    #[error("kernel '{path}': {source}")]
+    Kernel {
+        /// The `--kernel` value.
+        path: String,
+        /// What is wrong with it.
+        source: KernelError,
+    },
+    /// More vCPUs than KVM supports.
+    #[error(
+        "--cpus boot={requested}: more vCPUs than this KVM supports (KVM_CAP_MAX_VCPUS = {max})"
+    )]
+    TooManyVcpus {
+        /// Requested vCPUs.
+        requested: u32,
+        /// `KVM_CAP_MAX_VCPUS`.
+        max: usize,
+    },
+    /// Guest RAM cannot hold the image plus the vCPU stacks.
+    #[error("--memory size={}: too small; the kernel image ends at {image_end:#x} and {vcpus} vCPU stack(s) of {stack} KiB need {needed} bytes ({needed_mib} MiB) in all", crate::config::format_size(*.size))]
+    MemoryTooSmall {
+        /// `--memory size` in bytes.
+        size: u64,
+        /// End GPA of the kernel image.
+        image_end: u64,
+        /// Number of vCPUs.
+        vcpus: u32,
+        /// Stack size in KiB.
+        stack: u64,
+        /// Minimum RAM in bytes.
+        needed: u64,
+        /// Minimum RAM in MiB, rounded up.
+        needed_mib: u64,
+    },
+    /// The command line does not fit its area.
+    #[error("--cmdline is {len} bytes; at most {max} are supported")]
+    CmdlineTooLong {
+        /// Length given.
+        len: usize,
+        /// Maximum length.
+        max: usize,
+    },
+    /// A KVM ioctl failed.
+    #[error("{what}: {source}")]
+    Kvm {
+        /// What was being done.
+        what: &'static str,
+        /// The ioctl error.
+        source: kvm_ioctls::Error,
+    },
+    /// Guest memory could not be set up.
+    #[error("guest memory: {0}")]
+    Memory(String),
+    /// Other host I/O failed (serial file, thread spawn).
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmmError {
+    move |source| VmmError::Kvm { what, source }
+}
+
+/// How a VM ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmExit {
+    /// The guest wrote this code to the shutdown port (clamped to 0..=255).
+    Guest(u8),
+    /// The guest failed; the text says how and on which vCPU.
+    GuestFailure(String),
+    /// The VMM received this signal (SIGINT or SIGTERM).
+    Signal(i32),
+}
+
+impl VmExit {
+    /// The process exit code `stagevm` returns for this end (see
+    /// [`hypercall_abi::platform`] for the fixed codes).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            VmExit::Guest(code) => *code,
+            VmExit::GuestFailure(_) => EXIT_GUEST_FAILURE,
+            VmExit::Signal(libc::SIGINT) => EXIT_SIGINT,
+            VmExit::Signal(_) => EXIT_SIGTERM,
+        }
+    }
+}
+
+/// A built VM: memory holds the kernel and boot structures, every vCPU is
+/// configured and ready to run.
+pub struct Vm {
+    // Kept open for the lifetime of the VM.
+    _kvm: Kvm,
+    _vm_fd: VmFd,
+    memory: GuestMemoryMmap,
+    vcpus: Vec<VcpuFd>,
+    devices: Arc<Devices>,
+}
+
+impl Vm {
+    /// Checks the configuration, creates the KVM VM, loads the kernel and
+    /// configures every vCPU. Errors name the bad value (see [`VmmError`]).
+    pub fn new(config: &VmConfig) -> Result<Self, VmmError> {
+        let kernel_err = |source| VmmError::Kernel {
+            path: config.kernel.display().to_string(),
+            source,
+        };
+        let (mut kernel_file, extent) = kernel::inspect(&config.kernel).map_err(kernel_err)?;
+        if config.cmdline.len() >= CMDLINE_MAX {
+            return Err(VmmError::CmdlineTooLong {
+                len: config.cmdline.len(),
+                max: CMDLINE_MAX - 1,
+            });
+        }
+
+        let kvm = Kvm::new().map_err(|source| VmmError::KvmOpen {
+            hint: match source.errno() {
+                libc::ENOENT => " (is the kvm module loaded?)",
+                libc::EACCES | libc::EPERM => " (run as root or join the group owning /dev/kvm)",
+                _ => "",
+            },
+            source,
+        })?;
+        let num_vcpus = config.cpus.boot;
+        let max = kvm.get_max_vcpus();
+        if num_vcpus as usize > max {
+            return Err(VmmError::TooManyVcpus {
+                requested: num_vcpus,
+                max,
+            });
+        }
+
+        let size = config.memory.size;
+        let image_end = extent.end.max(FIXED_AREA_END);
+        let needed =
+            image_end.next_multiple_of(layout::PAGE_SIZE) + u64::from(num_vcpus) * STACK_SIZE;
+        if needed > size {
+            return Err(VmmError::MemoryTooSmall {
+                size,
+                image_end: extent.end,
+                vcpus: num_vcpus,
+                stack: STACK_SIZE >> 10,
+                needed,
+                needed_mib: needed.div_ceil(1 << 20),
+            });
+        }
+
+        let vm_fd = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+        let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), size as usize)])
+            .map_err(|e| VmmError::Memory(e.to_string()))?;
+        for (slot, region) in memory.iter().enumerate() {
+            let host = region
+                .get_host_address(vm_memory::MemoryRegionAddress(0))
+                .map_err(|e| VmmError::Memory(e.to_string()))?;
+            let mem_region = kvm_bindings::kvm_userspace_memory_region {
+                slot: slot as u32,
+                guest_phys_addr: region.start_addr().0,
+                memory_size: region.len(),
+                userspace_addr: host as u64,
+                flags: 0,
+            };
+            // SAFETY: the region is a live mmap owned by `memory`, which the
+            // Vm keeps for as long as the VM fd exists.
+            unsafe { vm_fd.set_user_memory_region(mem_region) }
+                .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
+        }
+
+        let entry = kernel::load(&memory, &mut kernel_file).map_err(kernel_err)?;
+        let cpuid = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+        let mut vcpus = Vec::with_capacity(num_vcpus as usize);
+        for index in 0..num_vcpus {
+            let fd = vm_fd
+                .create_vcpu(u64::from(index))
+                .map_err(kvm_err("KVM_CREATE_VCPU"))?;
+            vcpu::configure(&fd, index, &cpuid, entry, layout::stack_top(size, index))
+                .map_err(kvm_err("vCPU register set-up"))?;
+            vcpus.push(fd);
+        }
+        let tsc_khz = vcpus[0].get_tsc_khz().map(u64::from).unwrap_or(0);
+        let info = layout::write_boot_structures(
+            &memory,
+            size,
+            num_vcpus,
+            extent.end,
+            &config.cmdline,
+            tsc_khz,
+        )
+        .map_err(|e| VmmError::Memory(e.to_string()))?;
+        tracing::info!(
+            kernel = %config.kernel.display(),
+            entry = format_args!("{entry:#x}"),
+            vcpus = num_vcpus,
+            memory_mib = size >> 20,
+            free = format_args!("[{:#x}, {:#x})", info.free_start, info.free_end),
+            tsc_khz,
+            "VM built"
+        );
+
+        let devices = Arc::new(Devices::new(&config.serial)?);
+        Ok(Self {
+            _kvm: kvm,
+            _vm_fd: vm_fd,
+            memory,
+            vcpus,
+            devices,
+        })
+    }
+
+    /// Runs the VM: one host thread per vCPU (named `vcpu<N>`), SIGINT and
+    /// SIGTERM end it. Returns how it ended once every vCPU thread has
+    /// stopped (or [`STOP_TIMEOUT`] passed).
+    pub fn run(self) -> Result<VmExit, VmmError> {
+        extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+        // Interrupts KVM_RUN (EINTR) so a vCPU thread sees the stop flag.
+        register_signal_handler(SIGRTMIN(), kick_handler)
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+
+        let (tx, rx) = mpsc::channel();
+        let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;
+        let signal_handle = signals.handle();
+        let signal_tx = tx.clone();
+        let signal_thread =
+            std::thread::Builder::new()
+                .name("signals".into())
+                .spawn(move || {
+                    if let Some(sig) = signals.forever().next() {
+                        let _ = signal_tx.send(VmEvent::Signal(sig));
+                    }
+                })?;
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let num_vcpus = self.vcpus.len();
+        let mut threads: Vec<JoinHandle<()>> = Vec::with_capacity(num_vcpus);
+        for (index, fd) in self.vcpus.into_iter().enumerate() {
+            let vcpu = Vcpu {
+                index: index as u32,
+                fd,
+                devices: self.devices.clone(),
+                memory: self.memory.clone(),
+                stop: stop.clone(),
+                events: tx.clone(),
+            };
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("vcpu{index}"))
+                    .spawn(move || vcpu.run())?,
+            );
+        }
+        drop(tx);
+
+        let mut stopped = 0;
+        let exit = loop {
+            match rx.recv() {
+                Ok(VmEvent::Shutdown { vcpu, code }) => {
+                    let clamped = u8::try_from(code).unwrap_or_else(|_| {
+                        tracing::warn!(vcpu, code, "guest exit code above 255, using 255");
+                        255
+                    });
+                    tracing::info!(vcpu, code = clamped, "guest requested shutdown");
+                    break VmExit::Guest(clamped);
+                }
+                Ok(VmEvent::VcpuStopped(_)) => {
+                    stopped += 1;
+                    if stopped == num_vcpus {
+                        break VmExit::GuestFailure(
+                            "every vCPU stopped without a shutdown request".into(),
+                        );
+                    }
+                }
+                Ok(VmEvent::GuestFailure { vcpu, reason }) => {
+                    break VmExit::GuestFailure(format!("vCPU {vcpu}: {reason}"));
+                }
+                Ok(VmEvent::Signal(sig)) => {
+                    tracing::info!(signal = sig, "signal received, stopping the VM");
+                    break VmExit::Signal(sig);
+                }
+                Err(_) => break VmExit::GuestFailure("all vCPU threads ended".into()),
+            }
+        };
+
+        stop.store(true, Ordering::Release);
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
+            for t in threads.iter().filter(|t| !t.is_finished()) {
+                // The thread may finish between the check and the kick.
+                let _ = t.kill(SIGRTMIN());
+            }
+            std::thread::sleep(KICK_INTERVAL);
+        }
+        for t in threads {
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                tracing::error!("a vCPU thread did not stop within {STOP_TIMEOUT:?}");
+            }
+        }
+        signal_handle.close();
+        let _ = signal_thread.join();
+        self.devices.flush();
+        Ok(exit)
+    }
+}
