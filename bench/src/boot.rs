@@ -1,1 +1,151 @@
-fn main() {}
+//! `boot-bench`: how fast `stagevm` boots the test guest.
+//!
+//! Runs `stagevm` several times and prints, as medians (with min and max): the
+//! time from spawning the VMM to the first byte of guest serial output, the
+//! time to the VMM's exit, and the VMM's peak resident set size (`ru_maxrss`
+//! from `wait4(2)`, KiB; it includes guest pages the guest touched, since
+//! guest RAM is mapped in the VMM).
+
+use std::io::{IsTerminal, Read};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+
+/// Measures stagevm boot time and peak RSS.
+#[derive(Parser, Debug)]
+#[command(name = "boot-bench", about)]
+struct Args {
+    /// The stagevm binary.
+    #[arg(long, default_value = "target/release/stagevm")]
+    stagevm: PathBuf,
+    /// Guest kernel.
+    #[arg(
+        long,
+        default_value = "images/testguest/target/x86_64-unknown-none/release/testguest"
+    )]
+    kernel: PathBuf,
+    /// Number of runs (the median is reported).
+    #[arg(long, default_value_t = 9)]
+    runs: usize,
+    /// vCPUs per run.
+    #[arg(long, default_value_t = 2)]
+    cpus: u32,
+    /// Guest command line (small work, so boot and exit dominate).
+    #[arg(long, default_value = "iters=1000")]
+    cmdline: String,
+    /// Guest RAM.
+    #[arg(long, default_value = "256M")]
+    memory: String,
+}
+
+struct Sample {
+    first_byte: Duration,
+    exit: Duration,
+    max_rss_kib: i64,
+}
+
+fn one_run(args: &Args) -> Result<Sample> {
+    let start = Instant::now();
+    let mut child = Command::new(&args.stagevm)
+        .arg("--kernel")
+        .arg(&args.kernel)
+        .arg("--cpus")
+        .arg(format!("boot={}", args.cpus))
+        .arg("--memory")
+        .arg(format!("size={}", args.memory))
+        .arg("--cmdline")
+        .arg(&args.cmdline)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("spawning {}", args.stagevm.display()))?;
+    let mut stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        let mut first = true;
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            if first {
+                let _ = tx.send(start.elapsed());
+                first = false;
+            }
+        }
+    });
+    let mut status = 0;
+    // SAFETY: rusage is plain data, zero is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child; pointers are to live locals.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    let exit = start.elapsed();
+    if pid < 0 {
+        bail!("wait4: {}", std::io::Error::last_os_error());
+    }
+    reader.join().ok();
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        bail!("stagevm did not exit 0 (wait status {status:#x})");
+    }
+    let first_byte = rx.try_recv().context("the guest printed nothing")?;
+    Ok(Sample {
+        first_byte,
+        exit,
+        max_rss_kib: usage.ru_maxrss,
+    })
+}
+
+fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    if args.runs == 0 {
+        bail!("--runs 0: need at least one run");
+    }
+    let mut samples = Vec::with_capacity(args.runs);
+    let progress = std::io::stderr().is_terminal();
+    for i in 0..args.runs {
+        if progress {
+            eprint!("\rboot-bench: run {}/{}", i + 1, args.runs);
+        }
+        samples.push(one_run(&args)?);
+    }
+    if progress {
+        eprintln!();
+    }
+    println!(
+        "stagevm boot: {} runs, {} vCPUs, memory {}, kernel {} ({} bytes), cmdline \"{}\"",
+        args.runs,
+        args.cpus,
+        args.memory,
+        args.kernel.display(),
+        std::fs::metadata(&args.kernel)
+            .map(|m| m.len())
+            .unwrap_or(0),
+        args.cmdline
+    );
+    println!("| metric | median | min | max |");
+    println!("|---|---:|---:|---:|");
+    let ms = |f: fn(&Sample) -> Duration| {
+        stats(samples.iter().map(|s| f(s).as_secs_f64() * 1e3).collect())
+    };
+    let (m, lo, hi) = ms(|s| s.first_byte);
+    println!("| start → first serial byte (ms) | {m:.2} | {lo:.2} | {hi:.2} |");
+    let (m, lo, hi) = ms(|s| s.exit);
+    println!("| start → guest exit (ms) | {m:.2} | {lo:.2} | {hi:.2} |");
+    let (m, lo, hi) = stats(
+        samples
+            .iter()
+            .map(|s| s.max_rss_kib as f64 / 1024.0)
+            .collect(),
+    );
+    println!("| VMM peak RSS (MiB) | {m:.1} | {lo:.1} | {hi:.1} |");
+    Ok(())
+}

@@ -165,6 +165,9 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
     Ok(opts)
 }
 
+/// Set once vCPU 0 has printed the banner; other vCPUs print after it.
+static BANNER_DONE: AtomicBool = AtomicBool::new(false);
+
 /// vCPUs that have finished their work.
 static DONE: AtomicU32 = AtomicU32::new(0);
 
@@ -205,8 +208,13 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
             // SAFETY: deliberately faults; the VMM ends the VM.
             unsafe { asm!("hlt") };
         }
+        BANNER_DONE.store(true, Ordering::Release);
     }
     let checksum = workload(vcpu, opts.iters);
+    // The banner comes first on the console, whichever vCPU finishes first.
+    while !BANNER_DONE.load(Ordering::Acquire) {
+        core::hint::spin_loop();
+    }
     println!(
         "vcpu {}: ring {}, iters {}, checksum {:#018x}",
         vcpu,

@@ -1,0 +1,48 @@
+# stagevm task runner. `just --list` shows the recipes.
+
+guest_dir := "images/testguest"
+guest := guest_dir / "target/x86_64-unknown-none/release/testguest"
+stagevm := "target/release/stagevm"
+
+# Show the recipes.
+default:
+    @just --list
+
+# Install what a fresh Debian machine lacks (needs root and a Rust toolchain from rustup).
+setup:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    missing=()
+    for pkg in build-essential util-linux; do
+        dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+    fi
+    rustup target list --installed | grep -qx x86_64-unknown-none || rustup target add x86_64-unknown-none
+
+# Build the test unikernel (x86_64-unknown-none, its own cargo config).
+guest: setup
+    cd {{guest_dir}} && cargo build --release
+
+# Build the VMM (release) and the test guest.
+build: guest
+    cargo build --release -p stagevm
+
+# Boot the default test guest (2 vCPUs) and print its output; extra arguments go to stagevm.
+run *ARGS: build
+    {{stagevm}} --kernel {{guest}} --cpus boot=2 --memory size=256M {{ARGS}}
+
+# Run every test (unit, property and end-to-end tests that boot VMs on /dev/kvm).
+test: guest
+    cargo test --workspace
+
+# Boot-time and peak-RSS benchmark (median of 9 runs).
+bench-boot: build
+    cargo run --release -q -p stagevm-bench --bin boot-bench -- --stagevm {{stagevm}} --kernel {{guest}}
+
+# Formatting and lints.
+lint:
+    cargo fmt --all --check
+    cd {{guest_dir}} && cargo fmt --check
+    cargo clippy --workspace --all-targets -- -D warnings

@@ -1,0 +1,159 @@
+//! End-to-end: boot the test guest on /dev/kvm and check what every vCPU did.
+
+mod common;
+
+use common::*;
+use hypercall_abi::platform::EXIT_GUEST_FAILURE;
+
+fn boot_and_check(vcpus: u32, iters: u64) {
+    let guest = guest_image();
+    let _lock = vm_lock();
+    let cpus = format!("boot={vcpus}");
+    let cmdline = format!("iters={iters}");
+    let run = run(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--cpus",
+        &cpus,
+        "--memory",
+        "size=64M",
+        "--cmdline",
+        &cmdline,
+    ]);
+    run.assert_no_panic();
+    assert_eq!(run.code(), 0, "{run:#?}");
+    assert!(
+        run.stdout
+            .starts_with(&format!("stagevm testguest: {vcpus} vCPUs, 64 MiB")),
+        "banner: {}",
+        run.stdout
+    );
+    let mut lines = checksum_lines(&run.stdout);
+    lines.sort();
+    assert_eq!(
+        lines.len(),
+        vcpus as usize,
+        "one line per vCPU: {}",
+        run.stdout
+    );
+    for (i, (vcpu, ring, got_iters, checksum)) in lines.into_iter().enumerate() {
+        assert_eq!(vcpu, i as u64);
+        assert_eq!(ring, 3, "vCPU {vcpu} must run its work in ring 3");
+        assert_eq!(got_iters, iters);
+        assert_eq!(
+            checksum,
+            expected_checksum(vcpu, iters),
+            "checksum of vCPU {vcpu}"
+        );
+    }
+    assert!(run
+        .stdout
+        .contains(&format!("testguest: all {vcpus} vCPUs done")));
+}
+
+#[test]
+fn boots_one_vcpu() {
+    boot_and_check(1, 2_000_000);
+}
+
+#[test]
+fn boots_two_vcpus() {
+    boot_and_check(2, 2_000_000);
+}
+
+#[test]
+fn boots_four_vcpus_on_fewer_cores() {
+    // More vCPUs than the machine's 2 cores.
+    boot_and_check(4, 1_000_000);
+}
+
+#[test]
+fn vcpu_threads_are_named() {
+    let guest = guest_image();
+    let _lock = vm_lock();
+    // Long enough to look at the threads while it runs.
+    let mut child = spawn(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--cpus",
+        "boot=3",
+        "--cmdline",
+        "iters=40000000000",
+    ]);
+    let pid = child.id();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut names = Vec::new();
+    while std::time::Instant::now() < deadline {
+        names = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .map(|s| s.trim().to_string())
+            .filter(|s| s.starts_with("vcpu"))
+            .collect();
+        if names.len() == 3 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    names.sort();
+    assert_eq!(names, ["vcpu0", "vcpu1", "vcpu2"]);
+}
+
+#[test]
+fn guest_exit_code_is_returned() {
+    let guest = guest_image();
+    let _lock = vm_lock();
+    let run = run(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--cpus",
+        "boot=2",
+        "--cmdline",
+        "iters=1000 exit=42",
+    ]);
+    run.assert_no_panic();
+    assert_eq!(run.code(), 42, "{run:#?}");
+}
+
+#[test]
+fn guest_triple_fault_is_reported() {
+    let guest = guest_image();
+    let _lock = vm_lock();
+    let run = run(&["--kernel", guest.to_str().unwrap(), "--cmdline", "fault=1"]);
+    run.assert_no_panic();
+    assert_eq!(run.code(), i32::from(EXIT_GUEST_FAILURE), "{run:#?}");
+    assert!(
+        run.stderr.contains("vCPU 0: triple fault") && run.stderr.contains("RIP 0x"),
+        "{}",
+        run.stderr
+    );
+    // The instruction bytes at RIP start with the `hlt` (f4) that faulted.
+    assert!(run.stderr.contains("code: f4"), "{}", run.stderr);
+}
+
+#[test]
+fn serial_goes_to_a_file() {
+    let guest = guest_image();
+    let _lock = vm_lock();
+    let path = std::env::temp_dir().join(format!("stagevm-serial-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let serial = format!("file={}", path.display());
+    let run = run(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--cmdline",
+        "iters=1000",
+        "--serial",
+        &serial,
+    ]);
+    assert_eq!(run.code(), 0, "{run:#?}");
+    assert!(run.stdout.is_empty(), "{}", run.stdout);
+    let log = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(
+        checksum_lines(&log),
+        [(0, 3, 1000, expected_checksum(0, 1000))]
+    );
+}

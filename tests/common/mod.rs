@@ -1,0 +1,207 @@
+//! Shared helpers of the end-to-end tests: build the test guest, run
+//! `stagevm` one VM at a time, and recompute the guest's checksums on the host.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{Flock, FlockArg};
+
+/// The `stagevm` binary cargo built for these tests.
+pub const STAGEVM: &str = env!("CARGO_BIN_EXE_stagevm");
+
+/// Root of the repository.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Builds `images/testguest` (release, `x86_64-unknown-none`) once per test
+/// binary and returns the ELF's path. Panics with cargo's output on failure.
+pub fn guest_image() -> &'static Path {
+    static IMAGE: OnceLock<PathBuf> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let dir = repo_root().join("images/testguest");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = Command::new(cargo)
+            .args(["build", "--release", "--quiet"])
+            .current_dir(&dir)
+            // The guest's own .cargo/config.toml sets its target and flags;
+            // the host build's settings must not leak into it.
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env_remove("CARGO_BUILD_TARGET")
+            .env_remove("CARGO_TARGET_DIR")
+            .output()
+            .expect("run cargo to build the test guest");
+        assert!(
+            out.status.success(),
+            "building the test guest failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir.join("target/x86_64-unknown-none/release/testguest")
+    })
+}
+
+/// Serializes VM boots: the machines have 2 cores, and tests that boot
+/// several VMs at once would measure each other. Holds an in-process mutex
+/// and an exclusive `flock` (for runners that start test binaries in
+/// parallel) until dropped.
+pub struct VmLock {
+    _guard: MutexGuard<'static, ()>,
+    _file: Flock<File>,
+}
+
+/// Takes the [`VmLock`].
+pub fn vm_lock() -> VmLock {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let file = File::create(std::env::temp_dir().join("stagevm-vm-tests.lock")).unwrap();
+    let file = Flock::lock(file, FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .expect("flock the VM test lock");
+    VmLock {
+        _guard: guard,
+        _file: file,
+    }
+}
+
+/// What a finished `stagevm` run produced.
+#[derive(Debug)]
+pub struct Run {
+    /// Exit status.
+    pub status: ExitStatus,
+    /// Guest serial output (stdout).
+    pub stdout: String,
+    /// VMM messages (stderr).
+    pub stderr: String,
+    /// Wall time from spawn to exit.
+    pub elapsed: Duration,
+}
+
+impl Run {
+    /// The exit code; panics (with the output) if a signal killed the VMM.
+    pub fn code(&self) -> i32 {
+        self.status
+            .code()
+            .unwrap_or_else(|| panic!("stagevm killed by a signal: {self:#?}"))
+    }
+
+    /// Asserts the VMM did not panic.
+    pub fn assert_no_panic(&self) {
+        assert!(
+            !self.stderr.contains("panicked"),
+            "stagevm panicked: {}",
+            self.stderr
+        );
+    }
+}
+
+/// Spawns `stagevm` with `args`, stdout and stderr piped.
+pub fn spawn(args: &[&str]) -> Child {
+    Command::new(STAGEVM)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn stagevm")
+}
+
+/// Waits for `child` for at most `timeout`, killing it and panicking after.
+/// Collects whatever of stdout/stderr the caller has not taken.
+pub fn wait(mut child: Child, timeout: Duration) -> Run {
+    let start = Instant::now();
+    // A caller may already have taken (and read part of) a stream.
+    fn reader(stream: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<String> {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(mut stream) = stream {
+                let _ = stream.read_to_string(&mut s);
+            }
+            s
+        })
+    }
+    let out_reader = reader(child.stdout.take());
+    let err_reader = reader(child.stderr.take());
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "stagevm did not exit within {timeout:?}; stdout so far: {}",
+                out_reader.join().unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Run {
+        status,
+        elapsed: start.elapsed(),
+        stdout: out_reader.join().unwrap(),
+        stderr: err_reader.join().unwrap(),
+    }
+}
+
+/// Runs `stagevm` with `args` to completion (at most 60 s).
+pub fn run(args: &[&str]) -> Run {
+    wait(spawn(args), Duration::from_secs(60))
+}
+
+/// The test guest's per-vCPU workload, written again from its specification
+/// (`images/testguest/src/main.rs`, `workload`): a 4096-word table filled
+/// from xorshift64 (13, 7, 17) seeded with
+/// `0x5354_4147_4556_4d31 ^ (vcpu + 1) * 0x9e37_79b9_7f4a_7c15`, then `iters`
+/// steps `t[j] = rotl(t[j], 7) ^ i; sum = rotl(sum, 5) ^ t[j]` with
+/// `j = x % 4096`, and finally the wrapping sum of the table added to `sum`.
+pub fn expected_checksum(vcpu: u64, iters: u64) -> u64 {
+    let step = |mut x: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut x = 0x5354_4147_4556_4d31u64 ^ (vcpu + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut table = vec![0u64; 4096];
+    for w in table.iter_mut() {
+        x = step(x);
+        *w = x;
+    }
+    let mut sum = 0u64;
+    for i in 0..iters {
+        x = step(x);
+        let j = (x % 4096) as usize;
+        table[j] = table[j].rotate_left(7) ^ i;
+        sum = sum.rotate_left(5) ^ table[j];
+    }
+    table.iter().fold(sum, |acc, w| acc.wrapping_add(*w))
+}
+
+/// Parses the guest's `vcpu N: ring R, iters I, checksum 0x…` lines into
+/// `(vcpu, ring, iters, checksum)`.
+pub fn checksum_lines(stdout: &str) -> Vec<(u64, u64, u64, u64)> {
+    stdout
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("vcpu ")?;
+            let (vcpu, rest) = rest.split_once(": ring ")?;
+            let (ring, rest) = rest.split_once(", iters ")?;
+            let (iters, sum) = rest.split_once(", checksum 0x")?;
+            Some((
+                vcpu.parse().ok()?,
+                ring.parse().ok()?,
+                iters.parse().ok()?,
+                u64::from_str_radix(sum.trim(), 16).ok()?,
+            ))
+        })
+        .collect()
+}
