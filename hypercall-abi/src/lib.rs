@@ -10,9 +10,10 @@
 //! * [`platform`] — the platform's fixed port-I/O devices (serial console,
 //!   shutdown, vCPU stop).
 //!
-//! The stage channel (per-vCPU event rings, stage map, doorbell) is added here
-//! as ABI v1 by the stage-channel work; see `../shared/DESIGN.md`.
+//! * [`stage`] — the stage channel ABI v1: shared area, per-vCPU event rings,
+//!   stage map, doorbell and status codes.
 #![no_std]
 
 pub mod boot;
 pub mod platform;
+pub mod stage;

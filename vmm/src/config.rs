@@ -243,6 +243,10 @@ pub struct VmConfig {
     pub memory: MemoryConfig,
     /// Serial console output.
     pub serial: SerialConfig,
+    /// Whether the VM has a stage device (`--no-stage-device` turns it off).
+    pub stage_device: bool,
+    /// How often the scheduler thread drains the stage rings.
+    pub drain_period: std::time::Duration,
 }
 
 #[cfg(test)]

@@ -3,13 +3,14 @@
 
 use std::fs::OpenOptions;
 use std::io::{self, Write};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use hypercall_abi::platform::{SERIAL_PORT_BASE, SERIAL_PORT_COUNT, SHUTDOWN_PORT, VCPU_STOP_PORT};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::SerialConfig;
+use crate::stage::StageDevice;
 
 /// Interrupt line of the UART as an `EventFd`.
 ///
@@ -44,12 +45,15 @@ pub enum PioAction {
 /// All port-I/O devices, shared by every vCPU thread.
 pub struct Devices {
     serial: Mutex<Serial<EventFdTrigger, vm_superio::serial::NoEvents, SerialOut>>,
+    stage: Option<Arc<StageDevice>>,
 }
 
 impl Devices {
     /// Creates the devices; opens the serial output file for
-    /// [`SerialConfig::File`] (error: the file cannot be opened).
-    pub fn new(serial: &SerialConfig) -> io::Result<Self> {
+    /// [`SerialConfig::File`] (error: the file cannot be opened). Without a
+    /// `stage` device its doorbell ports read as open bus, which the guest
+    /// agent takes as "no channel".
+    pub fn new(serial: &SerialConfig, stage: Option<Arc<StageDevice>>) -> io::Result<Self> {
         let out: SerialOut = match serial {
             SerialConfig::Tty => Box::new(io::stdout()),
             SerialConfig::Null => Box::new(io::sink()),
@@ -66,6 +70,7 @@ impl Devices {
         let trigger = EventFdTrigger(EventFd::new(libc::EFD_NONBLOCK)?);
         Ok(Self {
             serial: Mutex::new(Serial::new(trigger, out)),
+            stage,
         })
     }
 
@@ -75,11 +80,13 @@ impl Devices {
             .map(|off| off as u8)
     }
 
-    /// Handles an `in` from `port`: fills `data` (1, 2 or 4 bytes). Unknown
-    /// ports read as all ones, like an open ISA bus.
-    pub fn pio_read(&self, port: u16, data: &mut [u8]) {
+    /// Handles an `in` by vCPU `vcpu` from `port`: fills `data` (1, 2 or 4
+    /// bytes). Unknown ports read as all ones, like an open ISA bus.
+    pub fn pio_read(&self, vcpu: u32, port: u16, data: &mut [u8]) {
         data.fill(0xff);
-        if let Some(offset) = Self::serial_offset(port) {
+        if let Some(stage) = self.stage.as_ref().filter(|_| StageDevice::handles(port)) {
+            stage.read_status(vcpu, port, data);
+        } else if let Some(offset) = Self::serial_offset(port) {
             if let Some(first) = data.first_mut() {
                 *first = self.lock_serial().read(offset);
             }
@@ -88,8 +95,13 @@ impl Devices {
         }
     }
 
-    /// Handles an `out` of `data` (1, 2 or 4 bytes, little endian) to `port`.
-    pub fn pio_write(&self, port: u16, data: &[u8]) -> PioAction {
+    /// Handles an `out` by vCPU `vcpu` of `data` (1, 2 or 4 bytes, little
+    /// endian) to `port`. A stage-channel WAIT blocks the caller.
+    pub fn pio_write(&self, vcpu: u32, port: u16, data: &[u8]) -> PioAction {
+        if let Some(stage) = self.stage.as_ref().filter(|_| StageDevice::handles(port)) {
+            stage.doorbell(vcpu, port, data);
+            return PioAction::Continue;
+        }
         if let Some(offset) = Self::serial_offset(port) {
             if let Some(&byte) = data.first() {
                 if let Err(e) = self.lock_serial().write(offset, byte) {
@@ -136,20 +148,20 @@ mod tests {
 
     #[test]
     fn shutdown_carries_the_code_and_unknown_ports_read_ones() {
-        let d = Devices::new(&SerialConfig::Null).unwrap();
-        assert_eq!(d.pio_write(SHUTDOWN_PORT, &[7]), PioAction::Shutdown(7));
+        let d = Devices::new(&SerialConfig::Null, None).unwrap();
+        assert_eq!(d.pio_write(0, SHUTDOWN_PORT, &[7]), PioAction::Shutdown(7));
         assert_eq!(
-            d.pio_write(SHUTDOWN_PORT, &300u32.to_le_bytes()),
+            d.pio_write(0, SHUTDOWN_PORT, &300u32.to_le_bytes()),
             PioAction::Shutdown(300)
         );
-        assert_eq!(d.pio_write(VCPU_STOP_PORT, &[0]), PioAction::StopVcpu);
-        assert_eq!(d.pio_write(0x80, &[0]), PioAction::Continue);
+        assert_eq!(d.pio_write(0, VCPU_STOP_PORT, &[0]), PioAction::StopVcpu);
+        assert_eq!(d.pio_write(0, 0x80, &[0]), PioAction::Continue);
         let mut buf = [0u8; 2];
-        d.pio_read(0x80, &mut buf);
+        d.pio_read(0, 0x80, &mut buf);
         assert_eq!(buf, [0xff, 0xff]);
         // LSR reports the transmitter empty, as a guest driver expects.
         let mut lsr = [0u8];
-        d.pio_read(SERIAL_PORT_BASE + 5, &mut lsr);
+        d.pio_read(0, SERIAL_PORT_BASE + 5, &mut lsr);
         assert_ne!(lsr[0] & 0x20, 0);
     }
 }

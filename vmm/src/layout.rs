@@ -10,6 +10,8 @@ use hypercall_abi::boot::{
 use kvm_bindings::kvm_segment;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+use crate::abi::Obj;
+
 /// Bytes of stack the VMM reserves for each vCPU at the top of guest RAM.
 pub const STACK_SIZE: u64 = 128 << 10;
 /// Guest page size used for alignment of the free area (bytes).
@@ -74,15 +76,6 @@ pub fn segment_from_gdt(index: u16) -> kvm_segment {
     }
 }
 
-/// [`BootInfo`] as a `vm_memory` object, so it can be written with `write_obj`.
-#[derive(Clone, Copy, Default)]
-#[repr(transparent)]
-struct BootInfoObj(BootInfo);
-
-// SAFETY: BootInfo is #[repr(C)], made only of u64/u32 fields, without padding
-// (its size is asserted in hypercall-abi), so any byte pattern is a valid value.
-unsafe impl vm_memory::ByteValued for BootInfoObj {}
-
 /// GPA where vCPU `index`'s stack ends (its initial `RSP`), given RAM size.
 pub fn stack_top(mem_size: u64, index: u32) -> u64 {
     mem_size - u64::from(index) * STACK_SIZE
@@ -146,7 +139,7 @@ pub fn write_boot_structures(
         stack_size: STACK_SIZE,
         tsc_khz,
     };
-    mem.write_obj(BootInfoObj(info), GuestAddress(BOOT_INFO_GPA))?;
+    mem.write_obj(Obj(info), GuestAddress(BOOT_INFO_GPA))?;
     Ok(info)
 }
 

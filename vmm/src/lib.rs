@@ -5,14 +5,19 @@
 //! * [`kernel`] — ELF checks and loading (`linux-loader`),
 //! * [`layout`] — guest memory layout, GDT, page tables, boot info,
 //! * [`devices`] — port-I/O devices (`vm-superio` serial, shutdown ports),
+//! * [`stage`] — the stage device: doorbell, shared-area validation, ring
+//!   draining, per-stage counters, stage map,
 //! * [`vcpu`] — vCPU register set-up for the direct ring-3 boot and run loop,
 //! * [`vm`] — building and running a VM.
 //!
 //! The guest/host contract lives in the `hypercall-abi` crate.
 
+pub mod abi;
 pub mod config;
 pub mod devices;
 pub mod kernel;
 pub mod layout;
+pub mod report;
+pub mod stage;
 pub mod vcpu;
 pub mod vm;

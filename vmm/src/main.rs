@@ -37,6 +37,20 @@ struct Cli {
     #[arg(long, value_name = "tty|null|file=PATH", default_value = "tty")]
     serial: SerialConfig,
 
+    /// Run without the stage device: the guest's REGISTER fails and its agent
+    /// falls back to a no-op.
+    #[arg(long)]
+    no_stage_device: bool,
+
+    /// How often the scheduler thread drains the stage rings, in µs.
+    #[arg(long, value_name = "US", default_value_t = stagevm::stage::DEFAULT_DRAIN_PERIOD_US,
+          value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
+    drain_period_us: u64,
+
+    /// Write the run's report (exit, stage-channel counters) as JSON to PATH.
+    #[arg(long, value_name = "PATH")]
+    report: Option<PathBuf>,
+
     /// Log filter for the VMM's own messages on stderr (tracing env-filter syntax,
     /// e.g. "debug" or "stagevm=trace"); RUST_LOG overrides it.
     #[arg(long, value_name = "FILTER", default_value = "warn")]
@@ -65,6 +79,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 
     let config = VmConfig {
@@ -73,14 +88,26 @@ fn main() -> ExitCode {
         cpus: cli.cpus,
         memory: cli.memory,
         serial: cli.serial,
+        stage_device: !cli.no_stage_device,
+        drain_period: std::time::Duration::from_micros(cli.drain_period_us),
     };
     let result = Vm::new(&config).and_then(Vm::run);
     match result {
-        Ok(exit) => {
-            if let stagevm::vm::VmExit::GuestFailure(reason) = &exit {
+        Ok(outcome) => {
+            if let stagevm::vm::VmExit::GuestFailure(reason) = &outcome.exit {
                 eprintln!("stagevm: guest failed: {reason}");
             }
-            ExitCode::from(exit.exit_code())
+            if let Some(channel) = outcome.channel.as_ref().filter(|c| c.registrations > 0) {
+                eprint!("{}", stagevm::report::channel_summary(channel));
+            }
+            if let Some(path) = &cli.report {
+                let report = stagevm::report::Report::new(&outcome);
+                if let Err(e) = report.write(path) {
+                    eprintln!("stagevm: error: --report {}: {e}", path.display());
+                    return ExitCode::from(EXIT_VMM_ERROR);
+                }
+            }
+            ExitCode::from(outcome.exit.exit_code())
         }
         Err(e) => {
             eprintln!("stagevm: error: {e}");

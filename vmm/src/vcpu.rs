@@ -144,9 +144,9 @@ impl Vcpu {
         let index = self.index;
         while !self.stop.load(Ordering::Acquire) {
             let action = match self.fd.run() {
-                Ok(VcpuExit::IoOut(port, data)) => self.devices.pio_write(port, data),
+                Ok(VcpuExit::IoOut(port, data)) => self.devices.pio_write(index, port, data),
                 Ok(VcpuExit::IoIn(port, data)) => {
-                    self.devices.pio_read(port, data);
+                    self.devices.pio_read(index, port, data);
                     PioAction::Continue
                 }
                 Ok(VcpuExit::MmioRead(addr, data)) => {

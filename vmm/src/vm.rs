@@ -17,6 +17,7 @@ use crate::config::VmConfig;
 use crate::devices::Devices;
 use crate::kernel::{self, KernelError};
 use crate::layout::{self, STACK_SIZE};
+use crate::stage::{ChannelReport, StageDevice};
 use crate::vcpu::{self, Vcpu, VmEvent};
 
 /// Path of the KVM device.
@@ -137,6 +138,18 @@ pub struct Vm {
     memory: GuestMemoryMmap,
     vcpus: Vec<VcpuFd>,
     devices: Arc<Devices>,
+    stage: Option<Arc<StageDevice>>,
+    drain_period: Duration,
+}
+
+/// How a VM ended and what its stage channel counted.
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// How the VM ended.
+    pub exit: VmExit,
+    /// The stage device's counters after the final drain (`None` without a
+    /// stage device).
+    pub channel: Option<ChannelReport>,
 }
 
 impl Vm {
@@ -240,20 +253,33 @@ impl Vm {
             "VM built"
         );
 
-        let devices = Arc::new(Devices::new(&config.serial)?);
+        let stage = config.stage_device.then(|| {
+            Arc::new(StageDevice::new(
+                memory.clone(),
+                size,
+                num_vcpus,
+                tsc_khz,
+                config.drain_period.as_micros() as u64,
+            ))
+        });
+        let devices = Arc::new(Devices::new(&config.serial, stage.clone())?);
         Ok(Self {
             _kvm: kvm,
             _vm_fd: vm_fd,
             memory,
             vcpus,
             devices,
+            stage,
+            drain_period: config.drain_period,
         })
     }
 
-    /// Runs the VM: one host thread per vCPU (named `vcpu<N>`), SIGINT and
-    /// SIGTERM end it. Returns how it ended once every vCPU thread has
-    /// stopped (or [`STOP_TIMEOUT`] passed).
-    pub fn run(self) -> Result<VmExit, VmmError> {
+    /// Runs the VM: one host thread per vCPU (named `vcpu<N>`), a scheduler
+    /// thread (`stage-sched`) that drains the stage rings every drain period,
+    /// SIGINT and SIGTERM end it. Returns how it ended once every vCPU thread
+    /// has stopped (or [`STOP_TIMEOUT`] passed) and the rings were drained a
+    /// last time.
+    pub fn run(self) -> Result<RunOutcome, VmmError> {
         extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
         // Interrupts KVM_RUN (EINTR) so a vCPU thread sees the stop flag.
         register_signal_handler(SIGRTMIN(), kick_handler)
@@ -292,6 +318,25 @@ impl Vm {
         }
         drop(tx);
 
+        let sched_stop = Arc::new(AtomicBool::new(false));
+        let sched_thread = match &self.stage {
+            Some(stage) => {
+                let (stage, period, sched_stop) =
+                    (stage.clone(), self.drain_period, sched_stop.clone());
+                Some(
+                    std::thread::Builder::new()
+                        .name("stage-sched".into())
+                        .spawn(move || {
+                            while !sched_stop.load(Ordering::Acquire) {
+                                std::thread::sleep(period);
+                                stage.drain();
+                            }
+                        })?,
+                )
+            }
+            None => None,
+        };
+
         let mut stopped = 0;
         let exit = loop {
             match rx.recv() {
@@ -323,6 +368,10 @@ impl Vm {
         };
 
         stop.store(true, Ordering::Release);
+        if let Some(stage) = &self.stage {
+            // Parked vCPUs (WAIT) must see the stop too.
+            stage.stop();
+        }
         let deadline = Instant::now() + STOP_TIMEOUT;
         while threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
             for t in threads.iter().filter(|t| !t.is_finished()) {
@@ -340,7 +389,16 @@ impl Vm {
         }
         signal_handle.close();
         let _ = signal_thread.join();
+        sched_stop.store(true, Ordering::Release);
+        if let Some(t) = sched_thread {
+            let _ = t.join();
+        }
+        // The guest no longer runs: count what is left in the rings.
+        let channel = self.stage.as_ref().map(|stage| {
+            stage.drain();
+            stage.report()
+        });
         self.devices.flush();
-        Ok(exit)
+        Ok(RunOutcome { exit, channel })
     }
 }

@@ -3,11 +3,19 @@
 //! Every vCPU enters [`rust_main`] directly in ring 3 (the boot protocol of
 //! `hypercall_abi::boot`): there is no guest kernel-mode code at all, so on
 //! the project's machines, where CPL0 is emulated, everything here runs
-//! natively. Each vCPU runs [`workload`] and prints its checksum on COM1; the
-//! last vCPU to finish asks the VMM to shut down with exit code 0.
+//! natively. Each vCPU runs [`workload`] and prints its checksum on COM1, then
+//! runs the staged workload of [`staged`] (guest threads whose requests pass
+//! through three stages, reported through the stage channel); the last vCPU
+//! to finish prints the guest's own stage counts and asks the VMM to shut down
+//! with exit code 0.
 //!
 //! Command line (space-separated `key=value`):
-//! * `iters=N` — workload iterations per vCPU (default 1000000),
+//! * `iters=N` — per-vCPU checksum workload iterations (default 1000000),
+//! * `threads=N` — guest threads per vCPU in the staged phase (default 2, ≤ 16),
+//! * `requests=N` — requests per guest thread (default 100; 0 skips the phase),
+//! * `ring=N` — stage ring entries per vCPU (power of two, default 256),
+//! * `abuse=1` — send bad REGISTERs and corrupt ring entries first (tests the
+//!   VMM's validation),
 //! * `exit=N` — exit code to shut down with after the work (default 0),
 //! * `fault=1` — execute `hlt` in ring 3 after the banner: a #GP with no IDT,
 //!   i.e. a triple fault, to test the VMM's failure path.
@@ -43,6 +51,13 @@ fn outb(port: u16, value: u8) {
 fn outl(port: u16, value: u32) {
     // SAFETY: as for `outb`.
     unsafe { asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack)) };
+}
+
+fn inl(port: u16) -> u32 {
+    let value: u32;
+    // SAFETY: as for `outb`.
+    unsafe { asm!("in eax, dx", out("eax") value, in("dx") port, options(nomem, nostack)) };
+    value
 }
 
 fn inb(port: u16) -> u8 {
@@ -109,6 +124,8 @@ macro_rules! println {
     ($($arg:tt)*) => { print_line(format_args!($($arg)*)) };
 }
 
+mod staged;
+
 /// xorshift64 (Marsaglia, "Xorshift RNGs", J. Stat. Softw. 2003; shifts 13, 7, 17).
 fn xorshift64(mut x: u64) -> u64 {
     x ^= x << 13;
@@ -145,6 +162,10 @@ struct Options {
     iters: u64,
     exit: u32,
     fault: bool,
+    threads: usize,
+    requests: u64,
+    ring: u32,
+    abuse: bool,
 }
 
 fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
@@ -152,6 +173,10 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         iters: 1_000_000,
         exit: 0,
         fault: false,
+        threads: 2,
+        requests: 100,
+        ring: 256,
+        abuse: false,
     };
     for word in cmdline.split_ascii_whitespace() {
         let (key, value) = word.split_once('=').ok_or(word)?;
@@ -159,6 +184,10 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
             "iters" => opts.iters = value.parse().map_err(|_| word)?,
             "exit" => opts.exit = value.parse().map_err(|_| word)?,
             "fault" => opts.fault = value == "1",
+            "threads" => opts.threads = value.parse().map_err(|_| word)?,
+            "requests" => opts.requests = value.parse().map_err(|_| word)?,
+            "ring" => opts.ring = value.parse().map_err(|_| word)?,
+            "abuse" => opts.abuse = value == "1",
             _ => return Err(word),
         }
     }
@@ -208,6 +237,7 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
             // SAFETY: deliberately faults; the VMM ends the VM.
             unsafe { asm!("hlt") };
         }
+        staged::setup(&info, opts.ring, opts.abuse);
         BANNER_DONE.store(true, Ordering::Release);
     }
     let checksum = workload(vcpu, opts.iters);
@@ -222,7 +252,11 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
         opts.iters,
         checksum
     );
+    if opts.requests > 0 {
+        staged::run_vcpu(vcpu as u32, info.num_vcpus, opts.threads, opts.requests);
+    }
     if DONE.fetch_add(1, Ordering::AcqRel) + 1 == info.num_vcpus {
+        staged::print_counts();
         println!("testguest: all {} vCPUs done", info.num_vcpus);
         shutdown(opts.exit);
     }

@@ -1,0 +1,377 @@
+//! Stage channel ABI v1: the shared area, per-vCPU event rings, the stage map
+//! and the doorbell.
+//!
+//! The design follows KVM's steal-time MSR (a guest-chosen, registered area
+//! updated under an odd/even version) with a port-I/O doorbell instead of an
+//! MSR or a custom `vmcall`, which never reaches user space on these hosts
+//! (`../shared/DESIGN.md`, "Facts measured" and "The stage protocol").
+//!
+//! ```text
+//! offset                         size                      writer
+//! 0                              AreaHeader (64)           guest (host: tsc_khz)
+//! STAGE_DESCS_OFFSET (64)        StageDesc × MAX_STAGES    guest
+//! STAGE_MAP_OFFSET (576)         StageMap (192)            host
+//! RINGS_OFFSET (768)             per vCPU: RingHeader (192) + StageEvent × ring_entries
+//! ```
+//!
+//! Protocol:
+//! 1. The guest fills the header and stage descriptors of a page-aligned area
+//!    in its RAM, writes the area's page frame number (GPA >> 12) to
+//!    [`DOORBELL_REGISTER`] and reads the [`Status`] from [`DOORBELL_STATUS`]
+//!    (an `in` of 4 bytes). With no stage device the read gives
+//!    [`Status::NoDevice`] (open bus, all ones).
+//! 2. Per vCPU, a single-producer ring: the guest writes
+//!    `slot[head % ring_entries]` with `seq = head`, then publishes `head + 1`
+//!    with release ordering. It never overwrites unread slots: when
+//!    `head - tail == ring_entries` it counts a back-off in
+//!    [`RingHeader::full_backoffs`] and waits for the host to advance `tail`.
+//! 3. The host polls every ring's `head` (no exit), validates each event,
+//!    counts it or drops it, and publishes `tail` with release ordering.
+//! 4. The host writes the [`StageMap`] under a seqlock: `epoch` is odd while it
+//!    writes and even when stable; readers retry on odd or changed epochs.
+//!
+//! Everything the guest writes is untrusted: the host snapshots the header at
+//! registration, never reads it again, and checks every event's `seq` and
+//! `stage`.
+
+/// Area magic: ASCII "STGCHAN1" as a little-endian u64.
+pub const AREA_MAGIC: u64 = u64::from_le_bytes(*b"STGCHAN1");
+/// ABI version described by this module.
+pub const ABI_VERSION: u32 = 1;
+/// Largest number of stages (stage ids are `0..num_stages`).
+pub const MAX_STAGES: usize = 16;
+/// Largest number of vCPUs (the stage map holds one 64-bit vCPU mask per stage).
+pub const MAX_VCPUS: usize = 64;
+/// Largest ring size in entries (a power of two).
+pub const MAX_RING_ENTRIES: u32 = 1 << 16;
+/// Stage id in an event that means "the thread left its stage" (`stage_exit`).
+pub const STAGE_NONE: u32 = u32::MAX;
+/// Page size for the area's alignment and size (bytes).
+pub const PAGE_SIZE: u64 = 4096;
+
+/// Doorbell port for REGISTER: `out` the area's PFN (GPA >> 12), 32 bits.
+pub const DOORBELL_REGISTER: u16 = 0x610;
+/// Doorbell port for UNREGISTER: `out` any value.
+pub const DOORBELL_UNREGISTER: u16 = 0x614;
+/// Doorbell port for WAIT: `out` a timeout in µs (0 means the maximum,
+/// [`WAIT_MAX_US`]). The VMM parks the calling vCPU until a WAKE for it or
+/// the timeout.
+pub const DOORBELL_WAIT: u16 = 0x618;
+/// Doorbell port for WAKE: `out` the index of the vCPU to wake.
+pub const DOORBELL_WAKE: u16 = 0x61c;
+/// Status port: an `in` of 4 bytes returns the [`Status`] of this vCPU's last
+/// doorbell command. The same port number as REGISTER (reads and writes are
+/// distinct operations).
+pub const DOORBELL_STATUS: u16 = DOORBELL_REGISTER;
+/// Longest WAIT the VMM honours (µs).
+pub const WAIT_MAX_US: u32 = 100_000;
+
+/// Result of a doorbell command.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Done.
+    Ok = 0,
+    /// The area is not inside guest RAM (or overlaps the VMM's fixed structures).
+    BadRange = 1,
+    /// `area_size` is not a non-zero multiple of [`PAGE_SIZE`].
+    BadAlignment = 2,
+    /// Wrong [`AREA_MAGIC`].
+    BadMagic = 3,
+    /// Unsupported ABI version.
+    BadVersion = 4,
+    /// Header fields are inconsistent: counts above the maxima, `num_vcpus`
+    /// not the VM's, ring size not a power of two, or the layout does not fit
+    /// `area_size`.
+    BadLayout = 5,
+    /// REGISTER while an area is registered.
+    AlreadyRegistered = 6,
+    /// UNREGISTER without a registered area.
+    NotRegistered = 7,
+    /// WAKE of a vCPU index that does not exist.
+    BadVcpu = 8,
+    /// No stage device (VM started with `--no-stage-device`): open bus.
+    NoDevice = 0xffff_ffff,
+}
+
+impl Status {
+    /// Decodes a status read from [`DOORBELL_STATUS`]; unknown values are
+    /// `None`.
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            0 => Self::Ok,
+            1 => Self::BadRange,
+            2 => Self::BadAlignment,
+            3 => Self::BadMagic,
+            4 => Self::BadVersion,
+            5 => Self::BadLayout,
+            6 => Self::AlreadyRegistered,
+            7 => Self::NotRegistered,
+            8 => Self::BadVcpu,
+            0xffff_ffff => Self::NoDevice,
+            _ => return None,
+        })
+    }
+}
+
+/// Header at offset 0 of the area (64 bytes). Written by the guest before
+/// REGISTER, except `tsc_khz` which the host fills in at REGISTER.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AreaHeader {
+    /// [`AREA_MAGIC`].
+    pub magic: u64,
+    /// [`ABI_VERSION`].
+    pub version: u32,
+    /// `size_of::<AreaHeader>()` (64).
+    pub header_size: u32,
+    /// Size of the whole area in bytes, a multiple of [`PAGE_SIZE`].
+    pub area_size: u64,
+    /// Number of vCPUs (rings), equal to the VM's vCPU count, ≤ [`MAX_VCPUS`].
+    pub num_vcpus: u32,
+    /// Number of stages, 1..=[`MAX_STAGES`].
+    pub num_stages: u32,
+    /// Entries per ring, a power of two, 2..=[`MAX_RING_ENTRIES`].
+    pub ring_entries: u32,
+    /// Reserved, 0.
+    pub flags: u32,
+    /// Guest TSC frequency in kHz, written by the host at REGISTER (0 if unknown).
+    pub tsc_khz: u64,
+    /// Reserved, 0.
+    pub reserved: [u64; 2],
+}
+
+/// A stage's descriptor (32 bytes), written by the guest: its name, NUL-padded
+/// UTF-8, so the operator's configuration and reports can use names.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StageDesc {
+    /// Stage name, NUL-padded.
+    pub name: [u8; 32],
+}
+
+/// The stage map (192 bytes), written by the host: which vCPUs serve each
+/// stage.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StageMap {
+    /// Seqlock epoch: odd while the host writes, even when stable; it grows by
+    /// 2 with every published map (the first is 2).
+    pub epoch: u64,
+    /// Per stage, a bit mask of the vCPUs that serve it (bit i = vCPU i).
+    pub vcpus: [u64; MAX_STAGES],
+    /// Reserved, 0.
+    pub reserved: [u64; 7],
+}
+
+/// Per-ring control block (192 bytes, three 64-byte cache lines so guest and
+/// host writes never share a line).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingHeader {
+    /// Index of the next slot the guest writes (free-running); published with
+    /// release ordering after the slot.
+    pub head: u64,
+    /// Reserved, pads `head` to a cache line.
+    pub pad0: [u64; 7],
+    /// Index of the next slot the host reads (free-running), written by the host.
+    pub tail: u64,
+    /// Reserved, pads `tail` to a cache line.
+    pub pad1: [u64; 7],
+    /// Times the guest found this ring full and backed off (guest-written,
+    /// informational).
+    pub full_backoffs: u64,
+    /// Reserved.
+    pub pad2: [u64; 7],
+}
+
+/// One stage event (32 bytes), guest → host.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StageEvent {
+    /// Free-running index of this event in its ring; must equal the slot's
+    /// absolute index (a mismatch is a torn, stale or forged entry).
+    pub seq: u64,
+    /// Guest TSC when the switch happened.
+    pub tsc: u64,
+    /// Stage entered, or [`STAGE_NONE`] when the thread left its stage.
+    pub stage: u32,
+    /// Guest thread id.
+    pub thread: u32,
+    /// Reserved, 0.
+    pub reserved: u64,
+}
+
+/// Offset of the stage descriptors (bytes).
+pub const STAGE_DESCS_OFFSET: u64 = 64;
+/// Offset of the stage map (bytes).
+pub const STAGE_MAP_OFFSET: u64 = STAGE_DESCS_OFFSET + (MAX_STAGES * 32) as u64;
+/// Offset of the first ring (bytes).
+pub const RINGS_OFFSET: u64 = STAGE_MAP_OFFSET + 192;
+
+const _: () = assert!(core::mem::size_of::<AreaHeader>() == 64);
+const _: () = assert!(core::mem::offset_of!(AreaHeader, area_size) == 16);
+const _: () = assert!(core::mem::offset_of!(AreaHeader, num_vcpus) == 24);
+const _: () = assert!(core::mem::offset_of!(AreaHeader, ring_entries) == 32);
+const _: () = assert!(core::mem::offset_of!(AreaHeader, tsc_khz) == 40);
+const _: () = assert!(core::mem::size_of::<StageDesc>() == 32);
+const _: () = assert!(core::mem::size_of::<StageMap>() == 192);
+const _: () = assert!(core::mem::offset_of!(StageMap, vcpus) == 8);
+const _: () = assert!(core::mem::size_of::<RingHeader>() == 192);
+const _: () = assert!(core::mem::offset_of!(RingHeader, tail) == 64);
+const _: () = assert!(core::mem::offset_of!(RingHeader, full_backoffs) == 128);
+const _: () = assert!(core::mem::size_of::<StageEvent>() == 32);
+const _: () = assert!(core::mem::offset_of!(StageEvent, stage) == 16);
+const _: () = assert!(core::mem::offset_of!(StageEvent, thread) == 20);
+const _: () = assert!(RINGS_OFFSET == 768);
+
+/// Byte offsets of one area's parts, computed from its header's counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Number of vCPUs (rings).
+    pub num_vcpus: u32,
+    /// Number of stages.
+    pub num_stages: u32,
+    /// Entries per ring.
+    pub ring_entries: u32,
+}
+
+impl Layout {
+    /// Checks the counts (see [`Status::BadLayout`]) and returns the layout.
+    pub fn new(num_vcpus: u32, num_stages: u32, ring_entries: u32) -> Option<Self> {
+        let ok = (1..=MAX_VCPUS as u32).contains(&num_vcpus)
+            && (1..=MAX_STAGES as u32).contains(&num_stages)
+            && (2..=MAX_RING_ENTRIES).contains(&ring_entries)
+            && ring_entries.is_power_of_two();
+        ok.then_some(Self {
+            num_vcpus,
+            num_stages,
+            ring_entries,
+        })
+    }
+
+    /// Bytes one vCPU's ring takes: header plus entries.
+    pub fn ring_bytes(&self) -> u64 {
+        core::mem::size_of::<RingHeader>() as u64
+            + u64::from(self.ring_entries) * core::mem::size_of::<StageEvent>() as u64
+    }
+
+    /// Offset of vCPU `vcpu`'s [`RingHeader`].
+    pub fn ring_offset(&self, vcpu: u32) -> u64 {
+        RINGS_OFFSET + u64::from(vcpu) * self.ring_bytes()
+    }
+
+    /// Offset of the event slot for free-running index `index` in `vcpu`'s ring.
+    pub fn slot_offset(&self, vcpu: u32, index: u64) -> u64 {
+        self.ring_offset(vcpu)
+            + core::mem::size_of::<RingHeader>() as u64
+            + (index & u64::from(self.ring_entries - 1)) * core::mem::size_of::<StageEvent>() as u64
+    }
+
+    /// Bytes the layout needs (end of the last ring).
+    pub fn used_bytes(&self) -> u64 {
+        self.ring_offset(self.num_vcpus)
+    }
+
+    /// Smallest page-multiple area size that holds the layout.
+    pub fn area_size(&self) -> u64 {
+        self.used_bytes().next_multiple_of(PAGE_SIZE)
+    }
+}
+
+/// Validates a header the guest wrote for a VM with `vm_vcpus` vCPUs; returns
+/// the layout or the status to refuse it with. Pure: used by the VMM and by
+/// property tests.
+pub fn validate_header(h: &AreaHeader, vm_vcpus: u32) -> Result<Layout, Status> {
+    if h.magic != AREA_MAGIC {
+        return Err(Status::BadMagic);
+    }
+    if h.version != ABI_VERSION {
+        return Err(Status::BadVersion);
+    }
+    if h.area_size == 0 || !h.area_size.is_multiple_of(PAGE_SIZE) {
+        return Err(Status::BadAlignment);
+    }
+    if h.header_size as usize != core::mem::size_of::<AreaHeader>() || h.num_vcpus != vm_vcpus {
+        return Err(Status::BadLayout);
+    }
+    let layout = Layout::new(h.num_vcpus, h.num_stages, h.ring_entries).ok_or(Status::BadLayout)?;
+    if layout.used_bytes() > h.area_size {
+        return Err(Status::BadLayout);
+    }
+    Ok(layout)
+}
+
+/// FNV-1a (32-bit) of a stage name, for compact logs (Fowler, Noll, Vo).
+pub fn name_hash(name: &[u8]) -> u32 {
+    name.iter().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(vcpus: u32, stages: u32, entries: u32) -> AreaHeader {
+        let layout = Layout::new(vcpus, stages, entries).unwrap();
+        AreaHeader {
+            magic: AREA_MAGIC,
+            version: ABI_VERSION,
+            header_size: 64,
+            area_size: layout.area_size(),
+            num_vcpus: vcpus,
+            num_stages: stages,
+            ring_entries: entries,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn layout_sizes() {
+        let l = Layout::new(2, 3, 256).unwrap();
+        assert_eq!(l.ring_bytes(), 192 + 256 * 32);
+        assert_eq!(l.ring_offset(1), 768 + 8384);
+        assert_eq!(l.slot_offset(0, 257), 768 + 192 + 32);
+        assert_eq!(l.area_size() % PAGE_SIZE, 0);
+        assert!(Layout::new(0, 3, 256).is_none());
+        assert!(Layout::new(65, 3, 256).is_none());
+        assert!(Layout::new(2, 17, 256).is_none());
+        assert!(Layout::new(2, 3, 100).is_none());
+        assert!(Layout::new(2, 3, 1 << 17).is_none());
+    }
+
+    #[test]
+    fn header_validation_statuses() {
+        assert!(validate_header(&header(2, 3, 256), 2).is_ok());
+        let mut h = header(2, 3, 256);
+        h.magic = 1;
+        assert_eq!(validate_header(&h, 2), Err(Status::BadMagic));
+        let mut h = header(2, 3, 256);
+        h.version = 2;
+        assert_eq!(validate_header(&h, 2), Err(Status::BadVersion));
+        let mut h = header(2, 3, 256);
+        h.area_size += 1;
+        assert_eq!(validate_header(&h, 2), Err(Status::BadAlignment));
+        assert_eq!(
+            validate_header(&header(2, 3, 256), 4),
+            Err(Status::BadLayout)
+        );
+        let mut h = header(2, 3, 256);
+        h.area_size = PAGE_SIZE;
+        assert_eq!(validate_header(&h, 2), Err(Status::BadLayout));
+    }
+
+    #[test]
+    fn status_round_trip() {
+        for s in [
+            Status::Ok,
+            Status::BadRange,
+            Status::BadVcpu,
+            Status::NoDevice,
+        ] {
+            assert_eq!(Status::from_u32(s as u32), Some(s));
+        }
+        assert_eq!(Status::from_u32(9), None);
+    }
+}

@@ -1,0 +1,151 @@
+//! End-to-end: the staged test guest reports every stage switch through the
+//! stage channel; the VMM's per-stage counts must equal the guest's own.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+/// The guest's own counts: (parse, plan, execute, exit, back-offs).
+fn guest_counts(stdout: &str) -> [u64; 5] {
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("testguest: stage events "))
+        .unwrap_or_else(|| panic!("no stage-events line in: {stdout}"));
+    let nums: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .map(|w| w.parse().unwrap())
+        .collect();
+    [nums[0], nums[1], nums[2], nums[3], nums[4]]
+}
+
+fn boot_staged(extra_args: &[&str], cmdline: &str) -> (Run, Value) {
+    let guest = guest_image();
+    let _lock = vm_lock();
+    let report = std::env::temp_dir().join(format!(
+        "stagevm-report-{}-{}.json",
+        std::process::id(),
+        cmdline.len() + extra_args.len()
+    ));
+    let mut args = vec![
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--cpus",
+        "boot=2",
+        "--cmdline",
+        cmdline,
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra_args);
+    let run = run(&args);
+    run.assert_no_panic();
+    assert_eq!(run.code(), 0, "{run:#?}");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&report);
+    (run, json)
+}
+
+/// Checks that the VMM counted exactly what the guest reported.
+fn assert_counts_equal(run: &Run, json: &Value) {
+    let [parse, plan, execute, exits, _] = guest_counts(&run.stdout);
+    let ch = &json["stage_channel"];
+    let stages = ch["stages"].as_array().unwrap();
+    let names: Vec<&str> = stages.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["parse", "plan", "execute"]);
+    let host: Vec<u64> = stages
+        .iter()
+        .map(|s| s["events"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        host,
+        [parse, plan, execute],
+        "per-stage events, VMM vs guest"
+    );
+    let host_exits: u64 = ch["vcpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["exits"].as_u64().unwrap())
+        .sum();
+    assert_eq!(host_exits, exits);
+}
+
+#[test]
+fn vmm_counts_equal_guest_counts() {
+    let (run, json) = boot_staged(&[], "iters=1000 threads=3 requests=200");
+    // 2 vCPUs × 3 threads × 200 requests pass each stage once.
+    assert_eq!(guest_counts(&run.stdout)[..4], [1200, 1200, 1200, 1200]);
+    assert_counts_equal(&run, &json);
+    let ch = &json["stage_channel"];
+    assert_eq!(ch["dropped"], 0);
+    assert_eq!(ch["registrations"], 1);
+    assert!(ch["drains"].as_u64().unwrap() > 0);
+    assert!(run.stdout.contains("testguest: stage channel Ok"));
+    // The summary on stderr gives the same totals.
+    assert!(run.stderr.contains("stage 0 parse"), "{}", run.stderr);
+}
+
+#[test]
+fn tiny_ring_and_slow_drain_lose_nothing() {
+    let (run, json) = boot_staged(
+        &["--drain-period-us", "20000"],
+        "iters=1000 threads=2 requests=100 ring=4",
+    );
+    assert_counts_equal(&run, &json);
+    let ch = &json["stage_channel"];
+    assert_eq!(ch["dropped"], 0);
+    let backoffs = ch["ring_full_backoffs"].as_u64().unwrap();
+    // A 4-entry ring drained every 20 ms must fill up; the guest backs off
+    // instead of overwriting, and its own count matches the ring headers.
+    assert!(backoffs > 0, "{ch}");
+    assert_eq!(guest_counts(&run.stdout)[4], backoffs);
+    eprintln!("tiny ring: {backoffs} ring-full back-offs");
+}
+
+#[test]
+fn corrupt_guest_input_is_counted_and_survived() {
+    let (run, json) = boot_staged(&[], "iters=1000 abuse=1 ring=16");
+    assert!(
+        run.stdout.contains(
+            "abuse: register outside RAM -> BadRange, wrong magic -> BadMagic, unaligned size -> BadAlignment"
+        ),
+        "{}",
+        run.stdout
+    );
+    let ch = &json["stage_channel"];
+    let rejected = &ch["registrations_rejected"];
+    assert_eq!(rejected["BadRange"], 1);
+    assert_eq!(rejected["BadMagic"], 1);
+    assert_eq!(rejected["BadAlignment"], 1);
+    assert_eq!(ch["registrations"], 1);
+    let v0 = &ch["vcpus"][0];
+    assert_eq!(v0["dropped_bad_seq"], 1, "{v0}");
+    assert_eq!(v0["dropped_bad_stage"], 1, "{v0}");
+    assert_eq!(v0["bad_index"], 1, "{v0}");
+    assert_eq!(ch["dropped"], 3);
+    // The valid events still all arrive.
+    assert_counts_equal(&run, &json);
+    assert!(run.stderr.contains("REGISTER refused"), "{}", run.stderr);
+}
+
+#[test]
+fn without_stage_device_the_agent_is_a_no_op() {
+    let (run, json) = boot_staged(&["--no-stage-device"], "iters=1000");
+    assert!(
+        run.stdout.contains("testguest: stage channel NoDevice"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(guest_counts(&run.stdout)[..4], [0, 0, 0, 0]);
+    assert!(json["stage_channel"].is_null());
+    // The same work ran: every thread printed its checksum.
+    assert_eq!(
+        run.stdout
+            .lines()
+            .filter(|l| l.starts_with("thread "))
+            .count(),
+        4
+    );
+}

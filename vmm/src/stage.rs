@@ -1,0 +1,549 @@
+//! The stage device: host side of the stage channel of
+//! [`hypercall_abi::stage`].
+//!
+//! * Doorbell: REGISTER validates the guest's area (inside RAM, above the
+//!   VMM's fixed structures, page-aligned size, magic, version, layout) and
+//!   snapshots its header; UNREGISTER forgets it; WAIT parks the calling vCPU
+//!   thread until a WAKE or a timeout; WAKE unparks a vCPU. Each command's
+//!   [`Status`] is read back from [`DOORBELL_STATUS`].
+//! * Draining: the scheduler thread calls [`StageDevice::drain`] every drain
+//!   period (default 1 ms); it reads each ring's `head` with acquire ordering,
+//!   validates every event (sequence number = slot index, stage id in range),
+//!   counts it per stage or drops it, and publishes `tail`.
+//! * Stage map: published under the seqlock of [`StageMap`](hypercall_abi::stage::StageMap).
+//!
+//! All guest memory is accessed through `vm-memory` with addresses computed
+//! from the validated snapshot, so a guest cannot make the VMM touch memory
+//! outside its area; nothing it writes can panic the VMM.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use hypercall_abi::boot::KERNEL_MIN_GPA;
+use hypercall_abi::stage::{
+    validate_header, AreaHeader, Layout, RingHeader, StageDesc, StageEvent, Status,
+    DOORBELL_REGISTER, DOORBELL_STATUS, DOORBELL_UNREGISTER, DOORBELL_WAIT, DOORBELL_WAKE,
+    MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, STAGE_NONE, WAIT_MAX_US,
+};
+use serde::Serialize;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::abi::Obj;
+
+/// Default drain period (µs), `../shared/DESIGN.md` "The stage protocol" step 2.
+pub const DEFAULT_DRAIN_PERIOD_US: u64 = 1000;
+
+/// Offset of `tail` in a [`RingHeader`].
+const TAIL_OFFSET: u64 = core::mem::offset_of!(RingHeader, tail) as u64;
+
+/// How many drops of each kind are logged before logging only every 1000th.
+const LOG_FIRST_DROPS: u64 = 10;
+
+/// Per-stage counters.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct StageStats {
+    /// Stage id.
+    pub id: u32,
+    /// Stage name from the guest's descriptor (lossy UTF-8).
+    pub name: String,
+    /// Valid enter events naming this stage.
+    pub events: u64,
+    /// Enter events where the vCPU switched into this stage from another one
+    /// (or from no stage).
+    pub arrivals: u64,
+    /// vCPU time spent in this stage, from event timestamps (ns; TSC ticks
+    /// converted with the guest TSC frequency).
+    pub occupancy_ns: u64,
+}
+
+/// Per-vCPU ring counters.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct VcpuRingStats {
+    /// vCPU index.
+    pub index: u32,
+    /// Valid events (enters and exits).
+    pub events: u64,
+    /// Valid `stage_exit` events.
+    pub exits: u64,
+    /// Entries dropped because their `seq` was not the slot's index (torn,
+    /// stale or forged).
+    pub dropped_bad_seq: u64,
+    /// Entries dropped because their stage id was out of range.
+    pub dropped_bad_stage: u64,
+    /// Times `head` was behind `tail` or more than a ring ahead; the ring was
+    /// resynchronised to `head` and the skipped range counted here once.
+    pub bad_index: u64,
+    /// The guest's own count of full-ring back-offs (from its ring header).
+    pub ring_full_backoffs: u64,
+}
+
+impl VcpuRingStats {
+    /// All drops on this ring.
+    pub fn dropped(&self) -> u64 {
+        self.dropped_bad_seq + self.dropped_bad_stage + self.bad_index
+    }
+}
+
+/// Everything the device counted; serialised into the VMM's report.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ChannelReport {
+    /// Whether an area is registered at the end.
+    pub registered: bool,
+    /// Successful registrations.
+    pub registrations: u64,
+    /// Refused REGISTERs, by status name.
+    pub registrations_rejected: std::collections::BTreeMap<String, u64>,
+    /// Drain period (µs).
+    pub drain_period_us: u64,
+    /// Drain passes done.
+    pub drains: u64,
+    /// Entries per ring of the (last) registered area.
+    pub ring_entries: u32,
+    /// Stage-map epoch last published.
+    pub map_epoch: u64,
+    /// Per stage.
+    pub stages: Vec<StageStats>,
+    /// Per vCPU.
+    pub vcpus: Vec<VcpuRingStats>,
+    /// Sum of dropped entries over all rings.
+    pub dropped: u64,
+    /// Sum of the guest's full-ring back-offs.
+    pub ring_full_backoffs: u64,
+    /// WAIT commands served.
+    pub waits: u64,
+    /// WAKE commands served.
+    pub wakes: u64,
+}
+
+/// Host-side state of a registered area (a snapshot: the header is never read
+/// again after REGISTER).
+struct Area {
+    gpa: u64,
+    layout: Layout,
+    /// Per ring: next index to read (authoritative; never read from the guest).
+    tails: Vec<u64>,
+    /// Per ring: (stage, tsc) of the last valid enter, for occupancy.
+    current: Vec<Option<(u32, u64)>>,
+    epoch: u64,
+}
+
+struct Parker {
+    woken: Mutex<bool>,
+    cv: Condvar,
+}
+
+struct Inner {
+    area: Option<Area>,
+    report: ChannelReport,
+    /// Guest TSC frequency (kHz) for occupancy; 0 = unknown (ticks reported).
+    tsc_khz: u64,
+}
+
+/// The stage device of one VM. Shared by the vCPU threads (doorbell) and the
+/// scheduler thread (drain).
+pub struct StageDevice {
+    memory: GuestMemoryMmap,
+    mem_size: u64,
+    num_vcpus: u32,
+    inner: Mutex<Inner>,
+    status: Vec<AtomicU32>,
+    parkers: Vec<Parker>,
+    stopping: AtomicBool,
+}
+
+fn status_name(s: Status) -> String {
+    format!("{s:?}")
+}
+
+impl StageDevice {
+    /// A device for a VM of `num_vcpus` vCPUs with RAM `memory` of `mem_size`
+    /// bytes; `tsc_khz` is the guest TSC frequency (0 if unknown) and
+    /// `drain_period_us` is only recorded for the report.
+    pub fn new(
+        memory: GuestMemoryMmap,
+        mem_size: u64,
+        num_vcpus: u32,
+        tsc_khz: u64,
+        drain_period_us: u64,
+    ) -> Self {
+        let report = ChannelReport {
+            drain_period_us,
+            vcpus: (0..num_vcpus)
+                .map(|index| VcpuRingStats {
+                    index,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        Self {
+            memory,
+            mem_size,
+            num_vcpus,
+            inner: Mutex::new(Inner {
+                area: None,
+                report,
+                tsc_khz,
+            }),
+            status: (0..num_vcpus)
+                .map(|_| AtomicU32::new(Status::Ok as u32))
+                .collect(),
+            parkers: (0..num_vcpus)
+                .map(|_| Parker {
+                    woken: Mutex::new(false),
+                    cv: Condvar::new(),
+                })
+                .collect(),
+            stopping: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Counters stay consistent field by field; keep serving after a panic elsewhere.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// True for the ports this device decodes.
+    pub fn handles(port: u16) -> bool {
+        matches!(
+            port,
+            DOORBELL_REGISTER | DOORBELL_UNREGISTER | DOORBELL_WAIT | DOORBELL_WAKE
+        )
+    }
+
+    /// A doorbell `out` from `vcpu`. WAIT blocks the calling thread.
+    pub fn doorbell(&self, vcpu: u32, port: u16, data: &[u8]) {
+        let mut raw = [0u8; 4];
+        let n = data.len().min(4);
+        raw[..n].copy_from_slice(&data[..n]);
+        let value = u32::from_le_bytes(raw);
+        let status = match port {
+            DOORBELL_REGISTER => self.register(value),
+            DOORBELL_UNREGISTER => self.unregister(),
+            DOORBELL_WAIT => self.wait(vcpu, value),
+            DOORBELL_WAKE => self.wake(value),
+            _ => return,
+        };
+        if let Some(slot) = self.status.get(vcpu as usize) {
+            slot.store(status as u32, Ordering::Relaxed);
+        }
+    }
+
+    /// A doorbell `in` from `vcpu`: the status of its last command.
+    pub fn read_status(&self, vcpu: u32, port: u16, data: &mut [u8]) {
+        if port != DOORBELL_STATUS {
+            return;
+        }
+        let status = self
+            .status
+            .get(vcpu as usize)
+            .map_or(Status::BadVcpu as u32, |s| s.load(Ordering::Relaxed));
+        let bytes = status.to_le_bytes();
+        let n = data.len().min(4);
+        data[..n].copy_from_slice(&bytes[..n]);
+    }
+
+    fn register(&self, pfn: u32) -> Status {
+        let gpa = u64::from(pfn) << 12;
+        let result = self.validate(gpa);
+        let mut inner = self.lock();
+        let result = match result {
+            Ok(_) if inner.area.is_some() => Err(Status::AlreadyRegistered),
+            other => other,
+        };
+        let layout = match result {
+            Ok(layout) => layout,
+            Err(s) => {
+                self.reject(&mut inner, gpa, s);
+                return s;
+            }
+        };
+        // Names for the report (lossy UTF-8, NUL-trimmed).
+        let mut stages = Vec::with_capacity(layout.num_stages as usize);
+        for id in 0..layout.num_stages {
+            let desc: Obj<StageDesc> = self
+                .memory
+                .read_obj(GuestAddress(gpa + STAGE_DESCS_OFFSET + 32 * u64::from(id)))
+                .unwrap_or_default();
+            let end = desc.0.name.iter().position(|b| *b == 0).unwrap_or(32);
+            stages.push(StageStats {
+                id,
+                name: String::from_utf8_lossy(&desc.0.name[..end]).into_owned(),
+                ..Default::default()
+            });
+        }
+        let tsc_khz = inner.tsc_khz;
+        // Host-written header field; offset inside the validated area.
+        let _ = self.memory.write_obj(
+            tsc_khz,
+            GuestAddress(gpa + core::mem::offset_of!(AreaHeader, tsc_khz) as u64),
+        );
+        let mut area = Area {
+            gpa,
+            layout,
+            tails: vec![0; layout.num_vcpus as usize],
+            current: vec![None; layout.num_vcpus as usize],
+            epoch: 0,
+        };
+        // Until a policy decides otherwise every vCPU serves every stage.
+        let all = if self.num_vcpus >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.num_vcpus) - 1
+        };
+        self.publish_map(&mut area, &[all; MAX_STAGES]);
+        tracing::info!(
+            gpa = format_args!("{gpa:#x}"),
+            stages = layout.num_stages,
+            ring_entries = layout.ring_entries,
+            "stage channel registered"
+        );
+        inner.report.registrations += 1;
+        inner.report.ring_entries = layout.ring_entries;
+        inner.report.map_epoch = area.epoch;
+        inner.report.stages = stages;
+        inner.area = Some(area);
+        Status::Ok
+    }
+
+    fn reject(&self, inner: &mut Inner, gpa: u64, status: Status) {
+        *inner
+            .report
+            .registrations_rejected
+            .entry(status_name(status))
+            .or_default() += 1;
+        tracing::warn!(
+            gpa = format_args!("{gpa:#x}"),
+            ?status,
+            "stage channel REGISTER refused"
+        );
+    }
+
+    /// Checks a candidate area at `gpa` (see [`Status`] for each refusal).
+    fn validate(&self, gpa: u64) -> Result<Layout, Status> {
+        let header_end = gpa + core::mem::size_of::<AreaHeader>() as u64;
+        if gpa < KERNEL_MIN_GPA || header_end > self.mem_size {
+            return Err(Status::BadRange);
+        }
+        let header: Obj<AreaHeader> = self
+            .memory
+            .read_obj(GuestAddress(gpa))
+            .map_err(|_| Status::BadRange)?;
+        let layout = validate_header(&header.0, self.num_vcpus)?;
+        match gpa.checked_add(header.0.area_size) {
+            Some(end) if end <= self.mem_size => Ok(layout),
+            _ => Err(Status::BadRange),
+        }
+    }
+
+    fn unregister(&self) -> Status {
+        let mut inner = self.lock();
+        if inner.area.is_none() {
+            return Status::NotRegistered;
+        }
+        // Count what is still in the rings before forgetting the area.
+        Self::drain_locked(&self.memory, &mut inner);
+        inner.area = None;
+        tracing::info!("stage channel unregistered");
+        Status::Ok
+    }
+
+    fn wait(&self, vcpu: u32, timeout_us: u32) -> Status {
+        let Some(parker) = self.parkers.get(vcpu as usize) else {
+            return Status::BadVcpu;
+        };
+        let us = if timeout_us == 0 {
+            WAIT_MAX_US
+        } else {
+            timeout_us.min(WAIT_MAX_US)
+        };
+        self.lock().report.waits += 1;
+        let woken = parker.woken.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut woken, _) = parker
+            .cv
+            .wait_timeout_while(woken, Duration::from_micros(u64::from(us)), |w| {
+                !*w && !self.stopping.load(Ordering::Acquire)
+            })
+            .unwrap_or_else(|p| p.into_inner());
+        *woken = false;
+        Status::Ok
+    }
+
+    fn wake(&self, target: u32) -> Status {
+        let Some(parker) = self.parkers.get(target as usize) else {
+            return Status::BadVcpu;
+        };
+        self.lock().report.wakes += 1;
+        *parker.woken.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        parker.cv.notify_one();
+        Status::Ok
+    }
+
+    /// Unparks every waiting vCPU for good (the VM is ending).
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        for p in &self.parkers {
+            let _guard = p.woken.lock().unwrap_or_else(|p| p.into_inner());
+            p.cv.notify_all();
+        }
+    }
+
+    /// Publishes `masks` (per stage, the vCPUs serving it) as a new map epoch.
+    fn publish_map(&self, area: &mut Area, masks: &[u64; MAX_STAGES]) {
+        let map = area.gpa + STAGE_MAP_OFFSET;
+        let epoch = area.epoch;
+        // Seqlock write: odd epoch, data, even epoch (release).
+        let _ = self
+            .memory
+            .store(epoch + 1, GuestAddress(map), Ordering::Release);
+        std::sync::atomic::fence(Ordering::Release);
+        for (i, mask) in masks.iter().enumerate() {
+            let _ = self.memory.store(
+                *mask,
+                GuestAddress(map + 8 + 8 * i as u64),
+                Ordering::Relaxed,
+            );
+        }
+        let _ = self
+            .memory
+            .store(epoch + 2, GuestAddress(map), Ordering::Release);
+        area.epoch = epoch + 2;
+    }
+
+    /// Drains every ring once (the scheduler thread's periodic work, and the
+    /// final pass after the guest stopped).
+    pub fn drain(&self) {
+        let mut inner = self.lock();
+        Self::drain_locked(&self.memory, &mut inner);
+    }
+
+    fn drain_locked(memory: &GuestMemoryMmap, inner: &mut Inner) {
+        let Inner {
+            area,
+            report,
+            tsc_khz,
+        } = inner;
+        let Some(area) = area.as_mut() else {
+            return;
+        };
+        report.drains += 1;
+        for vcpu in 0..area.layout.num_vcpus {
+            drain_ring(memory, area, vcpu, report, *tsc_khz);
+        }
+    }
+
+    /// A copy of the counters.
+    pub fn report(&self) -> ChannelReport {
+        let inner = self.lock();
+        let mut r = inner.report.clone();
+        r.registered = inner.area.is_some();
+        r.dropped = r.vcpus.iter().map(VcpuRingStats::dropped).sum();
+        r.ring_full_backoffs = r.vcpus.iter().map(|v| v.ring_full_backoffs).sum();
+        r
+    }
+}
+
+fn log_drop(count: u64, vcpu: u32, what: &str, detail: std::fmt::Arguments) {
+    if count <= LOG_FIRST_DROPS || count.is_multiple_of(1000) {
+        tracing::warn!(vcpu, count, "stage ring: dropped {what}: {detail}");
+    }
+}
+
+/// Drains one ring: validates and counts events in `[tail, head)`.
+fn drain_ring(
+    memory: &GuestMemoryMmap,
+    area: &mut Area,
+    vcpu: u32,
+    report: &mut ChannelReport,
+    tsc_khz: u64,
+) {
+    let layout = area.layout;
+    let ring = area.gpa + layout.ring_offset(vcpu);
+    let v = vcpu as usize;
+    let Ok(head) = memory.load::<u64>(GuestAddress(ring), Ordering::Acquire) else {
+        return;
+    };
+    let stats = &mut report.vcpus[v];
+    if let Ok(backoffs) = memory.load::<u64>(
+        GuestAddress(ring + core::mem::offset_of!(RingHeader, full_backoffs) as u64),
+        Ordering::Relaxed,
+    ) {
+        stats.ring_full_backoffs = backoffs;
+    }
+    let tail = area.tails[v];
+    let pending = head.wrapping_sub(tail);
+    if pending == 0 {
+        return;
+    }
+    if pending > u64::from(layout.ring_entries) {
+        stats.bad_index += 1;
+        log_drop(
+            stats.bad_index,
+            vcpu,
+            "ring index",
+            format_args!("head {head} tail {tail} entries {}", layout.ring_entries),
+        );
+        area.tails[v] = head;
+        area.current[v] = None;
+        let _ = memory.store(head, GuestAddress(ring + TAIL_OFFSET), Ordering::Release);
+        return;
+    }
+    for index in tail..tail + pending {
+        let slot = area.gpa + layout.slot_offset(vcpu, index);
+        let Ok(Obj(ev)) = memory.read_obj::<Obj<StageEvent>>(GuestAddress(slot)) else {
+            continue;
+        };
+        if ev.seq != index {
+            stats.dropped_bad_seq += 1;
+            log_drop(
+                stats.dropped_bad_seq,
+                vcpu,
+                "sequence",
+                format_args!("slot {index} has seq {}", ev.seq),
+            );
+            continue;
+        }
+        if ev.stage != STAGE_NONE && ev.stage >= layout.num_stages {
+            stats.dropped_bad_stage += 1;
+            log_drop(
+                stats.dropped_bad_stage,
+                vcpu,
+                "stage id",
+                format_args!("stage {} of {}", ev.stage, layout.num_stages),
+            );
+            continue;
+        }
+        stats.events += 1;
+        let previous = area.current[v];
+        if let Some((prev_stage, since)) = previous {
+            if let Some(ticks) = ev.tsc.checked_sub(since) {
+                let ns = if tsc_khz == 0 {
+                    ticks
+                } else {
+                    (u128::from(ticks) * 1_000_000 / u128::from(tsc_khz)) as u64
+                };
+                let s = &mut report.stages[prev_stage as usize];
+                s.occupancy_ns = s.occupancy_ns.saturating_add(ns);
+            }
+        }
+        if ev.stage == STAGE_NONE {
+            stats.exits += 1;
+            area.current[v] = None;
+        } else {
+            let s = &mut report.stages[ev.stage as usize];
+            s.events += 1;
+            if previous.map(|(p, _)| p) != Some(ev.stage) {
+                s.arrivals += 1;
+            }
+            area.current[v] = Some((ev.stage, ev.tsc));
+        }
+    }
+    let new_tail = tail + pending;
+    area.tails[v] = new_tail;
+    let _ = memory.store(
+        new_tail,
+        GuestAddress(ring + TAIL_OFFSET),
+        Ordering::Release,
+    );
+}
