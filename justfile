@@ -41,6 +41,10 @@ test: guest
 bench-boot: build
     cargo run --release -q -p stagevm-bench --bin boot-bench -- --stagevm {{stagevm}} --kernel {{guest}}
 
+# Stage-channel mechanism costs measured in the guest (stage_enter, doorbell exit).
+bench-channel: build
+    cargo run --release -q -p stagevm-bench --bin channel-bench -- --stagevm {{stagevm}} --kernel {{guest}}
+
 # Formatting and lints.
 lint:
     cargo fmt --all --check

@@ -16,6 +16,8 @@
 //! * `ring=N` — stage ring entries per vCPU (power of two, default 256),
 //! * `abuse=1` — send bad REGISTERs and corrupt ring entries first (tests the
 //!   VMM's validation),
+//! * `bench=1` — vCPU 0 measures `stage_enter`, a plain loop and a doorbell
+//!   exit (see `staged::bench`),
 //! * `exit=N` — exit code to shut down with after the work (default 0),
 //! * `fault=1` — execute `hlt` in ring 3 after the banner: a #GP with no IDT,
 //!   i.e. a triple fault, to test the VMM's failure path.
@@ -166,6 +168,7 @@ struct Options {
     requests: u64,
     ring: u32,
     abuse: bool,
+    bench: bool,
 }
 
 fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
@@ -177,6 +180,7 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         requests: 100,
         ring: 256,
         abuse: false,
+        bench: false,
     };
     for word in cmdline.split_ascii_whitespace() {
         let (key, value) = word.split_once('=').ok_or(word)?;
@@ -188,6 +192,7 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
             "requests" => opts.requests = value.parse().map_err(|_| word)?,
             "ring" => opts.ring = value.parse().map_err(|_| word)?,
             "abuse" => opts.abuse = value == "1",
+            "bench" => opts.bench = value == "1",
             _ => return Err(word),
         }
     }
@@ -238,6 +243,9 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
             unsafe { asm!("hlt") };
         }
         staged::setup(&info, opts.ring, opts.abuse);
+        if opts.bench {
+            staged::bench(0, info.tsc_khz);
+        }
         BANNER_DONE.store(true, Ordering::Release);
     }
     let checksum = workload(vcpu, opts.iters);

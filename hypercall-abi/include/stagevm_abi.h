@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * stagevm stage channel ABI v1, for C guest agents (the Linux module and
+ * libstage). Mirrors hypercall-abi/src/stage.rs; tests/c_header.rs compiles
+ * this header and checks every size and offset against the Rust side.
+ */
+#ifndef STAGEVM_ABI_H
+#define STAGEVM_ABI_H
+
+#include <stdint.h>
+
+#define STAGEVM_AREA_MAGIC 0x314e414843475453ULL /* "STGCHAN1" little endian */
+#define STAGEVM_ABI_VERSION 1u
+#define STAGEVM_MAX_STAGES 16u
+#define STAGEVM_MAX_VCPUS 64u
+#define STAGEVM_MAX_RING_ENTRIES 65536u
+#define STAGEVM_STAGE_NONE 0xffffffffu
+#define STAGEVM_PAGE_SIZE 4096u
+
+#define STAGEVM_DOORBELL_REGISTER 0x610
+#define STAGEVM_DOORBELL_UNREGISTER 0x614
+#define STAGEVM_DOORBELL_WAIT 0x618
+#define STAGEVM_DOORBELL_WAKE 0x61c
+#define STAGEVM_DOORBELL_STATUS 0x610
+#define STAGEVM_WAIT_MAX_US 100000u
+
+enum stagevm_status {
+	STAGEVM_OK = 0,
+	STAGEVM_BAD_RANGE = 1,
+	STAGEVM_BAD_ALIGNMENT = 2,
+	STAGEVM_BAD_MAGIC = 3,
+	STAGEVM_BAD_VERSION = 4,
+	STAGEVM_BAD_LAYOUT = 5,
+	STAGEVM_ALREADY_REGISTERED = 6,
+	STAGEVM_NOT_REGISTERED = 7,
+	STAGEVM_BAD_VCPU = 8,
+	STAGEVM_NO_DEVICE = 0xffffffffu,
+};
+
+struct stagevm_area_header {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t header_size;
+	uint64_t area_size;
+	uint32_t num_vcpus;
+	uint32_t num_stages;
+	uint32_t ring_entries;
+	uint32_t flags;
+	uint64_t tsc_khz;
+	uint64_t reserved[2];
+};
+
+struct stagevm_stage_desc {
+	uint8_t name[32];
+};
+
+struct stagevm_stage_map {
+	uint64_t epoch;
+	uint64_t vcpus[STAGEVM_MAX_STAGES];
+	uint64_t reserved[7];
+};
+
+struct stagevm_ring_header {
+	uint64_t head;
+	uint64_t pad0[7];
+	uint64_t tail;
+	uint64_t pad1[7];
+	uint64_t full_backoffs;
+	uint64_t pad2[7];
+};
+
+struct stagevm_stage_event {
+	uint64_t seq;
+	uint64_t tsc;
+	uint32_t stage;
+	uint32_t thread;
+	uint64_t reserved;
+};
+
+#define STAGEVM_STAGE_DESCS_OFFSET 64u
+#define STAGEVM_STAGE_MAP_OFFSET (STAGEVM_STAGE_DESCS_OFFSET + STAGEVM_MAX_STAGES * 32u)
+#define STAGEVM_RINGS_OFFSET (STAGEVM_STAGE_MAP_OFFSET + 192u)
+
+#endif /* STAGEVM_ABI_H */

@@ -1,0 +1,123 @@
+//! The C header `include/stagevm_abi.h` must describe the same ABI as the
+//! Rust crate: compile a probe against it with the system C compiler and
+//! compare every constant, size and offset.
+
+use std::mem::{offset_of, size_of};
+use std::process::Command;
+
+use hypercall_abi::stage::*;
+
+#[test]
+fn c_header_matches_rust_layout() {
+    let dir = std::env::temp_dir().join(format!("stagevm-abi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let probe = dir.join("probe.c");
+    std::fs::write(
+        &probe,
+        r#"#include <stdio.h>
+#include <stddef.h>
+#include "stagevm_abi.h"
+#define P(name, v) printf("%s %llu\n", name, (unsigned long long)(v))
+int main(void) {
+    P("magic", STAGEVM_AREA_MAGIC); P("version", STAGEVM_ABI_VERSION);
+    P("max_stages", STAGEVM_MAX_STAGES); P("max_vcpus", STAGEVM_MAX_VCPUS);
+    P("max_ring", STAGEVM_MAX_RING_ENTRIES); P("stage_none", STAGEVM_STAGE_NONE);
+    P("db_register", STAGEVM_DOORBELL_REGISTER); P("db_unregister", STAGEVM_DOORBELL_UNREGISTER);
+    P("db_wait", STAGEVM_DOORBELL_WAIT); P("db_wake", STAGEVM_DOORBELL_WAKE);
+    P("db_status", STAGEVM_DOORBELL_STATUS); P("wait_max", STAGEVM_WAIT_MAX_US);
+    P("st_bad_layout", STAGEVM_BAD_LAYOUT); P("st_bad_vcpu", STAGEVM_BAD_VCPU);
+    P("st_no_device", STAGEVM_NO_DEVICE);
+    P("hdr", sizeof(struct stagevm_area_header));
+    P("hdr.area_size", offsetof(struct stagevm_area_header, area_size));
+    P("hdr.num_vcpus", offsetof(struct stagevm_area_header, num_vcpus));
+    P("hdr.num_stages", offsetof(struct stagevm_area_header, num_stages));
+    P("hdr.ring_entries", offsetof(struct stagevm_area_header, ring_entries));
+    P("hdr.tsc_khz", offsetof(struct stagevm_area_header, tsc_khz));
+    P("desc", sizeof(struct stagevm_stage_desc));
+    P("map", sizeof(struct stagevm_stage_map));
+    P("map.vcpus", offsetof(struct stagevm_stage_map, vcpus));
+    P("ring", sizeof(struct stagevm_ring_header));
+    P("ring.tail", offsetof(struct stagevm_ring_header, tail));
+    P("ring.full_backoffs", offsetof(struct stagevm_ring_header, full_backoffs));
+    P("event", sizeof(struct stagevm_stage_event));
+    P("event.tsc", offsetof(struct stagevm_stage_event, tsc));
+    P("event.stage", offsetof(struct stagevm_stage_event, stage));
+    P("event.thread", offsetof(struct stagevm_stage_event, thread));
+    P("descs_off", STAGEVM_STAGE_DESCS_OFFSET); P("map_off", STAGEVM_STAGE_MAP_OFFSET);
+    P("rings_off", STAGEVM_RINGS_OFFSET);
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let exe = dir.join("probe");
+    let include = concat!(env!("CARGO_MANIFEST_DIR"), "/include");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Werror", "-I", include, "-o"])
+        .arg(&exe)
+        .arg(&probe)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler '{cc}': {e}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(&exe).output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let c: std::collections::HashMap<&str, u64> = text
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once(' ').unwrap();
+            (k, v.parse().unwrap())
+        })
+        .collect();
+    let expect: &[(&str, u64)] = &[
+        ("magic", AREA_MAGIC),
+        ("version", ABI_VERSION.into()),
+        ("max_stages", MAX_STAGES as u64),
+        ("max_vcpus", MAX_VCPUS as u64),
+        ("max_ring", MAX_RING_ENTRIES.into()),
+        ("stage_none", STAGE_NONE.into()),
+        ("db_register", DOORBELL_REGISTER.into()),
+        ("db_unregister", DOORBELL_UNREGISTER.into()),
+        ("db_wait", DOORBELL_WAIT.into()),
+        ("db_wake", DOORBELL_WAKE.into()),
+        ("db_status", DOORBELL_STATUS.into()),
+        ("wait_max", WAIT_MAX_US.into()),
+        ("st_bad_layout", Status::BadLayout as u64),
+        ("st_bad_vcpu", Status::BadVcpu as u64),
+        ("st_no_device", Status::NoDevice as u64),
+        ("hdr", size_of::<AreaHeader>() as u64),
+        ("hdr.area_size", offset_of!(AreaHeader, area_size) as u64),
+        ("hdr.num_vcpus", offset_of!(AreaHeader, num_vcpus) as u64),
+        ("hdr.num_stages", offset_of!(AreaHeader, num_stages) as u64),
+        (
+            "hdr.ring_entries",
+            offset_of!(AreaHeader, ring_entries) as u64,
+        ),
+        ("hdr.tsc_khz", offset_of!(AreaHeader, tsc_khz) as u64),
+        ("desc", size_of::<StageDesc>() as u64),
+        ("map", size_of::<StageMap>() as u64),
+        ("map.vcpus", offset_of!(StageMap, vcpus) as u64),
+        ("ring", size_of::<RingHeader>() as u64),
+        ("ring.tail", offset_of!(RingHeader, tail) as u64),
+        (
+            "ring.full_backoffs",
+            offset_of!(RingHeader, full_backoffs) as u64,
+        ),
+        ("event", size_of::<StageEvent>() as u64),
+        ("event.tsc", offset_of!(StageEvent, tsc) as u64),
+        ("event.stage", offset_of!(StageEvent, stage) as u64),
+        ("event.thread", offset_of!(StageEvent, thread) as u64),
+        ("descs_off", STAGE_DESCS_OFFSET),
+        ("map_off", STAGE_MAP_OFFSET),
+        ("rings_off", RINGS_OFFSET),
+    ];
+    for (name, rust) in expect {
+        assert_eq!(c.get(name), Some(rust), "C header vs Rust: {name}");
+    }
+    assert_eq!(c.len(), expect.len());
+}
