@@ -7,7 +7,6 @@
 //! guest RAM is mapped in the VMM).
 
 use std::io::{IsTerminal, Read};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -15,19 +14,15 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 
+mod target;
+use target::Target;
+
 /// Measures stagevm boot time and peak RSS.
 #[derive(Parser, Debug)]
 #[command(name = "boot-bench", about)]
 struct Args {
-    /// The stagevm binary.
-    #[arg(long, default_value = "target/release/stagevm")]
-    stagevm: PathBuf,
-    /// Guest kernel.
-    #[arg(
-        long,
-        default_value = "images/testguest/target/x86_64-unknown-none/release/testguest"
-    )]
-    kernel: PathBuf,
+    #[command(flatten)]
+    target: Target,
     /// Number of runs (the median is reported).
     #[arg(long, default_value_t = 9)]
     runs: usize,
@@ -35,7 +30,7 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     cpus: u32,
     /// Guest command line (small work, so boot and exit dominate).
-    #[arg(long, default_value = "iters=1000")]
+    #[arg(long, default_value = "iters=1000 requests=0")]
     cmdline: String,
     /// Guest RAM.
     #[arg(long, default_value = "256M")]
@@ -50,9 +45,9 @@ struct Sample {
 
 fn one_run(args: &Args) -> Result<Sample> {
     let start = Instant::now();
-    let mut child = Command::new(&args.stagevm)
+    let mut child = Command::new(&args.target.stagevm)
         .arg("--kernel")
-        .arg(&args.kernel)
+        .arg(&args.target.kernel)
         .arg("--cpus")
         .arg(format!("boot={}", args.cpus))
         .arg("--memory")
@@ -62,7 +57,7 @@ fn one_run(args: &Args) -> Result<Sample> {
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .with_context(|| format!("spawning {}", args.stagevm.display()))?;
+        .with_context(|| format!("spawning {}", args.target.stagevm.display()))?;
     let mut stdout = child.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
     let reader = std::thread::spawn(move || {
@@ -125,8 +120,8 @@ fn main() -> Result<()> {
         args.runs,
         args.cpus,
         args.memory,
-        args.kernel.display(),
-        std::fs::metadata(&args.kernel)
+        args.target.kernel.display(),
+        std::fs::metadata(&args.target.kernel)
             .map(|m| m.len())
             .unwrap_or(0),
         args.cmdline

@@ -3,25 +3,20 @@
 //! side: one `stage_enter` (a ring write, no exit), the same loop without the
 //! report, and one doorbell exit (port I/O from ring 3). Medians over runs.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 
+mod target;
+use target::Target;
+
 /// Measures stage_enter and doorbell costs inside the guest.
 #[derive(Parser, Debug)]
 #[command(name = "channel-bench", about)]
 struct Args {
-    /// The stagevm binary.
-    #[arg(long, default_value = "target/release/stagevm")]
-    stagevm: PathBuf,
-    /// Guest kernel (the test guest).
-    #[arg(
-        long,
-        default_value = "images/testguest/target/x86_64-unknown-none/release/testguest"
-    )]
-    kernel: PathBuf,
+    #[command(flatten)]
+    target: Target,
     /// Number of runs (the median is reported).
     #[arg(long, default_value_t = 5)]
     runs: usize,
@@ -55,13 +50,13 @@ fn main() -> Result<()> {
     }
     let mut samples = Vec::new();
     for _ in 0..args.runs {
-        let out = Command::new(&args.stagevm)
+        let out = Command::new(&args.target.stagevm)
             .arg("--kernel")
-            .arg(&args.kernel)
+            .arg(&args.target.kernel)
             .args(["--cpus", "boot=1", "--cmdline"])
             .arg(format!("iters=1000 requests=0 bench=1 ring={}", args.ring))
             .output()
-            .with_context(|| format!("running {}", args.stagevm.display()))?;
+            .with_context(|| format!("running {}", args.target.stagevm.display()))?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         let line = stdout
             .lines()

@@ -18,9 +18,9 @@ use core::ptr;
 use core::sync::atomic::{fence, AtomicU64, Ordering};
 
 use hypercall_abi::stage::{
-    validate_header, AreaHeader, Layout, RingHeader, StageDesc, StageEvent, Status, ABI_VERSION,
-    AREA_MAGIC, DOORBELL_REGISTER, DOORBELL_UNREGISTER, MAX_STAGES, STAGE_DESCS_OFFSET,
-    STAGE_MAP_OFFSET, STAGE_NONE,
+    validate_header, AreaHeader, Layout, RingHeader, StageDesc, StageEvent, Status,
+    DOORBELL_REGISTER, DOORBELL_UNREGISTER, MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET,
+    STAGE_NONE,
 };
 
 /// What the agent needs from the machine it runs on.
@@ -133,14 +133,8 @@ impl<P: Platform> Agent<P> {
         // SAFETY: the caller guarantees `area_size` writable bytes.
         unsafe { ptr::write_bytes(base, 0, area_size as usize) };
         let header = AreaHeader {
-            magic: AREA_MAGIC,
-            version: ABI_VERSION,
-            header_size: core::mem::size_of::<AreaHeader>() as u32,
             area_size,
-            num_vcpus,
-            num_stages: stage_names.len() as u32,
-            ring_entries,
-            ..Default::default()
+            ..layout.header()
         };
         // SAFETY: offset 0 is inside the area and aligned.
         unsafe { ptr::write_volatile(base as *mut AreaHeader, header) };

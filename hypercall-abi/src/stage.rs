@@ -277,6 +277,21 @@ impl Layout {
     pub fn area_size(&self) -> u64 {
         self.used_bytes().next_multiple_of(PAGE_SIZE)
     }
+
+    /// The valid header for this layout in an area of [`Self::area_size`]
+    /// bytes (`tsc_khz` 0: the host fills it in).
+    pub fn header(&self) -> AreaHeader {
+        AreaHeader {
+            magic: AREA_MAGIC,
+            version: ABI_VERSION,
+            header_size: core::mem::size_of::<AreaHeader>() as u32,
+            area_size: self.area_size(),
+            num_vcpus: self.num_vcpus,
+            num_stages: self.num_stages,
+            ring_entries: self.ring_entries,
+            ..Default::default()
+        }
+    }
 }
 
 /// Validates a header the guest wrote for a VM with `vm_vcpus` vCPUs; returns
@@ -314,17 +329,7 @@ mod tests {
     use super::*;
 
     fn header(vcpus: u32, stages: u32, entries: u32) -> AreaHeader {
-        let layout = Layout::new(vcpus, stages, entries).unwrap();
-        AreaHeader {
-            magic: AREA_MAGIC,
-            version: ABI_VERSION,
-            header_size: 64,
-            area_size: layout.area_size(),
-            num_vcpus: vcpus,
-            num_stages: stages,
-            ring_entries: entries,
-            ..Default::default()
-        }
+        Layout::new(vcpus, stages, entries).unwrap().header()
     }
 
     #[test]

@@ -552,7 +552,7 @@ fn drain_ring(
 mod tests {
     use super::*;
     use guest_agent::{Agent, Platform};
-    use hypercall_abi::stage::{ABI_VERSION, AREA_MAGIC, DOORBELL_STATUS};
+    use hypercall_abi::stage::DOORBELL_STATUS;
     use proptest::prelude::*;
     use std::sync::Arc;
     use vm_memory::GuestMemoryBackend;
@@ -562,19 +562,6 @@ mod tests {
 
     fn memory() -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap()
-    }
-
-    fn valid_header(layout: &Layout) -> AreaHeader {
-        AreaHeader {
-            magic: AREA_MAGIC,
-            version: ABI_VERSION,
-            header_size: 64,
-            area_size: layout.area_size(),
-            num_vcpus: layout.num_vcpus,
-            num_stages: layout.num_stages,
-            ring_entries: layout.ring_entries,
-            ..Default::default()
-        }
     }
 
     fn register(dev: &StageDevice) -> Status {
@@ -665,11 +652,11 @@ mod tests {
         dev.doorbell(0, DOORBELL_REGISTER, &1u32.to_le_bytes());
         dev.doorbell(0, DOORBELL_REGISTER, &u32::MAX.to_le_bytes());
         assert_eq!(register(&dev), Status::BadMagic);
-        let mut h = valid_header(&layout);
+        let mut h = layout.header();
         h.area_size = MEM; // runs past the end of RAM from AREA
         mem.write_obj(Obj(h), GuestAddress(AREA)).unwrap();
         assert_eq!(register(&dev), Status::BadRange);
-        mem.write_obj(Obj(valid_header(&layout)), GuestAddress(AREA))
+        mem.write_obj(Obj(layout.header()), GuestAddress(AREA))
             .unwrap();
         assert_eq!(register(&dev), Status::Ok);
         assert_eq!(register(&dev), Status::AlreadyRegistered);
@@ -737,7 +724,7 @@ mod tests {
         ) {
             let mem = memory();
             let layout = Layout::new(1, 3, 8).unwrap();
-            mem.write_obj(Obj(valid_header(&layout)), GuestAddress(AREA)).unwrap();
+            mem.write_obj(Obj(layout.header()), GuestAddress(AREA)).unwrap();
             let dev = StageDevice::new(mem.clone(), MEM, 1, 0, 0);
             prop_assert_eq!(register(&dev), Status::Ok);
             let first_slot = AREA + layout.slot_offset(0, 0);

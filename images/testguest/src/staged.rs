@@ -13,9 +13,7 @@ use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use guest_agent::{Agent, Platform, Report};
-use hypercall_abi::stage::{
-    AreaHeader, Layout, Status, ABI_VERSION, AREA_MAGIC, DOORBELL_REGISTER, DOORBELL_STATUS,
-};
+use hypercall_abi::stage::{AreaHeader, Layout, Status, DOORBELL_REGISTER, DOORBELL_STATUS};
 
 use crate::{inl, outl, print_line};
 
@@ -97,16 +95,7 @@ fn raw_register(pfn: u64) -> Status {
 fn abuse_register(mem_size: u64, area: u64, layout: &Layout) {
     let outside = raw_register((mem_size >> 12) + 16);
     let header = area as *mut AreaHeader;
-    let good = AreaHeader {
-        magic: AREA_MAGIC,
-        version: ABI_VERSION,
-        header_size: 64,
-        area_size: layout.area_size(),
-        num_vcpus: layout.num_vcpus,
-        num_stages: layout.num_stages,
-        ring_entries: layout.ring_entries,
-        ..Default::default()
-    };
+    let good = layout.header();
     // SAFETY: `area` is this guest's own, identity-mapped, allocated memory.
     unsafe {
         header.write_volatile(AreaHeader {
