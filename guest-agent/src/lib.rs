@@ -15,12 +15,12 @@
 #![no_std]
 
 use core::ptr;
-use core::sync::atomic::{fence, AtomicU64, Ordering};
+use core::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 use hypercall_abi::stage::{
-    validate_header, AreaHeader, Layout, RingHeader, StageDesc, StageEvent, Status,
-    DOORBELL_REGISTER, DOORBELL_UNREGISTER, MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET,
-    STAGE_NONE,
+    validate_header, AreaHeader, Layout, RingHeader, StageDesc, StageEvent, Status, VcpuState,
+    DOORBELL_REGISTER, DOORBELL_UNREGISTER, DOORBELL_WAIT, DOORBELL_WAKE, MAX_STAGES,
+    STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, STAGE_NONE,
 };
 
 /// What the agent needs from the machine it runs on.
@@ -336,6 +336,88 @@ impl<P: Platform> Agent<P> {
             }
             None => 0,
         }
+    }
+
+    fn state_u32(&self, vcpu: u32, offset: usize) -> Option<&'static AtomicU32> {
+        self.layout.filter(|l| vcpu < l.num_vcpus)?;
+        // SAFETY: the state block of vcpu < num_vcpus ≤ MAX_VCPUS lies in the
+        // area; `offset` is a 4-aligned field offset inside VcpuState.
+        Some(unsafe {
+            AtomicU32::from_ptr(
+                self.base
+                    .add(Layout::vcpu_state_offset(vcpu) as usize + offset)
+                    .cast::<u32>(),
+            )
+        })
+    }
+
+    /// Adds `delta` to `vcpu`'s published run-queue depth (see
+    /// [`VcpuState`] for the wake-up protocol). No-op when inactive.
+    pub fn runq_add(&self, vcpu: u32, delta: i32) {
+        if let Some(w) = self.state_u32(vcpu, core::mem::offset_of!(VcpuState, runq_depth)) {
+            w.fetch_add(delta as u32, Ordering::AcqRel);
+        }
+    }
+
+    /// `vcpu`'s published run-queue depth (0 when inactive).
+    pub fn runq_depth(&self, vcpu: u32) -> u32 {
+        self.state_u32(vcpu, core::mem::offset_of!(VcpuState, runq_depth))
+            .map_or(0, |w| w.load(Ordering::Acquire))
+    }
+
+    /// Publishes whether `vcpu` idles (see [`VcpuState`]).
+    pub fn set_parked(&self, vcpu: u32, parked: bool) {
+        if let Some(w) = self.state_u32(vcpu, core::mem::offset_of!(VcpuState, parked)) {
+            w.store(u32::from(parked), Ordering::SeqCst);
+        }
+    }
+
+    /// Whether `vcpu` published that it idles.
+    pub fn is_parked(&self, vcpu: u32) -> bool {
+        self.state_u32(vcpu, core::mem::offset_of!(VcpuState, parked))
+            .is_some_and(|w| w.load(Ordering::SeqCst) != 0)
+    }
+
+    /// Adds `delta` to the runnable count of `stage` on `vcpu` (the stage
+    /// load the host's policy reads).
+    pub fn runnable_add(&self, vcpu: u32, stage: u32, delta: i16) {
+        if self
+            .layout
+            .filter(|l| vcpu < l.num_vcpus && stage < l.num_stages)
+            .is_none()
+        {
+            return;
+        }
+        let offset = Layout::vcpu_state_offset(vcpu) as usize
+            + core::mem::offset_of!(VcpuState, runnable)
+            + 2 * stage as usize;
+        // SAFETY: a 2-aligned u16 inside this vCPU's state block.
+        let w = unsafe { AtomicU16::from_ptr(self.base.add(offset).cast::<u16>()) };
+        w.fetch_add(delta as u16, Ordering::Relaxed);
+    }
+
+    /// Counts a fallback on `vcpu`: a stage ran there although the map does not
+    /// give it the stage, because no vCPU served the stage.
+    pub fn count_fallback(&self, vcpu: u32) {
+        if let Some(w) = self.state_u32(vcpu, core::mem::offset_of!(VcpuState, fallbacks)) {
+            w.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Sends WAIT: the VMM parks this vCPU until a WAKE or `timeout_us` µs.
+    pub fn wait(&self, timeout_us: u32) -> Status {
+        if self.layout.is_none() {
+            return Status::NotRegistered;
+        }
+        self.send(DOORBELL_WAIT, timeout_us)
+    }
+
+    /// Sends WAKE for `vcpu`.
+    pub fn wake(&self, vcpu: u32) -> Status {
+        if self.layout.is_none() {
+            return Status::NotRegistered;
+        }
+        self.send(DOORBELL_WAKE, vcpu)
     }
 
     /// Reads a consistent stage map (seqlock: retries while the host writes).

@@ -60,6 +60,14 @@ struct stagevm_stage_map {
 	uint64_t reserved[7];
 };
 
+struct stagevm_vcpu_state {
+	uint32_t runq_depth;
+	uint32_t parked;
+	uint16_t runnable[STAGEVM_MAX_STAGES];
+	uint32_t fallbacks;
+	uint32_t reserved[5];
+};
+
 struct stagevm_ring_header {
 	uint64_t head;
 	uint64_t pad0[7];
@@ -79,6 +87,7 @@ struct stagevm_stage_event {
 
 #define STAGEVM_STAGE_DESCS_OFFSET 64u
 #define STAGEVM_STAGE_MAP_OFFSET (STAGEVM_STAGE_DESCS_OFFSET + STAGEVM_MAX_STAGES * 32u)
-#define STAGEVM_RINGS_OFFSET (STAGEVM_STAGE_MAP_OFFSET + 192u)
+#define STAGEVM_VCPU_STATES_OFFSET (STAGEVM_STAGE_MAP_OFFSET + 192u)
+#define STAGEVM_RINGS_OFFSET (STAGEVM_VCPU_STATES_OFFSET + STAGEVM_MAX_VCPUS * 64u)
 
 #endif /* STAGEVM_ABI_H */

@@ -11,7 +11,8 @@
 //! 0                              AreaHeader (64)           guest (host: tsc_khz)
 //! STAGE_DESCS_OFFSET (64)        StageDesc × MAX_STAGES    guest
 //! STAGE_MAP_OFFSET (576)         StageMap (192)            host
-//! RINGS_OFFSET (768)             per vCPU: RingHeader (192) + StageEvent × ring_entries
+//! VCPU_STATES_OFFSET (768)       VcpuState (64) × MAX_VCPUS guest
+//! RINGS_OFFSET (4864)            per vCPU: RingHeader (192) + StageEvent × ring_entries
 //! ```
 //!
 //! Protocol:
@@ -202,12 +203,41 @@ pub struct StageEvent {
     pub reserved: u64,
 }
 
+/// Per-vCPU scheduling state (64 bytes), written by the guest's scheduler and
+/// read by the host as hints (untrusted: clamped, never trusted for memory
+/// access).
+///
+/// Wake-up protocol (no lost wake-ups): a vCPU about to idle stores
+/// `parked = 1`, re-checks its run queue, then sends WAIT; it stores
+/// `parked = 0` when it runs again. A vCPU that queues a thread on vCPU `v`
+/// increments `v`'s `runq_depth` first, then sends WAKE(`v`) if `v`'s `parked`
+/// is 1. As a safety net the host's scheduler thread wakes every parked vCPU
+/// whose `runq_depth` it sees non-zero at a drain.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VcpuState {
+    /// Threads queued on this vCPU, not counting the running one.
+    pub runq_depth: u32,
+    /// 1 while the vCPU idles (about to WAIT or waiting), else 0.
+    pub parked: u32,
+    /// Per stage, runnable threads (queued or running) on this vCPU: the
+    /// thesis' stage load (`../shared/seeds/000_*`, §4.5).
+    pub runnable: [u16; MAX_STAGES],
+    /// Threads that ran a stage on this vCPU although the map does not give
+    /// it the stage, because no vCPU served it (counted fallbacks).
+    pub fallbacks: u32,
+    /// Reserved.
+    pub reserved: [u32; 5],
+}
+
 /// Offset of the stage descriptors (bytes).
 pub const STAGE_DESCS_OFFSET: u64 = 64;
 /// Offset of the stage map (bytes).
 pub const STAGE_MAP_OFFSET: u64 = STAGE_DESCS_OFFSET + (MAX_STAGES * 32) as u64;
+/// Offset of the per-vCPU states (bytes).
+pub const VCPU_STATES_OFFSET: u64 = STAGE_MAP_OFFSET + 192;
 /// Offset of the first ring (bytes).
-pub const RINGS_OFFSET: u64 = STAGE_MAP_OFFSET + 192;
+pub const RINGS_OFFSET: u64 = VCPU_STATES_OFFSET + (MAX_VCPUS * 64) as u64;
 
 const _: () = assert!(core::mem::size_of::<AreaHeader>() == 64);
 const _: () = assert!(core::mem::offset_of!(AreaHeader, area_size) == 16);
@@ -223,7 +253,10 @@ const _: () = assert!(core::mem::offset_of!(RingHeader, full_backoffs) == 128);
 const _: () = assert!(core::mem::size_of::<StageEvent>() == 32);
 const _: () = assert!(core::mem::offset_of!(StageEvent, stage) == 16);
 const _: () = assert!(core::mem::offset_of!(StageEvent, thread) == 20);
-const _: () = assert!(RINGS_OFFSET == 768);
+const _: () = assert!(RINGS_OFFSET == 4864);
+const _: () = assert!(core::mem::size_of::<VcpuState>() == 64);
+const _: () = assert!(core::mem::offset_of!(VcpuState, parked) == 4);
+const _: () = assert!(core::mem::offset_of!(VcpuState, runnable) == 8);
 
 /// Byte offsets of one area's parts, computed from its header's counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,6 +287,11 @@ impl Layout {
     pub fn ring_bytes(&self) -> u64 {
         core::mem::size_of::<RingHeader>() as u64
             + u64::from(self.ring_entries) * core::mem::size_of::<StageEvent>() as u64
+    }
+
+    /// Offset of vCPU `vcpu`'s [`VcpuState`].
+    pub fn vcpu_state_offset(vcpu: u32) -> u64 {
+        VCPU_STATES_OFFSET + 64 * u64::from(vcpu)
     }
 
     /// Offset of vCPU `vcpu`'s [`RingHeader`].
@@ -336,8 +374,8 @@ mod tests {
     fn layout_sizes() {
         let l = Layout::new(2, 3, 256).unwrap();
         assert_eq!(l.ring_bytes(), 192 + 256 * 32);
-        assert_eq!(l.ring_offset(1), 768 + 8384);
-        assert_eq!(l.slot_offset(0, 257), 768 + 192 + 32);
+        assert_eq!(l.ring_offset(1), 4864 + 8384);
+        assert_eq!(l.slot_offset(0, 257), 4864 + 192 + 32);
         assert_eq!(l.area_size() % PAGE_SIZE, 0);
         assert!(Layout::new(0, 3, 256).is_none());
         assert!(Layout::new(65, 3, 256).is_none());

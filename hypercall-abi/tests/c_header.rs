@@ -44,7 +44,11 @@ int main(void) {
     P("event.stage", offsetof(struct stagevm_stage_event, stage));
     P("event.thread", offsetof(struct stagevm_stage_event, thread));
     P("descs_off", STAGEVM_STAGE_DESCS_OFFSET); P("map_off", STAGEVM_STAGE_MAP_OFFSET);
-    P("rings_off", STAGEVM_RINGS_OFFSET);
+    P("rings_off", STAGEVM_RINGS_OFFSET); P("vcpu_states_off", STAGEVM_VCPU_STATES_OFFSET);
+    P("vcpu_state", sizeof(struct stagevm_vcpu_state));
+    P("vcpu_state.parked", offsetof(struct stagevm_vcpu_state, parked));
+    P("vcpu_state.runnable", offsetof(struct stagevm_vcpu_state, runnable));
+    P("vcpu_state.fallbacks", offsetof(struct stagevm_vcpu_state, fallbacks));
     return 0;
 }
 "#,
@@ -115,6 +119,17 @@ int main(void) {
         ("descs_off", STAGE_DESCS_OFFSET),
         ("map_off", STAGE_MAP_OFFSET),
         ("rings_off", RINGS_OFFSET),
+        ("vcpu_states_off", VCPU_STATES_OFFSET),
+        ("vcpu_state", size_of::<VcpuState>() as u64),
+        ("vcpu_state.parked", offset_of!(VcpuState, parked) as u64),
+        (
+            "vcpu_state.runnable",
+            offset_of!(VcpuState, runnable) as u64,
+        ),
+        (
+            "vcpu_state.fallbacks",
+            offset_of!(VcpuState, fallbacks) as u64,
+        ),
     ];
     for (name, rust) in expect {
         assert_eq!(c.get(name), Some(rust), "C header vs Rust: {name}");
