@@ -1,3 +1,13 @@
-//! stagevm host scheduler: host topology, operator stage budgets, allocation
-//! policies and vCPU pinning. Empty until the host-sched work lands; see
-//! `../shared/DESIGN.md`.
+//! stagevm host scheduler: host topology, the operator's stage budgets, the
+//! allocation policies and vCPU pinning.
+//!
+//! * [`cpuset`] — CPU sets in cpulist form,
+//! * [`topology`] — allowed/online/isolated CPUs, thread affinity,
+//! * [`config`] — the TOML configuration and its resolution,
+//! * [`policy`] — `off`, `pinned`, `static`, `proportional` as pure functions
+//!   behind the [`policy::Policy`] trait (seed 000 §4.5).
+
+pub mod config;
+pub mod cpuset;
+pub mod policy;
+pub mod topology;

@@ -1,0 +1,506 @@
+//! The operator's stage configuration (TOML, `stagevm --stages PATH`) and its
+//! resolution against the host topology.
+//!
+//! ```toml
+//! [host]
+//! cores = "0-1"          # stage cores; default: isolated CPUs, else all allowed
+//! housekeeping = ""      # helper threads; default: allowed minus stage cores
+//!
+//! [policy]
+//! name = "proportional"  # off | pinned | static | proportional
+//! period_ms = 20         # policy period (seed 000 §4.5 "maximum assignment age")
+//! smoothing = 0.7        # EWMA weight of the newest load sample (proportional)
+//! hysteresis = 0.1       # cores a new allocation must gain (and hold for 2 periods)
+//!
+//! [[stage]]
+//! name = "parse"         # matched with the names the guest registers
+//! min_cores = 0
+//! max_cores = 2
+//! weight = 1.0           # static allocation share; multiplies measured load
+//! ```
+//!
+//! Every error names the key and the bad value, on one line.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::cpuset::CpuSet;
+use crate::policy::PolicyKind;
+use crate::topology::Topology;
+
+/// A configuration error: one line naming the key and the value.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+/// `[host]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSection {
+    /// Stage cores as a cpulist.
+    pub cores: Option<String>,
+    /// Housekeeping cores as a cpulist.
+    pub housekeeping: Option<String>,
+}
+
+/// `[policy]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySection {
+    /// Policy name.
+    #[serde(default = "default_policy")]
+    pub name: String,
+    /// Policy period in ms.
+    #[serde(default = "default_period")]
+    pub period_ms: u64,
+    /// EWMA weight of the newest sample, in (0, 1].
+    #[serde(default = "default_smoothing")]
+    pub smoothing: f64,
+    /// Minimum improvement (in cores) for a new allocation, ≥ 0.
+    #[serde(default = "default_hysteresis")]
+    pub hysteresis: f64,
+}
+
+fn default_policy() -> String {
+    "static".into()
+}
+fn default_period() -> u64 {
+    20
+}
+fn default_smoothing() -> f64 {
+    0.7
+}
+fn default_hysteresis() -> f64 {
+    0.1
+}
+
+impl Default for PolicySection {
+    fn default() -> Self {
+        Self {
+            name: default_policy(),
+            period_ms: default_period(),
+            smoothing: default_smoothing(),
+            hysteresis: default_hysteresis(),
+        }
+    }
+}
+
+/// One `[[stage]]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageSection {
+    /// Stage name (as the guest registers it).
+    pub name: String,
+    /// Fewest cores the stage gets (default 0: it may share the victim core).
+    #[serde(default)]
+    pub min_cores: usize,
+    /// Most cores the stage gets (default: all stage cores).
+    pub max_cores: Option<usize>,
+    /// Static share and load multiplier (default 1).
+    #[serde(default = "default_weight")]
+    pub weight: f64,
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `[host]`.
+    #[serde(default)]
+    pub host: HostSection,
+    /// `[policy]`.
+    #[serde(default)]
+    pub policy: PolicySection,
+    /// `[[stage]]` entries.
+    #[serde(default, rename = "stage")]
+    pub stages: Vec<StageSection>,
+}
+
+impl Config {
+    /// Parses TOML text; `origin` (a path) prefixes parse errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| {
+            // toml's message spans several lines (with a source excerpt); keep
+            // the key/value sentence on one line.
+            let msg = e.message().replace('\n', " ");
+            let at = e
+                .span()
+                .map(|s| {
+                    let line = text[..s.start].lines().count().max(1);
+                    format!(" (line {line}: '{}')", text[s].trim())
+                })
+                .unwrap_or_default();
+            ConfigError(format!("{origin}: {msg}{at}"))
+        })
+    }
+
+    /// Reads and parses a file.
+    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("--stages {}: {e}", path.display())))?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+}
+
+/// A stage's budget after resolution.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Budget {
+    /// Stage name.
+    pub name: String,
+    /// Fewest cores.
+    pub min_cores: usize,
+    /// Most cores.
+    pub max_cores: usize,
+    /// Weight (> 0 or 0).
+    pub weight: f64,
+}
+
+/// The configuration resolved against the host: cores, budgets, policy.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    /// Cores that run vCPUs (stage cores), in increasing order.
+    pub stage_cores: CpuSet,
+    /// Cores for the VMM's helper threads; equal to `stage_cores` when
+    /// `helpers_share_stage_cores`.
+    pub housekeeping: CpuSet,
+    /// No housekeeping core was left: helper threads share the stage cores.
+    pub helpers_share_stage_cores: bool,
+    /// Configured stage budgets, in file order.
+    pub budgets: Vec<Budget>,
+    /// Policy.
+    pub policy: PolicyKind,
+    /// Policy period.
+    pub period: Duration,
+    /// EWMA weight.
+    pub smoothing: f64,
+    /// Hysteresis in cores.
+    pub hysteresis: f64,
+}
+
+/// Command-line overrides of the file.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    /// `--stage-cores`.
+    pub cores: Option<String>,
+    /// `--housekeeping`.
+    pub housekeeping: Option<String>,
+    /// `--policy`.
+    pub policy: Option<String>,
+}
+
+fn cpulist(key: &str, text: &str) -> Result<CpuSet, ConfigError> {
+    CpuSet::parse(text).map_err(|_| {
+        ConfigError(format!(
+            "{key} = '{text}': not a CPU list (expected e.g. 0-3,6)"
+        ))
+    })
+}
+
+/// Resolves `config` (with `overrides`) against `topo`. Errors name the key
+/// and value: CPUs not online or not allowed, overlap of stage cores and
+/// housekeeping, unknown policy, bad budgets, budgets that cannot fit.
+pub fn resolve(
+    config: &Config,
+    overrides: &Overrides,
+    topo: &Topology,
+) -> Result<Resolved, ConfigError> {
+    let (cores_key, cores_text) = match (&overrides.cores, &config.host.cores) {
+        (Some(c), _) => ("--stage-cores", Some(c.clone())),
+        (None, Some(c)) => ("host.cores", Some(c.clone())),
+        (None, None) => ("host.cores", None),
+    };
+    let stage_cores = match &cores_text {
+        Some(text) => {
+            let set = cpulist(cores_key, text)?;
+            if set.is_empty() {
+                return err(format!("{cores_key} = '{text}': no CPU given"));
+            }
+            if let Some(cpu) = set.iter().find(|c| !topo.online.contains(*c)) {
+                return err(format!(
+                    "{cores_key} = '{text}': CPU {cpu} is not online (online: {})",
+                    topo.online
+                ));
+            }
+            if let Some(cpu) = set.iter().find(|c| !topo.allowed.contains(*c)) {
+                return err(format!(
+                    "{cores_key} = '{text}': CPU {cpu} is not allowed for this process (allowed: {})",
+                    topo.allowed
+                ));
+            }
+            set
+        }
+        None => {
+            let isolated = topo.isolated.intersection(&topo.allowed);
+            if isolated.is_empty() {
+                topo.allowed.clone()
+            } else {
+                isolated
+            }
+        }
+    };
+    let (hk_key, hk_text) = match (&overrides.housekeeping, &config.host.housekeeping) {
+        (Some(h), _) => ("--housekeeping", Some(h.clone())),
+        (None, Some(h)) => ("host.housekeeping", Some(h.clone())),
+        (None, None) => ("host.housekeeping", None),
+    };
+    let housekeeping = match &hk_text {
+        Some(text) => {
+            let set = cpulist(hk_key, text)?;
+            if let Some(cpu) = set.iter().find(|c| !topo.online.contains(*c)) {
+                return err(format!(
+                    "{hk_key} = '{text}': CPU {cpu} is not online (online: {})",
+                    topo.online
+                ));
+            }
+            let overlap = set.intersection(&stage_cores);
+            if !overlap.is_empty() {
+                return err(format!(
+                    "{hk_key} = '{text}': overlaps the stage cores {cores_key} = '{stage_cores}' (CPU {overlap})"
+                ));
+            }
+            set
+        }
+        None => topo.allowed.difference(&stage_cores),
+    };
+    let helpers_share_stage_cores = housekeeping.is_empty();
+    let housekeeping = if helpers_share_stage_cores {
+        stage_cores.clone()
+    } else {
+        housekeeping
+    };
+
+    let policy_text = overrides
+        .policy
+        .clone()
+        .unwrap_or_else(|| config.policy.name.clone());
+    let policy_key = if overrides.policy.is_some() {
+        "--policy"
+    } else {
+        "policy.name"
+    };
+    let policy = PolicyKind::parse(&policy_text).ok_or_else(|| {
+        ConfigError(format!(
+            "{policy_key} = '{policy_text}': unknown policy (off, pinned, static, proportional)"
+        ))
+    })?;
+    let p = &config.policy;
+    if p.period_ms == 0 || p.period_ms > 60_000 {
+        return err(format!(
+            "policy.period_ms = {}: must be 1..=60000",
+            p.period_ms
+        ));
+    }
+    if !(p.smoothing > 0.0 && p.smoothing <= 1.0) {
+        return err(format!(
+            "policy.smoothing = {}: must be in (0, 1]",
+            p.smoothing
+        ));
+    }
+    if !(p.hysteresis >= 0.0 && p.hysteresis.is_finite()) {
+        return err(format!("policy.hysteresis = {}: must be ≥ 0", p.hysteresis));
+    }
+
+    let n = stage_cores.len();
+    let mut budgets: Vec<Budget> = Vec::new();
+    for (i, s) in config.stages.iter().enumerate() {
+        if s.name.is_empty() || s.name.len() > 32 {
+            return err(format!(
+                "stage[{i}].name = '{}': must be 1 to 32 bytes",
+                s.name
+            ));
+        }
+        if budgets.iter().any(|b| b.name == s.name) {
+            return err(format!("stage[{i}].name = '{}': defined twice", s.name));
+        }
+        let max = s.max_cores.unwrap_or(n);
+        if s.min_cores > max {
+            return err(format!(
+                "stage '{}': min_cores = {} > max_cores = {max}",
+                s.name, s.min_cores
+            ));
+        }
+        if !(s.weight >= 0.0 && s.weight.is_finite()) {
+            return err(format!(
+                "stage '{}': weight = {}: must be ≥ 0",
+                s.name, s.weight
+            ));
+        }
+        budgets.push(Budget {
+            name: s.name.clone(),
+            min_cores: s.min_cores,
+            max_cores: max.min(n),
+            weight: s.weight,
+        });
+    }
+    let min_sum: usize = budgets.iter().map(|b| b.min_cores).sum();
+    if min_sum > n {
+        return err(format!(
+            "stage budgets cannot fit: min_cores sum to {min_sum} but {cores_key} = '{stage_cores}' has {n} core(s)"
+        ));
+    }
+    Ok(Resolved {
+        stage_cores,
+        housekeeping,
+        helpers_share_stage_cores,
+        budgets,
+        policy,
+        period: Duration::from_millis(p.period_ms),
+        smoothing: p.smoothing,
+        hysteresis: p.hysteresis,
+    })
+}
+
+impl Resolved {
+    /// Budgets for the stages the guest registered, in the guest's stage-id
+    /// order. Guest stages without a `[[stage]]` get min 0, max all, weight 1.
+    /// Errors for a configured stage the guest did not declare, and when the
+    /// maximum budgets cannot use every stage core.
+    pub fn budgets_for(&self, guest_stages: &[String]) -> Result<Vec<Budget>, ConfigError> {
+        if let Some(b) = self
+            .budgets
+            .iter()
+            .find(|b| !guest_stages.contains(&b.name))
+        {
+            return err(format!(
+                "stage '{}': unknown stage; the guest declared {}",
+                b.name,
+                guest_stages.join(", ")
+            ));
+        }
+        let n = self.stage_cores.len();
+        let out: Vec<Budget> = guest_stages
+            .iter()
+            .map(|name| {
+                self.budgets
+                    .iter()
+                    .find(|b| &b.name == name)
+                    .cloned()
+                    .unwrap_or(Budget {
+                        name: name.clone(),
+                        min_cores: 0,
+                        max_cores: n,
+                        weight: 1.0,
+                    })
+            })
+            .collect();
+        let max_sum: usize = out.iter().map(|b| b.max_cores).sum();
+        if max_sum < n {
+            return err(format!(
+                "stage budgets cannot fit: max_cores sum to {max_sum} but there are {n} stage cores ('{}') to use",
+                self.stage_cores
+            ));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topo() -> Topology {
+        Topology {
+            allowed: CpuSet::parse("0-3").unwrap(),
+            online: CpuSet::parse("0-3").unwrap(),
+            isolated: CpuSet::new(),
+        }
+    }
+
+    fn resolve_text(text: &str) -> Result<Resolved, ConfigError> {
+        resolve(
+            &Config::from_toml(text, "test.toml")?,
+            &Overrides::default(),
+            &topo(),
+        )
+    }
+
+    #[test]
+    fn defaults_use_allowed_cores_and_no_housekeeping() {
+        let r = resolve_text("").unwrap();
+        assert_eq!(r.stage_cores.to_string(), "0-3");
+        assert!(r.helpers_share_stage_cores);
+        assert_eq!(r.policy, PolicyKind::Static);
+        assert_eq!(r.period, Duration::from_millis(20));
+    }
+
+    #[test]
+    fn housekeeping_is_the_rest() {
+        let r = resolve_text("[host]\ncores = \"1-3\"").unwrap();
+        assert_eq!(r.housekeeping.to_string(), "0");
+        assert!(!r.helpers_share_stage_cores);
+    }
+
+    #[test]
+    fn errors_name_key_and_value() {
+        let cases = [
+            (
+                "[host]\ncores = \"0-7\"",
+                "host.cores = '0-7': CPU 4 is not online",
+            ),
+            ("[host]\ncores = \"x\"", "host.cores = 'x'"),
+            (
+                "[host]\ncores = \"0-1\"\nhousekeeping = \"1-2\"",
+                "host.housekeeping = '1-2': overlaps",
+            ),
+            (
+                "[policy]\nname = \"fast\"",
+                "policy.name = 'fast': unknown policy",
+            ),
+            ("[policy]\nperiod_ms = 0", "policy.period_ms = 0"),
+            (
+                "[[stage]]\nname = \"a\"\nmin_cores = 3\nmax_cores = 1",
+                "min_cores = 3 > max_cores = 1",
+            ),
+            (
+                "[[stage]]\nname = \"a\"\nmin_cores = 3\n[[stage]]\nname = \"b\"\nmin_cores = 2",
+                "budgets cannot fit: min_cores sum to 5",
+            ),
+            (
+                "[[stage]]\nname = \"a\"\n[[stage]]\nname = \"a\"",
+                "'a': defined twice",
+            ),
+            ("[[stage]]\nname = \"a\"\nweight = -1.0", "weight = -1"),
+            ("[polcy]\nname = \"static\"", "unknown field `polcy`"),
+        ];
+        for (text, needle) in cases {
+            let e = resolve_text(text).unwrap_err().to_string();
+            assert!(e.contains(needle), "{text:?}: {e}");
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+
+    #[test]
+    fn guest_stage_matching() {
+        let r = resolve_text(
+            "[[stage]]\nname = \"parse\"\nmax_cores = 1\n[[stage]]\nname = \"commit\"",
+        )
+        .unwrap();
+        let guest = vec!["parse".to_string(), "plan".to_string()];
+        let e = r.budgets_for(&guest).unwrap_err().to_string();
+        assert!(
+            e.contains("stage 'commit': unknown stage; the guest declared parse, plan"),
+            "{e}"
+        );
+        let r = resolve_text("[[stage]]\nname = \"parse\"\nmax_cores = 1").unwrap();
+        let b = r.budgets_for(&guest).unwrap();
+        assert_eq!((b[0].max_cores, b[1].max_cores), (1, 4));
+        let r = resolve_text(
+            "[[stage]]\nname = \"parse\"\nmax_cores = 1\n[[stage]]\nname = \"plan\"\nmax_cores = 1",
+        )
+        .unwrap();
+        assert!(r
+            .budgets_for(&guest)
+            .unwrap_err()
+            .to_string()
+            .contains("max_cores sum to 2"));
+    }
+}

@@ -1,0 +1,573 @@
+//! Allocation policies: pure functions from observed per-stage load to a
+//! [`Plan`] (stage map + vCPU → core pinning), behind one trait so the VMM and
+//! the benchmarks run the very same code.
+//!
+//! Model (Schwarz, "Stage-aware Scheduling in a Library OS", seed 000 §4.5):
+//! every stage core is allocated to exactly one stage; a stage may get zero
+//! cores, and then the *victim core* — the one with the highest index — serves
+//! it too. vCPU `v` is pinned to stage core `v mod C` and serves the stages of
+//! that core, so each vCPU runs only on a core of the stages it serves.
+
+use crate::config::Budget;
+use crate::cpuset::CpuSet;
+
+/// Which policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyKind {
+    /// Every vCPU serves every stage; vCPU threads float over the stage cores.
+    Off,
+    /// Every vCPU serves every stage; vCPU `v` is pinned to core `v mod C`
+    /// (Cloud Hypervisor's static `--cpus affinity`: pinned, not staged).
+    Pinned,
+    /// Cores allocated once, proportional to the configured weights within
+    /// the budgets.
+    Static,
+    /// Cores re-allocated every policy period proportional to measured,
+    /// smoothed stage load, within the budgets, with hysteresis.
+    Proportional,
+}
+
+impl PolicyKind {
+    /// Parses a policy name (`off`, `pinned`, `static`, `proportional`).
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "off" => Self::Off,
+            "pinned" => Self::Pinned,
+            "static" => Self::Static,
+            "proportional" => Self::Proportional,
+            _ => return None,
+        })
+    }
+
+    /// The policy's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Pinned => "pinned",
+            Self::Static => "static",
+            Self::Proportional => "proportional",
+        }
+    }
+}
+
+/// A stage map and a pinning plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// Per stage (guest stage id), the mask of vCPUs serving it.
+    pub stage_vcpus: Vec<u64>,
+    /// Per stage, the cores its vCPUs run on.
+    pub stage_cores: Vec<CpuSet>,
+    /// Per vCPU, the cores its thread may run on.
+    pub vcpu_cores: Vec<CpuSet>,
+    /// Per stage, cores allocated to it (its entry of the requirement vector;
+    /// 0 for a stage served by the victim core).
+    pub requirement: Vec<usize>,
+}
+
+/// Inputs every policy is built with.
+#[derive(Clone, Debug)]
+pub struct Context {
+    /// Stage cores, in increasing order (`C` = its length).
+    pub cores: Vec<usize>,
+    /// Number of vCPUs (≥ `C` for the staged policies, ≤ 64).
+    pub num_vcpus: u32,
+    /// Per guest stage, its budget.
+    pub budgets: Vec<Budget>,
+    /// EWMA weight of the newest load sample (proportional).
+    pub smoothing: f64,
+    /// Improvement in cores a new allocation needs (proportional).
+    pub hysteresis: f64,
+}
+
+/// Consecutive policy periods a new allocation must be computed before the
+/// proportional policy adopts it (hysteresis against noise; ours, not the
+/// thesis').
+pub const PERSISTENCE_PERIODS: u32 = 2;
+
+/// A policy: observed per-stage load in, plan out.
+pub trait Policy: Send {
+    /// Which policy this is.
+    fn kind(&self) -> PolicyKind;
+    /// The plan for this period given `load` (per guest stage, e.g. mean
+    /// runnable threads, the thesis' stage load). Pure apart from the policy's
+    /// own smoothing state.
+    fn plan(&mut self, load: &[f64]) -> Plan;
+}
+
+/// Builds a policy.
+pub fn build(kind: PolicyKind, ctx: Context) -> Box<dyn Policy> {
+    match kind {
+        PolicyKind::Off | PolicyKind::Pinned => Box::new(Unstaged { kind, ctx }),
+        PolicyKind::Static => {
+            let weights: Vec<f64> = ctx.budgets.iter().map(|b| b.weight).collect();
+            let r = requirements(&weights, &ctx);
+            let assignment = transition(&vec![None; ctx.cores.len()], &r);
+            Box::new(Static {
+                plan: plan_from_assignment(&ctx, &assignment),
+            })
+        }
+        PolicyKind::Proportional => {
+            let weights: Vec<f64> = ctx.budgets.iter().map(|b| b.weight).collect();
+            let r = requirements(&weights, &ctx);
+            let assignment = transition(&vec![None; ctx.cores.len()], &r);
+            Box::new(Proportional {
+                smoothed: vec![0.0; ctx.budgets.len()],
+                primed: false,
+                assignment,
+                pending: None,
+                ctx,
+            })
+        }
+    }
+}
+
+fn all_vcpus(n: u32) -> u64 {
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
+struct Unstaged {
+    kind: PolicyKind,
+    ctx: Context,
+}
+
+impl Policy for Unstaged {
+    fn kind(&self) -> PolicyKind {
+        self.kind
+    }
+    fn plan(&mut self, _load: &[f64]) -> Plan {
+        let ctx = &self.ctx;
+        let all: CpuSet = ctx.cores.iter().copied().collect();
+        let stages = ctx.budgets.len();
+        let vcpu_cores = (0..ctx.num_vcpus as usize)
+            .map(|v| match self.kind {
+                PolicyKind::Pinned => [ctx.cores[v % ctx.cores.len()]].into_iter().collect(),
+                _ => all.clone(),
+            })
+            .collect();
+        Plan {
+            stage_vcpus: vec![all_vcpus(ctx.num_vcpus); stages],
+            stage_cores: vec![all.clone(); stages],
+            vcpu_cores,
+            requirement: vec![ctx.cores.len(); stages],
+        }
+    }
+}
+
+struct Static {
+    plan: Plan,
+}
+
+impl Policy for Static {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Static
+    }
+    fn plan(&mut self, _load: &[f64]) -> Plan {
+        self.plan.clone()
+    }
+}
+
+struct Proportional {
+    ctx: Context,
+    smoothed: Vec<f64>,
+    primed: bool,
+    assignment: Vec<Option<usize>>,
+    /// A candidate requirement and for how many periods in a row it was computed.
+    pending: Option<(Vec<usize>, u32)>,
+}
+
+impl Policy for Proportional {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Proportional
+    }
+    fn plan(&mut self, load: &[f64]) -> Plan {
+        let ctx = &self.ctx;
+        // Seed 000 §4.5, Fig. 4.6 line 1: exponentially-decaying average.
+        let a = ctx.smoothing;
+        for (s, l) in self.smoothed.iter_mut().zip(load) {
+            let l = if l.is_finite() && *l > 0.0 { *l } else { 0.0 };
+            *s = if self.primed {
+                a * l + (1.0 - a) * *s
+            } else {
+                l
+            };
+        }
+        self.primed = true;
+        let weighted: Vec<f64> = self
+            .smoothed
+            .iter()
+            .zip(&ctx.budgets)
+            .map(|(l, b)| l * b.weight)
+            .collect();
+        let total: f64 = weighted.iter().sum();
+        if total > 0.0 {
+            let new_r = requirements(&weighted, ctx);
+            let cur_r = counts(&self.assignment, ctx.budgets.len());
+            // Ideal fractional cores; the hysteresis compares distances to it.
+            let c = ctx.cores.len() as f64;
+            let ideal: Vec<f64> = weighted.iter().map(|w| w / total * c).collect();
+            let dist = |r: &[usize]| -> f64 {
+                r.iter()
+                    .zip(&ideal)
+                    .map(|(r, f)| (*r as f64 - f).abs())
+                    .sum()
+            };
+            if new_r != cur_r && dist(&cur_r) - dist(&new_r) > ctx.hysteresis {
+                let seen = match &self.pending {
+                    Some((r, n)) if *r == new_r => n + 1,
+                    _ => 1,
+                };
+                if seen >= PERSISTENCE_PERIODS {
+                    self.assignment = transition(&self.assignment, &new_r);
+                    self.pending = None;
+                } else {
+                    self.pending = Some((new_r, seen));
+                }
+            } else {
+                self.pending = None;
+            }
+        }
+        plan_from_assignment(ctx, &self.assignment)
+    }
+}
+
+fn counts(assignment: &[Option<usize>], stages: usize) -> Vec<usize> {
+    let mut r = vec![0; stages];
+    for s in assignment.iter().flatten() {
+        r[*s] += 1;
+    }
+    r
+}
+
+/// Distributes `c` cores proportional to `p` (non-negative, not all zero):
+/// seed 000 Fig. 4.6 — integer parts first, then the remainders as the next
+/// priorities; when every share is below one core, the smallest priority is
+/// shifted to the largest ("priority shifting").
+pub fn distribute(p: &[f64], mut c: usize) -> Vec<usize> {
+    let mut r = vec![0usize; p.len()];
+    let sum: f64 = p.iter().sum();
+    if p.is_empty() || c == 0 {
+        return r;
+    }
+    let mut p: Vec<f64> = if sum > 0.0 {
+        p.iter().map(|x| x / sum).collect()
+    } else {
+        vec![1.0 / p.len() as f64; p.len()]
+    };
+    while c > 0 {
+        let f: Vec<f64> = p.iter().map(|x| x * c as f64).collect();
+        if f.iter().all(|x| *x < 1.0) {
+            let live: Vec<usize> = (0..p.len()).filter(|i| p[*i] > 0.0).collect();
+            // Ties go to the lower stage index, so results are deterministic.
+            let imax = live
+                .iter()
+                .copied()
+                .reduce(|m, i| if f[i] > f[m] { i } else { m })
+                .unwrap_or(0);
+            let imin = live
+                .iter()
+                .copied()
+                .reduce(|m, i| if f[i] < f[m] { i } else { m })
+                .unwrap_or(0);
+            if imin == imax {
+                r[imax] += c;
+                break;
+            }
+            p[imax] += p[imin];
+            p[imin] = 0.0;
+            continue;
+        }
+        let mut assigned = 0;
+        for (ri, fi) in r.iter_mut().zip(&f) {
+            let whole = fi.floor() as usize;
+            *ri += whole;
+            assigned += whole;
+        }
+        c = c.saturating_sub(assigned);
+        let frac: Vec<f64> = f.iter().map(|x| x - x.floor()).collect();
+        let fsum: f64 = frac.iter().sum();
+        if c > 0 && fsum < 1e-9 {
+            let imax = (0..p.len())
+                .reduce(|m, i| if p[i] > p[m] { i } else { m })
+                .unwrap_or(0);
+            r[imax] += c;
+            break;
+        }
+        p = frac.iter().map(|x| x / fsum).collect();
+    }
+    r
+}
+
+/// The requirement vector (cores per stage) for `load` within the budgets:
+/// every stage first gets `min_cores`, the rest is distributed with
+/// [`distribute`] among stages below `max_cores`, repeatedly, until every
+/// core is allocated.
+pub fn requirements(load: &[f64], ctx: &Context) -> Vec<usize> {
+    let b = &ctx.budgets;
+    let mut r: Vec<usize> = b.iter().map(|b| b.min_cores).collect();
+    let mut left = ctx.cores.len().saturating_sub(r.iter().sum());
+    while left > 0 {
+        let open: Vec<usize> = (0..b.len()).filter(|s| r[*s] < b[*s].max_cores).collect();
+        if open.is_empty() {
+            break;
+        }
+        let p: Vec<f64> = open
+            .iter()
+            .map(|s| load.get(*s).copied().unwrap_or(0.0).max(0.0))
+            .collect();
+        let share = distribute(&p, left);
+        let mut given = 0;
+        for (k, s) in open.iter().enumerate() {
+            let take = share[k].min(b[*s].max_cores - r[*s]);
+            r[*s] += take;
+            given += take;
+        }
+        if given == 0 {
+            break;
+        }
+        left -= given;
+    }
+    r
+}
+
+/// Minimal transition (seed 000 §4.5): from the current core→stage
+/// `assignment` to one with the counts `r`, re-assigning as few cores as
+/// possible and preferring lower-index cores.
+pub fn transition(assignment: &[Option<usize>], r: &[usize]) -> Vec<Option<usize>> {
+    let mut a = assignment.to_vec();
+    let mut delta: Vec<i64> = r.iter().map(|x| *x as i64).collect();
+    for s in a.iter().flatten() {
+        if let Some(d) = delta.get_mut(*s) {
+            *d -= 1;
+        }
+    }
+    for slot in a.iter_mut() {
+        let excess = match slot {
+            Some(s) => delta.get(*s).is_none_or(|d| *d < 0),
+            None => true,
+        };
+        if !excess {
+            continue;
+        }
+        if let Some(t) = (0..delta.len()).find(|t| delta[*t] > 0) {
+            if let Some(s) = *slot {
+                if let Some(d) = delta.get_mut(s) {
+                    *d += 1;
+                }
+            }
+            delta[t] -= 1;
+            *slot = Some(t);
+        }
+    }
+    a
+}
+
+/// Turns a core→stage assignment into a [`Plan`]: stages without a core are
+/// served by the victim core (the highest index, seed 000 §4.5); vCPU `v` is
+/// pinned to core `v mod C` and serves that core's stages.
+pub fn plan_from_assignment(ctx: &Context, assignment: &[Option<usize>]) -> Plan {
+    let stages = ctx.budgets.len();
+    let c = ctx.cores.len();
+    let requirement = counts(assignment, stages);
+    let victim = c - 1;
+    let serves =
+        |k: usize, s: usize| assignment[k] == Some(s) || (k == victim && requirement[s] == 0);
+    let mut stage_vcpus = vec![0u64; stages];
+    let mut vcpu_cores = Vec::with_capacity(ctx.num_vcpus as usize);
+    for v in 0..ctx.num_vcpus as usize {
+        let k = v % c;
+        vcpu_cores.push([ctx.cores[k]].into_iter().collect());
+        for (s, mask) in stage_vcpus.iter_mut().enumerate() {
+            if serves(k, s) && v < 64 {
+                *mask |= 1 << v;
+            }
+        }
+    }
+    let stage_cores = (0..stages)
+        .map(|s| {
+            (0..c)
+                .filter(|k| serves(*k, s))
+                .map(|k| ctx.cores[k])
+                .collect()
+        })
+        .collect();
+    Plan {
+        stage_vcpus,
+        stage_cores,
+        vcpu_cores,
+        requirement,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ctx(cores: usize, vcpus: u32, stages: usize) -> Context {
+        Context {
+            cores: (0..cores).collect(),
+            num_vcpus: vcpus,
+            budgets: (0..stages)
+                .map(|i| Budget {
+                    name: format!("s{i}"),
+                    min_cores: 0,
+                    max_cores: cores,
+                    weight: 1.0,
+                })
+                .collect(),
+            smoothing: 0.7,
+            hysteresis: 0.1,
+        }
+    }
+
+    #[test]
+    fn figure_4_6_examples() {
+        assert_eq!(distribute(&[0.8, 0.2], 2), [2, 0]);
+        assert_eq!(distribute(&[0.5, 0.5], 2), [1, 1]);
+        assert_eq!(distribute(&[1.0, 1.0, 1.0], 6), [2, 2, 2]);
+        assert_eq!(distribute(&[3.0, 2.0, 1.0], 6), [3, 2, 1]);
+        assert_eq!(distribute(&[1.0, 1.0, 1.0], 2).iter().sum::<usize>(), 2);
+        assert_eq!(distribute(&[0.0, 0.0], 3), [2, 1]);
+        assert_eq!(distribute(&[0.2, 0.8], 2), [0, 2]);
+    }
+
+    #[test]
+    fn static_two_stages_on_two_cores_with_four_vcpus() {
+        let mut p = build(PolicyKind::Static, ctx(2, 4, 2));
+        let plan = p.plan(&[]);
+        assert_eq!(plan.stage_vcpus, [0b0101, 0b1010]);
+        assert_eq!(
+            plan.vcpu_cores
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>(),
+            ["0", "1", "0", "1"]
+        );
+        assert_eq!(plan.stage_cores[0].to_string(), "0");
+        assert_eq!(plan.stage_cores[1].to_string(), "1");
+    }
+
+    #[test]
+    fn zero_core_stage_rides_on_the_victim_core() {
+        let mut c = ctx(2, 2, 3);
+        c.budgets[1].weight = 0.0;
+        let plan = build(PolicyKind::Static, c).plan(&[]);
+        assert_eq!(plan.requirement, [1, 0, 1]);
+        assert_eq!(plan.stage_vcpus, [0b01, 0b10, 0b10]);
+    }
+
+    #[test]
+    fn off_and_pinned_serve_everything() {
+        let off = build(PolicyKind::Off, ctx(2, 4, 3)).plan(&[]);
+        assert!(off.stage_vcpus.iter().all(|m| *m == 0b1111));
+        assert!(off.vcpu_cores.iter().all(|c| c.to_string() == "0-1"));
+        let pinned = build(PolicyKind::Pinned, ctx(2, 4, 3)).plan(&[]);
+        assert!(pinned.stage_vcpus.iter().all(|m| *m == 0b1111));
+        assert_eq!(pinned.vcpu_cores[3].to_string(), "1");
+    }
+
+    #[test]
+    fn proportional_follows_a_phase_change_within_five_periods() {
+        let mut p = build(PolicyKind::Proportional, ctx(2, 4, 2));
+        for _ in 0..10 {
+            p.plan(&[4.0, 1.0]);
+        }
+        assert_eq!(p.plan(&[4.0, 1.0]).requirement, [2, 0]);
+        let moved = (1..=5).find(|_| p.plan(&[1.0, 4.0]).requirement == [0, 2]);
+        assert!(moved.is_some(), "no move within 5 periods");
+        // The static policy never moves.
+        let mut s = build(PolicyKind::Static, ctx(2, 4, 2));
+        let before = s.plan(&[4.0, 1.0]);
+        assert_eq!(s.plan(&[1.0, 4.0]), before);
+    }
+
+    #[test]
+    fn budgets_are_respected() {
+        let mut c = ctx(4, 4, 2);
+        c.budgets[0].max_cores = 1;
+        c.budgets[1].min_cores = 1;
+        let mut p = build(PolicyKind::Proportional, c);
+        for _ in 0..5 {
+            let plan = p.plan(&[100.0, 1.0]);
+            assert_eq!(plan.requirement, [1, 3]);
+        }
+    }
+
+    /// A small deterministic generator (xorshift64) for load noise.
+    fn noise(seed: &mut u64) -> f64 {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        (*seed % 1000) as f64 / 1000.0
+    }
+
+    #[test]
+    fn no_flapping_under_twenty_percent_noise() {
+        for (cores, stages, base) in [
+            (2, 2, vec![1.0, 1.0]),
+            (6, 3, vec![3.0, 2.0, 1.0]),
+            (4, 2, vec![3.0, 1.0]),
+            (8, 4, vec![1.0, 1.0, 1.0, 1.0]),
+        ] {
+            let mut p = build(PolicyKind::Proportional, ctx(cores, cores as u32, stages));
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+            let mut last = p.plan(&base);
+            let mut changes = Vec::new();
+            for period in 0..1000 {
+                let load: Vec<f64> = base
+                    .iter()
+                    .map(|l| l * (0.8 + 0.4 * noise(&mut seed)))
+                    .collect();
+                let plan = p.plan(&load);
+                if plan.stage_vcpus != last.stage_vcpus {
+                    changes.push(period);
+                }
+                last = plan;
+            }
+            // At most one map change in any window of 10 periods.
+            for w in changes.windows(2) {
+                assert!(
+                    w[1] - w[0] >= 10,
+                    "{cores} cores {stages} stages: changes at {changes:?}"
+                );
+            }
+        }
+    }
+
+    proptest! {
+        /// Every core is allocated whatever the load; budgets hold; each vCPU
+        /// runs on a core of every stage it serves; every stage is served.
+        #[test]
+        fn plans_are_valid(
+            cores in 1usize..8,
+            extra_vcpus in 0u32..8,
+            loads in proptest::collection::vec(0.0f64..100.0, 1..6),
+            min0 in 0usize..2,
+        ) {
+            let mut c = ctx(cores, cores as u32 + extra_vcpus, loads.len());
+            c.budgets[0].min_cores = min0.min(cores);
+            let vcpus = c.num_vcpus;
+            for kind in [PolicyKind::Static, PolicyKind::Proportional] {
+                let mut p = build(kind, c.clone());
+                for _ in 0..3 {
+                    let plan = p.plan(&loads);
+                    prop_assert_eq!(plan.requirement.iter().sum::<usize>(), cores);
+                    prop_assert!(plan.requirement[0] >= c.budgets[0].min_cores);
+                    for (s, mask) in plan.stage_vcpus.iter().enumerate() {
+                        prop_assert!(*mask != 0, "stage {} unserved", s);
+                        for v in 0..vcpus.min(64) {
+                            if mask & (1 << v) != 0 {
+                                prop_assert!(plan.vcpu_cores[v as usize].is_subset(&plan.stage_cores[s]));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
