@@ -131,3 +131,96 @@ fn kvm_device_without_permission() {
         run.stderr
     );
 }
+
+/// Runs stagevm with a stage configuration file and expects exit 1 with a
+/// one-line error containing every needle.
+fn expect_config_error(config: &str, extra: &[&str], needles: &[&str]) {
+    let guest = guest_image();
+    let _lock = vm_lock();
+    let path = std::env::temp_dir().join(format!(
+        "stagevm-bad-{}-{}.toml",
+        std::process::id(),
+        config.len()
+    ));
+    std::fs::write(&path, config).unwrap();
+    let mut args = vec![
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--cpus",
+        "boot=2",
+        "--stages",
+        path.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let run = run(&args);
+    let _ = std::fs::remove_file(&path);
+    run.assert_no_panic();
+    assert_eq!(run.code(), i32::from(EXIT_VMM_ERROR), "{run:#?}");
+    let line = run
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("stagevm: error: "))
+        .unwrap_or_else(|| panic!("no error line: {}", run.stderr));
+    for needle in needles {
+        assert!(line.contains(needle), "'{line}' should name '{needle}'");
+    }
+}
+
+#[test]
+fn config_unknown_stage() {
+    expect_config_error(
+        "[[stage]]\nname = \"commit\"\n",
+        &[],
+        &["stage 'commit'", "unknown stage", "parse, plan, execute"],
+    );
+}
+
+#[test]
+fn config_min_above_max() {
+    expect_config_error(
+        "[[stage]]\nname = \"parse\"\nmin_cores = 2\nmax_cores = 1\n",
+        &[],
+        &["stage 'parse'", "min_cores = 2 > max_cores = 1"],
+    );
+}
+
+#[test]
+fn config_cores_not_online() {
+    expect_config_error(
+        "[host]\ncores = \"0-1023\"\n",
+        &[],
+        &["host.cores = '0-1023'", "not online"],
+    );
+}
+
+#[test]
+fn config_overlap_of_stage_and_housekeeping_cores() {
+    expect_config_error(
+        "[host]\ncores = \"0-1\"\nhousekeeping = \"1\"\n",
+        &[],
+        &["host.housekeeping = '1'", "overlaps", "CPU 1"],
+    );
+}
+
+#[test]
+fn config_budgets_cannot_fit() {
+    expect_config_error(
+        "[host]\ncores = \"0-1\"\n[[stage]]\nname = \"parse\"\nmin_cores = 2\n[[stage]]\nname = \"plan\"\nmin_cores = 1\n",
+        &[],
+        &["budgets cannot fit", "min_cores sum to 3"],
+    );
+}
+
+#[test]
+fn config_unknown_policy_and_key() {
+    expect_config_error(
+        "",
+        &["--policy", "fastest"],
+        &["--policy = 'fastest'", "unknown policy"],
+    );
+    expect_config_error(
+        "[polcy]\nname = \"static\"\n",
+        &[],
+        &["unknown field `polcy`"],
+    );
+}

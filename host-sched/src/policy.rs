@@ -271,8 +271,9 @@ pub fn distribute(p: &[f64], mut c: usize) -> Vec<usize> {
             let imin = live
                 .iter()
                 .copied()
+                .filter(|i| *i != imax)
                 .reduce(|m, i| if f[i] < f[m] { i } else { m })
-                .unwrap_or(0);
+                .unwrap_or(imax);
             if imin == imax {
                 r[imax] += c;
                 break;
@@ -434,6 +435,8 @@ mod tests {
         assert_eq!(distribute(&[1.0, 1.0, 1.0], 2).iter().sum::<usize>(), 2);
         assert_eq!(distribute(&[0.0, 0.0], 3), [2, 1]);
         assert_eq!(distribute(&[0.2, 0.8], 2), [0, 2]);
+        // Three equal stages on two cores: the middle one rides along.
+        assert_eq!(distribute(&[1.0, 1.0, 1.0], 2), [1, 0, 1]);
     }
 
     #[test]

@@ -247,6 +247,8 @@ pub struct VmConfig {
     pub stage_device: bool,
     /// How often the scheduler thread drains the stage rings.
     pub drain_period: std::time::Duration,
+    /// Stage scheduling: cores, budgets, policy (`--stages`, `--policy`).
+    pub sched: host_sched::config::Resolved,
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ pub mod devices;
 pub mod kernel;
 pub mod layout;
 pub mod report;
+pub mod sched;
 pub mod stage;
 pub mod vcpu;
 pub mod vm;

@@ -47,6 +47,23 @@ struct Cli {
           value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
     drain_period_us: u64,
 
+    /// Stage configuration (TOML: host cores, policy, stage budgets); without it
+    /// the embedded default (vmm/default-stages.toml) is used.
+    #[arg(long, value_name = "PATH")]
+    stages: Option<PathBuf>,
+
+    /// Scheduling policy, overriding the configuration's: off, pinned, static, proportional.
+    #[arg(long, value_name = "NAME")]
+    policy: Option<String>,
+
+    /// Stage cores as a CPU list (e.g. 0-1), overriding host.cores.
+    #[arg(long, value_name = "CPUS")]
+    stage_cores: Option<String>,
+
+    /// Housekeeping cores for helper threads, overriding host.housekeeping.
+    #[arg(long, value_name = "CPUS")]
+    housekeeping: Option<String>,
+
     /// Write the run's report (exit, stage-channel counters) as JSON to PATH.
     #[arg(long, value_name = "PATH")]
     report: Option<PathBuf>,
@@ -55,6 +72,28 @@ struct Cli {
     /// e.g. "debug" or "stagevm=trace"); RUST_LOG overrides it.
     #[arg(long, value_name = "FILTER", default_value = "warn")]
     log_level: String,
+}
+
+/// The embedded default stage configuration.
+const DEFAULT_STAGES: &str = include_str!("../default-stages.toml");
+
+/// Loads `--stages` (or the default) and resolves it against this host with
+/// the command-line overrides. The error is one line naming key and value.
+fn resolve_sched(cli: &Cli) -> Result<host_sched::config::Resolved, String> {
+    use host_sched::config::{resolve, Config, Overrides};
+    let config = match &cli.stages {
+        Some(path) => Config::load(path),
+        None => Config::from_toml(DEFAULT_STAGES, "default-stages.toml"),
+    }
+    .map_err(|e| e.to_string())?;
+    let topo = host_sched::topology::Topology::detect()
+        .map_err(|e| format!("reading the host CPU topology: {e}"))?;
+    let overrides = Overrides {
+        cores: cli.stage_cores.clone(),
+        housekeeping: cli.housekeeping.clone(),
+        policy: cli.policy.clone(),
+    };
+    resolve(&config, &overrides, &topo).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {
@@ -82,6 +121,13 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 
+    let sched = match resolve_sched(&cli) {
+        Ok(sched) => sched,
+        Err(e) => {
+            eprintln!("stagevm: error: {e}");
+            return ExitCode::from(EXIT_VMM_ERROR);
+        }
+    };
     let config = VmConfig {
         kernel: cli.kernel,
         cmdline: cli.cmdline,
@@ -90,6 +136,7 @@ fn main() -> ExitCode {
         serial: cli.serial,
         stage_device: !cli.no_stage_device,
         drain_period: std::time::Duration::from_micros(cli.drain_period_us),
+        sched,
     };
     let result = Vm::new(&config).and_then(Vm::run);
     match result {
@@ -97,9 +144,13 @@ fn main() -> ExitCode {
             if let stagevm::vm::VmExit::GuestFailure(reason) = &outcome.exit {
                 eprintln!("stagevm: guest failed: {reason}");
             }
-            if let Some(channel) = outcome.channel.as_ref().filter(|c| c.registrations > 0) {
-                eprint!("{}", stagevm::report::channel_summary(channel));
+            if let stagevm::vm::VmExit::ConfigError(msg) = &outcome.exit {
+                eprintln!("stagevm: error: {msg}");
             }
+            eprint!(
+                "{}",
+                stagevm::report::summary(outcome.channel.as_ref(), &outcome.sched)
+            );
             if let Some(path) = &cli.report {
                 let report = stagevm::report::Report::new(&outcome);
                 if let Err(e) = report.write(path) {

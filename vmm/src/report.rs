@@ -10,13 +10,24 @@
 //!   enters from another stage, `occupancy_ns` = vCPU time in the stage),
 //!   `vcpus[]` (`index`, `events`, `exits`, `dropped_bad_seq`,
 //!   `dropped_bad_stage`, `bad_index`, `ring_full_backoffs`), `dropped` (sum),
-//!   `ring_full_backoffs` (sum), `waits`, `wakes`.
+//!   `ring_full_backoffs` (sum), `waits`, `wakes`, `host_wakes`,
+//!   `maps_published`, `requests` (valid `stage_exit` events), `busy_ns`
+//!   (guest time from first to last event), `requests_per_s`,
+//!   `untracked_threads`; per stage also `migrations_in` / `migrations_out`,
+//! * `sched` — `policy`, `period_ms`, `stage_cores`, `housekeeping` (cpulists),
+//!   `warnings` (helpers share stage cores, stage cores left without a vCPU), `stages[]` (`name`, `vcpus`,
+//!   `cores`, `requirement` = cores allocated), `vcpus[]` (`index`, `tid`,
+//!   `affinity` read back after the last pin), `helpers[]` (`name`, `tid`,
+//!   `affinity`), `map_changes`, `repins`, `repin_mean_us`, `timeline[]`
+//!   (`t_ms`, `load` = mean runnable threads per stage, `requirement`,
+//!   `map_changed`), one entry per policy period.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::Serialize;
 
+use crate::sched::SchedReport;
 use crate::stage::ChannelReport;
 use crate::vm::{RunOutcome, VmExit};
 
@@ -29,6 +40,8 @@ pub struct Report {
     pub exit: String,
     /// Stage-channel counters.
     pub stage_channel: Option<ChannelReport>,
+    /// Scheduling: policy, placement, pins, timeline.
+    pub sched: SchedReport,
 }
 
 impl Report {
@@ -40,8 +53,10 @@ impl Report {
                 VmExit::Guest(code) => format!("guest shutdown with code {code}"),
                 VmExit::GuestFailure(why) => format!("guest failure: {why}"),
                 VmExit::Signal(sig) => format!("signal {sig}"),
+                VmExit::ConfigError(msg) => format!("configuration error: {msg}"),
             },
             stage_channel: outcome.channel.clone(),
+            sched: outcome.sched.clone(),
         }
     }
 
@@ -52,25 +67,61 @@ impl Report {
     }
 }
 
-/// A human summary of the stage channel, one line per stage.
-pub fn channel_summary(c: &ChannelReport) -> String {
+/// A human summary: scheduling, then per stage and per thread.
+pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport) -> String {
     let mut s = String::new();
-    let events: u64 = c.vcpus.iter().map(|v| v.events).sum();
     let _ = writeln!(
         s,
-        "stagevm: stage channel: {events} events in {} drains ({} µs period), {} dropped, {} ring-full back-offs",
-        c.drains, c.drain_period_us, c.dropped, c.ring_full_backoffs
+        "stagevm: policy {} (period {} ms), stage cores {}, housekeeping {}",
+        sc.policy.name(),
+        sc.period_ms,
+        sc.stage_cores,
+        sc.housekeeping
     );
-    for st in &c.stages {
+    for w in &sc.warnings {
+        let _ = writeln!(s, "stagevm: warning: {w}");
+    }
+    if let Some(c) = c.filter(|c| c.registrations > 0) {
+        let events: u64 = c.vcpus.iter().map(|v| v.events).sum();
         let _ = writeln!(
             s,
-            "stagevm:   stage {} {:<12} events {:>9}  arrivals {:>9}  occupancy {:>10.3} ms",
-            st.id,
-            st.name,
-            st.events,
-            st.arrivals,
-            st.occupancy_ns as f64 / 1e6
+            "stagevm: stage channel: {events} events in {} drains ({} µs period), {} dropped, {} ring-full back-offs, {} requests ({:.0} requests/s)",
+            c.drains, c.drain_period_us, c.dropped, c.ring_full_backoffs, c.requests, c.requests_per_s
+        );
+        let vcpu_ns = (c.busy_ns as f64 * c.vcpus.len() as f64).max(1.0);
+        for st in &c.stages {
+            let place = sc.stages.iter().find(|p| p.name == st.name);
+            let _ = writeln!(
+                s,
+                "stagevm:   stage {:<8} events {:>8}  migrations in {:>7} out {:>7}  occupancy {:>5.1} %  vCPUs {:<10} cores {}",
+                st.name,
+                st.events,
+                st.migrations_in,
+                st.migrations_out,
+                st.occupancy_ns as f64 * 100.0 / vcpu_ns,
+                place.map_or("-".into(), |p| format!("{:?}", p.vcpus)),
+                place.map_or("-", |p| p.cores.as_str()),
+            );
+        }
+    }
+    for v in &sc.vcpus {
+        let _ = writeln!(
+            s,
+            "stagevm:   vcpu{} tid {} affinity {}",
+            v.index, v.tid, v.affinity
         );
     }
+    for h in &sc.helpers {
+        let _ = writeln!(
+            s,
+            "stagevm:   helper {} tid {} affinity {}",
+            h.name, h.tid, h.affinity
+        );
+    }
+    let _ = writeln!(
+        s,
+        "stagevm: {} map changes, {} vCPU re-pins (mean {:.1} µs)",
+        sc.map_changes, sc.repins, sc.repin_mean_us
+    );
     s
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use hypercall_abi::boot::KERNEL_MIN_GPA;
 use hypercall_abi::stage::{
-    validate_header, AreaHeader, Layout, RingHeader, StageDesc, StageEvent, Status,
+    validate_header, AreaHeader, Layout, RingHeader, StageDesc, StageEvent, Status, VcpuState,
     DOORBELL_REGISTER, DOORBELL_STATUS, DOORBELL_UNREGISTER, DOORBELL_WAIT, DOORBELL_WAKE,
     MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, STAGE_NONE, WAIT_MAX_US,
 };
@@ -55,6 +55,11 @@ pub struct StageStats {
     /// vCPU time spent in this stage, from event timestamps (ns; TSC ticks
     /// converted with the guest TSC frequency).
     pub occupancy_ns: u64,
+    /// Threads that entered this stage on a different vCPU than their
+    /// previous event's (thread migrations into the stage).
+    pub migrations_in: u64,
+    /// Threads that left this stage for another stage on a different vCPU.
+    pub migrations_out: u64,
 }
 
 /// Per-vCPU ring counters.
@@ -112,8 +117,20 @@ pub struct ChannelReport {
     pub ring_full_backoffs: u64,
     /// WAIT commands served.
     pub waits: u64,
-    /// WAKE commands served.
+    /// WAKE commands served (from the guest).
     pub wakes: u64,
+    /// Parked vCPUs with queued work woken by the scheduler thread.
+    pub host_wakes: u64,
+    /// Stage-map epochs published.
+    pub maps_published: u64,
+    /// Requests completed (valid `stage_exit` events).
+    pub requests: u64,
+    /// Guest time from the first to the last valid event (ns).
+    pub busy_ns: u64,
+    /// `requests` per second of `busy_ns` (0 before two events).
+    pub requests_per_s: f64,
+    /// Threads not tracked for migrations (more than the tracking limit).
+    pub untracked_threads: u64,
 }
 
 /// Host-side state of a registered area (a snapshot: the header is never read
@@ -138,7 +155,21 @@ struct Inner {
     report: ChannelReport,
     /// Guest TSC frequency (kHz) for occupancy; 0 = unknown (ticks reported).
     tsc_khz: u64,
+    /// Per guest thread id: (vCPU, stage or STAGE_NONE) of its last event.
+    threads: std::collections::HashMap<u32, (u32, u32)>,
+    /// Sum over drains of the runnable threads per stage, and the number of
+    /// drains summed (the policy's load input).
+    load_sum: Vec<f64>,
+    load_samples: u32,
+    /// TSC of the first and last valid events.
+    first_tsc: Option<u64>,
+    last_tsc: u64,
 }
+
+/// Most guest threads tracked for migration counting.
+const MAX_TRACKED_THREADS: usize = 1 << 16;
+/// A runnable count above this in a guest's VcpuState is clamped (untrusted).
+const MAX_RUNNABLE: u16 = 4096;
 
 /// The stage device of one VM. Shared by the vCPU threads (doorbell) and the
 /// scheduler thread (drain).
@@ -185,6 +216,11 @@ impl StageDevice {
                 area: None,
                 report,
                 tsc_khz,
+                threads: Default::default(),
+                load_sum: vec![0.0; MAX_STAGES],
+                load_samples: 0,
+                first_tsc: None,
+                last_tsc: 0,
             }),
             status: (0..num_vcpus)
                 .map(|_| AtomicU32::new(Status::Ok as u32))
@@ -419,17 +455,114 @@ impl StageDevice {
     }
 
     fn drain_locked(memory: &GuestMemoryMmap, inner: &mut Inner) {
-        let Inner {
-            area,
-            report,
-            tsc_khz,
-        } = inner;
-        let Some(area) = area.as_mut() else {
+        let Some(area) = inner.area.as_mut() else {
             return;
         };
+        let report = &mut inner.report;
         report.drains += 1;
+        let mut events = Vec::new();
         for vcpu in 0..area.layout.num_vcpus {
-            drain_ring(memory, area, vcpu, report, *tsc_khz);
+            drain_ring(memory, area, vcpu, report, inner.tsc_khz, &mut events);
+        }
+        // Migrations need the order across rings: the guest TSC is shared.
+        events.sort_by_key(|(_, ev)| ev.tsc);
+        for (vcpu, ev) in &events {
+            inner.first_tsc.get_or_insert(ev.tsc);
+            inner.last_tsc = inner.last_tsc.max(ev.tsc);
+            if inner.threads.len() >= MAX_TRACKED_THREADS && !inner.threads.contains_key(&ev.thread)
+            {
+                report.untracked_threads += 1;
+                continue;
+            }
+            let previous = inner.threads.insert(ev.thread, (*vcpu, ev.stage));
+            if let Some((prev_vcpu, prev_stage)) = previous {
+                if prev_vcpu != *vcpu && ev.stage != STAGE_NONE {
+                    report.stages[ev.stage as usize].migrations_in += 1;
+                    if let Some(st) = report.stages.get_mut(prev_stage as usize) {
+                        st.migrations_out += 1;
+                    }
+                }
+            }
+        }
+        // Stage load: runnable threads per stage, summed over vCPUs (seed 000 §4.5).
+        for vcpu in 0..area.layout.num_vcpus {
+            let base = area.gpa + Layout::vcpu_state_offset(vcpu);
+            for stage in 0..area.layout.num_stages {
+                let off = core::mem::offset_of!(VcpuState, runnable) as u64 + 2 * u64::from(stage);
+                let n: u16 = memory.read_obj(GuestAddress(base + off)).unwrap_or(0);
+                inner.load_sum[stage as usize] += f64::from(n.min(MAX_RUNNABLE));
+            }
+        }
+        inner.load_samples += 1;
+    }
+
+    /// Mean runnable threads per registered stage since the last call (the
+    /// policy's load input), or `None` when no area is registered.
+    pub fn take_load(&self) -> Option<Vec<f64>> {
+        let mut inner = self.lock();
+        let stages = inner.area.as_ref()?.layout.num_stages as usize;
+        let n = f64::from(inner.load_samples.max(1));
+        let load = inner.load_sum[..stages].iter().map(|s| s / n).collect();
+        inner.load_sum.iter_mut().for_each(|s| *s = 0.0);
+        inner.load_samples = 0;
+        Some(load)
+    }
+
+    /// Stage names of the registered area (guest stage-id order), if any.
+    pub fn stage_names(&self) -> Option<Vec<String>> {
+        let inner = self.lock();
+        inner.area.as_ref()?;
+        Some(inner.report.stages.iter().map(|s| s.name.clone()).collect())
+    }
+
+    /// Publishes a new stage map (per stage, the vCPUs serving it); stages
+    /// past the registered count are ignored. No-op without an area.
+    pub fn publish(&self, stage_vcpus: &[u64]) {
+        let mut inner = self.lock();
+        let Some(mut area) = inner.area.take() else {
+            return;
+        };
+        let mut masks = [0u64; MAX_STAGES];
+        for (m, v) in masks
+            .iter_mut()
+            .zip(stage_vcpus)
+            .take(area.layout.num_stages as usize)
+        {
+            *m = *v;
+        }
+        self.publish_map(&mut area, &masks);
+        inner.report.map_epoch = area.epoch;
+        inner.report.maps_published += 1;
+        inner.area = Some(area);
+    }
+
+    /// Wakes every vCPU that published `parked` with a non-empty run queue
+    /// (the host's safety net of the wake-up protocol, see `VcpuState`).
+    pub fn wake_parked_with_work(&self) {
+        let gpa = match self.lock().area.as_ref() {
+            Some(area) => area.gpa,
+            None => return,
+        };
+        for vcpu in 0..self.num_vcpus {
+            let base = gpa + Layout::vcpu_state_offset(vcpu);
+            let parked: u32 = self
+                .memory
+                .load(
+                    GuestAddress(base + core::mem::offset_of!(VcpuState, parked) as u64),
+                    Ordering::Acquire,
+                )
+                .unwrap_or(0);
+            let depth: u32 = self
+                .memory
+                .load(GuestAddress(base), Ordering::Acquire)
+                .unwrap_or(0);
+            if parked != 0 && depth != 0 {
+                self.lock().report.host_wakes += 1;
+                if let Some(p) = self.parkers.get(vcpu as usize) {
+                    *p.woken.lock().unwrap_or_else(|p| p.into_inner()) = true;
+                    p.cv.notify_one();
+                }
+            }
         }
     }
 
@@ -437,6 +570,18 @@ impl StageDevice {
     pub fn report(&self) -> ChannelReport {
         let inner = self.lock();
         let mut r = inner.report.clone();
+        r.requests = r.vcpus.iter().map(|v| v.exits).sum();
+        if let Some(first) = inner.first_tsc {
+            let ticks = inner.last_tsc - first;
+            r.busy_ns = if inner.tsc_khz == 0 {
+                ticks
+            } else {
+                (u128::from(ticks) * 1_000_000 / u128::from(inner.tsc_khz)) as u64
+            };
+            if r.busy_ns > 0 {
+                r.requests_per_s = r.requests as f64 * 1e9 / r.busy_ns as f64;
+            }
+        }
         r.registered = inner.area.is_some();
         r.dropped = r.vcpus.iter().map(VcpuRingStats::dropped).sum();
         r.ring_full_backoffs = r.vcpus.iter().map(|v| v.ring_full_backoffs).sum();
@@ -457,6 +602,7 @@ fn drain_ring(
     vcpu: u32,
     report: &mut ChannelReport,
     tsc_khz: u64,
+    valid: &mut Vec<(u32, StageEvent)>,
 ) {
     let layout = area.layout;
     let ring = area.gpa + layout.ring_offset(vcpu);
@@ -515,6 +661,7 @@ fn drain_ring(
             continue;
         }
         stats.events += 1;
+        valid.push((vcpu, ev));
         let previous = area.current[v];
         if let Some((prev_stage, since)) = previous {
             if let Some(ticks) = ev.tsc.checked_sub(since) {

@@ -38,6 +38,9 @@ pub enum VmEvent {
         /// The raw 32-bit exit code it wrote.
         code: u32,
     },
+    /// The stage configuration does not fit the guest (e.g. names a stage the
+    /// guest did not declare).
+    ConfigError(String),
     /// A vCPU stopped on request (vCPU stop port or `hlt`).
     VcpuStopped(u32),
     /// The guest failed on a vCPU (triple fault, KVM internal error…).
@@ -127,12 +130,15 @@ pub struct Vcpu {
     pub stop: Arc<AtomicBool>,
     /// Where events go.
     pub events: Sender<VmEvent>,
+    /// Pins the thread at start.
+    pub sched: Arc<crate::sched::Scheduler>,
 }
 
 impl Vcpu {
     /// Runs the guest until it stops this vCPU, the VM ends or it fails.
     /// Never panics on guest behaviour: every outcome becomes a [`VmEvent`].
     pub fn run(mut self) {
+        self.sched.start_vcpu_thread(self.index);
         let event = self.run_loop();
         if let Some(event) = event {
             // The control loop may already be gone when the VM is ending.

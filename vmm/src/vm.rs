@@ -17,6 +17,7 @@ use crate::config::VmConfig;
 use crate::devices::Devices;
 use crate::kernel::{self, KernelError};
 use crate::layout::{self, STACK_SIZE};
+use crate::sched::{SchedReport, Scheduler};
 use crate::stage::{ChannelReport, StageDevice};
 use crate::vcpu::{self, Vcpu, VmEvent};
 
@@ -96,6 +97,9 @@ pub enum VmmError {
     /// Guest memory could not be set up.
     #[error("guest memory: {0}")]
     Memory(String),
+    /// The stage configuration does not fit this VM.
+    #[error("{0}")]
+    Sched(String),
     /// Other host I/O failed (serial file, thread spawn).
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -114,6 +118,8 @@ pub enum VmExit {
     GuestFailure(String),
     /// The VMM received this signal (SIGINT or SIGTERM).
     Signal(i32),
+    /// The stage configuration did not fit the guest's stages.
+    ConfigError(String),
 }
 
 impl VmExit {
@@ -123,6 +129,7 @@ impl VmExit {
         match self {
             VmExit::Guest(code) => *code,
             VmExit::GuestFailure(_) => EXIT_GUEST_FAILURE,
+            VmExit::ConfigError(_) => hypercall_abi::platform::EXIT_VMM_ERROR,
             VmExit::Signal(libc::SIGINT) => EXIT_SIGINT,
             VmExit::Signal(_) => EXIT_SIGTERM,
         }
@@ -140,6 +147,7 @@ pub struct Vm {
     devices: Arc<Devices>,
     stage: Option<Arc<StageDevice>>,
     drain_period: Duration,
+    sched: Arc<Scheduler>,
 }
 
 /// How a VM ended and what its stage channel counted.
@@ -150,6 +158,8 @@ pub struct RunOutcome {
     /// The stage device's counters after the final drain (`None` without a
     /// stage device).
     pub channel: Option<ChannelReport>,
+    /// What the scheduler did.
+    pub sched: SchedReport,
 }
 
 impl Vm {
@@ -183,6 +193,35 @@ impl Vm {
                 requested: num_vcpus,
                 max,
             });
+        }
+
+        let mut sched = config.sched.clone();
+        let mut sched_warnings = Vec::new();
+        let staged = matches!(
+            sched.policy,
+            host_sched::policy::PolicyKind::Static | host_sched::policy::PolicyKind::Proportional
+        );
+        if staged && (num_vcpus as usize) < sched.stage_cores.len() {
+            // Every stage core needs a vCPU: use the first ones only.
+            let all = sched.stage_cores.clone();
+            sched.stage_cores = all.iter().take(num_vcpus as usize).collect();
+            if sched.helpers_share_stage_cores {
+                sched.housekeeping = sched.stage_cores.clone();
+            }
+            let warning = format!(
+                "--cpus boot={num_vcpus} is fewer than the {} stage cores '{all}': the {} policy uses stage cores '{}'",
+                all.len(),
+                sched.policy.name(),
+                sched.stage_cores
+            );
+            tracing::info!("{warning}");
+            sched_warnings.push(warning);
+        }
+        if num_vcpus as usize > hypercall_abi::stage::MAX_VCPUS && config.stage_device {
+            return Err(VmmError::Sched(format!(
+                "--cpus boot={num_vcpus}: the stage channel supports at most {} vCPUs (or use --no-stage-device)",
+                hypercall_abi::stage::MAX_VCPUS
+            )));
         }
 
         let size = config.memory.size;
@@ -271,6 +310,7 @@ impl Vm {
             devices,
             stage,
             drain_period: config.drain_period,
+            sched: Scheduler::new(sched, num_vcpus, sched_warnings),
         })
     }
 
@@ -285,14 +325,19 @@ impl Vm {
         register_signal_handler(SIGRTMIN(), kick_handler)
             .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
 
+        // This thread is the VMM's event loop: a helper, on housekeeping cores
+        // (threads spawned below inherit that until they pin themselves).
+        self.sched.start_helper_thread("vmm-main");
         let (tx, rx) = mpsc::channel();
         let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM])?;
         let signal_handle = signals.handle();
         let signal_tx = tx.clone();
+        let signal_sched = self.sched.clone();
         let signal_thread =
             std::thread::Builder::new()
                 .name("signals".into())
                 .spawn(move || {
+                    signal_sched.start_helper_thread("signals");
                     if let Some(sig) = signals.forever().next() {
                         let _ = signal_tx.send(VmEvent::Signal(sig));
                     }
@@ -309,6 +354,7 @@ impl Vm {
                 memory: self.memory.clone(),
                 stop: stop.clone(),
                 events: tx.clone(),
+                sched: self.sched.clone(),
             };
             threads.push(
                 std::thread::Builder::new()
@@ -316,26 +362,41 @@ impl Vm {
                     .spawn(move || vcpu.run())?,
             );
         }
-        drop(tx);
-
         let sched_stop = Arc::new(AtomicBool::new(false));
         let sched_thread = match &self.stage {
             Some(stage) => {
                 let (stage, period, sched_stop) =
                     (stage.clone(), self.drain_period, sched_stop.clone());
+                let (sched, sched_tx) = (self.sched.clone(), tx.clone());
                 Some(
                     std::thread::Builder::new()
                         .name("stage-sched".into())
                         .spawn(move || {
+                            sched.start_helper_thread("stage-sched");
+                            sched.adopt_threads();
+                            let mut next_policy = Instant::now() + sched.period();
                             while !sched_stop.load(Ordering::Acquire) {
                                 std::thread::sleep(period);
                                 stage.drain();
+                                stage.wake_parked_with_work();
+                                // The first plan follows registration at once;
+                                // later ones come every policy period.
+                                let first = !sched.has_policy() && stage.stage_names().is_some();
+                                if first || Instant::now() >= next_policy {
+                                    next_policy = Instant::now() + sched.period();
+                                    sched.adopt_threads();
+                                    if let Err(msg) = sched.tick(&stage) {
+                                        let _ = sched_tx.send(VmEvent::ConfigError(msg));
+                                        break;
+                                    }
+                                }
                             }
                         })?,
                 )
             }
             None => None,
         };
+        drop(tx);
 
         let mut stopped = 0;
         let exit = loop {
@@ -359,6 +420,7 @@ impl Vm {
                 Ok(VmEvent::GuestFailure { vcpu, reason }) => {
                     break VmExit::GuestFailure(format!("vCPU {vcpu}: {reason}"));
                 }
+                Ok(VmEvent::ConfigError(msg)) => break VmExit::ConfigError(msg),
                 Ok(VmEvent::Signal(sig)) => {
                     tracing::info!(signal = sig, "signal received, stopping the VM");
                     break VmExit::Signal(sig);
@@ -399,6 +461,10 @@ impl Vm {
             stage.report()
         });
         self.devices.flush();
-        Ok(RunOutcome { exit, channel })
+        Ok(RunOutcome {
+            exit,
+            channel,
+            sched: self.sched.report(),
+        })
     }
 }
