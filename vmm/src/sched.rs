@@ -125,6 +125,25 @@ struct State {
     timeline: Vec<TimelineEntry>,
 }
 
+impl crate::stage::MapSource for Scheduler {
+    /// Builds the policy for the guest's stages at REGISTER and returns its
+    /// first stage map, so the guest never sees a map the policy did not make
+    /// (`None` if the configuration does not fit; `tick` then reports it).
+    fn initial_map(&self, names: &[String]) -> Option<Vec<u64>> {
+        let mut st = self.lock();
+        if st.policy.is_none() {
+            let budgets = self.resolved.budgets_for(names).ok()?;
+            st.policy = Some(policy::build(self.resolved.policy, self.context(budgets)));
+            st.names = names.to_vec();
+        }
+        let plan = st.policy.as_mut()?.plan(&vec![0.0; names.len()]);
+        let masks = plan.stage_vcpus.clone();
+        st.map_changes += 1;
+        st.plan = Some(plan);
+        Some(masks)
+    }
+}
+
 impl Scheduler {
     /// A scheduler for `num_vcpus` vCPUs under the resolved configuration.
     pub fn new(resolved: Resolved, num_vcpus: u32, warnings: Vec<String>) -> Arc<Self> {

@@ -171,9 +171,17 @@ const MAX_TRACKED_THREADS: usize = 1 << 16;
 /// A runnable count above this in a guest's VcpuState is clamped (untrusted).
 const MAX_RUNNABLE: u16 = 4096;
 
+/// Supplies the stage map published at REGISTER (the scheduler's first plan).
+pub trait MapSource: Send + Sync {
+    /// Per stage, the vCPU mask for a guest that declared `names`; `None`
+    /// keeps the default (every vCPU serves every stage).
+    fn initial_map(&self, names: &[String]) -> Option<Vec<u64>>;
+}
+
 /// The stage device of one VM. Shared by the vCPU threads (doorbell) and the
 /// scheduler thread (drain).
 pub struct StageDevice {
+    map_source: Mutex<Option<std::sync::Arc<dyn MapSource>>>,
     memory: GuestMemoryMmap,
     mem_size: u64,
     num_vcpus: u32,
@@ -209,6 +217,7 @@ impl StageDevice {
             ..Default::default()
         };
         Self {
+            map_source: Mutex::new(None),
             memory,
             mem_size,
             num_vcpus,
@@ -233,6 +242,11 @@ impl StageDevice {
                 .collect(),
             stopping: AtomicBool::new(false),
         }
+    }
+
+    /// Sets who decides the first stage map at REGISTER.
+    pub fn set_map_source(&self, source: std::sync::Arc<dyn MapSource>) {
+        *self.map_source.lock().unwrap_or_else(|p| p.into_inner()) = Some(source);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -282,9 +296,35 @@ impl StageDevice {
 
     fn register(&self, pfn: u32) -> Status {
         let gpa = u64::from(pfn) << 12;
-        let result = self.validate(gpa);
+        let validated = self.validate(gpa);
+        // Names (lossy UTF-8, NUL-trimmed) and the first map are worked out
+        // before taking the device lock: the map source locks the scheduler,
+        // which itself calls into this device (lock order: scheduler, device).
+        let mut stages = Vec::new();
+        let mut planned = None;
+        if let Ok(layout) = &validated {
+            for id in 0..layout.num_stages {
+                let desc: Obj<StageDesc> = self
+                    .memory
+                    .read_obj(GuestAddress(gpa + STAGE_DESCS_OFFSET + 32 * u64::from(id)))
+                    .unwrap_or_default();
+                let end = desc.0.name.iter().position(|b| *b == 0).unwrap_or(32);
+                stages.push(StageStats {
+                    id,
+                    name: String::from_utf8_lossy(&desc.0.name[..end]).into_owned(),
+                    ..Default::default()
+                });
+            }
+            let names: Vec<String> = stages.iter().map(|s| s.name.clone()).collect();
+            let source = self
+                .map_source
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            planned = source.and_then(|s| s.initial_map(&names));
+        }
         let mut inner = self.lock();
-        let result = match result {
+        let result = match validated {
             Ok(_) if inner.area.is_some() => Err(Status::AlreadyRegistered),
             other => other,
         };
@@ -295,20 +335,6 @@ impl StageDevice {
                 return s;
             }
         };
-        // Names for the report (lossy UTF-8, NUL-trimmed).
-        let mut stages = Vec::with_capacity(layout.num_stages as usize);
-        for id in 0..layout.num_stages {
-            let desc: Obj<StageDesc> = self
-                .memory
-                .read_obj(GuestAddress(gpa + STAGE_DESCS_OFFSET + 32 * u64::from(id)))
-                .unwrap_or_default();
-            let end = desc.0.name.iter().position(|b| *b == 0).unwrap_or(32);
-            stages.push(StageStats {
-                id,
-                name: String::from_utf8_lossy(&desc.0.name[..end]).into_owned(),
-                ..Default::default()
-            });
-        }
         let tsc_khz = inner.tsc_khz;
         // Host-written header field; offset inside the validated area.
         let _ = self.memory.write_obj(
@@ -322,13 +348,19 @@ impl StageDevice {
             current: vec![None; layout.num_vcpus as usize],
             epoch: 0,
         };
-        // Until a policy decides otherwise every vCPU serves every stage.
+        // The scheduler's first plan, or every vCPU serving every stage.
         let all = if self.num_vcpus >= 64 {
             u64::MAX
         } else {
             (1u64 << self.num_vcpus) - 1
         };
-        self.publish_map(&mut area, &[all; MAX_STAGES]);
+        let mut masks = [all; MAX_STAGES];
+        if let Some(planned) = planned {
+            for (m, p) in masks.iter_mut().zip(planned) {
+                *m = p;
+            }
+        }
+        self.publish_map(&mut area, &masks);
         tracing::info!(
             gpa = format_args!("{gpa:#x}"),
             stages = layout.num_stages,

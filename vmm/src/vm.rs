@@ -302,6 +302,10 @@ impl Vm {
             ))
         });
         let devices = Arc::new(Devices::new(&config.serial, stage.clone())?);
+        let sched = Scheduler::new(sched, num_vcpus, sched_warnings);
+        if let Some(stage) = &stage {
+            stage.set_map_source(sched.clone());
+        }
         Ok(Self {
             _kvm: kvm,
             _vm_fd: vm_fd,
@@ -310,7 +314,7 @@ impl Vm {
             devices,
             stage,
             drain_period: config.drain_period,
-            sched: Scheduler::new(sched, num_vcpus, sched_warnings),
+            sched,
         })
     }
 
