@@ -45,6 +45,10 @@ bench-boot: build
 bench-channel: build
     cargo run --release -q -p stagevm-bench --bin channel-bench -- --stagevm {{stagevm}} --kernel {{guest}}
 
+# The staged guest under each --policy side by side, plus re-pin latency.
+bench-policies: build
+    cargo run --release -q -p stagevm-bench --bin policy-bench -- --stagevm {{stagevm}} --kernel {{guest}}
+
 # Formatting and lints.
 lint:
     cargo fmt --all --check

@@ -1,0 +1,196 @@
+//! `policy-bench`: the staged test guest under each `--policy` in one run,
+//! side by side, plus the host mechanisms host-sched relies on.
+//!
+//! * Guest throughput (requests/s of the guest's staged phase, from its own
+//!   TSC) per policy, as ratios to `off` and to `pinned` (so pinning alone is
+//!   not counted as stage scheduling). Runs are interleaved round by round so
+//!   machine noise spreads over all policies; medians are reported.
+//! * vCPU re-pin latency: `sched_setaffinity` on a busy thread that moves it
+//!   to the other core, and one that does not move it (µs).
+//! * Guest thread migration latency, if the guest reports it (ns).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use host_sched::cpuset::CpuSet;
+use host_sched::topology::{gettid, set_thread_affinity, thread_affinity};
+
+mod target;
+use target::Target;
+
+/// Runs the staged guest under each policy and measures re-pin latency.
+#[derive(Parser, Debug)]
+#[command(name = "policy-bench", about)]
+struct Args {
+    #[command(flatten)]
+    target: Target,
+    /// Rounds (each runs every policy once; medians are reported).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// vCPUs.
+    #[arg(long, default_value_t = 4)]
+    cpus: u32,
+    /// Guest command line for the staged phase.
+    #[arg(long, default_value = "iters=1000 threads=4 requests=2000 work=200")]
+    cmdline: String,
+    /// Policies to compare.
+    #[arg(long, value_delimiter = ',', default_value = "off,pinned,static,proportional")]
+    policies: Vec<String>,
+    /// Re-pin samples.
+    #[arg(long, default_value_t = 400)]
+    repins: usize,
+}
+
+struct Sample {
+    rps: f64,
+    migrations: u64,
+    map_changes: u64,
+    migration_ns: Option<f64>,
+}
+
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let rest = &line[line.find(key)? + key.len()..];
+    rest.split([' ', ',']).find(|w| !w.is_empty())
+}
+
+fn run_once(args: &Args, policy: &str, report: &PathBuf) -> Result<Sample> {
+    let out = Command::new(&args.target.stagevm)
+        .arg("--kernel")
+        .arg(&args.target.kernel)
+        .args(["--cpus", &format!("boot={}", args.cpus), "--policy", policy, "--report"])
+        .arg(report)
+        .arg("--cmdline")
+        .arg(&args.cmdline)
+        .output()
+        .with_context(|| format!("running {}", args.target.stagevm.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "stagevm --policy {policy} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let rps = stdout
+        .lines()
+        .find(|l| l.starts_with("testguest: staged phase"))
+        .and_then(|l| {
+            let before = l.split(" requests/s").next()?;
+            before.rsplit(' ').next()?.parse().ok()
+        })
+        .with_context(|| format!("no staged-phase line in the guest output:\n{stdout}"))?;
+    let migrations = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("testguest: migrations "))
+        .and_then(|l| l.split(',').next()?.trim().parse().ok())
+        .unwrap_or(0);
+    let migration_ns = stdout
+        .lines()
+        .find(|l| l.starts_with("testguest: migration latency"))
+        .and_then(|l| field(l, "latency ")?.parse().ok());
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(report)?)?;
+    let map_changes = json["sched"]["map_changes"].as_u64().unwrap_or(0);
+    Ok(Sample {
+        rps,
+        migrations,
+        map_changes,
+        migration_ns,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+/// Mean µs of `sched_setaffinity` on a spinning thread: moving it between
+/// the first two allowed cores, and re-applying its current core.
+fn repin_latency(samples: usize) -> Result<Option<(f64, f64)>> {
+    let allowed = thread_affinity(0)?;
+    let cores: Vec<usize> = allowed.iter().take(2).collect();
+    if cores.len() < 2 {
+        return Ok(None);
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spin_stop = stop.clone();
+    let spinner = std::thread::spawn(move || {
+        let _ = tx.send(gettid());
+        let mut x = 0u64;
+        while !spin_stop.load(std::sync::atomic::Ordering::Relaxed) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+    });
+    let tid = rx.recv()?;
+    let one = |c: usize| -> CpuSet { [c].into_iter().collect() };
+    let (mut moving, mut staying) = (0u128, 0u128);
+    for i in 0..samples {
+        let target = one(cores[i % 2]);
+        let t0 = Instant::now();
+        set_thread_affinity(tid, &target)?;
+        moving += t0.elapsed().as_nanos();
+        let t0 = Instant::now();
+        set_thread_affinity(tid, &target)?;
+        staying += t0.elapsed().as_nanos();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    spinner.join().ok();
+    let n = samples as f64 * 1e3;
+    Ok(Some((moving as f64 / n, staying as f64 / n)))
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    if args.rounds == 0 || args.policies.is_empty() {
+        bail!("--rounds and --policies must not be empty");
+    }
+    let report = std::env::temp_dir().join(format!("policy-bench-{}.json", std::process::id()));
+    let mut samples: Vec<Vec<Sample>> = args.policies.iter().map(|_| Vec::new()).collect();
+    for round in 0..args.rounds {
+        for k in 0..args.policies.len() {
+            // Rotate the order each round.
+            let i = (k + round) % args.policies.len();
+            eprintln!("policy-bench: round {}/{}: {}", round + 1, args.rounds, args.policies[i]);
+            samples[i].push(run_once(&args, &args.policies[i], &report)?);
+        }
+    }
+    let _ = std::fs::remove_file(&report);
+    let med: Vec<f64> = samples.iter().map(|s| median(s.iter().map(|x| x.rps).collect())).collect();
+    let base = |name: &str| args.policies.iter().position(|p| p == name).map(|i| med[i]);
+    println!(
+        "staged test guest, {} vCPUs, cmdline \"{}\", {} rounds (median guest requests/s)",
+        args.cpus, args.cmdline, args.rounds
+    );
+    println!("| policy | requests/s | vs off | vs pinned | migrations | map changes |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (i, p) in args.policies.iter().enumerate() {
+        let ratio = |b: Option<f64>| b.map_or("-".to_string(), |b| format!("{:.3}×", med[i] / b));
+        let last = samples[i].last().unwrap();
+        println!(
+            "| {p} | {:.0} | {} | {} | {} | {} |",
+            med[i],
+            ratio(base("off")),
+            ratio(base("pinned")),
+            last.migrations,
+            last.map_changes
+        );
+    }
+    let mig: Vec<f64> = samples.iter().flatten().filter_map(|s| s.migration_ns).collect();
+    if !mig.is_empty() {
+        println!("guest thread migration latency: {:.0} ns (median of runs)", median(mig));
+    }
+    match repin_latency(args.repins)? {
+        Some((moving, staying)) => println!(
+            "vCPU re-pin (sched_setaffinity on a busy thread, {} samples): {moving:.1} µs when it moves the thread, {staying:.1} µs when it does not",
+            args.repins
+        ),
+        None => println!("vCPU re-pin: needs two allowed cores"),
+    }
+    Ok(())
+}
