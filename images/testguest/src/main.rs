@@ -5,14 +5,22 @@
 //! the project's machines, where CPL0 is emulated, everything here runs
 //! natively. Each vCPU runs [`workload`] and prints its checksum on COM1, then
 //! runs the staged workload of [`staged`] (guest threads whose requests pass
-//! through three stages, reported through the stage channel); the last vCPU
-//! to finish prints the guest's own stage counts and asks the VMM to shut down
-//! with exit code 0.
+//! through three stages, reported through the stage channel, moving to the
+//! vCPUs the host's stage map gives each stage); the last vCPU to finish
+//! prints the guest's own stage counts, per-vCPU counts, migrations and
+//! throughput, and asks the VMM to shut down with exit code 0.
 //!
 //! Command line (space-separated `key=value`):
 //! * `iters=N` — per-vCPU checksum workload iterations (default 1000000),
 //! * `threads=N` — guest threads per vCPU in the staged phase (default 2, ≤ 16),
 //! * `requests=N` — requests per guest thread (default 100; 0 skips the phase),
+//! * `work=N` — extra iterations of an integer mixing loop on the request in
+//!   every stage of every request, times the stage's weight (default 0),
+//! * `weights=A,B,C` — per-stage weights of `work` for parse, plan, execute
+//!   (default 1,1,1),
+//! * `phase=1` — a phase change: the second half of each thread's requests uses
+//!   the reversed weights (C,B,A), e.g. with `weights=4,1,1` parse is 4× heavier
+//!   than execute first and execute 4× heavier than parse later,
 //! * `ring=N` — stage ring entries per vCPU (power of two, default 256),
 //! * `abuse=1` — send bad REGISTERs and corrupt ring entries first (tests the
 //!   VMM's validation),
@@ -166,9 +174,22 @@ struct Options {
     fault: bool,
     threads: usize,
     requests: u64,
+    work: u64,
+    weights: [u64; 3],
+    phase: bool,
     ring: u32,
     abuse: bool,
     bench: bool,
+}
+
+/// `A,B,C`: exactly three unsigned integers.
+fn parse_weights(value: &str) -> Option<[u64; 3]> {
+    let mut weights = [0u64; 3];
+    let mut parts = value.split(',');
+    for w in weights.iter_mut() {
+        *w = parts.next()?.parse().ok()?;
+    }
+    parts.next().is_none().then_some(weights)
 }
 
 fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
@@ -178,6 +199,9 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         fault: false,
         threads: 2,
         requests: 100,
+        work: 0,
+        weights: [1, 1, 1],
+        phase: false,
         ring: 256,
         abuse: false,
         bench: false,
@@ -190,6 +214,9 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
             "fault" => opts.fault = value == "1",
             "threads" => opts.threads = value.parse().map_err(|_| word)?,
             "requests" => opts.requests = value.parse().map_err(|_| word)?,
+            "work" => opts.work = value.parse().map_err(|_| word)?,
+            "weights" => opts.weights = parse_weights(value).ok_or(word)?,
+            "phase" => opts.phase = value == "1",
             "ring" => opts.ring = value.parse().map_err(|_| word)?,
             "abuse" => opts.abuse = value == "1",
             "bench" => opts.bench = value == "1",
@@ -223,9 +250,11 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
     let opts = match parse_cmdline(cmdline) {
         Ok(opts) => opts,
         Err(word) => {
-            if vcpu == 0 {
-                println!("testguest: bad command-line word '{}'", word);
+            // Only vCPU 0 ends the VM, after its message is out.
+            if vcpu != 0 {
+                stop_vcpu();
             }
+            println!("testguest: bad command-line word '{}'", word);
             shutdown(4);
         }
     };
@@ -261,7 +290,14 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
         checksum
     );
     if opts.requests > 0 {
-        staged::run_vcpu(vcpu as u32, info.num_vcpus, opts.threads, opts.requests);
+        let cfg = staged::StagedConfig {
+            threads: opts.threads,
+            requests: opts.requests,
+            work: opts.work,
+            weights: opts.weights,
+            phase: opts.phase,
+        };
+        staged::run_vcpu(vcpu as u32, info.num_vcpus, &cfg, info.tsc_khz);
     }
     if DONE.fetch_add(1, Ordering::AcqRel) + 1 == info.num_vcpus {
         staged::print_counts();

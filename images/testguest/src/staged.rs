@@ -1,19 +1,37 @@
-//! The staged workload: several cooperative guest threads per vCPU, each
-//! request passing through three stages with distinct code (parse → plan →
-//! execute), every stage switch reported through the guest agent's ring in
-//! ring 3, without a VM exit.
+//! The staged workload: cooperative guest threads whose requests pass
+//! through three stages with distinct code (parse → plan → execute), every
+//! stage switch reported through the guest agent's ring in ring 3, without a
+//! VM exit.
 //!
-//! A stage switch is `yield, then stage_enter(stage)`: the thread reports the
-//! stage on the vCPU that runs it, right before running the stage's code, so
-//! the host's per-vCPU occupancy follows what each vCPU really executes.
+//! Threads migrate between vCPUs as in the seeds (`../shared/seeds/000_*`,
+//! §4.3/§4.5): a thread is only dispatched on vCPUs the host's stage map
+//! gives its current stage. Each vCPU has a run queue in guest memory
+//! ([`RUNQ`], spinlocked, usable from any vCPU). At a stage switch the thread
+//! picks the least-loaded vCPU serving the stage (loads = published run-queue
+//! depths) unless its own vCPU serves it, yields to its vCPU's scheduler loop,
+//! which — once the thread's context is saved — queues it on the chosen vCPU
+//! (waking that vCPU if it is parked) or locally behind the other threads.
+//! The thread then reports `stage_enter` on the vCPU that resumed it, right
+//! before running the stage's code, so the host's per-vCPU occupancy follows
+//! what each vCPU really executes. A stage no vCPU serves runs where the
+//! thread is (a counted fallback). The published per-vCPU state (run-queue
+//! depth, runnable threads per stage, parked) feeds the host's policy and its
+//! wake-up safety net.
+//!
+//! Idle vCPUs spin with back-off for [`IDLE_SPIN_US`], then park with the
+//! channel's WAIT (no lost wake-ups: `parked = 1`, re-check, WAIT; a pusher
+//! raises the target's run-queue depth, pushes, then WAKEs it if parked).
 
 use core::arch::{asm, global_asm};
 use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use core::ptr;
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
-use guest_agent::{Agent, Platform, Report};
-use hypercall_abi::stage::{AreaHeader, Layout, Status, DOORBELL_REGISTER, DOORBELL_STATUS};
+use guest_agent::{choose_from_map, Agent, Platform, Report};
+use hypercall_abi::stage::{
+    AreaHeader, Layout, Status, DOORBELL_REGISTER, DOORBELL_STATUS, MAX_VCPUS, STAGE_NONE,
+};
 
 use crate::{inl, outl, print_line};
 
@@ -152,6 +170,8 @@ fn abuse_ring(ring_entries: u32) {
 /// range, the area and the agent.
 pub fn setup(info: &hypercall_abi::boot::BootInfo, ring_entries: u32, abuse: bool) {
     init_free(info.free_start, info.free_end);
+    NUM_VCPUS.store(info.num_vcpus.min(MAX_VCPUS as u32), Ordering::Relaxed);
+    TSC_KHZ.store(info.tsc_khz, Ordering::Relaxed);
     let agent = match Layout::new(info.num_vcpus, STAGES.len() as u32, ring_entries) {
         Some(layout) => {
             let size = layout.area_size();
@@ -226,36 +246,299 @@ extern "C" {
     fn testguest_thread_trampoline();
 }
 
-/// A cooperative guest thread.
+/// Thread id and vCPU value meaning "none".
+const NONE: u32 = u32::MAX;
+/// Bytes at the top of each thread's stack allocation that hold its
+/// [`Thread`] (the stack grows down from below them).
+const THREAD_HEADER: u64 = 256;
+const _: () = assert!(core::mem::size_of::<Thread>() as u64 <= THREAD_HEADER);
+/// Longest back-off between two checks of an empty run queue (PAUSEs).
+const IDLE_MAX_SPIN: u32 = 64;
+/// Spinning on an empty run queue before the vCPU parks (µs).
+const IDLE_SPIN_US: u64 = 50;
+/// Timeout of one WAIT of an idle vCPU (µs).
+const IDLE_WAIT_US: u32 = 1000;
+
+/// A cooperative guest thread. It lives at the top of its own stack
+/// allocation and moves between vCPUs' run queues: whoever popped it from a
+/// queue owns it until it is pushed again (the queue locks order the
+/// accesses), so every mutable field is an atomic used as a plain cell.
+#[repr(C, align(64))]
 struct Thread {
-    rsp: u64,
+    /// Saved stack pointer while the thread is not running (written by
+    /// `testguest_ctx_switch`).
+    rsp: AtomicU64,
+    /// Next thread in the run queue it is on (under the queue's lock).
+    next: AtomicPtr<Thread>,
+    /// vCPU that runs it now or last ran it (set by the scheduler that resumes it).
+    vcpu: AtomicU32,
+    /// vCPU it asked to move to at its last stage switch, or [`NONE`]; taken by
+    /// the scheduler once the thread's context is saved.
+    migrate_to: AtomicU32,
+    /// Stage it is in, or `STAGE_NONE` between requests.
+    stage: AtomicU32,
+    /// Set when all its requests are done.
+    done: AtomicBool,
+    /// Checksum of its requests (final once `done`).
+    checksum: AtomicU64,
+    /// Unique id (`vcpu + num_vcpus × i` of the vCPU that created it).
     id: u32,
-    vcpu: u32,
-    sched_rsp: *mut u64,
+    /// Requests it runs.
     requests: u64,
-    checksum: u64,
-    done: bool,
+    /// Extra work iterations per stage: `[0]` for requests before `half`,
+    /// `[1]` from `half` on (the reversed weights with `phase=1`).
+    work: [[u64; 3]; 2],
+    /// First request of the second phase (`u64::MAX`: no phase change).
+    half: u64,
 }
 
-/// Yields back to the vCPU's scheduler loop.
-fn yield_now(t: &mut Thread) {
-    // SAFETY: switches to the scheduler's saved context; it resumes us later
-    // through `t.rsp`.
-    unsafe { testguest_ctx_switch(&mut t.rsp, *t.sched_rsp) };
+/// A vCPU's run queue: a FIFO of threads linked through [`Thread::next`],
+/// under a spinlock, usable from any vCPU.
+#[repr(C, align(64))]
+struct RunQueue {
+    lock: AtomicBool,
+    len: AtomicU32,
+    head: AtomicPtr<Thread>,
+    tail: AtomicPtr<Thread>,
 }
 
-/// Switches `t` to `stage`: yield, then report the stage on the vCPU that
-/// resumed it.
-fn stage_switch(t: &mut Thread, stage: u32) {
+impl RunQueue {
+    const fn new() -> Self {
+        Self {
+            lock: AtomicBool::new(false),
+            len: AtomicU32::new(0),
+            head: AtomicPtr::new(ptr::null_mut()),
+            tail: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    fn lock(&self) {
+        while self
+            .lock
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            while self.lock.load(Ordering::Relaxed) {
+                core::hint::spin_loop();
+            }
+        }
+    }
+
+    fn unlock(&self) {
+        self.lock.store(false, Ordering::Release);
+    }
+
+    /// Lock-free check; sequentially consistent so that a vCPU that published
+    /// `parked = 1` and then sees an empty queue cannot miss a pusher that
+    /// then reads `parked` (no lost wake-ups).
+    fn is_empty(&self) -> bool {
+        self.len.load(Ordering::SeqCst) == 0
+    }
+
+    fn push(&self, t: &'static Thread) {
+        let p = t as *const Thread as *mut Thread;
+        t.next.store(ptr::null_mut(), Ordering::Relaxed);
+        self.lock();
+        let tail = self.tail.load(Ordering::Relaxed);
+        if tail.is_null() {
+            self.head.store(p, Ordering::Relaxed);
+        } else {
+            // SAFETY: threads on a queue are live (they are never freed).
+            unsafe { (*tail).next.store(p, Ordering::Relaxed) };
+        }
+        self.tail.store(p, Ordering::Relaxed);
+        self.len.fetch_add(1, Ordering::SeqCst);
+        self.unlock();
+    }
+
+    fn pop(&self) -> Option<&'static Thread> {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        self.lock();
+        let head = self.head.load(Ordering::Relaxed);
+        if head.is_null() {
+            self.unlock();
+            return None;
+        }
+        // SAFETY: threads on a queue are live and never freed.
+        let t: &'static Thread = unsafe { &*head };
+        let next = t.next.load(Ordering::Relaxed);
+        self.head.store(next, Ordering::Relaxed);
+        if next.is_null() {
+            self.tail.store(ptr::null_mut(), Ordering::Relaxed);
+        }
+        self.len.fetch_sub(1, Ordering::SeqCst);
+        self.unlock();
+        Some(t)
+    }
+}
+
+/// Per-vCPU run queues.
+static RUNQ: [RunQueue; MAX_VCPUS] = [const { RunQueue::new() }; MAX_VCPUS];
+/// Per vCPU, the scheduler loop's saved stack pointer while a thread runs
+/// (written and read only on that vCPU).
+static SCHED_RSP: [AtomicU64; MAX_VCPUS] = [const { AtomicU64::new(0) }; MAX_VCPUS];
+
+/// Guest-side per-vCPU counts, one cache line each.
+#[repr(C, align(64))]
+struct VcpuCounts {
+    /// `stage_enter` calls executed on this vCPU, per stage.
+    ran: [AtomicU64; 3],
+    /// WAITs sent while idle.
+    waits: AtomicU64,
+    /// WAKEs sent to parked vCPUs.
+    wakes: AtomicU64,
+}
+
+static VCPU_COUNTS: [VcpuCounts; MAX_VCPUS] = [const {
+    VcpuCounts {
+        ran: [const { AtomicU64::new(0) }; 3],
+        waits: AtomicU64::new(0),
+        wakes: AtomicU64::new(0),
+    }
+}; MAX_VCPUS];
+
+/// Migrations decided at stage switches, in total and per stage entered
+/// (`in`) and left (`out`, not counted when the thread was between requests).
+static MIGRATIONS: AtomicU64 = AtomicU64::new(0);
+static MIGRATIONS_IN: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+static MIGRATIONS_OUT: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+/// Stage switches that stayed because the map gives the stage no vCPU.
+static FALLBACKS: AtomicU64 = AtomicU64::new(0);
+/// `stage_enter`s on a vCPU the map read at that moment does not give the
+/// stage although some vCPU serves it.
+static VIOLATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// vCPU count and TSC frequency, set by vCPU 0 in [`setup`].
+static NUM_VCPUS: AtomicU32 = AtomicU32::new(1);
+static TSC_KHZ: AtomicU64 = AtomicU64::new(0);
+/// vCPUs that created and queued their threads; vCPU 0 releases them all
+/// once every vCPU has.
+static ARRIVED: AtomicU32 = AtomicU32::new(0);
+static RELEASED: AtomicBool = AtomicBool::new(false);
+/// Threads of the whole guest not done yet.
+static LIVE: AtomicU32 = AtomicU32::new(0);
+/// Requests of all threads, and the TSC at release and when the last thread
+/// finished (0: the staged phase did not run).
+static TOTAL_REQUESTS: AtomicU64 = AtomicU64::new(0);
+static START_TSC: AtomicU64 = AtomicU64::new(0);
+static END_TSC: AtomicU64 = AtomicU64::new(0);
+
+fn num_vcpus() -> u32 {
+    NUM_VCPUS.load(Ordering::Relaxed)
+}
+
+/// Parameters of the staged phase, from the command line.
+#[derive(Clone, Copy, Debug)]
+pub struct StagedConfig {
+    /// Guest threads per vCPU (≤ [`MAX_THREADS_PER_VCPU`]).
+    pub threads: usize,
+    /// Requests per thread.
+    pub requests: u64,
+    /// Extra work iterations per stage and request, times the stage's weight.
+    pub work: u64,
+    /// Per-stage weights (parse, plan, execute).
+    pub weights: [u64; 3],
+    /// Reverse the weights for the second half of each thread's requests.
+    pub phase: bool,
+}
+
+/// Yields back to the scheduler loop of the vCPU running `t`.
+fn yield_now(t: &Thread) {
+    let vcpu = t.vcpu.load(Ordering::Relaxed) as usize;
+    // SAFETY: switches to this vCPU's scheduler context (saved when it
+    // resumed us); a scheduler resumes us later through `t.rsp`.
+    unsafe {
+        testguest_ctx_switch(t.rsp.as_ptr(), SCHED_RSP[vcpu].load(Ordering::Relaxed));
+    }
+}
+
+/// Switches `t` to `stage`. Picks the vCPU for the stage from the host's map
+/// (the least loaded of the stage's vCPUs unless the current one serves it),
+/// yields — to the scheduler, which moves the thread there once its context
+/// is saved, or queues it locally behind the other threads — and reports the
+/// stage on the vCPU that resumed it, right before the stage's code runs.
+fn stage_switch(t: &Thread, stage: u32) {
+    let a = agent();
+    let cur = t.vcpu.load(Ordering::Relaxed);
+    let mut target = cur;
+    if let Some(map) = a.read_map() {
+        if map.vcpus[stage as usize] == 0 {
+            // No vCPU serves the stage: run it here and say so.
+            a.count_fallback(cur);
+            FALLBACKS.fetch_add(1, Ordering::Relaxed);
+        } else if !map.serves(stage, cur) {
+            // `Agent::choose_vcpu` on the snapshot just read, so the fallback
+            // test and the choice see the same map.
+            let n = num_vcpus() as usize;
+            let mut loads = [0u32; MAX_VCPUS];
+            for (v, load) in loads.iter_mut().enumerate().take(n) {
+                *load = a.runq_depth(v as u32);
+            }
+            target = choose_from_map(&map, stage, cur, &loads[..n]);
+        }
+    }
+    let old = t.stage.swap(stage, Ordering::Relaxed);
+    if old != STAGE_NONE {
+        a.runnable_add(cur, old, -1);
+    }
+    a.runnable_add(target, stage, 1);
+    if target != cur {
+        MIGRATIONS.fetch_add(1, Ordering::Relaxed);
+        MIGRATIONS_IN[stage as usize].fetch_add(1, Ordering::Relaxed);
+        if let Some(out) = MIGRATIONS_OUT.get(old as usize) {
+            out.fetch_add(1, Ordering::Relaxed);
+        }
+        t.migrate_to.store(target, Ordering::Relaxed);
+    }
     yield_now(t);
+    let vcpu = t.vcpu.load(Ordering::Relaxed);
     count(
-        agent().stage_enter(t.vcpu, stage, t.id),
+        a.stage_enter(vcpu, stage, t.id),
         &STAGE_EVENTS[stage as usize],
     );
+    VCPU_COUNTS[vcpu as usize].ran[stage as usize].fetch_add(1, Ordering::Relaxed);
+    if let Some(map) = a.read_map() {
+        if map.vcpus[stage as usize] != 0 && !map.serves(stage, vcpu) {
+            VIOLATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `t` finished its request: reports the exit and leaves its stage.
+fn stage_leave(t: &Thread) {
+    let a = agent();
+    let vcpu = t.vcpu.load(Ordering::Relaxed);
+    count(a.stage_exit(vcpu, t.id), &EXIT_EVENTS);
+    let old = t.stage.swap(STAGE_NONE, Ordering::Relaxed);
+    if old != STAGE_NONE {
+        a.runnable_add(vcpu, old, -1);
+    }
+}
+
+/// `n` rounds of xorshift64 mixing (with the stage's constant `K`, so each
+/// stage has its own code) folded into the request: the `work=` option's
+/// extra per-stage work. Nothing when `n` is 0, so the default checksums do
+/// not change.
+#[inline(always)]
+fn mix<const K: u64>(req: &mut [u64; 8], n: u64) {
+    if n == 0 {
+        return;
+    }
+    let mut x = req[(K & 7) as usize] | 1;
+    for i in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x = x.wrapping_add(K ^ i);
+    }
+    req[((K >> 3) & 7) as usize] ^= x;
 }
 
 #[inline(never)]
-fn parse(req: &mut [u64; 8]) -> u64 {
+fn parse(req: &mut [u64; 8], work: u64) -> u64 {
+    mix::<0x9e37_79b9_7f4a_7c15>(req, work);
     // FNV-1a over the request bytes.
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     for w in req.iter() {
@@ -268,7 +551,8 @@ fn parse(req: &mut [u64; 8]) -> u64 {
 }
 
 #[inline(never)]
-fn plan(req: &mut [u64; 8]) -> u64 {
+fn plan(req: &mut [u64; 8], work: u64) -> u64 {
+    mix::<0xbf58_476d_1ce4_e5b9>(req, work);
     // An insertion sort of the request words: data-dependent branches.
     for i in 1..req.len() {
         let mut j = i;
@@ -281,7 +565,8 @@ fn plan(req: &mut [u64; 8]) -> u64 {
 }
 
 #[inline(never)]
-fn execute(req: &mut [u64; 8], table: &mut [u64; 512]) -> u64 {
+fn execute(req: &mut [u64; 8], table: &mut [u64; 512], work: u64) -> u64 {
+    mix::<0x94d0_49bb_1331_11eb>(req, work);
     let mut acc = 0u64;
     for (i, w) in req.iter().enumerate() {
         let j = ((*w >> 7) as usize ^ i) % table.len();
@@ -291,13 +576,14 @@ fn execute(req: &mut [u64; 8], table: &mut [u64; 512]) -> u64 {
     acc
 }
 
-extern "C" fn thread_main(t: *mut Thread) {
-    // SAFETY: the scheduler passes a live Thread that only this thread uses
-    // while it runs.
-    let t = unsafe { &mut *t };
+extern "C" fn thread_main(t: *const Thread) {
+    // SAFETY: the scheduler passes a live Thread; its mutable state is atomic.
+    let t = unsafe { &*t };
     let mut table = [0u64; 512];
     let mut x = 0x2545_f491_4f6c_dd1du64 ^ u64::from(t.id + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut checksum = 0u64;
     for r in 0..t.requests {
+        let work = &t.work[usize::from(r >= t.half)];
         let mut req = [0u64; 8];
         for w in req.iter_mut() {
             x ^= x << 13;
@@ -306,101 +592,268 @@ extern "C" fn thread_main(t: *mut Thread) {
             *w = x ^ r;
         }
         stage_switch(t, 0);
-        let a = parse(&mut req);
+        let a = parse(&mut req, work[0]);
         stage_switch(t, 1);
-        let b = plan(&mut req);
+        let b = plan(&mut req, work[1]);
         stage_switch(t, 2);
-        let c = execute(&mut req, &mut table);
-        count(agent().stage_exit(t.vcpu, t.id), &EXIT_EVENTS);
-        t.checksum = t.checksum.rotate_left(3) ^ a ^ b.wrapping_mul(3) ^ c;
+        let c = execute(&mut req, &mut table, work[2]);
+        stage_leave(t);
+        checksum = checksum.rotate_left(3) ^ a ^ b.wrapping_mul(3) ^ c;
     }
-    t.done = true;
+    t.checksum.store(checksum, Ordering::Relaxed);
+    t.done.store(true, Ordering::Release);
     loop {
         yield_now(t);
     }
 }
 
-/// Runs `threads` guest threads of `requests` requests each on this vCPU
-/// until all are done; prints each thread's checksum.
-pub fn run_vcpu(vcpu: u32, num_vcpus: u32, threads: usize, requests: u64) {
-    let threads = threads.min(MAX_THREADS_PER_VCPU);
-    let mut sched_rsp = 0u64;
-    let mut pool: [MaybeUninit<Thread>; MAX_THREADS_PER_VCPU] =
-        [const { MaybeUninit::uninit() }; MAX_THREADS_PER_VCPU];
-    for (i, slot) in pool.iter_mut().enumerate().take(threads) {
-        let Some(stack) = alloc_pages(THREAD_STACK) else {
-            println!("testguest: out of memory for thread stacks");
-            crate::shutdown(5);
-        };
-        let t = slot.write(Thread {
-            rsp: 0,
-            id: vcpu + num_vcpus * i as u32,
-            vcpu,
-            sched_rsp: &mut sched_rsp,
-            requests,
-            checksum: 0,
-            done: false,
-        });
-        // Initial frame popped by testguest_ctx_switch: r15, r14, r13 (entry),
-        // r12 (argument), rbx, rbp, then the return address (the trampoline),
-        // placed so RSP is 16-byte aligned at the trampoline's `call`.
-        let top = stack + THREAD_STACK;
-        let frame = (top - 56) as *mut u64;
-        let words = [
-            0,
-            0,
-            thread_main as *const () as u64,
-            t as *mut Thread as u64,
-            0,
-            0,
-            testguest_thread_trampoline as *const () as u64,
-        ];
-        for (k, w) in words.iter().enumerate() {
-            // SAFETY: inside the freshly allocated stack.
-            unsafe { frame.add(k).write(*w) };
-        }
-        t.rsp = frame as u64;
+/// Creates a thread on a fresh stack, to start on `vcpu`.
+fn new_thread(id: u32, vcpu: u32, cfg: &StagedConfig) -> &'static Thread {
+    let Some(stack) = alloc_pages(THREAD_STACK) else {
+        println!("testguest: out of memory for thread stacks");
+        crate::shutdown(5);
+    };
+    let w = cfg.weights;
+    let per = |k: u64| cfg.work.saturating_mul(k);
+    let slot = (stack + THREAD_STACK - THREAD_HEADER) as *mut Thread;
+    // SAFETY: the top THREAD_HEADER bytes of our freshly allocated, 4 KiB
+    // aligned stack; nothing else uses them.
+    unsafe {
+        slot.write(Thread {
+            rsp: AtomicU64::new(0),
+            next: AtomicPtr::new(ptr::null_mut()),
+            vcpu: AtomicU32::new(vcpu),
+            migrate_to: AtomicU32::new(NONE),
+            stage: AtomicU32::new(STAGE_NONE),
+            done: AtomicBool::new(false),
+            checksum: AtomicU64::new(0),
+            id,
+            requests: cfg.requests,
+            work: [
+                [per(w[0]), per(w[1]), per(w[2])],
+                [per(w[2]), per(w[1]), per(w[0])],
+            ],
+            half: if cfg.phase {
+                cfg.requests / 2
+            } else {
+                u64::MAX
+            },
+        })
+    };
+    // SAFETY: initialised just above, never freed.
+    let t: &'static Thread = unsafe { &*slot };
+    // Initial frame popped by testguest_ctx_switch: r15, r14, r13 (entry),
+    // r12 (argument), rbx, rbp, then the return address (the trampoline),
+    // placed so RSP is 16-byte aligned at the trampoline's `call`.
+    let top = slot as u64;
+    let frame = (top - 56) as *mut u64;
+    let words = [
+        0,
+        0,
+        thread_main as *const () as u64,
+        slot as u64,
+        0,
+        0,
+        testguest_thread_trampoline as *const () as u64,
+    ];
+    for (k, word) in words.iter().enumerate() {
+        // SAFETY: inside the freshly allocated stack, below the Thread.
+        unsafe { frame.add(k).write(*word) };
     }
-    // SAFETY: the first `threads` entries were initialised above.
-    let pool =
-        unsafe { core::slice::from_raw_parts_mut(pool.as_mut_ptr() as *mut Thread, threads) };
-    loop {
-        let mut live = 0;
-        for t in pool.iter_mut() {
-            if t.done {
-                continue;
+    t.rsp.store(frame as u64, Ordering::Relaxed);
+    t
+}
+
+/// Queues `t` on `vcpu` (called by the scheduler of `from`, after `t`'s
+/// context is saved): the published depth first (never below the queue's
+/// length when `vcpu` looks), then the queue, then a WAKE if `vcpu` idles.
+fn enqueue(t: &'static Thread, vcpu: u32, from: u32) {
+    let a = agent();
+    a.runq_add(vcpu, 1);
+    RUNQ[vcpu as usize].push(t);
+    if vcpu != from && a.is_parked(vcpu) {
+        a.wake(vcpu);
+        VCPU_COUNTS[from as usize]
+            .wakes
+            .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Waits for work on `vcpu`'s empty queue (or the end of the phase): spins
+/// with exponential back-off, then, with an active channel, parks the vCPU
+/// (`parked = 1`, re-check, WAIT) until a WAKE or the timeout.
+fn idle(vcpu: u32, spin_cycles: u64) {
+    let a = agent();
+    let q = &RUNQ[vcpu as usize];
+    let start = PortIo.tsc();
+    let mut spin = 1u32;
+    while q.is_empty() && LIVE.load(Ordering::SeqCst) != 0 {
+        if a.is_active() && PortIo.tsc().wrapping_sub(start) >= spin_cycles {
+            a.set_parked(vcpu, true);
+            if q.is_empty() && LIVE.load(Ordering::SeqCst) != 0 {
+                a.wait(IDLE_WAIT_US);
+                VCPU_COUNTS[vcpu as usize]
+                    .waits
+                    .fetch_add(1, Ordering::Relaxed);
             }
-            live += 1;
-            // SAFETY: resumes the thread; it switches back into `sched_rsp`.
-            unsafe { testguest_ctx_switch(&mut sched_rsp, t.rsp) };
+            a.set_parked(vcpu, false);
+            continue;
         }
-        if live == 0 {
-            break;
+        for _ in 0..spin {
+            core::hint::spin_loop();
+        }
+        spin = (spin * 2).min(IDLE_MAX_SPIN);
+    }
+}
+
+/// `vcpu`'s scheduler loop: runs the threads of its queue until every thread
+/// of the guest is done. A thread that yields is queued again here, or on
+/// the vCPU it asked to move to.
+fn schedule(vcpu: u32, spin_cycles: u64) {
+    let a = agent();
+    let n = num_vcpus();
+    let sched_rsp = SCHED_RSP[vcpu as usize].as_ptr();
+    loop {
+        let Some(t) = RUNQ[vcpu as usize].pop() else {
+            if LIVE.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            idle(vcpu, spin_cycles);
+            continue;
+        };
+        a.runq_add(vcpu, -1);
+        t.vcpu.store(vcpu, Ordering::Relaxed);
+        // SAFETY: resumes the thread; it switches back into `sched_rsp`.
+        unsafe { testguest_ctx_switch(sched_rsp, t.rsp.load(Ordering::Relaxed)) };
+        // Only now, with its context saved, may the thread become visible to
+        // another vCPU.
+        if t.done.load(Ordering::Acquire) {
+            if LIVE.fetch_sub(1, Ordering::SeqCst) == 1 {
+                END_TSC.store(PortIo.tsc(), Ordering::Relaxed);
+                for v in (0..n).filter(|v| *v != vcpu) {
+                    if a.is_parked(v) {
+                        a.wake(v);
+                        VCPU_COUNTS[vcpu as usize]
+                            .wakes
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            continue;
+        }
+        let target = t.migrate_to.swap(NONE, Ordering::Relaxed);
+        enqueue(t, if target < n { target } else { vcpu }, vcpu);
+    }
+}
+
+/// This vCPU's part of the staged phase: creates `cfg.threads` threads (ids
+/// `vcpu + num_vcpus × i`) on its own queue, waits until vCPU 0 releases all
+/// vCPUs' threads together, schedules until every thread of the guest is done
+/// (threads move between vCPUs at stage switches, following the host's
+/// stage map), then prints the checksums of the threads it created.
+/// vCPUs past [`MAX_VCPUS`] (no ring, no queue) take no part.
+pub fn run_vcpu(vcpu: u32, num_vcpus: u32, cfg: &StagedConfig, tsc_khz: u64) {
+    let num_vcpus = num_vcpus.min(MAX_VCPUS as u32);
+    if vcpu >= num_vcpus {
+        return;
+    }
+    let threads = cfg.threads.min(MAX_THREADS_PER_VCPU);
+    let a = agent();
+    let mut own: [Option<&'static Thread>; MAX_THREADS_PER_VCPU] = [None; MAX_THREADS_PER_VCPU];
+    for (i, slot) in own.iter_mut().enumerate().take(threads) {
+        let id = vcpu + num_vcpus * i as u32;
+        let home = id % num_vcpus;
+        let t = new_thread(id, home, cfg);
+        *slot = Some(t);
+        a.runq_add(home, 1);
+        RUNQ[home as usize].push(t);
+    }
+    LIVE.fetch_add(threads as u32, Ordering::SeqCst);
+    TOTAL_REQUESTS.fetch_add(threads as u64 * cfg.requests, Ordering::Relaxed);
+    ARRIVED.fetch_add(1, Ordering::AcqRel);
+    if vcpu == 0 {
+        while ARRIVED.load(Ordering::Acquire) < num_vcpus {
+            core::hint::spin_loop();
+        }
+        START_TSC.store(PortIo.tsc().max(1), Ordering::Relaxed);
+        RELEASED.store(true, Ordering::Release);
+    } else {
+        while !RELEASED.load(Ordering::Acquire) {
+            core::hint::spin_loop();
         }
     }
-    for t in pool.iter() {
+    schedule(vcpu, tsc_khz.saturating_mul(IDLE_SPIN_US) / 1000);
+    for t in own.iter().flatten() {
         println!(
             "thread {}: vcpu {}, requests {}, checksum {:#018x}",
-            t.id, t.vcpu, t.requests, t.checksum
+            t.id,
+            t.vcpu.load(Ordering::Relaxed),
+            t.requests,
+            t.checksum.load(Ordering::Relaxed)
         );
     }
 }
 
 /// Prints the guest's own per-stage counts (compared with the VMM's by the
-/// tests).
+/// tests), per-vCPU stage counts, migrations and the staged phase's
+/// throughput.
 pub fn print_counts() {
     let a = agent();
     let layout_vcpus = a.layout().map_or(0, |l| l.num_vcpus);
     let ring_full: u64 = (0..layout_vcpus).map(|v| a.ring_full_backoffs(v)).sum();
+    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
     println!(
         "testguest: stage events parse {} plan {} execute {} exit {}; ring-full back-offs {} (ring headers {})",
-        STAGE_EVENTS[0].load(Ordering::Relaxed),
-        STAGE_EVENTS[1].load(Ordering::Relaxed),
-        STAGE_EVENTS[2].load(Ordering::Relaxed),
-        EXIT_EVENTS.load(Ordering::Relaxed),
-        BACKOFFS.load(Ordering::Relaxed),
+        load(&STAGE_EVENTS[0]),
+        load(&STAGE_EVENTS[1]),
+        load(&STAGE_EVENTS[2]),
+        load(&EXIT_EVENTS),
+        load(&BACKOFFS),
         ring_full
     );
+    let n = num_vcpus() as usize;
+    for (v, c) in VCPU_COUNTS.iter().enumerate().take(n) {
+        println!(
+            "testguest: vcpu {} ran parse {} plan {} execute {}",
+            v,
+            load(&c.ran[0]),
+            load(&c.ran[1]),
+            load(&c.ran[2])
+        );
+    }
+    println!(
+        "testguest: migrations {}, fallbacks {}, violations {}",
+        load(&MIGRATIONS),
+        load(&FALLBACKS),
+        load(&VIOLATIONS)
+    );
+    println!(
+        "testguest: stage migrations parse in {} out {}, plan in {} out {}, execute in {} out {}",
+        load(&MIGRATIONS_IN[0]),
+        load(&MIGRATIONS_OUT[0]),
+        load(&MIGRATIONS_IN[1]),
+        load(&MIGRATIONS_OUT[1]),
+        load(&MIGRATIONS_IN[2]),
+        load(&MIGRATIONS_OUT[2])
+    );
+    let (waits, wakes) = VCPU_COUNTS
+        .iter()
+        .take(n)
+        .fold((0, 0), |(w, k), c| (w + load(&c.waits), k + load(&c.wakes)));
+    println!("testguest: idle waits {}, wakes sent {}", waits, wakes);
+    let start = START_TSC.load(Ordering::Relaxed);
+    if start != 0 {
+        let cycles = END_TSC.load(Ordering::Relaxed).saturating_sub(start).max(1);
+        let khz = TSC_KHZ.load(Ordering::Relaxed).max(1);
+        let requests = TOTAL_REQUESTS.load(Ordering::Relaxed);
+        let rps = u128::from(requests) * u128::from(khz) * 1000 / u128::from(cycles);
+        println!(
+            "testguest: staged phase {} requests in {} ms, {} requests/s",
+            requests,
+            cycles / khz,
+            rps
+        );
+    }
 }
 
 /// `bench=1`: measures, on this vCPU in ring 3, the cost of one
