@@ -37,7 +37,11 @@ struct Args {
     #[arg(long, default_value = "iters=1000 threads=4 requests=2000 work=200")]
     cmdline: String,
     /// Policies to compare.
-    #[arg(long, value_delimiter = ',', default_value = "off,pinned,static,proportional")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "off,pinned,static,proportional"
+    )]
     policies: Vec<String>,
     /// Re-pin samples.
     #[arg(long, default_value_t = 400)]
@@ -60,7 +64,13 @@ fn run_once(args: &Args, policy: &str, report: &PathBuf) -> Result<Sample> {
     let out = Command::new(&args.target.stagevm)
         .arg("--kernel")
         .arg(&args.target.kernel)
-        .args(["--cpus", &format!("boot={}", args.cpus), "--policy", policy, "--report"])
+        .args([
+            "--cpus",
+            &format!("boot={}", args.cpus),
+            "--policy",
+            policy,
+            "--report",
+        ])
         .arg(report)
         .arg("--cmdline")
         .arg(&args.cmdline)
@@ -156,12 +166,20 @@ fn main() -> Result<()> {
         for k in 0..args.policies.len() {
             // Rotate the order each round.
             let i = (k + round) % args.policies.len();
-            eprintln!("policy-bench: round {}/{}: {}", round + 1, args.rounds, args.policies[i]);
+            eprintln!(
+                "policy-bench: round {}/{}: {}",
+                round + 1,
+                args.rounds,
+                args.policies[i]
+            );
             samples[i].push(run_once(&args, &args.policies[i], &report)?);
         }
     }
     let _ = std::fs::remove_file(&report);
-    let med: Vec<f64> = samples.iter().map(|s| median(s.iter().map(|x| x.rps).collect())).collect();
+    let med: Vec<f64> = samples
+        .iter()
+        .map(|s| median(s.iter().map(|x| x.rps).collect()))
+        .collect();
     let base = |name: &str| args.policies.iter().position(|p| p == name).map(|i| med[i]);
     println!(
         "staged test guest, {} vCPUs, cmdline \"{}\", {} rounds (median guest requests/s)",
@@ -181,9 +199,16 @@ fn main() -> Result<()> {
             last.map_changes
         );
     }
-    let mig: Vec<f64> = samples.iter().flatten().filter_map(|s| s.migration_ns).collect();
+    let mig: Vec<f64> = samples
+        .iter()
+        .flatten()
+        .filter_map(|s| s.migration_ns)
+        .collect();
     if !mig.is_empty() {
-        println!("guest thread migration latency: {:.0} ns (median of runs)", median(mig));
+        println!(
+            "guest thread migration latency: {:.0} ns (median of runs)",
+            median(mig)
+        );
     }
     match repin_latency(args.repins)? {
         Some((moving, staying)) => println!(

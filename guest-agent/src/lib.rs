@@ -222,6 +222,12 @@ impl<P: Platform> Agent<P> {
         self.report(vcpu, STAGE_NONE, thread)
     }
 
+    /// Reports that `vcpu` has nothing to run (its run queue is empty), so the
+    /// host stops counting its time for the last stage.
+    pub fn vcpu_idle(&self, vcpu: u32) -> Report {
+        self.report(vcpu, STAGE_NONE, hypercall_abi::stage::IDLE_THREAD)
+    }
+
     fn report(&self, vcpu: u32, stage: u32, thread: u32) -> Report {
         let Some(layout) = self.layout else {
             return Report::Inactive;

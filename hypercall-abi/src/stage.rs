@@ -47,6 +47,10 @@ pub const MAX_VCPUS: usize = 64;
 pub const MAX_RING_ENTRIES: u32 = 1 << 16;
 /// Stage id in an event that means "the thread left its stage" (`stage_exit`).
 pub const STAGE_NONE: u32 = u32::MAX;
+/// Thread id in a [`STAGE_NONE`] event that marks the vCPU idle (its run
+/// queue is empty), so the host stops attributing vCPU time to a stage. Not a
+/// request exit.
+pub const IDLE_THREAD: u32 = u32::MAX;
 /// Page size for the area's alignment and size (bytes).
 pub const PAGE_SIZE: u64 = 4096;
 

@@ -21,7 +21,7 @@ fn c_header_matches_rust_layout() {
 int main(void) {
     P("magic", STAGEVM_AREA_MAGIC); P("version", STAGEVM_ABI_VERSION);
     P("max_stages", STAGEVM_MAX_STAGES); P("max_vcpus", STAGEVM_MAX_VCPUS);
-    P("max_ring", STAGEVM_MAX_RING_ENTRIES); P("stage_none", STAGEVM_STAGE_NONE);
+    P("max_ring", STAGEVM_MAX_RING_ENTRIES); P("stage_none", STAGEVM_STAGE_NONE); P("idle_thread", STAGEVM_IDLE_THREAD);
     P("db_register", STAGEVM_DOORBELL_REGISTER); P("db_unregister", STAGEVM_DOORBELL_UNREGISTER);
     P("db_wait", STAGEVM_DOORBELL_WAIT); P("db_wake", STAGEVM_DOORBELL_WAKE);
     P("db_status", STAGEVM_DOORBELL_STATUS); P("wait_max", STAGEVM_WAIT_MAX_US);
@@ -85,6 +85,7 @@ int main(void) {
         ("max_vcpus", MAX_VCPUS as u64),
         ("max_ring", MAX_RING_ENTRIES.into()),
         ("stage_none", STAGE_NONE.into()),
+        ("idle_thread", IDLE_THREAD.into()),
         ("db_register", DOORBELL_REGISTER.into()),
         ("db_unregister", DOORBELL_UNREGISTER.into()),
         ("db_wait", DOORBELL_WAIT.into()),

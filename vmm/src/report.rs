@@ -8,7 +8,7 @@
 //!   count), `drain_period_us`, `drains`, `ring_entries`, `map_epoch`,
 //!   `stages[]` (`id`, `name`, `events` = valid enter events, `arrivals` =
 //!   enters from another stage, `occupancy_ns` = vCPU time in the stage),
-//!   `vcpus[]` (`index`, `events`, `exits`, `dropped_bad_seq`,
+//!   `vcpus[]` (`index`, `events`, `exits`, `idles`, `dropped_bad_seq`,
 //!   `dropped_bad_stage`, `bad_index`, `ring_full_backoffs`), `dropped` (sum),
 //!   `ring_full_backoffs` (sum), `waits`, `wakes`, `host_wakes`,
 //!   `maps_published`, `requests` (valid `stage_exit` events), `busy_ns`
@@ -19,7 +19,8 @@
 //!   `cores`, `requirement` = cores allocated), `vcpus[]` (`index`, `tid`,
 //!   `affinity` read back after the last pin), `helpers[]` (`name`, `tid`,
 //!   `affinity`), `map_changes`, `repins`, `repin_mean_us`, `timeline[]`
-//!   (`t_ms`, `load` = mean runnable threads per stage, `requirement`,
+//!   (`t_ms`, `load` = vCPUs' worth of time per stage (the policy's input),
+//!   `runnable` = mean runnable threads per stage, `requirement`,
 //!   `map_changed`), one entry per policy period.
 
 use std::fmt::Write as _;

@@ -24,7 +24,7 @@ use hypercall_abi::boot::KERNEL_MIN_GPA;
 use hypercall_abi::stage::{
     validate_header, AreaHeader, Layout, RingHeader, StageDesc, StageEvent, Status, VcpuState,
     DOORBELL_REGISTER, DOORBELL_STATUS, DOORBELL_UNREGISTER, DOORBELL_WAIT, DOORBELL_WAKE,
-    MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, STAGE_NONE, WAIT_MAX_US,
+    IDLE_THREAD, MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, STAGE_NONE, WAIT_MAX_US,
 };
 use serde::Serialize;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -69,8 +69,10 @@ pub struct VcpuRingStats {
     pub index: u32,
     /// Valid events (enters and exits).
     pub events: u64,
-    /// Valid `stage_exit` events.
+    /// Valid `stage_exit` events (requests completed).
     pub exits: u64,
+    /// Valid idle markers (`STAGE_NONE` with `IDLE_THREAD`).
+    pub idles: u64,
     /// Entries dropped because their `seq` was not the slot's index (torn,
     /// stale or forged).
     pub dropped_bad_seq: u64,
@@ -161,6 +163,8 @@ struct Inner {
     /// drains summed (the policy's load input).
     load_sum: Vec<f64>,
     load_samples: u32,
+    /// Per stage, `occupancy_ns` at the last `take_load`.
+    busy_mark: Vec<u64>,
     /// TSC of the first and last valid events.
     first_tsc: Option<u64>,
     last_tsc: u64,
@@ -228,6 +232,7 @@ impl StageDevice {
                 threads: Default::default(),
                 load_sum: vec![0.0; MAX_STAGES],
                 load_samples: 0,
+                busy_mark: vec![0; MAX_STAGES],
                 first_tsc: None,
                 last_tsc: 0,
             }),
@@ -516,7 +521,8 @@ impl StageDevice {
                 }
             }
         }
-        // Stage load: runnable threads per stage, summed over vCPUs (seed 000 §4.5).
+        // Runnable threads per stage, summed over vCPUs (seed 000 §4.5's
+        // stage load), sampled at every drain for the report's timeline.
         for vcpu in 0..area.layout.num_vcpus {
             let base = area.gpa + Layout::vcpu_state_offset(vcpu);
             for stage in 0..area.layout.num_stages {
@@ -528,16 +534,24 @@ impl StageDevice {
         inner.load_samples += 1;
     }
 
-    /// Mean runnable threads per registered stage since the last call (the
-    /// policy's load input), or `None` when no area is registered.
-    pub fn take_load(&self) -> Option<Vec<f64>> {
+    /// Load since the last call, per registered stage, or `None` when no
+    /// area is registered: `(busy, runnable)` where `busy` is the vCPU time
+    /// spent in the stage (ns, from the events' timestamps) and `runnable`
+    /// the mean runnable threads in the stage.
+    pub fn take_load(&self) -> Option<(Vec<f64>, Vec<f64>)> {
         let mut inner = self.lock();
         let stages = inner.area.as_ref()?.layout.num_stages as usize;
         let n = f64::from(inner.load_samples.max(1));
-        let load = inner.load_sum[..stages].iter().map(|s| s / n).collect();
+        let runnable = inner.load_sum[..stages].iter().map(|s| s / n).collect();
         inner.load_sum.iter_mut().for_each(|s| *s = 0.0);
         inner.load_samples = 0;
-        Some(load)
+        let busy: Vec<f64> = inner.report.stages[..stages]
+            .iter()
+            .zip(&inner.busy_mark)
+            .map(|(st, mark)| st.occupancy_ns.saturating_sub(*mark) as f64)
+            .collect();
+        inner.busy_mark = inner.report.stages.iter().map(|s| s.occupancy_ns).collect();
+        Some((busy, runnable))
     }
 
     /// Stage names of the registered area (guest stage-id order), if any.
@@ -693,7 +707,9 @@ fn drain_ring(
             continue;
         }
         stats.events += 1;
-        valid.push((vcpu, ev));
+        if ev.thread != IDLE_THREAD {
+            valid.push((vcpu, ev));
+        }
         let previous = area.current[v];
         if let Some((prev_stage, since)) = previous {
             if let Some(ticks) = ev.tsc.checked_sub(since) {
@@ -707,7 +723,11 @@ fn drain_ring(
             }
         }
         if ev.stage == STAGE_NONE {
-            stats.exits += 1;
+            if ev.thread == IDLE_THREAD {
+                stats.idles += 1;
+            } else {
+                stats.exits += 1;
+            }
             area.current[v] = None;
         } else {
             let s = &mut report.stages[ev.stage as usize];

@@ -14,13 +14,15 @@
 //! * `iters=N` — per-vCPU checksum workload iterations (default 1000000),
 //! * `threads=N` — guest threads per vCPU in the staged phase (default 2, ≤ 16),
 //! * `requests=N` — requests per guest thread (default 100; 0 skips the phase),
-//! * `work=N` — extra iterations of an integer mixing loop on the request in
-//!   every stage of every request, times the stage's weight (default 0),
+//! * `work=N` — extra iterations of an integer mixing loop in every stage of
+//!   every request, times the stage's weight (default 0; costs time only, the
+//!   checksums do not depend on it),
 //! * `weights=A,B,C` — per-stage weights of `work` for parse, plan, execute
 //!   (default 1,1,1),
-//! * `phase=1` — a phase change: the second half of each thread's requests uses
-//!   the reversed weights (C,B,A), e.g. with `weights=4,1,1` parse is 4× heavier
-//!   than execute first and execute 4× heavier than parse later,
+//! * `phase=1` — a phase change: once half of all requests (guest-wide) are
+//!   done, every thread uses the reversed weights (C,B,A), e.g. with
+//!   `weights=4,1,1` parse is 4× heavier than execute first and execute 4×
+//!   heavier than parse later,
 //! * `ring=N` — stage ring entries per vCPU (power of two, default 256),
 //! * `abuse=1` — send bad REGISTERs and corrupt ring entries first (tests the
 //!   VMM's validation),

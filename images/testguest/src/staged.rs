@@ -285,10 +285,12 @@ struct Thread {
     id: u32,
     /// Requests it runs.
     requests: u64,
-    /// Extra work iterations per stage: `[0]` for requests before `half`,
-    /// `[1]` from `half` on (the reversed weights with `phase=1`).
+    /// Extra work iterations per stage: `[0]` before the phase change, `[1]`
+    /// after it (the reversed weights with `phase=1`).
     work: [[u64; 3]; 2],
-    /// First request of the second phase (`u64::MAX`: no phase change).
+    /// Requests completed guest-wide at which the phase changes (`u64::MAX`:
+    /// no phase change): half of all requests, so every thread changes at
+    /// the same moment.
     half: u64,
 }
 
@@ -519,8 +521,8 @@ fn stage_leave(t: &Thread) {
 
 /// `n` rounds of xorshift64 mixing (with the stage's constant `K`, so each
 /// stage has its own code) folded into the request: the `work=` option's
-/// extra per-stage work. Nothing when `n` is 0, so the default checksums do
-/// not change.
+/// extra per-stage work (its result is only kept from being optimised
+/// away). Nothing when `n` is 0.
 #[inline(always)]
 fn mix<const K: u64>(req: &mut [u64; 8], n: u64) {
     if n == 0 {
@@ -533,7 +535,9 @@ fn mix<const K: u64>(req: &mut [u64; 8], n: u64) {
         x ^= x << 17;
         x = x.wrapping_add(K ^ i);
     }
-    req[((K >> 3) & 7) as usize] ^= x;
+    // Only the time counts: the result stays out of the checksum, so checksums
+    // do not depend on work=, weights= or when a phase change happens.
+    core::hint::black_box(x);
 }
 
 #[inline(never)]
@@ -576,6 +580,9 @@ fn execute(req: &mut [u64; 8], table: &mut [u64; 512], work: u64) -> u64 {
     acc
 }
 
+/// Requests completed by all threads (drives `phase=1`).
+static COMPLETED: AtomicU64 = AtomicU64::new(0);
+
 extern "C" fn thread_main(t: *const Thread) {
     // SAFETY: the scheduler passes a live Thread; its mutable state is atomic.
     let t = unsafe { &*t };
@@ -583,7 +590,7 @@ extern "C" fn thread_main(t: *const Thread) {
     let mut x = 0x2545_f491_4f6c_dd1du64 ^ u64::from(t.id + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let mut checksum = 0u64;
     for r in 0..t.requests {
-        let work = &t.work[usize::from(r >= t.half)];
+        let work = &t.work[usize::from(COMPLETED.load(Ordering::Relaxed) >= t.half)];
         let mut req = [0u64; 8];
         for w in req.iter_mut() {
             x ^= x << 13;
@@ -598,6 +605,7 @@ extern "C" fn thread_main(t: *const Thread) {
         stage_switch(t, 2);
         let c = execute(&mut req, &mut table, work[2]);
         stage_leave(t);
+        COMPLETED.fetch_add(1, Ordering::Relaxed);
         checksum = checksum.rotate_left(3) ^ a ^ b.wrapping_mul(3) ^ c;
     }
     t.checksum.store(checksum, Ordering::Relaxed);
@@ -634,7 +642,7 @@ fn new_thread(id: u32, vcpu: u32, cfg: &StagedConfig) -> &'static Thread {
                 [per(w[2]), per(w[1]), per(w[0])],
             ],
             half: if cfg.phase {
-                cfg.requests / 2
+                cfg.requests * cfg.threads as u64 * u64::from(num_vcpus()) / 2
             } else {
                 u64::MAX
             },
@@ -685,6 +693,9 @@ fn enqueue(t: &'static Thread, vcpu: u32, from: u32) {
 fn idle(vcpu: u32, spin_cycles: u64) {
     let a = agent();
     let q = &RUNQ[vcpu as usize];
+    // The host counts this vCPU's time as idle from here, not as the last
+    // stage's (the policy's load is vCPU time per stage).
+    a.vcpu_idle(vcpu);
     let start = PortIo.tsc();
     let mut spin = 1u32;
     while q.is_empty() && LIVE.load(Ordering::SeqCst) != 0 {

@@ -1,0 +1,191 @@
+//! End-to-end: host-sched's stage maps drive real thread migration in the
+//! guest, and `proportional` follows a phase change while `static` does not.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+fn boot(config: &str, cpus: &str, cmdline: &str) -> (Run, Value) {
+    let guest = guest_image();
+    let _lock = vm_lock();
+    let dir = std::env::temp_dir();
+    let tag = format!("{}-{}", std::process::id(), config.len() + cmdline.len());
+    let conf = dir.join(format!("stagevm-sched-{tag}.toml"));
+    let report = dir.join(format!("stagevm-sched-{tag}.json"));
+    std::fs::write(&conf, config).unwrap();
+    let run = run(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--cpus",
+        cpus,
+        "--stages",
+        conf.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+        "--cmdline",
+        cmdline,
+    ]);
+    run.assert_no_panic();
+    assert_eq!(run.code(), 0, "{run:#?}");
+    let json = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&conf);
+    let _ = std::fs::remove_file(&report);
+    (run, json)
+}
+
+/// `testguest: vcpu V ran parse A plan B execute C` lines, by vCPU.
+fn per_vcpu_counts(stdout: &str) -> Vec<[u64; 3]> {
+    let mut out = Vec::new();
+    for line in stdout.lines() {
+        let Some(rest) = line.strip_prefix("testguest: vcpu ") else {
+            continue;
+        };
+        let nums: Vec<u64> = rest
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|w| !w.is_empty())
+            .map(|w| w.parse().unwrap())
+            .collect();
+        assert_eq!(nums[0] as usize, out.len(), "{line}");
+        out.push([nums[1], nums[2], nums[3]]);
+    }
+    out
+}
+
+/// (migrations, fallbacks, violations) from the guest.
+fn guest_migrations(stdout: &str) -> [u64; 3] {
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("testguest: migrations "))
+        .unwrap_or_else(|| panic!("no migrations line: {stdout}"));
+    let nums: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .map(|w| w.parse().unwrap())
+        .collect();
+    [nums[0], nums[1], nums[2]]
+}
+
+#[test]
+fn threads_migrate_to_the_vcpus_of_their_stage() {
+    // parse on core 0, plan and execute on core 1; with 4 vCPUs, vCPUs 0 and
+    // 2 serve parse, 1 and 3 plan and execute.
+    let config = "[host]\ncores = \"0-1\"\n[policy]\nname = \"static\"\n\
+                  [[stage]]\nname = \"parse\"\n[[stage]]\nname = \"plan\"\n[[stage]]\nname = \"execute\"\n";
+    let (run, json) = boot(config, "boot=4", "iters=1000 threads=2 requests=300");
+    let stages = json["sched"]["stages"].as_array().unwrap();
+    let vcpus: Vec<Vec<u64>> = stages
+        .iter()
+        .map(|s| {
+            s["vcpus"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(vcpus, [vec![0, 2], vec![1, 3], vec![1, 3]]);
+    let [migrations, fallbacks, violations] = guest_migrations(&run.stdout);
+    assert!(migrations > 0, "{}", run.stdout);
+    assert_eq!((fallbacks, violations), (0, 0), "{}", run.stdout);
+    // The guest's own per-vCPU counts: each stage ran only where the map put it.
+    let counts = per_vcpu_counts(&run.stdout);
+    assert_eq!(counts.len(), 4);
+    for (v, [parse, plan, execute]) in counts.iter().enumerate() {
+        if v % 2 == 0 {
+            assert_eq!((*plan, *execute), (0, 0), "vCPU {v}: {counts:?}");
+        } else {
+            assert_eq!(*parse, 0, "vCPU {v}: {counts:?}");
+        }
+    }
+    let total: [u64; 3] = counts
+        .iter()
+        .fold([0; 3], |a, c| [a[0] + c[0], a[1] + c[1], a[2] + c[2]]);
+    assert_eq!(total, [2400, 2400, 2400]);
+    // The VMM saw the migrations too (it cannot see a thread's very first move).
+    let host_in: u64 = json["stage_channel"]["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["migrations_in"].as_u64().unwrap())
+        .sum();
+    assert!(
+        host_in > 0 && host_in <= migrations,
+        "host {host_in}, guest {migrations}"
+    );
+}
+
+/// Requirement vectors and loads from the report's timeline.
+fn timeline(json: &Value) -> Vec<(Vec<u64>, Vec<f64>)> {
+    json["sched"]["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["requirement"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_u64().unwrap())
+                    .collect(),
+                e["load"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap())
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// parse is 4× heavier than execute for the first half of every thread's
+/// requests, then execute is 4× heavier; plan rides along (max_cores = 0).
+const PHASE_CMDLINE: &str = "iters=1000 threads=3 requests=6000 work=2000 weights=4,1,1 phase=1";
+
+fn phase_config(policy: &str) -> String {
+    format!("[host]\ncores = \"0-1\"\n[policy]\nname = \"{policy}\"\n[[stage]]\nname = \"plan\"\nmax_cores = 0\n")
+}
+
+#[test]
+fn proportional_moves_cores_to_the_heavy_stage_within_five_periods() {
+    let (_, json) = boot(&phase_config("proportional"), "boot=2", PHASE_CMDLINE);
+    let tl = timeline(&json);
+    // Phase 1 settles with parse holding more cores than execute.
+    let settled = tl
+        .iter()
+        .position(|(r, l)| r[0] > r[2] && l[0] > l[2])
+        .unwrap_or_else(|| panic!("parse never got more cores: {tl:?}"));
+    // The phase change: the first period after that where execute is busier.
+    let change = (settled..tl.len())
+        .find(|i| tl[*i].1[2] > tl[*i].1[0])
+        .unwrap_or_else(|| panic!("no phase change seen: {tl:?}"));
+    let before = tl[change - 1].0[2];
+    let moved = (change..tl.len().min(change + 6)).find(|i| tl[*i].0[2] > before);
+    assert!(
+        moved.is_some(),
+        "execute gained no core within 5 periods of {change}: {tl:?}"
+    );
+    let moved = moved.unwrap();
+    eprintln!(
+        "phase change at period {change}, core moved at period {moved}: {:?}",
+        &tl[change - 1..=moved]
+    );
+    // And it does not flap: few map changes in all.
+    assert!(
+        json["sched"]["map_changes"].as_u64().unwrap() <= 8,
+        "{}",
+        json["sched"]["map_changes"]
+    );
+}
+
+#[test]
+fn static_does_not_move() {
+    let (_, json) = boot(&phase_config("static"), "boot=2", PHASE_CMDLINE);
+    let tl = timeline(&json);
+    assert!(tl.len() > 10, "{tl:?}");
+    assert!(tl.iter().all(|(r, _)| *r == tl[0].0), "{tl:?}");
+    assert_eq!(json["sched"]["map_changes"], 1);
+}
