@@ -96,6 +96,9 @@ static STAGE_EVENTS: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), Ato
 static EXIT_EVENTS: AtomicU64 = AtomicU64::new(0);
 static BACKOFFS: AtomicU64 = AtomicU64::new(0);
 
+/// Idle markers reported (not part of the stage counts).
+static IDLE_EVENTS: AtomicU64 = AtomicU64::new(0);
+
 fn count(report: Report, counter: &AtomicU64) {
     if let Report::Written { backoffs } = report {
         counter.fetch_add(1, Ordering::Relaxed);
@@ -695,7 +698,7 @@ fn idle(vcpu: u32, spin_cycles: u64) {
     let q = &RUNQ[vcpu as usize];
     // The host counts this vCPU's time as idle from here, not as the last
     // stage's (the policy's load is vCPU time per stage).
-    a.vcpu_idle(vcpu);
+    count(a.vcpu_idle(vcpu), &IDLE_EVENTS);
     let start = PortIo.tsc();
     let mut spin = 1u32;
     while q.is_empty() && LIVE.load(Ordering::SeqCst) != 0 {
