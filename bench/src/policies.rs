@@ -52,7 +52,7 @@ struct Sample {
     rps: f64,
     migrations: u64,
     map_changes: u64,
-    migration_ns: Option<f64>,
+    migration_ns: Option<(f64, f64)>,
 }
 
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
@@ -100,7 +100,11 @@ fn run_once(args: &Args, policy: &str, report: &PathBuf) -> Result<Sample> {
     let migration_ns = stdout
         .lines()
         .find(|l| l.starts_with("testguest: migration latency"))
-        .and_then(|l| field(l, "latency ")?.parse().ok());
+        .and_then(|l| {
+            let migration = field(l, "latency ")?.parse().ok()?;
+            let local = field(l, "local switch ")?.parse().ok()?;
+            Some((migration, local))
+        });
     let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(report)?)?;
     let map_changes = json["sched"]["map_changes"].as_u64().unwrap_or(0);
     Ok(Sample {

@@ -96,6 +96,11 @@ static STAGE_EVENTS: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), Ato
 static EXIT_EVENTS: AtomicU64 = AtomicU64::new(0);
 static BACKOFFS: AtomicU64 = AtomicU64::new(0);
 
+/// Stage switches that stayed on their vCPU (`[0]`) or migrated (`[1]`), and
+/// the TSC cycles from yielding to running again, summed.
+static SWITCHES: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+static SWITCH_CYCLES: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
 /// Idle markers reported (not part of the stage counts).
 static IDLE_EVENTS: AtomicU64 = AtomicU64::new(0);
 
@@ -497,7 +502,14 @@ fn stage_switch(t: &Thread, stage: u32) {
         }
         t.migrate_to.store(target, Ordering::Relaxed);
     }
+    // Time from giving up the vCPU to running again: through another vCPU's
+    // queue for a migration, through this vCPU's queue otherwise.
+    let t0 = PortIo.tsc();
     yield_now(t);
+    let waited = PortIo.tsc().wrapping_sub(t0);
+    let k = usize::from(target != cur);
+    SWITCH_CYCLES[k].fetch_add(waited, Ordering::Relaxed);
+    SWITCHES[k].fetch_add(1, Ordering::Relaxed);
     let vcpu = t.vcpu.load(Ordering::Relaxed);
     count(
         a.stage_enter(vcpu, stage, t.id),
@@ -855,6 +867,22 @@ pub fn print_counts() {
         .take(n)
         .fold((0, 0), |(w, k), c| (w + load(&c.waits), k + load(&c.wakes)));
     println!("testguest: idle waits {}, wakes sent {}", waits, wakes);
+    let khz = TSC_KHZ.load(Ordering::Relaxed).max(1);
+    let ns = |k: usize| {
+        let n = SWITCHES[k].load(Ordering::Relaxed).max(1);
+        SWITCH_CYCLES[k]
+            .load(Ordering::Relaxed)
+            .saturating_mul(1_000_000)
+            / khz
+            / n
+    };
+    println!(
+        "testguest: migration latency {} ns ({} migrations), local switch {} ns ({} switches)",
+        ns(1),
+        SWITCHES[1].load(Ordering::Relaxed),
+        ns(0),
+        SWITCHES[0].load(Ordering::Relaxed)
+    );
     let start = START_TSC.load(Ordering::Relaxed);
     if start != 0 {
         let cycles = END_TSC.load(Ordering::Relaxed).saturating_sub(start).max(1);
