@@ -83,11 +83,18 @@ fn observe(
     seen
 }
 
-fn expect(pairs: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
-    pairs
+/// The expected masks: vCPU `v` on `vcpus[v]`, and the VMM's own helper
+/// threads (main, signals, stage-sched) on `helpers`.
+fn expect(vcpus: &[&str], helpers: &str) -> BTreeMap<String, Vec<String>> {
+    let mut map: BTreeMap<String, Vec<String>> = vcpus
         .iter()
-        .map(|(k, v)| (k.to_string(), v.iter().map(|s| s.to_string()).collect()))
-        .collect()
+        .enumerate()
+        .map(|(v, mask)| (format!("vcpu{v}"), vec![mask.to_string()]))
+        .collect();
+    for name in ["stagevm", "signals", "stage-sched"] {
+        map.insert(name.into(), vec![helpers.into()]);
+    }
+    map
 }
 
 #[test]
@@ -98,15 +105,7 @@ fn static_config_pins_vcpus_to_their_stage_cores() {
     // share the stage cores.
     let config = "[host]\ncores = \"0-1\"\n[policy]\nname = \"static\"\n\
                   [[stage]]\nname = \"parse\"\n[[stage]]\nname = \"plan\"\n[[stage]]\nname = \"execute\"\n";
-    let expected = expect(&[
-        ("vcpu0", &["0"]),
-        ("vcpu1", &["1"]),
-        ("vcpu2", &["0"]),
-        ("vcpu3", &["1"]),
-        ("stagevm", &["0-1"]),
-        ("signals", &["0-1"]),
-        ("stage-sched", &["0-1"]),
-    ]);
+    let expected = expect(&["0", "1", "0", "1"], "0-1");
     let seen = observe(config, &expected, "0-1");
     assert!(matches(&seen, &expected, "0-1"), "{seen:?}");
 }
@@ -116,15 +115,7 @@ fn helpers_stay_off_the_stage_core() {
     // One stage core (1) and one housekeeping core (0): every vCPU on 1,
     // every helper thread on 0, none on the stage core.
     let config = "[host]\ncores = \"1\"\nhousekeeping = \"0\"\n[policy]\nname = \"static\"\n";
-    let expected = expect(&[
-        ("vcpu0", &["1"]),
-        ("vcpu1", &["1"]),
-        ("vcpu2", &["1"]),
-        ("vcpu3", &["1"]),
-        ("stagevm", &["0"]),
-        ("signals", &["0"]),
-        ("stage-sched", &["0"]),
-    ]);
+    let expected = expect(&["1", "1", "1", "1"], "0");
     let seen = observe(config, &expected, "0");
     assert!(matches(&seen, &expected, "0"), "{seen:?}");
     for (name, lists) in &seen {
@@ -136,30 +127,14 @@ fn helpers_stay_off_the_stage_core() {
 
 #[test]
 fn off_lets_vcpus_float_and_pinned_pins_them() {
-    let off = expect(&[
-        ("vcpu0", &["0-1"]),
-        ("vcpu1", &["0-1"]),
-        ("vcpu2", &["0-1"]),
-        ("vcpu3", &["0-1"]),
-        ("stagevm", &["0-1"]),
-        ("signals", &["0-1"]),
-        ("stage-sched", &["0-1"]),
-    ]);
+    let off = expect(&["0-1", "0-1", "0-1", "0-1"], "0-1");
     let seen = observe(
         "[host]\ncores = \"0-1\"\n[policy]\nname = \"off\"\n",
         &off,
         "0-1",
     );
     assert!(matches(&seen, &off, "0-1"), "{seen:?}");
-    let pinned = expect(&[
-        ("vcpu0", &["0"]),
-        ("vcpu1", &["1"]),
-        ("vcpu2", &["0"]),
-        ("vcpu3", &["1"]),
-        ("stagevm", &["0-1"]),
-        ("signals", &["0-1"]),
-        ("stage-sched", &["0-1"]),
-    ]);
+    let pinned = expect(&["0", "1", "0", "1"], "0-1");
     let seen = observe(
         "[host]\ncores = \"0-1\"\n[policy]\nname = \"pinned\"\n",
         &pinned,

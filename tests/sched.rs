@@ -37,33 +37,21 @@ fn boot(config: &str, cpus: &str, cmdline: &str) -> (Run, Value) {
 /// `testguest: vcpu V ran parse A plan B execute C` lines, by vCPU.
 fn per_vcpu_counts(stdout: &str) -> Vec<[u64; 3]> {
     let mut out = Vec::new();
-    for line in stdout.lines() {
-        let Some(rest) = line.strip_prefix("testguest: vcpu ") else {
-            continue;
-        };
-        let nums: Vec<u64> = rest
-            .split(|c: char| !c.is_ascii_digit())
-            .filter(|w| !w.is_empty())
-            .map(|w| w.parse().unwrap())
-            .collect();
-        assert_eq!(nums[0] as usize, out.len(), "{line}");
-        out.push([nums[1], nums[2], nums[3]]);
+    for rest in stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("testguest: vcpu "))
+    {
+        let n = numbers(rest);
+        assert_eq!(n[0] as usize, out.len(), "{rest}");
+        out.push([n[1], n[2], n[3]]);
     }
     out
 }
 
 /// (migrations, fallbacks, violations) from the guest.
 fn guest_migrations(stdout: &str) -> [u64; 3] {
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("testguest: migrations "))
-        .unwrap_or_else(|| panic!("no migrations line: {stdout}"));
-    let nums: Vec<u64> = line
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|w| !w.is_empty())
-        .map(|w| w.parse().unwrap())
-        .collect();
-    [nums[0], nums[1], nums[2]]
+    let n = line_numbers(stdout, "testguest: migrations ");
+    [n[0], n[1], n[2]]
 }
 
 #[test]

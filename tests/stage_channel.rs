@@ -8,16 +8,8 @@ use serde_json::Value;
 
 /// The guest's own counts: (parse, plan, execute, exit, back-offs).
 fn guest_counts(stdout: &str) -> [u64; 5] {
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("testguest: stage events "))
-        .unwrap_or_else(|| panic!("no stage-events line in: {stdout}"));
-    let nums: Vec<u64> = line
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|w| !w.is_empty())
-        .map(|w| w.parse().unwrap())
-        .collect();
-    [nums[0], nums[1], nums[2], nums[3], nums[4]]
+    let n = line_numbers(stdout, "testguest: stage events ");
+    [n[0], n[1], n[2], n[3], n[4]]
 }
 
 fn boot_staged(extra_args: &[&str], cmdline: &str) -> (Run, Value) {

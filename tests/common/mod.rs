@@ -205,3 +205,21 @@ pub fn checksum_lines(stdout: &str) -> Vec<(u64, u64, u64, u64)> {
         })
         .collect()
 }
+
+/// Every unsigned integer in `line`, in order.
+pub fn numbers(line: &str) -> Vec<u64> {
+    line.split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .map(|w| w.parse().unwrap())
+        .collect()
+}
+
+/// The integers of the first guest line starting with `prefix` (panics with
+/// the output when there is none).
+pub fn line_numbers(stdout: &str, prefix: &str) -> Vec<u64> {
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no '{prefix}' line in: {stdout}"));
+    numbers(line)
+}
