@@ -89,9 +89,9 @@ pub const PERSISTENCE_PERIODS: u32 = 2;
 pub trait Policy: Send {
     /// Which policy this is.
     fn kind(&self) -> PolicyKind;
-    /// The plan for this period given `load` (per guest stage, e.g. mean
-    /// runnable threads, the thesis' stage load). Pure apart from the policy's
-    /// own smoothing state.
+    /// The plan for this period given `load` (per guest stage, non-negative;
+    /// the VMM passes the vCPUs' worth of time each stage used in the
+    /// period). Pure apart from the policy's own smoothing state.
     fn plan(&mut self, load: &[f64]) -> Plan;
 }
 

@@ -244,7 +244,10 @@ impl Scheduler {
                 self.resolved.housekeeping
             );
         }
-        self.lock().helpers.push(HelperThread {
+        let mut st = self.lock();
+        // `adopt_threads` may have found this thread first.
+        st.helpers.retain(|h| h.tid != tid);
+        st.helpers.push(HelperThread {
             name: name.into(),
             tid,
             affinity: read_back(0),
