@@ -469,55 +469,71 @@ fn yield_now(t: &Thread) {
 /// yields — to the scheduler, which moves the thread there once its context
 /// is saved, or queues it locally behind the other threads — and reports the
 /// stage on the vCPU that resumed it, right before the stage's code runs.
+/// If the map changed while the thread waited and its new vCPU no longer
+/// serves the stage, it moves again: a stage only runs where the current map
+/// puts it, or as a counted fallback when no vCPU serves it.
 fn stage_switch(t: &Thread, stage: u32) {
     let a = agent();
-    let cur = t.vcpu.load(Ordering::Relaxed);
-    let mut target = cur;
-    if let Some(map) = a.read_map() {
-        if map.vcpus[stage as usize] == 0 {
-            // No vCPU serves the stage: run it here and say so.
-            a.count_fallback(cur);
-            FALLBACKS.fetch_add(1, Ordering::Relaxed);
-        } else if !map.serves(stage, cur) {
-            // `Agent::choose_vcpu` on the snapshot just read, so the fallback
-            // test and the choice see the same map.
-            let n = num_vcpus() as usize;
-            let mut loads = [0u32; MAX_VCPUS];
-            for (v, load) in loads.iter_mut().enumerate().take(n) {
-                *load = a.runq_depth(v as u32);
-            }
-            target = choose_from_map(&map, stage, cur, &loads[..n]);
-        }
-    }
+    let mut cur = t.vcpu.load(Ordering::Relaxed);
     let old = t.stage.swap(stage, Ordering::Relaxed);
     if old != STAGE_NONE {
         a.runnable_add(cur, old, -1);
     }
-    a.runnable_add(target, stage, 1);
-    if target != cur {
-        MIGRATIONS.fetch_add(1, Ordering::Relaxed);
-        MIGRATIONS_IN[stage as usize].fetch_add(1, Ordering::Relaxed);
-        if let Some(out) = MIGRATIONS_OUT.get(old as usize) {
-            out.fetch_add(1, Ordering::Relaxed);
+    let mut first = true;
+    loop {
+        let mut target = cur;
+        if let Some(map) = a.read_map() {
+            if map.vcpus[stage as usize] == 0 {
+                // No vCPU serves the stage: run it here and say so.
+                if first {
+                    a.count_fallback(cur);
+                    FALLBACKS.fetch_add(1, Ordering::Relaxed);
+                }
+            } else if !map.serves(stage, cur) {
+                // `Agent::choose_vcpu` on the snapshot just read, so the
+                // fallback test and the choice see the same map.
+                let n = num_vcpus() as usize;
+                let mut loads = [0u32; MAX_VCPUS];
+                for (v, load) in loads.iter_mut().enumerate().take(n) {
+                    *load = a.runq_depth(v as u32);
+                }
+                target = choose_from_map(&map, stage, cur, &loads[..n]);
+            }
         }
-        t.migrate_to.store(target, Ordering::Relaxed);
+        a.runnable_add(target, stage, 1);
+        if target != cur {
+            MIGRATIONS.fetch_add(1, Ordering::Relaxed);
+            MIGRATIONS_IN[stage as usize].fetch_add(1, Ordering::Relaxed);
+            if let Some(out) = MIGRATIONS_OUT.get(old as usize).filter(|_| first) {
+                out.fetch_add(1, Ordering::Relaxed);
+            }
+            t.migrate_to.store(target, Ordering::Relaxed);
+        }
+        // Time from giving up the vCPU to running again: through another
+        // vCPU's queue for a migration, through this vCPU's queue otherwise.
+        let t0 = PortIo.tsc();
+        yield_now(t);
+        let waited = PortIo.tsc().wrapping_sub(t0);
+        let k = usize::from(target != cur);
+        SWITCH_CYCLES[k].fetch_add(waited, Ordering::Relaxed);
+        SWITCHES[k].fetch_add(1, Ordering::Relaxed);
+        cur = t.vcpu.load(Ordering::Relaxed);
+        match a.read_map() {
+            Some(map) if map.vcpus[stage as usize] != 0 && !map.serves(stage, cur) => {
+                // The map moved under us while we waited: go again.
+                a.runnable_add(cur, stage, -1);
+                first = false;
+            }
+            _ => break,
+        }
     }
-    // Time from giving up the vCPU to running again: through another vCPU's
-    // queue for a migration, through this vCPU's queue otherwise.
-    let t0 = PortIo.tsc();
-    yield_now(t);
-    let waited = PortIo.tsc().wrapping_sub(t0);
-    let k = usize::from(target != cur);
-    SWITCH_CYCLES[k].fetch_add(waited, Ordering::Relaxed);
-    SWITCHES[k].fetch_add(1, Ordering::Relaxed);
-    let vcpu = t.vcpu.load(Ordering::Relaxed);
     count(
-        a.stage_enter(vcpu, stage, t.id),
+        a.stage_enter(cur, stage, t.id),
         &STAGE_EVENTS[stage as usize],
     );
-    VCPU_COUNTS[vcpu as usize].ran[stage as usize].fetch_add(1, Ordering::Relaxed);
+    VCPU_COUNTS[cur as usize].ran[stage as usize].fetch_add(1, Ordering::Relaxed);
     if let Some(map) = a.read_map() {
-        if map.vcpus[stage as usize] != 0 && !map.serves(stage, vcpu) {
+        if map.vcpus[stage as usize] != 0 && !map.serves(stage, cur) {
             VIOLATIONS.fetch_add(1, Ordering::Relaxed);
         }
     }
