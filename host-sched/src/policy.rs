@@ -207,9 +207,9 @@ impl Policy for Proportional {
         if total > 0.0 {
             let new_r = requirements(&weighted, ctx);
             let cur_r = counts(&self.assignment, ctx.budgets.len());
-            // Ideal fractional cores; the hysteresis compares distances to it.
-            let c = ctx.cores.len() as f64;
-            let ideal: Vec<f64> = weighted.iter().map(|w| w / total * c).collect();
+            // Ideal fractional cores within the budgets; the hysteresis
+            // compares distances to it.
+            let ideal = fractional(&weighted, ctx);
             let dist = |r: &[usize]| -> f64 {
                 r.iter()
                     .zip(&ideal)
@@ -233,6 +233,50 @@ impl Policy for Proportional {
         }
         plan_from_assignment(ctx, &self.assignment)
     }
+}
+
+/// Fractional cores per stage proportional to `load`, within each stage's
+/// `[min_cores, max_cores]` (water-filling: clamp, then share what is left
+/// among the unclamped stages by load). Sums to the number of cores when the
+/// budgets allow it.
+pub fn fractional(load: &[f64], ctx: &Context) -> Vec<f64> {
+    let b = &ctx.budgets;
+    let c = ctx.cores.len() as f64;
+    let mut fixed: Vec<Option<f64>> = vec![None; b.len()];
+    for _ in 0..=b.len() {
+        let left = c - fixed.iter().flatten().sum::<f64>();
+        let free: f64 = (0..b.len())
+            .filter(|s| fixed[*s].is_none())
+            .map(|s| load.get(s).copied().unwrap_or(0.0).max(0.0))
+            .sum();
+        let share = |s: usize| {
+            if free > 0.0 {
+                load.get(s).copied().unwrap_or(0.0).max(0.0) / free * left
+            } else {
+                0.0
+            }
+        };
+        let mut changed = false;
+        for s in 0..b.len() {
+            if fixed[s].is_some() {
+                continue;
+            }
+            let f = share(s);
+            if f < b[s].min_cores as f64 {
+                fixed[s] = Some(b[s].min_cores as f64);
+                changed = true;
+            } else if f > b[s].max_cores as f64 {
+                fixed[s] = Some(b[s].max_cores as f64);
+                changed = true;
+            }
+        }
+        if !changed {
+            return (0..b.len())
+                .map(|s| fixed[s].unwrap_or_else(|| share(s)))
+                .collect();
+        }
+    }
+    fixed.iter().map(|f| f.unwrap_or(0.0)).collect()
 }
 
 fn counts(assignment: &[Option<usize>], stages: usize) -> Vec<usize> {
@@ -487,6 +531,23 @@ mod tests {
         let mut s = build(PolicyKind::Static, ctx(2, 4, 2));
         let before = s.plan(&[4.0, 1.0]);
         assert_eq!(s.plan(&[1.0, 4.0]), before);
+    }
+
+    #[test]
+    fn a_stage_without_cores_does_not_hold_back_the_others() {
+        // plan may not have a core (max 0): parse vs execute at 0.7 : 0.2
+        // must still give parse both cores, although plan's load is 0.25.
+        let mut c = ctx(2, 2, 3);
+        c.budgets[1].max_cores = 0;
+        let f = fractional(&[0.7, 0.25, 0.2], &c);
+        assert!((f[0] - 1.5556).abs() < 1e-3 && f[1] == 0.0, "{f:?}");
+        let mut p = build(PolicyKind::Proportional, c);
+        assert_eq!(p.plan(&[0.0; 3]).requirement, [1, 0, 1]);
+        let mut last = Vec::new();
+        for _ in 0..5 {
+            last = p.plan(&[0.7, 0.25, 0.2]).requirement;
+        }
+        assert_eq!(last, [2, 0, 0]);
     }
 
     #[test]
