@@ -109,6 +109,35 @@ fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmmError {
     move |source| VmmError::Kvm { what, source }
 }
 
+/// The `stage-sched` thread: drains the rings every `drain_period`, wakes
+/// parked vCPUs with queued work, and runs the policy right after the guest
+/// registers and then every policy period, until `stop`. A configuration that
+/// does not fit the guest ends the VM through `events`.
+fn run_stage_sched(
+    stage: &StageDevice,
+    sched: &Scheduler,
+    drain_period: Duration,
+    stop: &AtomicBool,
+    events: &mpsc::Sender<VmEvent>,
+) {
+    sched.start_helper_thread("stage-sched");
+    let mut next_policy = Instant::now() + sched.period();
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(drain_period);
+        stage.drain();
+        stage.wake_parked_with_work();
+        let first = !sched.has_policy() && stage.stage_names().is_some();
+        if first || Instant::now() >= next_policy {
+            next_policy = Instant::now() + sched.period();
+            sched.adopt_threads();
+            if let Err(msg) = sched.tick(stage) {
+                let _ = events.send(VmEvent::ConfigError(msg));
+                break;
+            }
+        }
+    }
+}
+
 /// How a VM ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VmExit {
@@ -366,36 +395,23 @@ impl Vm {
                     .spawn(move || vcpu.run())?,
             );
         }
+        // Threads the VMM did not start itself (KVM's workers) go to the
+        // housekeeping cores too; stage-sched repeats this every period.
+        self.sched.adopt_threads();
         let sched_stop = Arc::new(AtomicBool::new(false));
         let sched_thread = match &self.stage {
             Some(stage) => {
-                let (stage, period, sched_stop) =
-                    (stage.clone(), self.drain_period, sched_stop.clone());
-                let (sched, sched_tx) = (self.sched.clone(), tx.clone());
+                let (stage, sched, stop, tx) = (
+                    stage.clone(),
+                    self.sched.clone(),
+                    sched_stop.clone(),
+                    tx.clone(),
+                );
+                let period = self.drain_period;
                 Some(
                     std::thread::Builder::new()
                         .name("stage-sched".into())
-                        .spawn(move || {
-                            sched.start_helper_thread("stage-sched");
-                            sched.adopt_threads();
-                            let mut next_policy = Instant::now() + sched.period();
-                            while !sched_stop.load(Ordering::Acquire) {
-                                std::thread::sleep(period);
-                                stage.drain();
-                                stage.wake_parked_with_work();
-                                // The first plan follows registration at once;
-                                // later ones come every policy period.
-                                let first = !sched.has_policy() && stage.stage_names().is_some();
-                                if first || Instant::now() >= next_policy {
-                                    next_policy = Instant::now() + sched.period();
-                                    sched.adopt_threads();
-                                    if let Err(msg) = sched.tick(&stage) {
-                                        let _ = sched_tx.send(VmEvent::ConfigError(msg));
-                                        break;
-                                    }
-                                }
-                            }
-                        })?,
+                        .spawn(move || run_stage_sched(&stage, &sched, period, &stop, &tx))?,
                 )
             }
             None => None,
