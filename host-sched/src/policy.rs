@@ -122,14 +122,6 @@ pub fn build(kind: PolicyKind, ctx: Context) -> Box<dyn Policy> {
     }
 }
 
-fn all_vcpus(n: u32) -> u64 {
-    if n >= 64 {
-        u64::MAX
-    } else {
-        (1u64 << n) - 1
-    }
-}
-
 struct Unstaged {
     kind: PolicyKind,
     ctx: Context,
@@ -150,7 +142,7 @@ impl Policy for Unstaged {
             })
             .collect();
         Plan {
-            stage_vcpus: vec![all_vcpus(ctx.num_vcpus); stages],
+            stage_vcpus: vec![hypercall_abi::stage::all_vcpus_mask(ctx.num_vcpus); stages],
             stage_cores: vec![all.clone(); stages],
             vcpu_cores,
             requirement: vec![ctx.cores.len(); stages],

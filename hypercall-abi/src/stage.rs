@@ -336,6 +336,16 @@ impl Layout {
     }
 }
 
+/// The stage-map mask with every one of `num_vcpus` vCPUs set (all 64 bits
+/// from [`MAX_VCPUS`] vCPUs on).
+pub fn all_vcpus_mask(num_vcpus: u32) -> u64 {
+    if num_vcpus >= MAX_VCPUS as u32 {
+        u64::MAX
+    } else {
+        (1u64 << num_vcpus) - 1
+    }
+}
+
 /// Validates a header the guest wrote for a VM with `vm_vcpus` vCPUs; returns
 /// the layout or the status to refuse it with. Pure: used by the VMM and by
 /// property tests.

@@ -354,12 +354,7 @@ impl StageDevice {
             epoch: 0,
         };
         // The scheduler's first plan, or every vCPU serving every stage.
-        let all = if self.num_vcpus >= 64 {
-            u64::MAX
-        } else {
-            (1u64 << self.num_vcpus) - 1
-        };
-        let mut masks = [all; MAX_STAGES];
+        let mut masks = [hypercall_abi::stage::all_vcpus_mask(self.num_vcpus); MAX_STAGES];
         if let Some(planned) = planned {
             for (m, p) in masks.iter_mut().zip(planned) {
                 *m = p;
