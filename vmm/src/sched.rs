@@ -254,11 +254,33 @@ impl Scheduler {
         });
     }
 
+    /// Waits (at most `timeout`) until every vCPU thread has recorded its id.
+    pub fn wait_vcpus_started(&self, timeout: std::time::Duration) {
+        let deadline = Instant::now() + timeout;
+        while self
+            .vcpu_tids
+            .iter()
+            .any(|t| t.load(Ordering::Acquire) == 0)
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+
     /// Pins every thread of this process that is neither a vCPU thread nor a
     /// known helper to the housekeeping cores and records it as a helper
     /// (e.g. KVM's `kvm-nx-lpage-recovery` worker, threads of devices added
     /// later). Called every policy period.
     pub fn adopt_threads(&self) {
+        // A thread that has not run its start-up yet still carries the
+        // process's name: wait until every vCPU thread has recorded itself.
+        if self
+            .vcpu_tids
+            .iter()
+            .any(|t| t.load(Ordering::Acquire) == 0)
+        {
+            return;
+        }
         let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
             return;
         };
