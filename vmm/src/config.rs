@@ -230,6 +230,54 @@ impl FromStr for SerialConfig {
     }
 }
 
+/// `--disk path=FILE[,readonly=on]`: a virtio-blk disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskConfig {
+    /// Backing file (its size, rounded down to 512 bytes, is the capacity).
+    pub path: PathBuf,
+    /// Refuse guest writes.
+    pub readonly: bool,
+}
+
+impl FromStr for DiskConfig {
+    type Err = ConfigError;
+
+    fn from_str(value: &str) -> Result<Self, ConfigError> {
+        let mut path = None;
+        let mut readonly = false;
+        for (key, v) in key_values(value, "path=FILE[,readonly=on]")? {
+            match key {
+                "path" if !v.is_empty() => path = Some(PathBuf::from(v)),
+                "readonly" => {
+                    readonly = match v {
+                        "on" | "true" => true,
+                        "off" | "false" => false,
+                        _ => {
+                            return Err(ConfigError::Invalid {
+                                what: "readonly",
+                                value: v.into(),
+                                reason: "expected on or off".into(),
+                            })
+                        }
+                    }
+                }
+                _ => {
+                    return Err(ConfigError::UnknownKey {
+                        key: key.into(),
+                        value: value.into(),
+                        expected: "path, readonly",
+                    })
+                }
+            }
+        }
+        path.map(|path| Self { path, readonly })
+            .ok_or(ConfigError::MissingKey {
+                key: "path",
+                value: value.into(),
+            })
+    }
+}
+
 /// Everything needed to build and run one VM.
 #[derive(Clone, Debug)]
 pub struct VmConfig {
@@ -249,6 +297,8 @@ pub struct VmConfig {
     pub drain_period: std::time::Duration,
     /// Stage scheduling: cores, budgets, policy (`--stages`, `--policy`).
     pub sched: host_sched::config::Resolved,
+    /// virtio-blk disks, in order (`blk0`, `blk1`, …).
+    pub disks: Vec<DiskConfig>,
 }
 
 #[cfg(test)]
@@ -287,6 +337,19 @@ mod tests {
         assert!("size=4G".parse::<MemoryConfig>().is_err());
         assert!("size=1000".parse::<MemoryConfig>().is_err());
         assert!("size=0".parse::<MemoryConfig>().is_err());
+    }
+
+    #[test]
+    fn disk_forms() {
+        let d: DiskConfig = "path=/tmp/d.img,readonly=on".parse().unwrap();
+        assert_eq!((d.path.to_str().unwrap(), d.readonly), ("/tmp/d.img", true));
+        assert!(!"path=x".parse::<DiskConfig>().unwrap().readonly);
+        assert!("readonly=on".parse::<DiskConfig>().is_err());
+        assert!("path=x,readonly=maybe"
+            .parse::<DiskConfig>()
+            .unwrap_err()
+            .to_string()
+            .contains("'maybe'"));
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub enum PioAction {
 pub struct Devices {
     serial: Mutex<Serial<EventFdTrigger, vm_superio::serial::NoEvents, SerialOut>>,
     stage: Option<Arc<StageDevice>>,
+    /// virtio-mmio block devices and whether KVM delivers their queue
+    /// notifications through an ioeventfd (else the MMIO exit does).
+    blocks: Vec<(crate::virtio::SharedBlock, bool)>,
 }
 
 impl Devices {
@@ -71,6 +74,7 @@ impl Devices {
         Ok(Self {
             serial: Mutex::new(Serial::new(trigger, out)),
             stage,
+            blocks: Vec::new(),
         })
     }
 
@@ -122,6 +126,46 @@ impl Devices {
                 tracing::trace!(port = format_args!("{port:#x}"), "write to unhandled port");
                 PioAction::Continue
             }
+        }
+    }
+
+    /// Adds a virtio-mmio block device; `ioeventfd` tells whether KVM
+    /// signals its notifications itself.
+    pub fn add_block(&mut self, block: crate::virtio::SharedBlock, ioeventfd: bool) {
+        self.blocks.push((block, ioeventfd));
+    }
+
+    /// The block devices.
+    pub fn blocks(&self) -> impl Iterator<Item = &crate::virtio::SharedBlock> {
+        self.blocks.iter().map(|(b, _)| b)
+    }
+
+    fn block_at(&self, addr: u64) -> Option<&(crate::virtio::SharedBlock, bool)> {
+        self.blocks
+            .iter()
+            .find(|(b, _)| (b.base..b.base + crate::virtio::MMIO_SIZE).contains(&addr))
+    }
+
+    /// An MMIO read at guest-physical `addr`; unbacked addresses read as ones.
+    pub fn mmio_read(&self, addr: u64, data: &mut [u8]) {
+        match self.block_at(addr) {
+            Some((b, _)) => b.read(addr - b.base, data),
+            None => {
+                tracing::trace!("MMIO read from unmapped {addr:#x}");
+                data.fill(0xff);
+            }
+        }
+    }
+
+    /// An MMIO write at guest-physical `addr`; unbacked addresses ignore it.
+    pub fn mmio_write(&self, addr: u64, data: &[u8]) {
+        match self.block_at(addr) {
+            Some((b, ioeventfd)) => {
+                if b.write(addr - b.base, data) && !ioeventfd {
+                    let _ = b.notify.write(1);
+                }
+            }
+            None => tracing::trace!("MMIO write to unmapped {addr:#x}"),
         }
     }
 

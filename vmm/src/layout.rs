@@ -92,7 +92,8 @@ pub fn page_directories(mem_size: u64) -> u64 {
 }
 
 /// Writes the GDT, the identity page tables covering `mem_size` bytes with
-/// user-accessible 2 MiB pages, the command line and the [`BootInfo`].
+/// user-accessible 2 MiB pages (plus the 2 MiB virtio-mmio window at
+/// [`crate::virtio::MMIO_BASE`]), the command line and the [`BootInfo`].
 ///
 /// `kernel_end` is the first GPA after the loaded image. Errors are
 /// `vm_memory` write errors (guest RAM too small for the fixed structures).
@@ -123,6 +124,19 @@ pub fn write_boot_structures(
             mem.write_obj(page | user_rw | PTE_HUGE, GuestAddress(pd + 8 * e))?;
         }
     }
+
+    // The virtio-mmio window (one 2 MiB page above RAM), so ring-3 drivers
+    // can reach the device registers; accesses exit to the VMM.
+    let window = crate::virtio::MMIO_BASE;
+    let g = window / GIB;
+    let pd = pdpt + PAGE_SIZE * (1 + g);
+    if g >= page_directories(mem_size) {
+        mem.write_obj(pd | user_rw, GuestAddress(pdpt + 8 * g))?;
+    }
+    mem.write_obj(
+        window | user_rw | PTE_HUGE,
+        GuestAddress(pd + 8 * ((window % GIB) / PAGE_2M)),
+    )?;
 
     mem.write_slice(cmdline.as_bytes(), GuestAddress(CMDLINE_GPA))?;
     mem.write_obj(0u8, GuestAddress(CMDLINE_GPA + cmdline.len() as u64))?;

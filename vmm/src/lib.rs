@@ -8,6 +8,7 @@
 //! * [`stage`] — the stage device: doorbell, shared-area validation, ring
 //!   draining, per-stage counters, stage map,
 //! * [`vcpu`] — vCPU register set-up for the direct ring-3 boot and run loop,
+//! * [`virtio`] — virtio-mmio block devices served on I/O threads,
 //! * [`vm`] — building and running a VM.
 //!
 //! The guest/host contract lives in the `hypercall-abi` crate.
@@ -21,4 +22,5 @@ pub mod report;
 pub mod sched;
 pub mod stage;
 pub mod vcpu;
+pub mod virtio;
 pub mod vm;

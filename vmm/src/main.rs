@@ -37,6 +37,11 @@ struct Cli {
     #[arg(long, value_name = "tty|null|file=PATH", default_value = "tty")]
     serial: SerialConfig,
 
+    /// A virtio-blk disk (repeatable): path=FILE[,readonly=on]. Each appears on
+    /// the guest command line as virtio_mmio.device=4K@ADDR:IRQ.
+    #[arg(long, value_name = "path=FILE[,readonly=on]")]
+    disk: Vec<stagevm::config::DiskConfig>,
+
     /// Run without the stage device: the guest's REGISTER fails and its agent
     /// falls back to a no-op.
     #[arg(long)]
@@ -137,6 +142,7 @@ fn main() -> ExitCode {
         stage_device: !cli.no_stage_device,
         drain_period: std::time::Duration::from_micros(cli.drain_period_us),
         sched,
+        disks: cli.disk.clone(),
     };
     let result = Vm::new(&config).and_then(Vm::run);
     match result {

@@ -21,7 +21,10 @@
 //!   `affinity`), `map_changes`, `repins`, `repin_mean_us`, `timeline[]`
 //!   (`t_ms`, `load` = vCPUs' worth of time per stage (the policy's input),
 //!   `runnable` = mean runnable threads per stage, `requirement`,
-//!   `map_changed`), one entry per policy period.
+//!   `map_changed`), one entry per policy period,
+//! * `disks[]` — `name`, `path`, `readonly`, `sectors`, `ok`, `errors`
+//!   (requests answered with an error status), `dropped` (no usable status
+//!   byte), `bytes_read`, `bytes_written`.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -43,6 +46,8 @@ pub struct Report {
     pub stage_channel: Option<ChannelReport>,
     /// Scheduling: policy, placement, pins, timeline.
     pub sched: SchedReport,
+    /// virtio-blk disks.
+    pub disks: Vec<crate::virtio::block::BlockReport>,
 }
 
 impl Report {
@@ -58,6 +63,7 @@ impl Report {
             },
             stage_channel: outcome.channel.clone(),
             sched: outcome.sched.clone(),
+            disks: outcome.disks.clone(),
         }
     }
 

@@ -156,12 +156,11 @@ impl Vcpu {
                     PioAction::Continue
                 }
                 Ok(VcpuExit::MmioRead(addr, data)) => {
-                    tracing::trace!(vcpu = index, "MMIO read from unmapped {addr:#x}");
-                    data.fill(0xff);
+                    self.devices.mmio_read(addr, data);
                     PioAction::Continue
                 }
-                Ok(VcpuExit::MmioWrite(addr, _)) => {
-                    tracing::trace!(vcpu = index, "MMIO write to unmapped {addr:#x}");
+                Ok(VcpuExit::MmioWrite(addr, data)) => {
+                    self.devices.mmio_write(addr, data);
                     PioAction::Continue
                 }
                 Ok(VcpuExit::Hlt) => PioAction::StopVcpu,

@@ -20,6 +20,7 @@ use crate::layout::{self, STACK_SIZE};
 use crate::sched::{SchedReport, Scheduler};
 use crate::stage::{ChannelReport, StageDevice};
 use crate::vcpu::{self, Vcpu, VmEvent};
+use crate::virtio;
 
 /// Path of the KVM device.
 pub const KVM_PATH: &str = "/dev/kvm";
@@ -93,6 +94,14 @@ pub enum VmmError {
         what: &'static str,
         /// The ioctl error.
         source: kvm_ioctls::Error,
+    },
+    /// A `--disk` file cannot be used.
+    #[error("--disk path={path}: {reason}")]
+    Disk {
+        /// The path given.
+        path: String,
+        /// Why.
+        reason: String,
     },
     /// Guest memory could not be set up.
     #[error("guest memory: {0}")]
@@ -189,6 +198,8 @@ pub struct RunOutcome {
     pub channel: Option<ChannelReport>,
     /// What the scheduler did.
     pub sched: SchedReport,
+    /// Per virtio-blk disk, its counters.
+    pub disks: Vec<virtio::block::BlockReport>,
 }
 
 impl Vm {
@@ -302,15 +313,61 @@ impl Vm {
             vcpus.push(fd);
         }
         let tsc_khz = vcpus[0].get_tsc_khz().map(u64::from).unwrap_or(0);
-        let info = layout::write_boot_structures(
-            &memory,
-            size,
-            num_vcpus,
-            extent.end,
-            &config.cmdline,
-            tsc_khz,
-        )
-        .map_err(|e| VmmError::Memory(e.to_string()))?;
+        // virtio-blk disks: open the backing files, describe them on the
+        // command line in Linux's format, bind their notifications.
+        let mut blocks = Vec::new();
+        let mut cmdline = config.cmdline.clone();
+        for (i, disk) in config.disks.iter().enumerate() {
+            let name = format!("blk{i}");
+            let open = std::fs::OpenOptions::new()
+                .read(true)
+                .write(!disk.readonly)
+                .open(&disk.path)
+                .and_then(|f| Ok((f.metadata()?.len(), f)));
+            let (len, file) = open.map_err(|e| VmmError::Disk {
+                path: disk.path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            if len < virtio::block::SECTOR_SIZE {
+                return Err(VmmError::Disk {
+                    path: disk.path.display().to_string(),
+                    reason: format!("{len} bytes is smaller than one 512-byte sector"),
+                });
+            }
+            let base = virtio::MMIO_BASE + i as u64 * virtio::MMIO_SIZE;
+            let block = virtio::MmioBlock::new(
+                name,
+                disk.path.display().to_string(),
+                base,
+                virtio::block::Block::new(file, len, disk.readonly),
+            )?;
+            cmdline = format!(
+                "{cmdline} {}",
+                block.cmdline_word(virtio::FIRST_IRQ + i as u32)
+            )
+            .trim_start()
+            .to_string();
+            let ioeventfd = vm_fd
+                .register_ioevent(
+                    &block.notify,
+                    &kvm_ioctls::IoEventAddress::Mmio(base + 0x50),
+                    kvm_ioctls::NoDatamatch,
+                )
+                .map_err(|e| {
+                    tracing::info!("ioeventfd refused ({e}): notifications via MMIO exits")
+                })
+                .is_ok();
+            blocks.push((Arc::new(block), ioeventfd));
+        }
+        if cmdline.len() >= CMDLINE_MAX {
+            return Err(VmmError::CmdlineTooLong {
+                len: cmdline.len(),
+                max: CMDLINE_MAX - 1,
+            });
+        }
+        let info =
+            layout::write_boot_structures(&memory, size, num_vcpus, extent.end, &cmdline, tsc_khz)
+                .map_err(|e| VmmError::Memory(e.to_string()))?;
         tracing::info!(
             kernel = %config.kernel.display(),
             entry = format_args!("{entry:#x}"),
@@ -330,7 +387,11 @@ impl Vm {
                 config.drain_period.as_micros() as u64,
             ))
         });
-        let devices = Arc::new(Devices::new(&config.serial, stage.clone())?);
+        let mut devices = Devices::new(&config.serial, stage.clone())?;
+        for (block, ioeventfd) in blocks {
+            devices.add_block(block, ioeventfd);
+        }
+        let devices = Arc::new(devices);
         let sched = Scheduler::new(sched, num_vcpus, sched_warnings);
         if let Some(stage) = &stage {
             stage.set_map_source(sched.clone());
@@ -395,8 +456,23 @@ impl Vm {
                     .spawn(move || vcpu.run())?,
             );
         }
+        // One helper I/O thread per block device, on housekeeping cores.
+        let mut io_threads = Vec::new();
+        for block in self.devices.blocks() {
+            let (block, mem, sched) = (block.clone(), self.memory.clone(), self.sched.clone());
+            let name = format!("io-{}", block.name);
+            io_threads.push(
+                std::thread::Builder::new()
+                    .name(name.clone())
+                    .spawn(move || {
+                        sched.start_helper_thread(&name);
+                        block.serve(&mem);
+                    })?,
+            );
+        }
         // Threads the VMM did not start itself (KVM's workers) go to the
         // housekeeping cores too; stage-sched repeats this every period.
+        self.sched.wait_vcpus_started(Duration::from_secs(1));
         self.sched.adopt_threads();
         let sched_stop = Arc::new(AtomicBool::new(false));
         let sched_thread = match &self.stage {
@@ -475,6 +551,12 @@ impl Vm {
         if let Some(t) = sched_thread {
             let _ = t.join();
         }
+        for block in self.devices.blocks() {
+            block.stop();
+        }
+        for t in io_threads {
+            let _ = t.join();
+        }
         // The guest no longer runs: count what is left in the rings.
         let channel = self.stage.as_ref().map(|stage| {
             stage.drain();
@@ -485,6 +567,7 @@ impl Vm {
             exit,
             channel,
             sched: self.sched.report(),
+            disks: self.devices.blocks().map(|b| b.report()).collect(),
         })
     }
 }

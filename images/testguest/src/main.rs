@@ -26,6 +26,10 @@
 //! * `ring=N` — stage ring entries per vCPU (power of two, default 256),
 //! * `abuse=1` — send bad REGISTERs and corrupt ring entries first (tests the
 //!   VMM's validation),
+//! * `virtio_mmio.device=4K@ADDR:IRQ` — added by the VMM for each `--disk`:
+//!   vCPU 0 reads the first disk whole and prints its FNV-1a checksum,
+//! * `diskwrite=1` — then tries to write sector 0 back (a read-only disk
+//!   refuses),
 //! * `bench=1` — vCPU 0 measures `stage_enter`, a plain loop and a doorbell
 //!   exit (see `staged::bench`),
 //! * `exit=N` — exit code to shut down with after the work (default 0),
@@ -136,6 +140,7 @@ macro_rules! println {
     ($($arg:tt)*) => { print_line(format_args!($($arg)*)) };
 }
 
+mod disk;
 mod staged;
 
 /// xorshift64 (Marsaglia, "Xorshift RNGs", J. Stat. Softw. 2003; shifts 13, 7, 17).
@@ -182,6 +187,9 @@ struct Options {
     ring: u32,
     abuse: bool,
     bench: bool,
+    /// The first virtio-mmio device (GPA, bytes), from `virtio_mmio.device=`.
+    virtio: Option<(u64, usize)>,
+    disk_write: bool,
 }
 
 /// `A,B,C`: exactly three unsigned integers.
@@ -207,6 +215,8 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         ring: 256,
         abuse: false,
         bench: false,
+        virtio: None,
+        disk_write: false,
     };
     for word in cmdline.split_ascii_whitespace() {
         let (key, value) = word.split_once('=').ok_or(word)?;
@@ -222,6 +232,12 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
             "ring" => opts.ring = value.parse().map_err(|_| word)?,
             "abuse" => opts.abuse = value == "1",
             "bench" => opts.bench = value == "1",
+            "virtio_mmio.device" if opts.virtio.is_none() => {
+                opts.virtio = Some(disk::parse_device(value).ok_or(word)?)
+            }
+            // Further devices are not used by this guest.
+            "virtio_mmio.device" => {}
+            "diskwrite" => opts.disk_write = value == "1",
             _ => return Err(word),
         }
     }
@@ -276,6 +292,9 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
         staged::setup(&info, opts.ring, opts.abuse);
         if opts.bench {
             staged::bench(0, info.tsc_khz);
+        }
+        if let Some((base, size)) = opts.virtio {
+            disk::run(base, size, opts.disk_write, info.tsc_khz);
         }
         BANNER_DONE.store(true, Ordering::Release);
     }

@@ -1,0 +1,139 @@
+//! Reading (and trying to write) a virtio-blk disk from ring 3 with the
+//! `virtio-drivers` crate, over the virtio-mmio device the VMM announces on
+//! the command line (`virtio_mmio.device=4K@0xd0000000:5`).
+//!
+//! Guest memory is identity-mapped, so DMA addresses are virtual addresses;
+//! DMA buffers come from the boot info's free memory and are never freed.
+//! Interrupts are off: the driver's blocking calls poll the used ring.
+
+use core::ptr::NonNull;
+
+use virtio_drivers::device::blk::{VirtIOBlk, SECTOR_SIZE};
+use virtio_drivers::transport::mmio::{MmioTransport, VirtIOHeader};
+use virtio_drivers::{BufferDirection, Hal, PhysAddr};
+
+use crate::print_line;
+use crate::staged::{alloc_pages, PortIo};
+use guest_agent::Platform;
+
+/// `virtio-drivers`' view of this guest's memory.
+pub struct GuestHal;
+
+// SAFETY: DMA pages are fresh (zeroed) identity-mapped guest memory used for
+// nothing else; shared buffers are identity-mapped, so their addresses are
+// valid for the device as they are.
+unsafe impl Hal for GuestHal {
+    fn dma_alloc(pages: usize, _direction: BufferDirection) -> (PhysAddr, NonNull<u8>) {
+        let addr = alloc_pages(pages as u64 * 4096).unwrap_or_else(|| {
+            println!("testguest: out of memory for virtio DMA");
+            crate::shutdown(5)
+        });
+        (addr, NonNull::new(addr as *mut u8).unwrap())
+    }
+
+    unsafe fn dma_dealloc(_paddr: PhysAddr, _vaddr: NonNull<u8>, _pages: usize) -> i32 {
+        0
+    }
+
+    unsafe fn mmio_phys_to_virt(paddr: PhysAddr, _size: usize) -> NonNull<u8> {
+        NonNull::new(paddr as *mut u8).unwrap()
+    }
+
+    unsafe fn share(buffer: NonNull<[u8]>, _direction: BufferDirection) -> PhysAddr {
+        buffer.as_ptr() as *mut u8 as u64
+    }
+
+    unsafe fn unshare(_paddr: PhysAddr, _buffer: NonNull<[u8]>, _direction: BufferDirection) {}
+}
+
+/// Parses `4K@0xd0000000:5` (Linux's `virtio_mmio.device=` syntax) into the
+/// register window's GPA and size.
+pub fn parse_device(spec: &str) -> Option<(u64, usize)> {
+    let (size, rest) = spec.split_once('@')?;
+    let size = match size.strip_suffix(['K', 'k']) {
+        Some(k) => k.parse::<usize>().ok()? * 1024,
+        None => size.parse().ok()?,
+    };
+    let addr = rest.split(':').next()?;
+    let addr = u64::from_str_radix(addr.strip_prefix("0x")?, 16).ok()?;
+    Some((addr, size))
+}
+
+/// FNV-1a (64-bit) over `bytes`, continuing from `h`.
+fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Bytes per read request.
+const CHUNK: usize = 64 * 1024;
+
+/// Reads the whole disk at `base` and prints its FNV-1a checksum, size and
+/// time; with `write`, then tries to write sector 0 back and prints whether
+/// the device accepted it.
+pub fn run(base: u64, size: usize, write: bool, tsc_khz: u64) {
+    let Some(header) = NonNull::new(base as *mut VirtIOHeader) else {
+        return;
+    };
+    // SAFETY: the VMM maps `size` bytes of virtio-mmio registers at `base`
+    // (user-accessible, identity-mapped); nothing else uses them.
+    let transport = match unsafe { MmioTransport::new(header, size) } {
+        Ok(t) => t,
+        Err(e) => {
+            println!(
+                "testguest: disk at {:#x}: no virtio-mmio device ({:?})",
+                base, e
+            );
+            return;
+        }
+    };
+    let mut blk = match VirtIOBlk::<GuestHal, _>::new(transport) {
+        Ok(b) => b,
+        Err(e) => {
+            println!("testguest: disk at {:#x}: init failed ({:?})", base, e);
+            return;
+        }
+    };
+    let sectors = blk.capacity();
+    let Some(buf_addr) = alloc_pages(CHUNK as u64) else {
+        return;
+    };
+    // SAFETY: CHUNK bytes just allocated, used only here.
+    let buf = unsafe { core::slice::from_raw_parts_mut(buf_addr as *mut u8, CHUNK) };
+    let start = PortIo.tsc();
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut sector = 0u64;
+    let mut requests = 0u64;
+    while sector < sectors {
+        let n = ((sectors - sector) as usize * SECTOR_SIZE).min(CHUNK);
+        if let Err(e) = blk.read_blocks(sector as usize, &mut buf[..n]) {
+            println!("testguest: disk read at sector {} failed: {:?}", sector, e);
+            return;
+        }
+        h = fnv1a(h, &buf[..n]);
+        sector += (n / SECTOR_SIZE) as u64;
+        requests += 1;
+    }
+    let us = (PortIo.tsc() - start) * 1000 / tsc_khz.max(1);
+    println!(
+        "testguest: disk {} sectors ({} bytes), fnv1a {:#018x}, {} requests in {} us, read-only {}",
+        sectors,
+        sectors * SECTOR_SIZE as u64,
+        h,
+        requests,
+        us,
+        blk.readonly()
+    );
+    if write {
+        // Write sector 0 back unchanged.
+        if blk.read_blocks(0, &mut buf[..SECTOR_SIZE]).is_err() {
+            return;
+        }
+        match blk.write_blocks(0, &buf[..SECTOR_SIZE]) {
+            Ok(()) => println!("testguest: disk write accepted"),
+            Err(e) => println!("testguest: disk write refused: {:?}", e),
+        }
+    }
+}
