@@ -24,7 +24,8 @@
 //!   `map_changed`), one entry per policy period,
 //! * `disks[]` — `name`, `path`, `readonly`, `sectors`, `ok`, `errors`
 //!   (requests answered with an error status), `dropped` (no usable status
-//!   byte), `bytes_read`, `bytes_written`.
+//!   byte), `bad_heads` (available entries naming no descriptor),
+//!   `bytes_read`, `bytes_written`.
 
 use std::fmt::Write as _;
 use std::path::Path;

@@ -40,6 +40,8 @@ pub struct BlockStats {
     pub errors: AtomicU64,
     /// Requests that could not even get a status (no writable status byte).
     pub dropped: AtomicU64,
+    /// Available-ring entries naming a descriptor outside the queue (skipped).
+    pub bad_heads: AtomicU64,
     /// Bytes read from the backing file.
     pub bytes_read: AtomicU64,
     /// Bytes written to the backing file.
@@ -63,6 +65,8 @@ pub struct BlockReport {
     pub errors: u64,
     /// Requests without a usable status byte.
     pub dropped: u64,
+    /// Available-ring entries naming no descriptor of the queue.
+    pub bad_heads: u64,
     /// Bytes read.
     pub bytes_read: u64,
     /// Bytes written.

@@ -1,0 +1,178 @@
+//! End-to-end: the guest reads a generated disk through virtio-blk in ring 3
+//! and its checksum equals the host's; a read-only disk refuses a write; the
+//! device's I/O thread runs on the housekeeping cores.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+/// A deterministic disk image of `bytes` bytes (xorshift64 stream).
+fn make_disk(name: &str, bytes: usize) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("stagevm-{name}-{}.img", std::process::id()));
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut data = Vec::with_capacity(bytes);
+    while data.len() < bytes {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        data.extend_from_slice(&x.to_le_bytes());
+    }
+    data.truncate(bytes);
+    std::fs::write(&path, &data).unwrap();
+    path
+}
+
+/// FNV-1a (64-bit), as the guest computes it.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn boot_with_disk(disk: &str, cmdline: &str) -> (Run, Value) {
+    let guest = guest_image();
+    let _lock = vm_lock();
+    let report = std::env::temp_dir().join(format!("stagevm-disk-{}.json", std::process::id()));
+    let run = run(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--disk",
+        disk,
+        "--report",
+        report.to_str().unwrap(),
+        "--cmdline",
+        cmdline,
+    ]);
+    run.assert_no_panic();
+    assert_eq!(run.code(), 0, "{run:#?}");
+    let json = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&report);
+    (run, json)
+}
+
+#[test]
+fn guest_reads_the_disk_and_its_checksum_matches() {
+    let path = make_disk("read", 6 << 20);
+    let expected = fnv1a(&std::fs::read(&path).unwrap());
+    let (run, json) = boot_with_disk(&format!("path={}", path.display()), "iters=1000 requests=0");
+    let _ = std::fs::remove_file(&path);
+    let sectors = (6u64 << 20) / 512;
+    let line = format!(
+        "testguest: disk {sectors} sectors ({} bytes), fnv1a {expected:#018x}",
+        6u64 << 20
+    );
+    assert!(
+        run.stdout.contains(&line),
+        "expected '{line}' in {}",
+        run.stdout
+    );
+    let disk = &json["disks"][0];
+    assert_eq!(disk["sectors"], sectors);
+    assert_eq!(disk["bytes_read"], 6u64 << 20);
+    assert_eq!(disk["errors"], 0);
+    assert_eq!(disk["dropped"], 0);
+}
+
+#[test]
+fn read_only_disk_rejects_a_write_and_writable_accepts_it() {
+    let path = make_disk("ro", 1 << 20);
+    let before = std::fs::read(&path).unwrap();
+    let (run, json) = boot_with_disk(
+        &format!("path={},readonly=on", path.display()),
+        "iters=1000 requests=0 diskwrite=1",
+    );
+    assert!(run.stdout.contains("read-only true"), "{}", run.stdout);
+    assert!(
+        run.stdout
+            .contains("testguest: disk write refused: IoError"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(json["disks"][0]["errors"], 1);
+    assert_eq!(json["disks"][0]["bytes_written"], 0);
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+
+    let (run, json) = boot_with_disk(
+        &format!("path={}", path.display()),
+        "iters=1000 requests=0 diskwrite=1",
+    );
+    assert!(
+        run.stdout.contains("testguest: disk write accepted"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(json["disks"][0]["bytes_written"], 512);
+    // Sector 0 was written back unchanged.
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn io_thread_runs_on_housekeeping_cores() {
+    let path = make_disk("affinity", 1 << 20);
+    let guest = guest_image();
+    let _lock = vm_lock();
+    let config = std::env::temp_dir().join(format!("stagevm-disk-{}.toml", std::process::id()));
+    std::fs::write(&config, "[host]\ncores = \"1\"\nhousekeeping = \"0\"\n").unwrap();
+    let disk = format!("path={}", path.display());
+    let mut child = spawn(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--cpus",
+        "boot=2",
+        "--stages",
+        config.to_str().unwrap(),
+        "--disk",
+        &disk,
+        "--cmdline",
+        "iters=100000000000",
+    ]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut seen = None;
+    while std::time::Instant::now() < deadline && seen.is_none() {
+        for task in std::fs::read_dir(format!("/proc/{}/task", child.id()))
+            .unwrap()
+            .flatten()
+        {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            if comm.trim() == "io-blk0" {
+                let status =
+                    std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+                seen = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .map(|l| l.trim().to_string());
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&config);
+    assert_eq!(
+        seen.as_deref(),
+        Some("0"),
+        "io-blk0 must be on the housekeeping core"
+    );
+}
+
+#[test]
+fn missing_disk_file_is_named() {
+    let guest = guest_image();
+    let run = run(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--disk",
+        "path=/nonexistent/disk.img",
+    ]);
+    run.assert_no_panic();
+    assert_eq!(run.code(), 1, "{run:#?}");
+    assert!(
+        run.stderr
+            .contains("--disk path=/nonexistent/disk.img: No such file"),
+        "{}",
+        run.stderr
+    );
+}
