@@ -29,9 +29,13 @@ guest: setup
 build: guest
     cargo build --release -p stagevm
 
-# Boot the default test guest (2 vCPUs) and print its output; extra arguments go to stagevm.
+# The default disk the run command attaches (bench/src/diskimage.rs documents its content).
+disk := "target/default-disk.img"
+
+# Boot the default test guest (2 vCPUs, the default disk read-only) and print its output and report; extra arguments go to stagevm.
 run *ARGS: build
-    {{stagevm}} --kernel {{guest}} --cpus boot=2 --memory size=256M {{ARGS}}
+    test -f {{disk}} || cargo run --release -q -p stagevm-bench --bin mkdisk -- {{disk}} --mib 4
+    {{stagevm}} --kernel {{guest}} --cpus boot=2 --memory size=256M --disk path={{disk}},readonly=on {{ARGS}}
 
 # Run every test (unit, property and end-to-end tests that boot VMs on /dev/kvm).
 test: guest
@@ -48,6 +52,10 @@ bench-channel: build
 # The staged guest under each --policy side by side, plus re-pin latency.
 bench-policies: build
     cargo run --release -q -p stagevm-bench --bin policy-bench -- --stagevm {{stagevm}} --kernel {{guest}}
+
+# virtio-blk throughput and latency (4 KiB, 64 KiB) next to dd on the host.
+bench-disk: build
+    cargo run --release -q -p stagevm-bench --bin disk-bench -- --stagevm {{stagevm}} --kernel {{guest}}
 
 # Formatting and lints.
 lint:

@@ -67,13 +67,25 @@ fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
     h
 }
 
-/// Bytes per read request.
-const CHUNK: usize = 64 * 1024;
+/// Largest bytes per read request (`diskchunk=`).
+pub const MAX_CHUNK: usize = 1024 * 1024;
 
-/// Reads the whole disk at `base` and prints its FNV-1a checksum, size and
+/// MMIO reads timed for the exit cost.
+const MMIO_SAMPLES: u64 = 200;
+
+/// Reads the whole disk at `base` in requests of `chunk` bytes and prints its FNV-1a checksum, size and
 /// time; with `write`, then tries to write sector 0 back and prints whether
 /// the device accepted it.
-pub fn run(base: u64, size: usize, write: bool, tsc_khz: u64) {
+pub fn run(base: u64, size: usize, chunk: usize, write: bool, tsc_khz: u64) {
+    let chunk = chunk.clamp(SECTOR_SIZE, MAX_CHUNK) / SECTOR_SIZE * SECTOR_SIZE;
+    // One MMIO read exit from ring 3 (the device's magic register), timed.
+    let magic = base as *const u32;
+    let t0 = PortIo.tsc();
+    for _ in 0..MMIO_SAMPLES {
+        // SAFETY: the mapped, readable virtio-mmio register window.
+        unsafe { core::ptr::read_volatile(magic) };
+    }
+    let mmio_ns = (PortIo.tsc() - t0) * 1_000_000 / tsc_khz.max(1) / MMIO_SAMPLES;
     let Some(header) = NonNull::new(base as *mut VirtIOHeader) else {
         return;
     };
@@ -97,17 +109,17 @@ pub fn run(base: u64, size: usize, write: bool, tsc_khz: u64) {
         }
     };
     let sectors = blk.capacity();
-    let Some(buf_addr) = alloc_pages(CHUNK as u64) else {
+    let Some(buf_addr) = alloc_pages(chunk as u64) else {
         return;
     };
-    // SAFETY: CHUNK bytes just allocated, used only here.
-    let buf = unsafe { core::slice::from_raw_parts_mut(buf_addr as *mut u8, CHUNK) };
+    // SAFETY: `chunk` bytes just allocated, used only here.
+    let buf = unsafe { core::slice::from_raw_parts_mut(buf_addr as *mut u8, chunk) };
     let start = PortIo.tsc();
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     let mut sector = 0u64;
     let mut requests = 0u64;
     while sector < sectors {
-        let n = ((sectors - sector) as usize * SECTOR_SIZE).min(CHUNK);
+        let n = ((sectors - sector) as usize * SECTOR_SIZE).min(chunk);
         if let Err(e) = blk.read_blocks(sector as usize, &mut buf[..n]) {
             println!("testguest: disk read at sector {} failed: {:?}", sector, e);
             return;
@@ -118,13 +130,15 @@ pub fn run(base: u64, size: usize, write: bool, tsc_khz: u64) {
     }
     let us = (PortIo.tsc() - start) * 1000 / tsc_khz.max(1);
     println!(
-        "testguest: disk {} sectors ({} bytes), fnv1a {:#018x}, {} requests in {} us, read-only {}",
+        "testguest: disk {} sectors ({} bytes), fnv1a {:#018x}, {} requests of {} bytes in {} us, read-only {}, mmio read exit {} ns",
         sectors,
         sectors * SECTOR_SIZE as u64,
         h,
         requests,
+        chunk,
         us,
-        blk.readonly()
+        blk.readonly(),
+        mmio_ns
     );
     if write {
         // Write sector 0 back unchanged.

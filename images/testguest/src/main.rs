@@ -28,6 +28,7 @@
 //!   VMM's validation),
 //! * `virtio_mmio.device=4K@ADDR:IRQ` — added by the VMM for each `--disk`:
 //!   vCPU 0 reads the first disk whole and prints its FNV-1a checksum,
+//! * `diskchunk=N` — bytes per disk read request (default 65536, 512…1 MiB),
 //! * `diskwrite=1` — then tries to write sector 0 back (a read-only disk
 //!   refuses),
 //! * `bench=1` — vCPU 0 measures `stage_enter`, a plain loop and a doorbell
@@ -190,6 +191,7 @@ struct Options {
     /// The first virtio-mmio device (GPA, bytes), from `virtio_mmio.device=`.
     virtio: Option<(u64, usize)>,
     disk_write: bool,
+    disk_chunk: usize,
 }
 
 /// `A,B,C`: exactly three unsigned integers.
@@ -217,6 +219,7 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         bench: false,
         virtio: None,
         disk_write: false,
+        disk_chunk: 64 * 1024,
     };
     for word in cmdline.split_ascii_whitespace() {
         let (key, value) = word.split_once('=').ok_or(word)?;
@@ -238,6 +241,7 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
             // Further devices are not used by this guest.
             "virtio_mmio.device" => {}
             "diskwrite" => opts.disk_write = value == "1",
+            "diskchunk" => opts.disk_chunk = value.parse().map_err(|_| word)?,
             _ => return Err(word),
         }
     }
@@ -294,7 +298,7 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
             staged::bench(0, info.tsc_khz);
         }
         if let Some((base, size)) = opts.virtio {
-            disk::run(base, size, opts.disk_write, info.tsc_khz);
+            disk::run(base, size, opts.disk_chunk, opts.disk_write, info.tsc_khz);
         }
         BANNER_DONE.store(true, Ordering::Release);
     }
