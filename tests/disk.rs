@@ -176,3 +176,55 @@ fn missing_disk_file_is_named() {
         run.stderr
     );
 }
+
+/// The staged threads' per-thread checksum, written again from the guest's
+/// stage code (`images/testguest/src/staged.rs`, with `work=0`): parse =
+/// FNV-1a over the request's bytes, folded into word 0; plan = insertion sort,
+/// returning words 3 ^ 5; execute = a 512-word table updated at
+/// `(w >> 7 ^ i) % 512` with `rotl(t + w, 11)`; checksum =
+/// `rotl(sum, 3) ^ a ^ 3b ^ c` over the thread's requests.
+fn thread_checksum(disk: &[u8], id: u64, requests: u64) -> u64 {
+    let span = (disk.len().min(16 << 20) / 64 * 64) as u64;
+    let mut table = [0u64; 512];
+    let mut sum = 0u64;
+    for r in 0..requests {
+        let at = ((id * requests + r) * 64 % span) as usize;
+        let mut req: Vec<u64> = disk[at..at + 64]
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let bytes: Vec<u8> = req.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let a = fnv1a(&bytes);
+        req[0] ^= a;
+        req.sort_unstable();
+        let b = req[3] ^ req[5];
+        let mut c = 0u64;
+        for (i, w) in req.iter().enumerate() {
+            let j = ((*w >> 7) as usize ^ i) % 512;
+            table[j] = table[j].wrapping_add(*w).rotate_left(11);
+            c ^= table[j];
+        }
+        sum = sum.rotate_left(3) ^ a ^ b.wrapping_mul(3) ^ c;
+    }
+    sum
+}
+
+#[test]
+fn threads_process_the_request_stream_read_from_the_disk() {
+    let path = make_disk("requests", 2 << 20);
+    let disk = std::fs::read(&path).unwrap();
+    let (run, _) = boot_with_disk(
+        &format!("path={},readonly=on", path.display()),
+        "iters=1000 threads=2 requests=300",
+    );
+    let _ = std::fs::remove_file(&path);
+    let mut seen = 0;
+    for line in run.stdout.lines().filter(|l| l.starts_with("thread ")) {
+        let n = numbers(line);
+        let (id, requests) = (n[0], n[2]);
+        let sum = u64::from_str_radix(line.rsplit("0x").next().unwrap(), 16).unwrap();
+        assert_eq!(sum, thread_checksum(&disk, id, requests), "{line}");
+        seen += 1;
+    }
+    assert_eq!(seen, 2, "{}", run.stdout);
+}

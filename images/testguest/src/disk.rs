@@ -70,6 +70,9 @@ fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
 /// Largest bytes per read request (`diskchunk=`).
 pub const MAX_CHUNK: usize = 1024 * 1024;
 
+/// Bytes of the disk kept in memory as the staged threads' request stream.
+const KEEP: usize = 16 << 20;
+
 /// MMIO reads timed for the exit cost.
 const MMIO_SAMPLES: u64 = 200;
 
@@ -114,6 +117,10 @@ pub fn run(base: u64, size: usize, chunk: usize, write: bool, tsc_khz: u64) {
     };
     // SAFETY: `chunk` bytes just allocated, used only here.
     let buf = unsafe { core::slice::from_raw_parts_mut(buf_addr as *mut u8, chunk) };
+    // The first KEEP bytes stay in memory: the staged threads take their
+    // requests from them (see `staged::request_source`).
+    let keep_len = (sectors as usize * SECTOR_SIZE).min(KEEP);
+    let keep = alloc_pages(keep_len as u64).unwrap_or(0);
     let start = PortIo.tsc();
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     let mut sector = 0u64;
@@ -125,6 +132,12 @@ pub fn run(base: u64, size: usize, chunk: usize, write: bool, tsc_khz: u64) {
             return;
         }
         h = fnv1a(h, &buf[..n]);
+        let at = sector as usize * SECTOR_SIZE;
+        if keep != 0 && at < keep_len {
+            let m = n.min(keep_len - at);
+            // SAFETY: `keep` is `keep_len` bytes of our own memory.
+            unsafe { core::ptr::copy_nonoverlapping(buf.as_ptr(), (keep as *mut u8).add(at), m) };
+        }
         sector += (n / SECTOR_SIZE) as u64;
         requests += 1;
     }
@@ -140,6 +153,9 @@ pub fn run(base: u64, size: usize, chunk: usize, write: bool, tsc_khz: u64) {
         blk.readonly(),
         mmio_ns
     );
+    if keep != 0 {
+        crate::staged::set_request_source(keep, keep_len as u64);
+    }
     if write {
         // Write sector 0 back unchanged.
         if blk.read_blocks(0, &mut buf[..SECTOR_SIZE]).is_err() {

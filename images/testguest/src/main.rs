@@ -27,7 +27,9 @@
 //! * `abuse=1` — send bad REGISTERs and corrupt ring entries first (tests the
 //!   VMM's validation),
 //! * `virtio_mmio.device=4K@ADDR:IRQ` — added by the VMM for each `--disk`:
-//!   vCPU 0 reads the first disk whole and prints its FNV-1a checksum,
+//!   vCPU 0 reads the first disk whole and prints its FNV-1a checksum; the
+//!   staged threads then take their requests from the disk's first 16 MiB
+//!   (see `staged::set_request_source`),
 //! * `diskchunk=N` — bytes per disk read request (default 65536, 512…1 MiB),
 //! * `diskwrite=1` — then tries to write sector 0 back (a read-only disk
 //!   refuses),

@@ -611,6 +611,18 @@ fn execute(req: &mut [u64; 8], table: &mut [u64; 512], work: u64) -> u64 {
     acc
 }
 
+/// Where the threads' requests come from when a disk was read: GPA and
+/// length (bytes) of its first part in memory; 0 = generate them.
+static REQUEST_SOURCE: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// Makes the threads read request `r` of thread `id` as the 64 bytes at
+/// offset `((id × requests + r) × 64) mod (len rounded down to 64)` of the
+/// `len` bytes at `addr` (8 little-endian words), instead of generating it.
+pub fn set_request_source(addr: u64, len: u64) {
+    REQUEST_SOURCE[1].store(len, Ordering::Relaxed);
+    REQUEST_SOURCE[0].store(addr, Ordering::Release);
+}
+
 /// Requests completed by all threads (drives `phase=1`).
 static COMPLETED: AtomicU64 = AtomicU64::new(0);
 
@@ -620,14 +632,24 @@ extern "C" fn thread_main(t: *const Thread) {
     let mut table = [0u64; 512];
     let mut x = 0x2545_f491_4f6c_dd1du64 ^ u64::from(t.id + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let mut checksum = 0u64;
+    let source = REQUEST_SOURCE[0].load(Ordering::Acquire);
+    let span = REQUEST_SOURCE[1].load(Ordering::Relaxed) / 64 * 64;
     for r in 0..t.requests {
         let work = &t.work[usize::from(COMPLETED.load(Ordering::Relaxed) >= t.half)];
         let mut req = [0u64; 8];
-        for w in req.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *w = x ^ r;
+        if source != 0 && span != 0 {
+            let at = (u64::from(t.id) * t.requests + r) * 64 % span;
+            for (k, w) in req.iter_mut().enumerate() {
+                // SAFETY: inside the `span` bytes kept from the disk.
+                *w = unsafe { ((source + at) as *const u64).add(k).read_unaligned() };
+            }
+        } else {
+            for w in req.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *w = x ^ r;
+            }
         }
         stage_switch(t, 0);
         let a = parse(&mut req, work[0]);
