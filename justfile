@@ -57,6 +57,10 @@ bench-policies: build
 bench-disk: build
     cargo run --release -q -p stagevm-bench --bin disk-bench -- --stagevm {{stagevm}} --kernel {{guest}}
 
+# Interrupt delivery vs MMIO exit into a ring-3 guest (raw KVM probe).
+bench-irq:
+    cargo run --release -q -p stagevm-bench --bin irq-probe
+
 # Formatting and lints.
 lint:
     cargo fmt --all --check
