@@ -140,6 +140,14 @@ impl Devices {
         self.blocks.iter().map(|(b, _)| b)
     }
 
+    /// The block devices' reports.
+    pub fn block_reports(&self) -> Vec<crate::virtio::block::BlockReport> {
+        self.blocks
+            .iter()
+            .map(|(b, ioeventfd)| b.report(*ioeventfd))
+            .collect()
+    }
+
     fn block_at(&self, addr: u64) -> Option<&(crate::virtio::SharedBlock, bool)> {
         self.blocks
             .iter()

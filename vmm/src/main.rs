@@ -155,7 +155,7 @@ fn main() -> ExitCode {
             }
             eprint!(
                 "{}",
-                stagevm::report::summary(outcome.channel.as_ref(), &outcome.sched)
+                stagevm::report::summary(outcome.channel.as_ref(), &outcome.sched, &outcome.disks)
             );
             if let Some(path) = &cli.report {
                 let report = stagevm::report::Report::new(&outcome);

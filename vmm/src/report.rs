@@ -22,7 +22,8 @@
 //!   (`t_ms`, `load` = vCPUs' worth of time per stage (the policy's input),
 //!   `runnable` = mean runnable threads per stage, `requirement`,
 //!   `map_changed`), one entry per policy period,
-//! * `disks[]` — `name`, `path`, `readonly`, `sectors`, `ok`, `errors`
+//! * `disks[]` — `name`, `path`, `readonly`, `notify` (`ioeventfd` or
+//!   `mmio-exit`), `sectors`, `ok`, `errors`
 //!   (requests answered with an error status), `dropped` (no usable status
 //!   byte), `bad_heads` (available entries naming no descriptor),
 //!   `bytes_read`, `bytes_written`.
@@ -75,8 +76,12 @@ impl Report {
     }
 }
 
-/// A human summary: scheduling, then per stage and per thread.
-pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport) -> String {
+/// A human summary: scheduling, per stage, per thread, per disk.
+pub fn summary(
+    c: Option<&ChannelReport>,
+    sc: &SchedReport,
+    disks: &[crate::virtio::block::BlockReport],
+) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -124,6 +129,21 @@ pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport) -> String {
             s,
             "stagevm:   helper {} tid {} affinity {}",
             h.name, h.tid, h.affinity
+        );
+    }
+    for d in disks {
+        let _ = writeln!(
+            s,
+            "stagevm:   disk {} ({}{}, notify {}): {} requests ok, {} errors, {} dropped, {} bytes read, {} written",
+            d.name,
+            d.path,
+            if d.readonly { ", read-only" } else { "" },
+            d.notify,
+            d.ok,
+            d.errors,
+            d.dropped + d.bad_heads,
+            d.bytes_read,
+            d.bytes_written
         );
     }
     let _ = writeln!(

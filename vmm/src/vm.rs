@@ -567,7 +567,7 @@ impl Vm {
             exit,
             channel,
             sched: self.sched.report(),
-            disks: self.devices.blocks().map(|b| b.report()).collect(),
+            disks: self.devices.block_reports(),
         })
     }
 }

@@ -57,6 +57,8 @@ pub struct BlockReport {
     pub path: String,
     /// Read-only.
     pub readonly: bool,
+    /// How queue notifications arrive: `ioeventfd` or `mmio-exit`.
+    pub notify: String,
     /// Capacity in 512-byte sectors.
     pub sectors: u64,
     /// Requests completed with OK.

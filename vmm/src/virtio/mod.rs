@@ -305,13 +305,14 @@ impl MmioBlock {
         let _ = self.notify.write(1);
     }
 
-    /// Counters for the report.
-    pub fn report(&self) -> block::BlockReport {
+    /// Counters for the report; `ioeventfd` tells how notifications arrive.
+    pub fn report(&self, ioeventfd: bool) -> block::BlockReport {
         let s = &self.block.stats;
         block::BlockReport {
             name: self.name.clone(),
             path: self.path.clone(),
             readonly: self.block.readonly(),
+            notify: if ioeventfd { "ioeventfd" } else { "mmio-exit" }.into(),
             sectors: self.block.sectors(),
             ok: s.ok.load(Ordering::Relaxed),
             errors: s.errors.load(Ordering::Relaxed),
@@ -465,7 +466,7 @@ mod tests {
                 Some(want)
             );
         }
-        let r = dev.report();
+        let r = dev.report(false);
         assert_eq!((r.ok, r.errors, r.dropped), (1, 3, 0));
     }
 
@@ -478,7 +479,7 @@ mod tests {
         offer(&mem, &[0]);
         assert_eq!(dev.process(&mem), 1);
         assert_eq!(used_idx(&mem), 1);
-        assert_eq!(dev.report().dropped, 1);
+        assert_eq!(dev.report(false).dropped, 1);
     }
 
     proptest! {
@@ -505,7 +506,7 @@ mod tests {
             }
             offer(&mem, &heads);
             let served = dev.process(&mem);
-            let r = dev.report();
+            let r = dev.report(false);
             prop_assert_eq!(usize::from(used_idx(&mem)), served);
             prop_assert_eq!((r.ok + r.errors + r.dropped) as usize, served);
             prop_assert!(served + r.bad_heads as usize <= heads.len());
