@@ -31,24 +31,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 fn boot_with_disk(disk: &str, cmdline: &str) -> (Run, Value) {
-    let guest = guest_image();
-    let _lock = vm_lock();
-    let report = std::env::temp_dir().join(format!("stagevm-disk-{}.json", std::process::id()));
-    let run = run(&[
-        "--kernel",
-        guest.to_str().unwrap(),
-        "--disk",
-        disk,
-        "--report",
-        report.to_str().unwrap(),
-        "--cmdline",
-        cmdline,
-    ]);
-    run.assert_no_panic();
-    assert_eq!(run.code(), 0, "{run:#?}");
-    let json = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&report);
-    (run, json)
+    boot_with_report(&["--disk", disk, "--cmdline", cmdline])
 }
 
 #[test]

@@ -7,31 +7,22 @@ use common::*;
 use serde_json::Value;
 
 fn boot(config: &str, cpus: &str, cmdline: &str) -> (Run, Value) {
-    let guest = guest_image();
-    let _lock = vm_lock();
-    let dir = std::env::temp_dir();
-    let tag = format!("{}-{}", std::process::id(), config.len() + cmdline.len());
-    let conf = dir.join(format!("stagevm-sched-{tag}.toml"));
-    let report = dir.join(format!("stagevm-sched-{tag}.json"));
+    let conf = std::env::temp_dir().join(format!(
+        "stagevm-sched-{}-{}.toml",
+        std::process::id(),
+        config.len() + cmdline.len()
+    ));
     std::fs::write(&conf, config).unwrap();
-    let run = run(&[
-        "--kernel",
-        guest.to_str().unwrap(),
+    let out = boot_with_report(&[
         "--cpus",
         cpus,
         "--stages",
         conf.to_str().unwrap(),
-        "--report",
-        report.to_str().unwrap(),
         "--cmdline",
         cmdline,
     ]);
-    run.assert_no_panic();
-    assert_eq!(run.code(), 0, "{run:#?}");
-    let json = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     let _ = std::fs::remove_file(&conf);
-    let _ = std::fs::remove_file(&report);
-    (run, json)
+    out
 }
 
 /// `testguest: vcpu V ran parse A plan B execute C` lines, by vCPU.

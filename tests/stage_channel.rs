@@ -13,30 +13,9 @@ fn guest_counts(stdout: &str) -> [u64; 5] {
 }
 
 fn boot_staged(extra_args: &[&str], cmdline: &str) -> (Run, Value) {
-    let guest = guest_image();
-    let _lock = vm_lock();
-    let report = std::env::temp_dir().join(format!(
-        "stagevm-report-{}-{}.json",
-        std::process::id(),
-        cmdline.len() + extra_args.len()
-    ));
-    let mut args = vec![
-        "--kernel",
-        guest.to_str().unwrap(),
-        "--cpus",
-        "boot=2",
-        "--cmdline",
-        cmdline,
-        "--report",
-        report.to_str().unwrap(),
-    ];
+    let mut args = vec!["--cpus", "boot=2", "--cmdline", cmdline];
     args.extend_from_slice(extra_args);
-    let run = run(&args);
-    run.assert_no_panic();
-    assert_eq!(run.code(), 0, "{run:#?}");
-    let json: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
-    let _ = std::fs::remove_file(&report);
-    (run, json)
+    boot_with_report(&args)
 }
 
 /// Checks that the VMM counted exactly what the guest reported.

@@ -223,3 +223,30 @@ pub fn line_numbers(stdout: &str, prefix: &str) -> Vec<u64> {
         .unwrap_or_else(|| panic!("no '{prefix}' line in: {stdout}"));
     numbers(line)
 }
+
+/// Boots the test guest with `args` (after `--kernel`) plus `--report`,
+/// holding the [`VmLock`]; asserts exit 0 without a panic and returns the
+/// run and its JSON report.
+pub fn boot_with_report(args: &[&str]) -> (Run, serde_json::Value) {
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let guest = guest_image();
+    let _lock = vm_lock();
+    let report = std::env::temp_dir().join(format!(
+        "stagevm-report-{}-{}.json",
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let mut all = vec![
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    let run = run(&all);
+    run.assert_no_panic();
+    assert_eq!(run.code(), 0, "{run:#?}");
+    let json = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&report);
+    (run, json)
+}
