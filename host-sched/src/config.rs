@@ -205,6 +205,30 @@ fn cpulist(key: &str, text: &str) -> Result<CpuSet, ConfigError> {
     })
 }
 
+/// The command-line value if given, else the file's: `(key, value)`, where
+/// `key` names the one that was used (the file's key when neither is set).
+fn chosen<'a>(
+    cli: (&'static str, Option<&'a str>),
+    file: (&'static str, Option<&'a str>),
+) -> (&'static str, Option<&'a str>) {
+    match cli {
+        (key, Some(v)) => (key, Some(v)),
+        _ => file,
+    }
+}
+
+/// Parses the cpulist `text` of `key` and checks every CPU is online.
+fn online_cpulist(key: &str, text: &str, topo: &Topology) -> Result<CpuSet, ConfigError> {
+    let set = cpulist(key, text)?;
+    if let Some(cpu) = set.iter().find(|c| !topo.online.contains(*c)) {
+        return err(format!(
+            "{key} = '{text}': CPU {cpu} is not online (online: {})",
+            topo.online
+        ));
+    }
+    Ok(set)
+}
+
 /// Resolves `config` (with `overrides`) against `topo`. Errors name the key
 /// and value: CPUs not online or not allowed, overlap of stage cores and
 /// housekeeping, unknown policy, bad budgets, budgets that cannot fit.
@@ -213,22 +237,15 @@ pub fn resolve(
     overrides: &Overrides,
     topo: &Topology,
 ) -> Result<Resolved, ConfigError> {
-    let (cores_key, cores_text) = match (&overrides.cores, &config.host.cores) {
-        (Some(c), _) => ("--stage-cores", Some(c.clone())),
-        (None, Some(c)) => ("host.cores", Some(c.clone())),
-        (None, None) => ("host.cores", None),
-    };
-    let stage_cores = match &cores_text {
+    let (cores_key, cores_text) = chosen(
+        ("--stage-cores", overrides.cores.as_deref()),
+        ("host.cores", config.host.cores.as_deref()),
+    );
+    let stage_cores = match cores_text {
         Some(text) => {
-            let set = cpulist(cores_key, text)?;
+            let set = online_cpulist(cores_key, text, topo)?;
             if set.is_empty() {
                 return err(format!("{cores_key} = '{text}': no CPU given"));
-            }
-            if let Some(cpu) = set.iter().find(|c| !topo.online.contains(*c)) {
-                return err(format!(
-                    "{cores_key} = '{text}': CPU {cpu} is not online (online: {})",
-                    topo.online
-                ));
             }
             if let Some(cpu) = set.iter().find(|c| !topo.allowed.contains(*c)) {
                 return err(format!(
@@ -247,20 +264,13 @@ pub fn resolve(
             }
         }
     };
-    let (hk_key, hk_text) = match (&overrides.housekeeping, &config.host.housekeeping) {
-        (Some(h), _) => ("--housekeeping", Some(h.clone())),
-        (None, Some(h)) => ("host.housekeeping", Some(h.clone())),
-        (None, None) => ("host.housekeeping", None),
-    };
-    let housekeeping = match &hk_text {
+    let (hk_key, hk_text) = chosen(
+        ("--housekeeping", overrides.housekeeping.as_deref()),
+        ("host.housekeeping", config.host.housekeeping.as_deref()),
+    );
+    let housekeeping = match hk_text {
         Some(text) => {
-            let set = cpulist(hk_key, text)?;
-            if let Some(cpu) = set.iter().find(|c| !topo.online.contains(*c)) {
-                return err(format!(
-                    "{hk_key} = '{text}': CPU {cpu} is not online (online: {})",
-                    topo.online
-                ));
-            }
+            let set = online_cpulist(hk_key, text, topo)?;
             let overlap = set.intersection(&stage_cores);
             if !overlap.is_empty() {
                 return err(format!(
@@ -278,16 +288,12 @@ pub fn resolve(
         housekeeping
     };
 
-    let policy_text = overrides
-        .policy
-        .clone()
-        .unwrap_or_else(|| config.policy.name.clone());
-    let policy_key = if overrides.policy.is_some() {
-        "--policy"
-    } else {
-        "policy.name"
-    };
-    let policy = PolicyKind::parse(&policy_text).ok_or_else(|| {
+    let (policy_key, policy_text) = chosen(
+        ("--policy", overrides.policy.as_deref()),
+        ("policy.name", Some(config.policy.name.as_str())),
+    );
+    let policy_text = policy_text.unwrap_or_default();
+    let policy = PolicyKind::parse(policy_text).ok_or_else(|| {
         ConfigError(format!(
             "{policy_key} = '{policy_text}': unknown policy (off, pinned, static, proportional)"
         ))
@@ -360,6 +366,17 @@ pub fn resolve(
 }
 
 impl Resolved {
+    /// The policy context for `num_vcpus` vCPUs and the guest's `budgets`.
+    pub fn context(&self, num_vcpus: u32, budgets: Vec<Budget>) -> crate::policy::Context {
+        crate::policy::Context {
+            cores: self.stage_cores.iter().collect(),
+            num_vcpus,
+            budgets,
+            smoothing: self.smoothing,
+            hysteresis: self.hysteresis,
+        }
+    }
+
     /// Budgets for the stages the guest registered, in the guest's stage-id
     /// order. Guest stages without a `[[stage]]` get min 0, max all, weight 1.
     /// Errors for a configured stage the guest did not declare, and when the

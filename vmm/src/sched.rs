@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use host_sched::config::Resolved;
 use host_sched::cpuset::CpuSet;
-use host_sched::policy::{self, Context, Plan, Policy, PolicyKind};
+use host_sched::policy::{self, Plan, Policy, PolicyKind};
 use host_sched::topology::{gettid, set_thread_affinity, thread_affinity};
 use serde::Serialize;
 
@@ -137,11 +137,7 @@ impl crate::stage::MapSource for Scheduler {
     /// (`None` if the configuration does not fit; `tick` then reports it).
     fn initial_map(&self, names: &[String]) -> Option<Vec<u64>> {
         let mut st = self.lock();
-        if st.policy.is_none() {
-            let budgets = self.resolved.budgets_for(names).ok()?;
-            st.policy = Some(policy::build(self.resolved.policy, self.context(budgets)));
-            st.names = names.to_vec();
-        }
+        self.build_policy(&mut st, names).ok()?;
         let plan = st.policy.as_mut()?.plan(&vec![0.0; names.len()]);
         let masks = plan.stage_vcpus.clone();
         st.map_changes += 1;
@@ -153,13 +149,7 @@ impl crate::stage::MapSource for Scheduler {
 impl Scheduler {
     /// A scheduler for `num_vcpus` vCPUs under the resolved configuration.
     pub fn new(resolved: Resolved, num_vcpus: u32, warnings: Vec<String>) -> Arc<Self> {
-        let ctx = Context {
-            cores: resolved.stage_cores.iter().collect(),
-            num_vcpus,
-            budgets: Vec::new(),
-            smoothing: resolved.smoothing,
-            hysteresis: resolved.hysteresis,
-        };
+        let ctx = resolved.context(num_vcpus, Vec::new());
         // The plan for a guest without stages: `off` floats over all stage
         // cores, the others pin vCPU v to stage core v mod C.
         let initial = policy::build(resolved.policy, ctx).plan(&[]).vcpu_cores;
@@ -194,24 +184,27 @@ impl Scheduler {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn context(&self, budgets: Vec<host_sched::config::Budget>) -> Context {
-        Context {
-            cores: self.resolved.stage_cores.iter().collect(),
-            num_vcpus: self.num_vcpus,
-            budgets,
-            smoothing: self.resolved.smoothing,
-            hysteresis: self.resolved.hysteresis,
-        }
-    }
-
     /// Whether the policy exists (the guest's stages were matched).
     pub fn has_policy(&self) -> bool {
         self.lock().policy.is_some()
     }
 
-    /// The resolved configuration.
-    pub fn resolved(&self) -> &Resolved {
-        &self.resolved
+    /// Builds the policy for the guest's stage `names` unless it exists.
+    /// Errors: a configured stage the guest did not declare, budgets that
+    /// cannot use every stage core.
+    fn build_policy(&self, st: &mut State, names: &[String]) -> Result<(), String> {
+        if st.policy.is_none() {
+            let budgets = self
+                .resolved
+                .budgets_for(names)
+                .map_err(|e| e.to_string())?;
+            st.policy = Some(policy::build(
+                self.resolved.policy,
+                self.resolved.context(self.num_vcpus, budgets),
+            ));
+            st.names = names.to_vec();
+        }
+        Ok(())
     }
 
     /// The policy period.
@@ -342,12 +335,7 @@ impl Scheduler {
         let mut st = self.lock();
         if st.policy.is_none() {
             let names = device.stage_names().unwrap_or_default();
-            let budgets = self
-                .resolved
-                .budgets_for(&names)
-                .map_err(|e| e.to_string())?;
-            st.policy = Some(policy::build(self.resolved.policy, self.context(budgets)));
-            st.names = names;
+            self.build_policy(&mut st, &names)?;
         }
         let Some(policy) = st.policy.as_mut() else {
             return Ok(());

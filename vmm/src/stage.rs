@@ -152,6 +152,15 @@ struct Parker {
     cv: Condvar,
 }
 
+impl Parker {
+    /// Leaves a wake-up token and wakes the vCPU if it waits (a WAIT that
+    /// comes later returns at once).
+    fn unpark(&self) {
+        *self.woken.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.cv.notify_one();
+    }
+}
+
 struct Inner {
     area: Option<Area>,
     report: ChannelReport,
@@ -443,8 +452,7 @@ impl StageDevice {
             return Status::BadVcpu;
         };
         self.lock().report.wakes += 1;
-        *parker.woken.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        parker.cv.notify_one();
+        parker.unpark();
         Status::Ok
     }
 
@@ -595,13 +603,15 @@ impl StageDevice {
                 .unwrap_or(0);
             let depth: u32 = self
                 .memory
-                .load(GuestAddress(base), Ordering::Acquire)
+                .load(
+                    GuestAddress(base + core::mem::offset_of!(VcpuState, runq_depth) as u64),
+                    Ordering::Acquire,
+                )
                 .unwrap_or(0);
             if parked != 0 && depth != 0 {
                 self.lock().report.host_wakes += 1;
                 if let Some(p) = self.parkers.get(vcpu as usize) {
-                    *p.woken.lock().unwrap_or_else(|p| p.into_inner()) = true;
-                    p.cv.notify_one();
+                    p.unpark();
                 }
             }
         }
