@@ -72,7 +72,7 @@ fn vcpu_threads_are_named() {
     let guest = guest_image();
     let _lock = vm_lock();
     // Long enough to look at the threads while it runs.
-    let mut child = spawn(&[
+    let child = spawn(&[
         "--kernel",
         guest.to_str().unwrap(),
         "--cpus",
@@ -80,23 +80,19 @@ fn vcpu_threads_are_named() {
         "--cmdline",
         "iters=40000000000",
     ]);
-    let pid = child.id();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut names = Vec::new();
-    while std::time::Instant::now() < deadline {
-        names = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap()
-            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-            .map(|s| s.trim().to_string())
-            .filter(|s| s.starts_with("vcpu"))
-            .collect();
-        if names.len() == 3 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    let threads = watch_threads(child, |t| {
+        t.iter()
+            .filter(|(n, _)| n.starts_with("vcpu"))
+            .map(|(_, m)| m.len())
+            .sum::<usize>()
+            == 3
+    });
+    // One entry per thread, so a repeated name would show.
+    let mut names: Vec<&String> = threads
+        .iter()
+        .filter(|(n, _)| n.starts_with("vcpu"))
+        .flat_map(|(n, masks)| masks.iter().map(move |_| n))
+        .collect();
     names.sort();
     assert_eq!(names, ["vcpu0", "vcpu1", "vcpu2"]);
 }

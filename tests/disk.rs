@@ -99,7 +99,7 @@ fn io_thread_runs_on_housekeeping_cores() {
     let config = std::env::temp_dir().join(format!("stagevm-disk-{}.toml", std::process::id()));
     std::fs::write(&config, "[host]\ncores = \"1\"\nhousekeeping = \"0\"\n").unwrap();
     let disk = format!("path={}", path.display());
-    let mut child = spawn(&[
+    let child = spawn(&[
         "--kernel",
         guest.to_str().unwrap(),
         "--cpus",
@@ -111,27 +111,11 @@ fn io_thread_runs_on_housekeeping_cores() {
         "--cmdline",
         "iters=100000000000",
     ]);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut seen = None;
-    while std::time::Instant::now() < deadline && seen.is_none() {
-        for task in std::fs::read_dir(format!("/proc/{}/task", child.id()))
-            .unwrap()
-            .flatten()
-        {
-            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-            if comm.trim() == "io-blk0" {
-                let status =
-                    std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
-                seen = status
-                    .lines()
-                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-                    .map(|l| l.trim().to_string());
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    // The thread pins itself as it starts: wait for it to settle.
+    let threads = watch_threads(child, |t| {
+        t.get("io-blk0").is_some_and(|m| m.iter().all(|c| c == "0"))
+    });
+    let seen = threads.get("io-blk0").map(|masks| masks.join(" "));
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&config);
     assert_eq!(

@@ -5,31 +5,8 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
 
 use common::*;
-
-/// `comm` → `Cpus_allowed_list` of every thread of `pid` (names repeat: the
-/// value is a list).
-fn thread_affinities(pid: u32) -> BTreeMap<String, Vec<String>> {
-    let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return map;
-    };
-    for task in dir.flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
-        if let Some(list) = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        {
-            map.entry(comm.trim().to_string())
-                .or_default()
-                .push(list.trim().to_string());
-        }
-    }
-    map
-}
 
 /// Whether `seen` matches: the vCPU threads and the named helpers exactly as
 /// `expected`, and every other thread (e.g. KVM's `kvm-nx-lpage-recovery`
@@ -58,7 +35,7 @@ fn observe(
     let _lock = vm_lock();
     let path = std::env::temp_dir().join(format!("stagevm-pin-{}.toml", std::process::id()));
     std::fs::write(&path, config).unwrap();
-    let mut child = spawn(&[
+    let child = spawn(&[
         "--kernel",
         guest.to_str().unwrap(),
         "--cpus",
@@ -68,17 +45,7 @@ fn observe(
         "--cmdline",
         "iters=100000000000",
     ]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut seen = BTreeMap::new();
-    while Instant::now() < deadline {
-        seen = thread_affinities(child.id());
-        if matches(&seen, expected, hk) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    let seen = watch_threads(child, |seen| matches(seen, expected, hk));
     let _ = std::fs::remove_file(&path);
     seen
 }

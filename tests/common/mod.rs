@@ -250,3 +250,46 @@ pub fn boot_with_report(args: &[&str]) -> (Run, serde_json::Value) {
     let _ = std::fs::remove_file(&report);
     (run, json)
 }
+
+/// `comm` → `Cpus_allowed_list` of every thread of `pid`, read from
+/// `/proc/<pid>/task/*/status` (names repeat: the value is a list).
+pub fn thread_affinities(pid: u32) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut map: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return map;
+    };
+    for task in dir.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        if let Some(list) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        {
+            map.entry(comm.trim().to_string())
+                .or_default()
+                .push(list.trim().to_string());
+        }
+    }
+    map
+}
+
+/// Watches the threads of a running `stagevm` (polling [`thread_affinities`])
+/// until `done` holds or 10 s pass, then kills it and returns the last
+/// observation.
+pub fn watch_threads(
+    mut child: Child,
+    done: impl Fn(&std::collections::BTreeMap<String, Vec<String>>) -> bool,
+) -> std::collections::BTreeMap<String, Vec<String>> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = Default::default();
+    while Instant::now() < deadline {
+        seen = thread_affinities(child.id());
+        if done(&seen) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    seen
+}
