@@ -57,6 +57,11 @@ bench-policies: build
 bench-disk: build
     cargo run --release -q -p stagevm-bench --bin disk-bench -- --stagevm {{stagevm}} --kernel {{guest}}
 
+# The headline: guest requests/s across code footprints × policies × {2,4} vCPUs next to the native
+# host reference; prints the table and targets, writes bench/RESULTS.md's section and bench/headline.png.
+bench-headline *ARGS: build
+    cargo run --release -q -p stagevm-bench --bin headline-bench -- --stagevm {{stagevm}} --kernel {{guest}} {{ARGS}}
+
 # Interrupt delivery vs MMIO exit into a ring-3 guest (raw KVM probe).
 bench-irq:
     cargo run --release -q -p stagevm-bench --bin irq-probe

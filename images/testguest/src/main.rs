@@ -23,6 +23,13 @@
 //!   done, every thread uses the reversed weights (C,B,A), e.g. with
 //!   `weights=4,1,1` parse is 4× heavier than execute first and execute 4×
 //!   heavier than parse later,
+//! * `workload=footprint` — the staged threads run the headline benchmark's
+//!   i-cache-bound workload (`stage_workload`) instead of parse → plan →
+//!   execute, with `stages=N` stages (default 2, ≤ 4), `funcs=N` generated
+//!   functions per stage (default 1024, sets the code footprint), `calls=N`
+//!   function calls per stage and request (default 400) and `data=N` words
+//!   of data working set per thread (default 0); the thread checksums are
+//!   `stage_workload::thread_checksum`'s,
 //! * `ring=N` — stage ring entries per vCPU (power of two, default 256),
 //! * `abuse=1` — send bad REGISTERs and corrupt ring entries first (tests the
 //!   VMM's validation),
@@ -187,6 +194,8 @@ struct Options {
     work: u64,
     weights: [u64; 3],
     phase: bool,
+    /// The footprint workload, with `workload=footprint`.
+    footprint: Option<stage_workload::Params>,
     ring: u32,
     abuse: bool,
     bench: bool,
@@ -216,6 +225,7 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         work: 0,
         weights: [1, 1, 1],
         phase: false,
+        footprint: None,
         ring: 256,
         abuse: false,
         bench: false,
@@ -223,9 +233,24 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         disk_write: false,
         disk_chunk: 64 * 1024,
     };
+    let mut fp = stage_workload::Params {
+        stages: 2,
+        funcs: 1024,
+        calls: 400,
+        data_words: 0,
+    };
+    let mut fp_word = None;
+    // The words that set stages, funcs and calls, to name a bad one.
+    let mut fp_words = ["", "", ""];
     for word in cmdline.split_ascii_whitespace() {
         let (key, value) = word.split_once('=').ok_or(word)?;
         match key {
+            "workload" if value == "footprint" => fp_word = Some(word),
+            "workload" if value == "default" => fp_word = None,
+            "stages" => (fp.stages, fp_words[0]) = (value.parse().map_err(|_| word)?, word),
+            "funcs" => (fp.funcs, fp_words[1]) = (value.parse().map_err(|_| word)?, word),
+            "calls" => (fp.calls, fp_words[2]) = (value.parse().map_err(|_| word)?, word),
+            "data" => fp.data_words = value.parse().map_err(|_| word)?,
             "iters" => opts.iters = value.parse().map_err(|_| word)?,
             "exit" => opts.exit = value.parse().map_err(|_| word)?,
             "fault" => opts.fault = value == "1",
@@ -246,6 +271,21 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
             "diskchunk" => opts.disk_chunk = value.parse().map_err(|_| word)?,
             _ => return Err(word),
         }
+    }
+    if let Some(word) = fp_word {
+        fp.validate().map_err(|e| {
+            let bad = match e {
+                stage_workload::ParamError::Stages(_) => fp_words[0],
+                stage_workload::ParamError::Funcs(_) => fp_words[1],
+                stage_workload::ParamError::Calls => fp_words[2],
+            };
+            if bad.is_empty() {
+                word
+            } else {
+                bad
+            }
+        })?;
+        opts.footprint = Some(fp);
     }
     Ok(opts)
 }
@@ -295,7 +335,17 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
             // SAFETY: deliberately faults; the VMM ends the VM.
             unsafe { asm!("hlt") };
         }
-        staged::setup(&info, opts.ring, opts.abuse);
+        staged::setup(&info, opts.ring, opts.abuse, opts.footprint);
+        if let Some(p) = opts.footprint {
+            println!(
+                "testguest: footprint workload: {} stages, {} functions per stage, {} bytes of code, {} calls per stage, {} data words per thread",
+                p.stages,
+                p.funcs,
+                stage_workload::code_bytes(p.stages, p.funcs),
+                p.calls,
+                p.data_words
+            );
+        }
         if opts.bench {
             staged::bench(0, info.tsc_khz);
         }

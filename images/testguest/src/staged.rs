@@ -8,10 +8,12 @@
 //! gives its current stage. Each vCPU has a run queue in guest memory
 //! ([`RUNQ`], spinlocked, usable from any vCPU). At a stage switch the thread
 //! picks the least-loaded vCPU serving the stage (loads = published run-queue
-//! depths) unless its own vCPU serves it, yields to its vCPU's scheduler loop,
-//! which — once the thread's context is saved — queues it on the chosen vCPU
-//! (waking that vCPU if it is parked) or locally behind the other threads.
-//! The thread then reports `stage_enter` on the vCPU that resumed it, right
+//! depths) unless its own vCPU serves it, and yields to its vCPU's scheduler
+//! loop, which — once the thread's context is saved — queues it on the chosen
+//! vCPU (waking that vCPU if it is parked); when its own vCPU serves the
+//! stage it goes on running, as a thread of an OS would. Threads on a vCPU
+//! take turns at the end of each request (a yield to the back of the local
+//! queue). The thread reports `stage_enter` on the vCPU that resumed it, right
 //! before running the stage's code, so the host's per-vCPU occupancy follows
 //! what each vCPU really executes. A stage no vCPU serves runs where the
 //! thread is (a counted fallback). The published per-vCPU state (run-queue
@@ -24,6 +26,7 @@
 
 use core::arch::{asm, global_asm};
 use core::cell::UnsafeCell;
+use core::fmt::Write as _;
 use core::mem::MaybeUninit;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
@@ -35,8 +38,11 @@ use hypercall_abi::stage::{
 
 use crate::{inl, outl, print_line};
 
-/// Stage names, in id order.
+/// Stage names of the default workload, in id order.
 pub const STAGES: [&str; 3] = ["parse", "plan", "execute"];
+/// Most stages a workload has (the footprint workload's maximum).
+pub const MAX_STAGES: usize = stage_workload::MAX_STAGES;
+const _: () = assert!(STAGES.len() <= MAX_STAGES);
 /// Largest number of guest threads per vCPU.
 pub const MAX_THREADS_PER_VCPU: usize = 16;
 /// Bytes of stack per guest thread.
@@ -92,7 +98,7 @@ fn agent() -> &'static Agent<PortIo> {
 
 /// Guest-side counts of what was reported, per stage, plus exits and
 /// full-ring back-offs.
-static STAGE_EVENTS: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+static STAGE_EVENTS: [AtomicU64; MAX_STAGES] = [const { AtomicU64::new(0) }; MAX_STAGES];
 static EXIT_EVENTS: AtomicU64 = AtomicU64::new(0);
 static BACKOFFS: AtomicU64 = AtomicU64::new(0);
 
@@ -175,12 +181,27 @@ fn abuse_ring(ring_entries: u32) {
 }
 
 /// vCPU 0's part before the other vCPUs start the staged phase: the free
-/// range, the area and the agent.
-pub fn setup(info: &hypercall_abi::boot::BootInfo, ring_entries: u32, abuse: bool) {
+/// range, the workload, the area and the agent (registered with the
+/// workload's stage names).
+pub fn setup(
+    info: &hypercall_abi::boot::BootInfo,
+    ring_entries: u32,
+    abuse: bool,
+    footprint: Option<stage_workload::Params>,
+) {
     init_free(info.free_start, info.free_end);
+    if let Some(p) = footprint {
+        for (slot, v) in FOOTPRINT
+            .iter()
+            .zip([p.stages, p.funcs, p.calls as usize, p.data_words])
+        {
+            slot.store(v as u64, Ordering::Relaxed);
+        }
+    }
+    let names = stage_names();
     NUM_VCPUS.store(info.num_vcpus.min(MAX_VCPUS as u32), Ordering::Relaxed);
     TSC_KHZ.store(info.tsc_khz, Ordering::Relaxed);
-    let agent = match Layout::new(info.num_vcpus, STAGES.len() as u32, ring_entries) {
+    let agent = match Layout::new(info.num_vcpus, names.len() as u32, ring_entries) {
         Some(layout) => {
             let size = layout.area_size();
             match alloc_pages(size) {
@@ -196,7 +217,7 @@ pub fn setup(info: &hypercall_abi::boot::BootInfo, ring_entries: u32, abuse: boo
                             area,
                             size,
                             info.num_vcpus,
-                            &STAGES,
+                            names,
                             ring_entries,
                         )
                     }
@@ -210,7 +231,7 @@ pub fn setup(info: &hypercall_abi::boot::BootInfo, ring_entries: u32, abuse: boo
     println!(
         "testguest: stage channel {:?} ({} stages, {} ring entries)",
         agent.status(),
-        STAGES.len(),
+        names.len(),
         ring_entries
     );
     // SAFETY: only vCPU 0 writes, before READY is released.
@@ -300,6 +321,9 @@ struct Thread {
     /// no phase change): half of all requests, so every thread changes at
     /// the same moment.
     half: u64,
+    /// GPA of its data working set (the footprint workload's `data=` words;
+    /// 0 when there is none).
+    data: u64,
 }
 
 /// A vCPU's run queue: a FIFO of threads linked through [`Thread::next`],
@@ -394,7 +418,7 @@ static SCHED_RSP: [AtomicU64; MAX_VCPUS] = [const { AtomicU64::new(0) }; MAX_VCP
 #[repr(C, align(64))]
 struct VcpuCounts {
     /// `stage_enter` calls executed on this vCPU, per stage.
-    ran: [AtomicU64; 3],
+    ran: [AtomicU64; MAX_STAGES],
     /// WAITs sent while idle.
     waits: AtomicU64,
     /// WAKEs sent to parked vCPUs.
@@ -403,7 +427,7 @@ struct VcpuCounts {
 
 static VCPU_COUNTS: [VcpuCounts; MAX_VCPUS] = [const {
     VcpuCounts {
-        ran: [const { AtomicU64::new(0) }; 3],
+        ran: [const { AtomicU64::new(0) }; MAX_STAGES],
         waits: AtomicU64::new(0),
         wakes: AtomicU64::new(0),
     }
@@ -412,13 +436,36 @@ static VCPU_COUNTS: [VcpuCounts; MAX_VCPUS] = [const {
 /// Migrations decided at stage switches, in total and per stage entered
 /// (`in`) and left (`out`, not counted when the thread was between requests).
 static MIGRATIONS: AtomicU64 = AtomicU64::new(0);
-static MIGRATIONS_IN: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
-static MIGRATIONS_OUT: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+static MIGRATIONS_IN: [AtomicU64; MAX_STAGES] = [const { AtomicU64::new(0) }; MAX_STAGES];
+static MIGRATIONS_OUT: [AtomicU64; MAX_STAGES] = [const { AtomicU64::new(0) }; MAX_STAGES];
 /// Stage switches that stayed because the map gives the stage no vCPU.
 static FALLBACKS: AtomicU64 = AtomicU64::new(0);
 /// `stage_enter`s on a vCPU the map read at that moment does not give the
 /// stage although some vCPU serves it.
 static VIOLATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// The footprint workload's parameters (stages, funcs, calls, data words),
+/// all 0 for the default workload; set by vCPU 0 in [`setup`].
+static FOOTPRINT: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+/// The footprint workload's parameters, if it runs (`workload=footprint`).
+fn footprint() -> Option<stage_workload::Params> {
+    let v = |k: usize| FOOTPRINT[k].load(Ordering::Relaxed);
+    (v(0) != 0).then(|| stage_workload::Params {
+        stages: v(0) as usize,
+        funcs: v(1) as usize,
+        calls: v(2) as u32,
+        data_words: v(3) as usize,
+    })
+}
+
+/// Names of the running workload's stages, in id order.
+pub fn stage_names() -> &'static [&'static str] {
+    match footprint() {
+        Some(p) => &stage_workload::STAGE_NAMES[..p.stages],
+        None => &STAGES,
+    }
+}
 
 /// vCPU count and TSC frequency, set by vCPU 0 in [`setup`].
 static NUM_VCPUS: AtomicU32 = AtomicU32::new(1);
@@ -466,9 +513,9 @@ fn yield_now(t: &Thread) {
 
 /// Switches `t` to `stage`. Picks the vCPU for the stage from the host's map
 /// (the least loaded of the stage's vCPUs unless the current one serves it),
-/// yields — to the scheduler, which moves the thread there once its context
-/// is saved, or queues it locally behind the other threads — and reports the
-/// stage on the vCPU that resumed it, right before the stage's code runs.
+/// and if that is another vCPU yields to the scheduler, which moves the
+/// thread there once its context is saved; it reports the stage on the vCPU
+/// that runs it, right before the stage's code runs.
 /// If the map changed while the thread waited and its new vCPU no longer
 /// serves the stage, it moves again: a stage only runs where the current map
 /// puts it, or as a counted fallback when no vCPU serves it.
@@ -501,22 +548,20 @@ fn stage_switch(t: &Thread, stage: u32) {
             }
         }
         a.runnable_add(target, stage, 1);
-        if target != cur {
-            MIGRATIONS.fetch_add(1, Ordering::Relaxed);
-            MIGRATIONS_IN[stage as usize].fetch_add(1, Ordering::Relaxed);
-            if let Some(out) = MIGRATIONS_OUT.get(old as usize).filter(|_| first) {
-                out.fetch_add(1, Ordering::Relaxed);
-            }
-            t.migrate_to.store(target, Ordering::Relaxed);
+        if target == cur {
+            // This vCPU serves the stage: go on running, as a thread of an
+            // OS would (threads take turns at request ends, `stage_leave`).
+            break;
         }
-        // Time from giving up the vCPU to running again: through another
-        // vCPU's queue for a migration, through this vCPU's queue otherwise.
-        let t0 = PortIo.tsc();
-        yield_now(t);
-        let waited = PortIo.tsc().wrapping_sub(t0);
-        let k = usize::from(target != cur);
-        SWITCH_CYCLES[k].fetch_add(waited, Ordering::Relaxed);
-        SWITCHES[k].fetch_add(1, Ordering::Relaxed);
+        MIGRATIONS.fetch_add(1, Ordering::Relaxed);
+        MIGRATIONS_IN[stage as usize].fetch_add(1, Ordering::Relaxed);
+        if let Some(out) = MIGRATIONS_OUT.get(old as usize).filter(|_| first) {
+            out.fetch_add(1, Ordering::Relaxed);
+        }
+        t.migrate_to.store(target, Ordering::Relaxed);
+        // Time from giving up the vCPU to running on the target vCPU,
+        // through its queue.
+        timed_yield(t, 1);
         cur = t.vcpu.load(Ordering::Relaxed);
         match a.read_map() {
             Some(map) if map.vcpus[stage as usize] != 0 && !map.serves(stage, cur) => {
@@ -539,7 +584,18 @@ fn stage_switch(t: &Thread, stage: u32) {
     }
 }
 
-/// `t` finished its request: reports the exit and leaves its stage.
+/// Yields `t` and adds the time until it runs again to the switch
+/// statistics `k` (0: through its own vCPU's queue, 1: a migration).
+fn timed_yield(t: &Thread, k: usize) {
+    let t0 = PortIo.tsc();
+    yield_now(t);
+    let waited = PortIo.tsc().wrapping_sub(t0);
+    SWITCH_CYCLES[k].fetch_add(waited, Ordering::Relaxed);
+    SWITCHES[k].fetch_add(1, Ordering::Relaxed);
+}
+
+/// `t` finished its request: reports the exit, leaves its stage and yields
+/// so the threads on its vCPU take turns, a request each.
 fn stage_leave(t: &Thread) {
     let a = agent();
     let vcpu = t.vcpu.load(Ordering::Relaxed);
@@ -548,6 +604,7 @@ fn stage_leave(t: &Thread) {
     if old != STAGE_NONE {
         a.runnable_add(vcpu, old, -1);
     }
+    timed_yield(t, 0);
 }
 
 /// `n` rounds of xorshift64 mixing (with the stage's constant `K`, so each
@@ -626,9 +683,49 @@ pub fn set_request_source(addr: u64, len: u64) {
 /// Requests completed by all threads (drives `phase=1`).
 static COMPLETED: AtomicU64 = AtomicU64::new(0);
 
+/// Marks `t` done with `checksum` and yields for good.
+fn finish(t: &Thread, checksum: u64) -> ! {
+    t.checksum.store(checksum, Ordering::Relaxed);
+    t.done.store(true, Ordering::Release);
+    loop {
+        yield_now(t);
+    }
+}
+
+/// The footprint workload (`workload=footprint`, see [`stage_workload`]):
+/// every request passes through the workload's stages, each a large body of
+/// generated code called in a data-dependent order, reporting each stage
+/// switch; the checksum is the one `stage_workload::thread_checksum`
+/// computes on the host for the same thread id and parameters.
+fn footprint_main(t: &Thread, p: &stage_workload::Params) -> ! {
+    let data: &mut [u64] = if t.data == 0 {
+        &mut []
+    } else {
+        // SAFETY: `p.data_words` words allocated for this thread alone in
+        // `new_thread`; only the thread itself touches them.
+        unsafe { core::slice::from_raw_parts_mut(t.data as *mut u64, p.data_words) }
+    };
+    stage_workload::init_data(t.id, data);
+    let mut checksum = 0;
+    for r in 0..t.requests {
+        let mut x = stage_workload::request_seed(t.id, r);
+        for s in 0..p.stages {
+            stage_switch(t, s as u32);
+            x = stage_workload::run_stage(s, x, p, data);
+        }
+        stage_leave(t);
+        COMPLETED.fetch_add(1, Ordering::Relaxed);
+        checksum = stage_workload::fold(checksum, x);
+    }
+    finish(t, checksum)
+}
+
 extern "C" fn thread_main(t: *const Thread) {
     // SAFETY: the scheduler passes a live Thread; its mutable state is atomic.
     let t = unsafe { &*t };
+    if let Some(p) = footprint() {
+        footprint_main(t, &p);
+    }
     let mut table = [0u64; 512];
     let mut x = 0x2545_f491_4f6c_dd1du64 ^ u64::from(t.id + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let mut checksum = 0u64;
@@ -661,11 +758,7 @@ extern "C" fn thread_main(t: *const Thread) {
         COMPLETED.fetch_add(1, Ordering::Relaxed);
         checksum = checksum.rotate_left(3) ^ a ^ b.wrapping_mul(3) ^ c;
     }
-    t.checksum.store(checksum, Ordering::Relaxed);
-    t.done.store(true, Ordering::Release);
-    loop {
-        yield_now(t);
-    }
+    finish(t, checksum)
 }
 
 /// Creates a thread on a fresh stack, to start on `vcpu`.
@@ -676,6 +769,16 @@ fn new_thread(id: u32, vcpu: u32, cfg: &StagedConfig) -> &'static Thread {
     };
     let w = cfg.weights;
     let per = |k: u64| cfg.work.saturating_mul(k);
+    let data_words = footprint().map_or(0, |p| p.data_words);
+    let data = if data_words == 0 {
+        0
+    } else {
+        let Some(data) = alloc_pages(data_words as u64 * 8) else {
+            println!("testguest: out of memory for data working sets");
+            crate::shutdown(5);
+        };
+        data
+    };
     let slot = (stack + THREAD_STACK - THREAD_HEADER) as *mut Thread;
     // SAFETY: the top THREAD_HEADER bytes of our freshly allocated, 4 KiB
     // aligned stack; nothing else uses them.
@@ -699,6 +802,7 @@ fn new_thread(id: u32, vcpu: u32, cfg: &StagedConfig) -> &'static Thread {
             } else {
                 u64::MAX
             },
+            data,
         })
     };
     // SAFETY: initialised just above, never freed.
@@ -858,6 +962,40 @@ pub fn run_vcpu(vcpu: u32, num_vcpus: u32, cfg: &StagedConfig, tsc_khz: u64) {
     }
 }
 
+/// A line of at most 256 bytes built with `write!` (no allocator here);
+/// what does not fit is cut.
+struct LineBuf {
+    buf: [u8; 256],
+    len: usize,
+}
+
+impl LineBuf {
+    const fn new() -> Self {
+        Self {
+            buf: [0; 256],
+            len: 0,
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        core::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
+    }
+}
+
+impl core::fmt::Write for LineBuf {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        // Cut at a character boundary that fits.
+        let room = self.buf.len() - self.len;
+        let mut n = s.len().min(room);
+        while !s.is_char_boundary(n) {
+            n -= 1;
+        }
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
 /// Prints the guest's own per-stage counts (compared with the VMM's by the
 /// tests), per-vCPU stage counts, migrations and the staged phase's
 /// throughput.
@@ -866,24 +1004,26 @@ pub fn print_counts() {
     let layout_vcpus = a.layout().map_or(0, |l| l.num_vcpus);
     let ring_full: u64 = (0..layout_vcpus).map(|v| a.ring_full_backoffs(v)).sum();
     let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let names = stage_names();
+    // "name count name count …" over the workload's stages.
+    let per_stage = |counts: &[AtomicU64; MAX_STAGES]| {
+        let mut line = LineBuf::new();
+        for (k, (name, c)) in names.iter().zip(counts).enumerate() {
+            let sep = if k == 0 { "" } else { " " };
+            let _ = write!(line, "{sep}{name} {}", load(c));
+        }
+        line
+    };
     println!(
-        "testguest: stage events parse {} plan {} execute {} exit {}; ring-full back-offs {} (ring headers {})",
-        load(&STAGE_EVENTS[0]),
-        load(&STAGE_EVENTS[1]),
-        load(&STAGE_EVENTS[2]),
+        "testguest: stage events {} exit {}; ring-full back-offs {} (ring headers {})",
+        per_stage(&STAGE_EVENTS).as_str(),
         load(&EXIT_EVENTS),
         load(&BACKOFFS),
         ring_full
     );
     let n = num_vcpus() as usize;
     for (v, c) in VCPU_COUNTS.iter().enumerate().take(n) {
-        println!(
-            "testguest: vcpu {} ran parse {} plan {} execute {}",
-            v,
-            load(&c.ran[0]),
-            load(&c.ran[1]),
-            load(&c.ran[2])
-        );
+        println!("testguest: vcpu {} ran {}", v, per_stage(&c.ran).as_str());
     }
     println!(
         "testguest: migrations {}, fallbacks {}, violations {}",
@@ -891,15 +1031,17 @@ pub fn print_counts() {
         load(&FALLBACKS),
         load(&VIOLATIONS)
     );
-    println!(
-        "testguest: stage migrations parse in {} out {}, plan in {} out {}, execute in {} out {}",
-        load(&MIGRATIONS_IN[0]),
-        load(&MIGRATIONS_OUT[0]),
-        load(&MIGRATIONS_IN[1]),
-        load(&MIGRATIONS_OUT[1]),
-        load(&MIGRATIONS_IN[2]),
-        load(&MIGRATIONS_OUT[2])
-    );
+    let mut line = LineBuf::new();
+    for (k, name) in names.iter().enumerate() {
+        let sep = if k == 0 { "" } else { ", " };
+        let _ = write!(
+            line,
+            "{sep}{name} in {} out {}",
+            load(&MIGRATIONS_IN[k]),
+            load(&MIGRATIONS_OUT[k])
+        );
+    }
+    println!("testguest: stage migrations {}", line.as_str());
     let (waits, wakes) = VCPU_COUNTS
         .iter()
         .take(n)

@@ -1,0 +1,92 @@
+//! The headline plot: guest speed-up over `off` vs code footprint, one line
+//! per policy and vCPU count, plus the native reference (staged / whole).
+
+use std::path::Path;
+
+use anyhow::{anyhow, Context, Result};
+use plotters::prelude::*;
+
+/// What to draw.
+pub struct Series {
+    /// (footprint KiB, native staged / whole).
+    pub native: Vec<(f64, f64)>,
+    /// (label, vCPUs, points (footprint KiB, speed-up over `off`)).
+    pub lines: Vec<(String, u32, Vec<(f64, f64)>)>,
+}
+
+/// A TrueType font for the labels (plotters' `ab_glyph` backend needs one
+/// registered; Debian's fonts-dejavu-core is on these machines).
+const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+/// Writes `series` as a 1200×700 PNG at `path`.
+///
+/// # Errors
+/// When the font cannot be read or the PNG cannot be written.
+pub fn write(path: &Path, series: &Series) -> Result<()> {
+    let font = std::fs::read(FONT).with_context(|| format!("reading the plot font {FONT}"))?;
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font)
+        .map_err(|_| anyhow!("{FONT} is not a usable font"))?;
+    let root = BitMapBackend::new(path, (1200, 700)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+    let all = series
+        .native
+        .iter()
+        .chain(series.lines.iter().flat_map(|l| l.2.iter()));
+    let (mut xmin, mut xmax, mut ymin, mut ymax) = (f64::MAX, 0f64, f64::MAX, 0f64);
+    for (x, y) in all {
+        xmin = xmin.min(*x);
+        xmax = xmax.max(*x);
+        ymin = ymin.min(*y);
+        ymax = ymax.max(*y);
+    }
+    if xmax <= 0.0 {
+        return Err(anyhow!("nothing to plot"));
+    }
+    let (ymin, ymax) = ((ymin.min(1.0) - 0.05).max(0.0), ymax.max(1.0) + 0.05);
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Speed-up over --policy off vs code footprint (2 stages)", ("sans-serif", 26))
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(60)
+        .build_cartesian_2d((xmin * 0.9..xmax * 1.1).log_scale(), ymin..ymax)
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("total code footprint (KiB, log scale)")
+        .y_desc("requests/s ÷ off (native: staged ÷ whole)")
+        .label_style(("sans-serif", 16))
+        .draw()
+        .map_err(|e| anyhow!("{e}"))?;
+    let palette = [BLUE, RED, GREEN, MAGENTA, CYAN, RGBColor(200, 120, 0)];
+    chart
+        .draw_series(LineSeries::new(series.native.iter().copied(), BLACK.stroke_width(3)))
+        .map_err(|e| anyhow!("{e}"))?
+        .label("native host reference (2 cores)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(3)));
+    for (k, (label, vcpus, pts)) in series.lines.iter().enumerate() {
+        let color = palette[k % palette.len()];
+        let style = if *vcpus == 2 { color.stroke_width(2) } else { color.stroke_width(1) };
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), style))
+            .map_err(|e| anyhow!("{e}"))?
+            .label(label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        chart
+            .draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled())))
+            .map_err(|e| anyhow!("{e}"))?;
+    }
+    chart
+        .draw_series(LineSeries::new([(xmin * 0.9, 1.0), (xmax * 1.1, 1.0)], BLACK.mix(0.3)))
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 15))
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| anyhow!("{e}"))?;
+    root.present().map_err(|e| anyhow!("{e}"))?;
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! End-to-end: the headline benchmark's footprint workload in the guest
+//! computes exactly what the host build of the same generated code computes,
+//! and under `static` each of its stages runs only on its own vCPU.
+
+mod common;
+
+use common::*;
+use stage_workload::{thread_checksum, Params};
+
+const PARAMS: Params = Params {
+    stages: 2,
+    funcs: 300,
+    calls: 40,
+    data_words: 64,
+};
+const THREADS_PER_VCPU: u64 = 3;
+const REQUESTS: u64 = 60;
+
+fn cmdline() -> String {
+    format!(
+        "iters=1 workload=footprint stages={} funcs={} calls={} data={} threads={THREADS_PER_VCPU} requests={REQUESTS}",
+        PARAMS.stages, PARAMS.funcs, PARAMS.calls, PARAMS.data_words
+    )
+}
+
+fn stages_config() -> String {
+    repo_root()
+        .join("bench/headline-stages.toml")
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+/// `thread N: vcpu V, requests R, checksum 0x…` lines: (id, checksum).
+fn thread_checksums(stdout: &str) -> Vec<(u32, u64)> {
+    let mut v: Vec<(u32, u64)> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("thread "))
+        .map(|l| {
+            let id = l.split(':').next().unwrap().parse().unwrap();
+            let hex = l.rsplit("checksum 0x").next().unwrap();
+            (id, u64::from_str_radix(hex.trim(), 16).unwrap())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn host_checksums(threads: u32) -> Vec<(u32, u64)> {
+    let mut data = vec![0u64; PARAMS.data_words];
+    (0..threads)
+        .map(|id| (id, thread_checksum(id, REQUESTS, &PARAMS, &mut data)))
+        .collect()
+}
+
+#[test]
+fn guest_checksums_equal_the_host_build_under_every_policy() {
+    let cpus = 2u32;
+    let want = host_checksums(cpus * THREADS_PER_VCPU as u32);
+    for policy in ["off", "static"] {
+        let (run, json) = boot_with_report(&[
+            "--cpus",
+            "boot=2",
+            "--stages",
+            &stages_config(),
+            "--policy",
+            policy,
+            "--cmdline",
+            &cmdline(),
+        ]);
+        assert!(
+            run.stdout.contains(&format!(
+                "footprint workload: 2 stages, {} functions per stage, {} bytes of code",
+                PARAMS.funcs,
+                stage_workload::code_bytes(2, PARAMS.funcs)
+            )),
+            "{}",
+            run.stdout
+        );
+        assert_eq!(thread_checksums(&run.stdout), want, "policy {policy}");
+        // Every request entered both stages, counted alike by guest and VMM.
+        let total = u64::from(cpus) * THREADS_PER_VCPU * REQUESTS;
+        // "stage events stage0 A stage1 B exit C; …": numbers 0, A, 1, B, C, …
+        let guest = line_numbers(&run.stdout, "testguest: stage events ");
+        assert_eq!([guest[1], guest[3], guest[4]], [total; 3], "{guest:?}");
+        let host: Vec<u64> = json["stage_channel"]["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["events"].as_u64().unwrap())
+            .collect();
+        assert_eq!(host, [total, total], "policy {policy}");
+        let migrations = line_numbers(&run.stdout, "testguest: migrations ")[0];
+        let per_vcpu: Vec<Vec<u64>> = run
+            .stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("testguest: vcpu "))
+            .map(numbers)
+            .collect();
+        assert_eq!(per_vcpu.len(), 2);
+        if policy == "off" {
+            // Every vCPU serves both stages: threads stay where they are.
+            assert_eq!(migrations, 0, "{}", run.stdout);
+        } else {
+            // stage0 → vCPU 0, stage1 → vCPU 1; a thread moves at every
+            // stage switch but its first.
+            assert!(migrations >= total, "{}", run.stdout);
+            // "vcpu V ran stage0 A stage1 B": numbers are V, 0, A, 1, B.
+            assert_eq!(per_vcpu[0][4], 0, "stage1 ran on vCPU 0: {per_vcpu:?}");
+            assert_eq!(per_vcpu[1][2], 0, "stage0 ran on vCPU 1: {per_vcpu:?}");
+        }
+    }
+}
+
+#[test]
+fn bad_footprint_parameters_are_named() {
+    let guest = guest_image();
+    let _lock = vm_lock();
+    for (word, ok_before) in [("stages=5", "funcs=10"), ("funcs=0", "stages=2"), ("calls=0", "")] {
+        let cmdline = format!("iters=1 workload=footprint {ok_before} {word}");
+        let run = run(&["--kernel", guest.to_str().unwrap(), "--cmdline", &cmdline]);
+        assert_eq!(run.code(), 4, "{run:#?}");
+        assert!(
+            run.stdout
+                .contains(&format!("testguest: bad command-line word '{word}'")),
+            "{}",
+            run.stdout
+        );
+    }
+}
