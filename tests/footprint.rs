@@ -116,7 +116,11 @@ fn guest_checksums_equal_the_host_build_under_every_policy() {
 fn bad_footprint_parameters_are_named() {
     let guest = guest_image();
     let _lock = vm_lock();
-    for (word, ok_before) in [("stages=5", "funcs=10"), ("funcs=0", "stages=2"), ("calls=0", "")] {
+    for (word, ok_before) in [
+        ("stages=5", "funcs=10"),
+        ("funcs=0", "stages=2"),
+        ("calls=0", ""),
+    ] {
         let cmdline = format!("iters=1 workload=footprint {ok_before} {word}");
         let run = run(&["--kernel", guest.to_str().unwrap(), "--cmdline", &cmdline]);
         assert_eq!(run.code(), 4, "{run:#?}");

@@ -32,12 +32,16 @@ fn splitmix(state: &mut u64) -> u64 {
 }
 
 fn main() {
-    let mut rng = 0x5eed_0f_57a6e_u64;
+    let mut rng = 0x05ee_d0f5_7a6e_u64;
     let mut s = String::with_capacity(STAGES * FUNCS * 200);
     writeln!(s, ".section .text.stage_workload, \"ax\"").unwrap();
     for stage in 0..STAGES {
         for f in 0..FUNCS {
-            writeln!(s, ".balign 16\nstage_workload_s{stage}_f{f}:\n mov rax, rdi").unwrap();
+            writeln!(
+                s,
+                ".balign 16\nstage_workload_s{stage}_f{f}:\n mov rax, rdi"
+            )
+            .unwrap();
             for _ in 0..OPS {
                 // imul's immediate is a sign-extended 32-bit value: keep it
                 // positive and odd, as the probe's 1..2^20 multipliers.

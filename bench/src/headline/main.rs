@@ -24,10 +24,10 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use stage_workload::{code_bytes, funcs_for_bytes, Params};
 
-#[path = "../target.rs"]
-mod target;
 mod native;
 mod plot;
+#[path = "../target.rs"]
+mod target;
 use target::Target;
 
 /// Sweeps code footprint × policy × vCPUs with the guest and the native reference.
@@ -129,7 +129,12 @@ fn guest_run(args: &Args, p: &Params, vcpus: u32, policy: &str, want: &[u64]) ->
     let out = Command::new(&args.target.stagevm)
         .arg("--kernel")
         .arg(&args.target.kernel)
-        .args(["--cpus", &format!("boot={vcpus}"), "--memory", &format!("size={}", args.memory)])
+        .args([
+            "--cpus",
+            &format!("boot={vcpus}"),
+            "--memory",
+            &format!("size={}", args.memory),
+        ])
         .args(["--policy", policy, "--stages"])
         .arg(&args.stages)
         .arg("--report")
@@ -247,7 +252,9 @@ fn own_cpu_s() -> f64 {
 }
 
 fn machine() -> String {
-    let out = Command::new("lscpu").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    let out = Command::new("lscpu")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
     let text = out.unwrap_or_default();
     let get = |k: &str| {
         text.lines()
@@ -269,7 +276,10 @@ fn main() -> Result<()> {
     let args = Args::parse();
     ensure!(args.rounds > 0, "--rounds must be at least 1");
     ensure!(!args.footprints.is_empty(), "--footprints is empty");
-    ensure!(args.native_cores.len() == 2, "--native-cores needs exactly two cores");
+    ensure!(
+        args.native_cores.len() == 2,
+        "--native-cores needs exactly two cores"
+    );
     for v in &args.vcpus {
         ensure!(
             *v > 0 && args.threads % v == 0 && args.threads / v <= 16,
@@ -284,7 +294,11 @@ fn main() -> Result<()> {
         );
     }
     for path in [&args.target.stagevm, &args.target.kernel, &args.stages] {
-        ensure!(path.exists(), "{} does not exist (run `just build`)", path.display());
+        ensure!(
+            path.exists(),
+            "{} does not exist (run `just build`)",
+            path.display()
+        );
     }
     let mut points: Vec<Point> = Vec::new();
     for &kib in &args.footprints {
@@ -296,7 +310,9 @@ fn main() -> Result<()> {
         };
         params.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         if points.iter().any(|p| p.params.funcs == params.funcs) {
-            eprintln!("headline-bench: {kib} KiB gives the same code as a smaller footprint; skipped");
+            eprintln!(
+                "headline-bench: {kib} KiB gives the same code as a smaller footprint; skipped"
+            );
             continue;
         }
         points.push(Point {
@@ -358,13 +374,17 @@ fn main() -> Result<()> {
     let elapsed = started.elapsed();
     // What other processes ran meanwhile, in cores: the staged runs hand
     // requests between two cores and suffer most from a busy neighbour.
-    let others = ((machine_busy_s() - busy0) - (own_cpu_s() - own0)).max(0.0)
-        / elapsed.as_secs_f64();
+    let others =
+        ((machine_busy_s() - busy0) - (own_cpu_s() - own0)).max(0.0) / elapsed.as_secs_f64();
     let text = report(&args, &points, &cells, elapsed, others)?;
     print!("{text}");
     write_results(&args.results, &text)?;
     plot::write(&args.plot, &plot_series(&args, &points, &cells))?;
-    println!("wrote {} and {}", args.results.display(), args.plot.display());
+    println!(
+        "wrote {} and {}",
+        args.results.display(),
+        args.plot.display()
+    );
     Ok(())
 }
 
@@ -403,7 +423,10 @@ fn report(
 ) -> Result<String> {
     use std::fmt::Write as _;
     let mut s = String::new();
-    writeln!(s, "## Headline: stage scheduling on an i-cache-bound guest workload\n")?;
+    writeln!(
+        s,
+        "## Headline: stage scheduling on an i-cache-bound guest workload\n"
+    )?;
     writeln!(s, "Machine: {}.", machine())?;
     writeln!(
         s,
@@ -450,12 +473,18 @@ fn report(
         writeln!(s, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
         for (i, p) in points.iter().enumerate() {
             for pol in &args.policies {
-                let Some(runs) = cell(cells, i, v, pol) else { continue };
+                let Some(runs) = cell(cells, i, v, pol) else {
+                    continue;
+                };
                 let last = runs.last().cloned().unwrap_or_default();
                 let x = med_rps(cells, i, v, pol);
                 let ratio = |b: &str| {
                     let r = x / med_rps(cells, i, v, b);
-                    if r.is_finite() { format!("{r:.3}×") } else { "-".into() }
+                    if r.is_finite() {
+                        format!("{r:.3}×")
+                    } else {
+                        "-".into()
+                    }
                 };
                 writeln!(
                     s,
@@ -496,7 +525,11 @@ fn report(
         writeln!(
             s,
             "- {v} vCPUs: `static` {st:.3}× ≥ 0.9 × {host:.3} = {goal:.3}×: **{}**",
-            if st >= goal && host > 1.0 { "met" } else { "not met" }
+            if st >= goal && host > 1.0 {
+                "met"
+            } else {
+                "not met"
+            }
         )?;
         let prop = med_rps(cells, best, v, "proportional") / med_rps(cells, best, v, "static");
         writeln!(
@@ -515,12 +548,21 @@ fn plot_series(args: &Args, points: &[Point], cells: &Cells) -> plot::Series {
         .iter()
         .map(|p| code_bytes(2, p.params.funcs) as f64 / 1024.0)
         .collect();
-    let native: Vec<(f64, f64)> = xs.iter().zip(points).map(|(x, p)| (*x, native_speedup(p))).collect();
+    let native: Vec<(f64, f64)> = xs
+        .iter()
+        .zip(points)
+        .map(|(x, p)| (*x, native_speedup(p)))
+        .collect();
     let mut lines = Vec::new();
     for &v in &args.vcpus {
         for pol in args.policies.iter().filter(|p| *p != "off") {
             let ys: Vec<(f64, f64)> = (0..points.len())
-                .map(|i| (xs[i], med_rps(cells, i, v, pol) / med_rps(cells, i, v, "off")))
+                .map(|i| {
+                    (
+                        xs[i],
+                        med_rps(cells, i, v, pol) / med_rps(cells, i, v, "off"),
+                    )
+                })
                 .filter(|(_, y)| y.is_finite())
                 .collect();
             lines.push((format!("{pol}, {v} vCPUs"), v, ys));
@@ -535,7 +577,8 @@ const END: &str = "<!-- headline-bench:end -->";
 /// Replaces the text between the headline markers in `path` (appends the
 /// section when the markers are absent; creates the file if needed).
 fn write_results(path: &Path, section: &str) -> Result<()> {
-    let old = std::fs::read_to_string(path).unwrap_or_else(|_| "# stagevm benchmark results\n".into());
+    let old =
+        std::fs::read_to_string(path).unwrap_or_else(|_| "# stagevm benchmark results\n".into());
     let new = match (old.find(BEGIN), old.find(END)) {
         (Some(b), Some(e)) if b < e => {
             format!("{}{BEGIN}\n{section}{}", &old[..b], &old[e..])

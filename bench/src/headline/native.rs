@@ -191,11 +191,17 @@ pub fn run(
         })
         .collect();
     for w in workers {
-        w.join().map_err(|_| anyhow::anyhow!("a native worker panicked"))??;
+        w.join()
+            .map_err(|_| anyhow::anyhow!("a native worker panicked"))??;
     }
     let secs = start.elapsed().as_secs_f64();
-    let conns = Arc::try_unwrap(conns).map_err(|_| anyhow::anyhow!("workers still hold the connections"))?;
-    let checksums = conns.0.into_iter().map(|c| c.into_inner().checksum).collect();
+    let conns = Arc::try_unwrap(conns)
+        .map_err(|_| anyhow::anyhow!("workers still hold the connections"))?;
+    let checksums = conns
+        .0
+        .into_iter()
+        .map(|c| c.into_inner().checksum)
+        .collect();
     Ok(NativeRun {
         rps: (u64::from(connections) * requests) as f64 / secs,
         checksums,
@@ -218,7 +224,10 @@ mod tests {
         let want: Vec<u64> = (0..6)
             .map(|c| stage_workload::thread_checksum(c, 30, &p, &mut data))
             .collect();
-        let allowed: Vec<usize> = host_sched::topology::thread_affinity(0).unwrap().iter().collect();
+        let allowed: Vec<usize> = host_sched::topology::thread_affinity(0)
+            .unwrap()
+            .iter()
+            .collect();
         let cores = [allowed[0], *allowed.get(1).unwrap_or(&allowed[0])];
         for staged in [false, true] {
             let r = run(&p, 6, 30, cores, staged).unwrap();

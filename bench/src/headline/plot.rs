@@ -6,12 +6,15 @@ use std::path::Path;
 use anyhow::{anyhow, Context, Result};
 use plotters::prelude::*;
 
+/// One guest line: label, vCPUs, points (footprint KiB, speed-up over `off`).
+pub type Line = (String, u32, Vec<(f64, f64)>);
+
 /// What to draw.
 pub struct Series {
     /// (footprint KiB, native staged / whole).
     pub native: Vec<(f64, f64)>,
     /// (label, vCPUs, points (footprint KiB, speed-up over `off`)).
-    pub lines: Vec<(String, u32, Vec<(f64, f64)>)>,
+    pub lines: Vec<Line>,
 }
 
 /// A TrueType font for the labels (plotters' `ab_glyph` backend needs one
@@ -45,7 +48,10 @@ pub fn write(path: &Path, series: &Series) -> Result<()> {
     }
     let (ymin, ymax) = ((ymin.min(1.0) - 0.05).max(0.0), ymax.max(1.0) + 0.05);
     let mut chart = ChartBuilder::on(&root)
-        .caption("Speed-up over --policy off vs code footprint (2 stages)", ("sans-serif", 26))
+        .caption(
+            "Speed-up over --policy off vs code footprint (2 stages)",
+            ("sans-serif", 26),
+        )
         .margin(20)
         .x_label_area_size(50)
         .y_label_area_size(60)
@@ -53,6 +59,8 @@ pub fn write(path: &Path, series: &Series) -> Result<()> {
         .map_err(|e| anyhow!("{e}"))?;
     chart
         .configure_mesh()
+        .x_labels(8)
+        .x_label_formatter(&|x| format!("{x:.0}"))
         .x_desc("total code footprint (KiB, log scale)")
         .y_desc("requests/s ÷ off (native: staged ÷ whole)")
         .label_style(("sans-serif", 16))
@@ -60,13 +68,20 @@ pub fn write(path: &Path, series: &Series) -> Result<()> {
         .map_err(|e| anyhow!("{e}"))?;
     let palette = [BLUE, RED, GREEN, MAGENTA, CYAN, RGBColor(200, 120, 0)];
     chart
-        .draw_series(LineSeries::new(series.native.iter().copied(), BLACK.stroke_width(3)))
+        .draw_series(LineSeries::new(
+            series.native.iter().copied(),
+            BLACK.stroke_width(3),
+        ))
         .map_err(|e| anyhow!("{e}"))?
         .label("native host reference (2 cores)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(3)));
     for (k, (label, vcpus, pts)) in series.lines.iter().enumerate() {
         let color = palette[k % palette.len()];
-        let style = if *vcpus == 2 { color.stroke_width(2) } else { color.stroke_width(1) };
+        let style = if *vcpus == 2 {
+            color.stroke_width(2)
+        } else {
+            color.stroke_width(1)
+        };
         chart
             .draw_series(LineSeries::new(pts.iter().copied(), style))
             .map_err(|e| anyhow!("{e}"))?
@@ -77,7 +92,10 @@ pub fn write(path: &Path, series: &Series) -> Result<()> {
             .map_err(|e| anyhow!("{e}"))?;
     }
     chart
-        .draw_series(LineSeries::new([(xmin * 0.9, 1.0), (xmax * 1.1, 1.0)], BLACK.mix(0.3)))
+        .draw_series(LineSeries::new(
+            [(xmin * 0.9, 1.0), (xmax * 1.1, 1.0)],
+            BLACK.mix(0.3),
+        ))
         .map_err(|e| anyhow!("{e}"))?;
     chart
         .configure_series_labels()

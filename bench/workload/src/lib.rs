@@ -205,7 +205,12 @@ mod tests {
         // Recompute function 0 of stage 0 from its bytes is not possible
         // without a decoder; check instead that different functions differ
         // and that the same call repeats.
-        let p = Params { stages: 2, funcs: 64, calls: 10, data_words: 0 };
+        let p = Params {
+            stages: 2,
+            funcs: 64,
+            calls: 10,
+            data_words: 0,
+        };
         let a = run_stage(0, 12345, &p, &mut []);
         assert_eq!(a, run_stage(0, 12345, &p, &mut []));
         assert_ne!(a, run_stage(1, 12345, &p, &mut []));
@@ -214,7 +219,12 @@ mod tests {
 
     #[test]
     fn data_working_set_changes_the_result_deterministically() {
-        let p = Params { stages: 2, funcs: 256, calls: 50, data_words: 512 };
+        let p = Params {
+            stages: 2,
+            funcs: 256,
+            calls: 50,
+            data_words: 512,
+        };
         let mut d1 = vec![0u64; 512];
         let mut d2 = vec![0u64; 512];
         let a = thread_checksum(3, 20, &p, &mut d1);
@@ -228,13 +238,31 @@ mod tests {
 
     #[test]
     fn parameters_are_validated() {
-        let ok = Params { stages: 2, funcs: 1, calls: 1, data_words: 0 };
+        let ok = Params {
+            stages: 2,
+            funcs: 1,
+            calls: 1,
+            data_words: 0,
+        };
         assert_eq!(ok.validate(), Ok(()));
-        assert_eq!(Params { stages: 0, ..ok }.validate(), Err(ParamError::Stages(0)));
-        assert_eq!(Params { stages: 5, ..ok }.validate(), Err(ParamError::Stages(5)));
-        assert_eq!(Params { funcs: 0, ..ok }.validate(), Err(ParamError::Funcs(0)));
         assert_eq!(
-            Params { funcs: MAX_FUNCS + 1, ..ok }.validate(),
+            Params { stages: 0, ..ok }.validate(),
+            Err(ParamError::Stages(0))
+        );
+        assert_eq!(
+            Params { stages: 5, ..ok }.validate(),
+            Err(ParamError::Stages(5))
+        );
+        assert_eq!(
+            Params { funcs: 0, ..ok }.validate(),
+            Err(ParamError::Funcs(0))
+        );
+        assert_eq!(
+            Params {
+                funcs: MAX_FUNCS + 1,
+                ..ok
+            }
+            .validate(),
             Err(ParamError::Funcs(MAX_FUNCS + 1))
         );
         assert_eq!(Params { calls: 0, ..ok }.validate(), Err(ParamError::Calls));
