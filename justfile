@@ -13,7 +13,7 @@ setup:
     #!/usr/bin/env bash
     set -euo pipefail
     missing=()
-    for pkg in build-essential util-linux; do
+    for pkg in build-essential util-linux linux-headers-cloud-amd64; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
     done
     if [ ${#missing[@]} -gt 0 ]; then
@@ -38,8 +38,20 @@ run *ARGS: build
     {{stagevm}} --kernel {{guest}} --cpus boot=2 --memory size=256M --disk path={{disk}},readonly=on {{ARGS}}
 
 # Run every test (unit, property and end-to-end tests that boot VMs on /dev/kvm).
-test: guest
+test: guest linux-agent
     cargo test --workspace
+
+# Build the Linux guest agent into target/linux-agent: the kernel module against Debian's cloud kernel headers (or KDIR), libstage and stagectl.
+linux-agent: setup
+    #!/usr/bin/env bash
+    set -euo pipefail
+    kdir="${KDIR:-$(ls -d /usr/src/linux-headers-*-cloud-amd64 2>/dev/null | sort -V | tail -n 1)}"
+    if [ -z "$kdir" ] || [ ! -f "$kdir/Makefile" ]; then
+        echo "linux-agent: no kernel build tree (just setup installs linux-headers-cloud-amd64; or set KDIR)" >&2
+        exit 1
+    fi
+    make -s -C guest-agent/linux BUILD="$PWD/target/linux-agent" KDIR="$kdir"
+    echo "linux-agent: target/linux-agent/module/stagevm_agent.ko built against $(basename "$kdir"); libstage.a, stagectl"
 
 # Boot-time and peak-RSS benchmark (median of 9 runs).
 bench-boot: build

@@ -1,0 +1,63 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * /dev/stagevm user-space interface (the Linux guest agent module).
+ *
+ * mmap: the whole area, MAP_SHARED, offset 0, length `area_size` from
+ * STAGEVM_IOC_INFO. The first STAGEVM_RO_BYTES (one page: header, stage
+ * descriptors, stage map, vCPU states) may only be mapped read-only; the
+ * rest (the per-vCPU rings) may be mapped read-write. libstage maps the two
+ * parts separately at consecutive addresses.
+ */
+#ifndef STAGEVM_IOCTL_H
+#define STAGEVM_IOCTL_H
+
+#include <linux/ioctl.h>
+#include <linux/types.h>
+
+#define STAGEVM_DEVICE_PATH "/dev/stagevm"
+#define STAGEVM_IOC_MAGIC 0xb7
+
+struct stagevm_ioc_info {
+	__u64 area_size;    /* bytes to mmap */
+	__u64 area_phys;    /* guest-physical address of the area */
+	__u32 num_vcpus;    /* rings (= the VM's vCPUs = CPUs 0..num_vcpus-1) */
+	__u32 ring_entries; /* entries per ring */
+	__u32 num_stages;   /* registered stages (0 before REGISTER) */
+	__u32 registered;   /* 1 while the host accepted the area */
+	__u32 last_status;  /* status of the last doorbell (enum stagevm_status) */
+	__u32 ro_bytes;     /* leading bytes that map read-only only */
+};
+
+struct stagevm_ioc_register {
+	__u32 num_stages;   /* 1..STAGEVM_MAX_STAGES */
+	__u32 status;       /* out: the host's status (enum stagevm_status) */
+	char names[16][32]; /* stage names, NUL-padded (32 bytes need no NUL) */
+};
+
+struct stagevm_ioc_stats {
+	__u64 registrations;     /* REGISTERs the host accepted */
+	__u64 register_failures; /* refused REGISTERs (any status but OK) */
+	__u64 unregistrations;
+	__u64 attaches;          /* STAGEVM_IOC_ATTACH calls */
+	__u64 detaches;
+	__u64 mmaps;
+	__s64 attached;          /* attaches - detaches */
+	__u32 last_status;
+	__u32 reserved;
+};
+
+/* Area geometry and state. */
+#define STAGEVM_IOC_INFO _IOR(STAGEVM_IOC_MAGIC, 1, struct stagevm_ioc_info)
+/* Lays out the area with these stages and sends REGISTER through the
+ * doorbell; -EBUSY if registered already, -EIO (with `status` set) if the
+ * host refused, -ENODEV if there is no stage device. */
+#define STAGEVM_IOC_REGISTER _IOWR(STAGEVM_IOC_MAGIC, 2, struct stagevm_ioc_register)
+/* A thread starts / stops using the channel (counted; returns the CPU). */
+#define STAGEVM_IOC_ATTACH _IO(STAGEVM_IOC_MAGIC, 3)
+#define STAGEVM_IOC_DETACH _IO(STAGEVM_IOC_MAGIC, 4)
+/* Counters. */
+#define STAGEVM_IOC_STATS _IOR(STAGEVM_IOC_MAGIC, 5, struct stagevm_ioc_stats)
+/* Sends UNREGISTER (the module also does on unload). */
+#define STAGEVM_IOC_UNREGISTER _IO(STAGEVM_IOC_MAGIC, 6)
+
+#endif /* STAGEVM_IOCTL_H */

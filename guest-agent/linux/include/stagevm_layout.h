@@ -1,0 +1,136 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Layout helpers for the stage channel ABI v1, shared by the Linux kernel
+ * module, libstage and stagectl. The C mirror of hypercall_abi::stage::Layout
+ * (hypercall-abi/src/stage.rs): sizes and offsets come from stagevm_abi.h,
+ * which tests/c_header.rs checks against the Rust crate; these formulas are
+ * checked against Layout by tests/libstage.rs (the `layout` mode of the test
+ * program), so nothing here is a hand-copied constant.
+ *
+ * Builds in kernel and user space (the module gets <stdint.h> from its
+ * compat/ shim over <linux/types.h>).
+ */
+#ifndef STAGEVM_LAYOUT_H
+#define STAGEVM_LAYOUT_H
+
+#include "stagevm_abi.h"
+
+#ifdef __KERNEL__
+#include <linux/string.h>
+#else
+#include <stddef.h>
+#include <string.h>
+#endif
+
+/* Bytes at the start of the area that user space maps read-only in a guest:
+ * the header, stage descriptors, stage map and the first vCPU states. Rings
+ * start after RINGS_OFFSET (4864), inside the second page. */
+#define STAGEVM_RO_BYTES STAGEVM_PAGE_SIZE
+
+/* Offset of `head`, `tail` and `full_backoffs` in a ring header. */
+#define STAGEVM_RING_HEAD_OFF 0u
+#define STAGEVM_RING_TAIL_OFF 64u
+#define STAGEVM_RING_BACKOFFS_OFF 128u
+/*
+ * libstage's guest-private lock word for rings written without rseq: word 0
+ * of RingHeader.pad0 (offset 8), on the guest-owned cache line of `head`.
+ * The host never reads pad0. All writers of one ring must use the same
+ * protocol (rseq or this lock); see guest-agent/linux/README.md.
+ */
+#define STAGEVM_RING_LOCK_OFF 8u
+
+struct stagevm_layout {
+	uint32_t num_vcpus;
+	uint32_t num_stages;
+	uint32_t ring_entries;
+};
+
+/* Layout::new: 0 if the counts form a valid layout, -1 otherwise. */
+static inline int stagevm_layout_init(struct stagevm_layout *l, uint32_t num_vcpus,
+				      uint32_t num_stages, uint32_t ring_entries)
+{
+	if (num_vcpus < 1 || num_vcpus > STAGEVM_MAX_VCPUS || num_stages < 1 ||
+	    num_stages > STAGEVM_MAX_STAGES || ring_entries < 2 ||
+	    ring_entries > STAGEVM_MAX_RING_ENTRIES || (ring_entries & (ring_entries - 1)))
+		return -1;
+	l->num_vcpus = num_vcpus;
+	l->num_stages = num_stages;
+	l->ring_entries = ring_entries;
+	return 0;
+}
+
+static inline uint64_t stagevm_ring_bytes(const struct stagevm_layout *l)
+{
+	return sizeof(struct stagevm_ring_header) +
+	       (uint64_t)l->ring_entries * sizeof(struct stagevm_stage_event);
+}
+
+static inline uint64_t stagevm_vcpu_state_offset(uint32_t vcpu)
+{
+	return STAGEVM_VCPU_STATES_OFFSET + 64u * (uint64_t)vcpu;
+}
+
+static inline uint64_t stagevm_ring_offset(const struct stagevm_layout *l, uint32_t vcpu)
+{
+	return STAGEVM_RINGS_OFFSET + (uint64_t)vcpu * stagevm_ring_bytes(l);
+}
+
+static inline uint64_t stagevm_slot_offset(const struct stagevm_layout *l, uint32_t vcpu,
+					   uint64_t index)
+{
+	return stagevm_ring_offset(l, vcpu) + sizeof(struct stagevm_ring_header) +
+	       (index & (uint64_t)(l->ring_entries - 1)) * sizeof(struct stagevm_stage_event);
+}
+
+static inline uint64_t stagevm_used_bytes(const struct stagevm_layout *l)
+{
+	return stagevm_ring_offset(l, l->num_vcpus);
+}
+
+static inline uint64_t stagevm_area_size(const struct stagevm_layout *l)
+{
+	uint64_t used = stagevm_used_bytes(l);
+
+	return (used + STAGEVM_PAGE_SIZE - 1) / STAGEVM_PAGE_SIZE * STAGEVM_PAGE_SIZE;
+}
+
+/*
+ * Lays out an area of `area_size` bytes at `base` as Agent::register does:
+ * zeroes it, writes the header and the NUL-padded stage names (`names` may be
+ * NULL; names[i] may be NULL; a name longer than 32 bytes is cut, one of 32
+ * bytes has no NUL, as in Agent::register). The caller
+ * sends REGISTER afterwards. Returns 0, or -1 if the layout does not fit.
+ */
+static inline int stagevm_area_init(void *base, uint64_t area_size, const struct stagevm_layout *l,
+				    const char *const *names)
+{
+	struct stagevm_area_header *h = (struct stagevm_area_header *)base;
+	uint32_t i;
+
+	if (stagevm_used_bytes(l) > area_size || area_size % STAGEVM_PAGE_SIZE)
+		return -1;
+	memset(base, 0, (size_t)area_size);
+	for (i = 0; names && i < l->num_stages; i++) {
+		struct stagevm_stage_desc *d =
+			(struct stagevm_stage_desc *)((char *)base + STAGEVM_STAGE_DESCS_OFFSET +
+						      32u * i);
+		size_t n;
+
+		if (!names[i])
+			continue;
+		n = strlen(names[i]);
+		if (n > sizeof(d->name))
+			n = sizeof(d->name);
+		memcpy(d->name, names[i], n);
+	}
+	h->magic = STAGEVM_AREA_MAGIC;
+	h->version = STAGEVM_ABI_VERSION;
+	h->header_size = sizeof(struct stagevm_area_header);
+	h->area_size = area_size;
+	h->num_vcpus = l->num_vcpus;
+	h->num_stages = l->num_stages;
+	h->ring_entries = l->ring_entries;
+	return 0;
+}
+
+#endif /* STAGEVM_LAYOUT_H */

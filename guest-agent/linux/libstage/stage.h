@@ -1,0 +1,139 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * libstage: the seeds' user-space stage API for Linux guests of stagevm.
+ *
+ *   stage_init();                  // open /dev/stagevm (or $STAGEVM_FD)
+ *   stage_name(0, "parse");        // name every stage ...
+ *   stage_name(1, "execute");
+ *   stage_register();              // ... then register (else: at the first stage_enter)
+ *   // in any thread:
+ *   stage_enter(0); parse(); stage_enter(1); execute(); stage_exit();
+ *
+ * stage_enter(id) reports the switch into the ring of the CPU the thread runs
+ * on (in a guest, CPU i is vCPU i) with a few user-space stores and no system
+ * call. It calls sched_setaffinity() only when that CPU does not serve the
+ * stage in the host's current stage map (the map epoch and masks are cached
+ * per thread), restricting the thread to the CPUs that serve it.
+ *
+ * Every function returns 0 (or a non-negative value) on success and -errno
+ * on failure; none of them is async-signal-safe. Layout types come from
+ * stagevm_abi.h (hypercall-abi/include), the ABI checked against the Rust
+ * crate; see guest-agent/linux/README.md.
+ */
+#ifndef LIBSTAGE_STAGE_H
+#define LIBSTAGE_STAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "stagevm_abi.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define STAGE_MAX ((int)STAGEVM_MAX_STAGES)
+
+/*
+ * Opens the channel. Environment (read here):
+ *   STAGEVM_FD, STAGEVM_LEN  use the area in this file descriptor (a memfd)
+ *                            of this many bytes, as stage_init_fd() does;
+ *   STAGEVM_DEVICE           device path (default /dev/stagevm);
+ *   STAGEVM_VCPUS, STAGEVM_RING_ENTRIES  area geometry in fd mode
+ *                            (default: configured CPUs, 256 entries);
+ *   STAGE_TRANSPORT=lock     write rings under a per-ring lock instead of
+ *                            rseq (tests; every writer of a ring must agree).
+ * Idempotent; -EALREADY is never returned.
+ */
+int stage_init(void);
+
+/*
+ * Uses the `len`-byte area in `fd` (e.g. a memfd shared with a host-side
+ * test) instead of /dev/stagevm. libstage then plays the kernel module's part
+ * at stage_register(): it lays the area out itself; the host registers it.
+ * An area that already holds a valid header is joined as it is.
+ */
+int stage_init_fd(int fd, size_t len);
+
+/* Names stage `id` (before registration; up to 32 bytes are kept). The
+ * stages are 0..n-1 where n-1 is the highest id named. */
+int stage_name(unsigned id, const char *name);
+
+/* Lays out and registers the area with the named stages (device: through
+ * the module's REGISTER ioctl and the doorbell), or joins a registration that
+ * exists already. Called by the first stage_enter() if not before. */
+int stage_register(void);
+
+/* The calling thread starts / stops using the channel. Attach is implicit in
+ * stage_enter(); detach runs at thread exit, restores the affinity the
+ * thread had at attach, and folds its counters into stage_get_stats(). */
+int stage_attach(void);
+int stage_detach(void);
+
+/* Enters stage `id`: migrates the thread when its CPU does not serve the
+ * stage, then reports the switch. Returns the vCPU whose ring holds the event
+ * (it serves the stage in the map the thread last read, unless no vCPU serves
+ * it: then the thread stays, counted as a fallback), -EINVAL for an unknown
+ * stage, -EAGAIN when the event could not be written (ring full for a
+ * second, counted as dropped), -ERANGE on a CPU without a ring. */
+int stage_enter(unsigned id);
+
+/* Leaves the current stage (reports STAGE_NONE); returns the vCPU written. */
+int stage_exit(void);
+
+/* The calling thread's stage, or -1. */
+int stage_current(void);
+
+/* The CPU the calling thread runs on now (rseq's cpu_id, else getcpu). */
+int stage_cpu(void);
+
+/* "rseq" or "lock": how this thread writes rings (after attach). */
+const char *stage_transport(void);
+
+/* A consistent copy of the host's stage map (epoch 0: none published yet,
+ * and then every vCPU serves every stage). */
+struct stage_map_view {
+	uint64_t epoch;
+	uint32_t num_stages;
+	uint32_t num_vcpus;
+	uint64_t vcpus[STAGEVM_MAX_STAGES];
+};
+int stage_map(struct stage_map_view *out);
+
+/* Name of stage `id` as registered, or NULL. */
+const char *stage_get_name(unsigned id);
+
+/* Counters of this process: detached threads plus the calling thread. */
+struct stage_stats {
+	uint64_t enters[STAGEVM_MAX_STAGES]; /* enter events written, per stage */
+	uint64_t exits;                      /* exit events written */
+	uint64_t affinity_calls;    /* sched_setaffinity() calls by stage_enter */
+	uint64_t affinity_failures; /* of which failed (thread stayed) */
+	uint64_t cpu_changes;  /* events on another vCPU than the thread's last */
+	uint64_t fallbacks;    /* enters of a stage no vCPU serves (stayed) */
+	uint64_t full_waits;   /* times a ring was found full (then waited) */
+	uint64_t dropped;      /* events not written (-EAGAIN, no ring) */
+	uint64_t rseq_aborts;  /* restarted critical sections */
+	uint64_t lock_waits;   /* lock transport: times the ring lock was busy */
+	uint64_t map_reads;    /* stage-map copies (new epochs seen) */
+	uint64_t threads;      /* threads attached */
+};
+void stage_get_stats(struct stage_stats *out);
+
+/* Unmaps the area and closes the channel (threads must be done with it). */
+void stage_shutdown(void);
+
+/* Test hooks. stage__write_raw writes one event into the ring of the CPU
+ * the thread runs on, through the normal transport, with `seq` XOR-ed with
+ * `seq_xor` (0: the valid form) and the given stage and thread; it returns
+ * the vCPU written. stage__ring_pending returns head - tail of ring `vcpu`. */
+int stage__write_raw(uint64_t seq_xor, uint32_t stage, uint32_t thread);
+int64_t stage__ring_pending(unsigned vcpu);
+/* The area's base address and length (read-only view), or NULL. */
+const void *stage__area(size_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LIBSTAGE_STAGE_H */

@@ -1,0 +1,742 @@
+//! Host-side end-to-end test of the Linux guest agent's libstage
+//! (`guest-agent/linux/`): the shared area lives in a memfd; the VMM's real
+//! [`StageDevice`] (with the real host-sched [`Scheduler`] as its map source
+//! and host-sched plans for map changes) registers it at a guest-physical
+//! address and drains its rings, while a C program — several threads using
+//! libstage, the code a Linux guest runs — enters stages and migrates between
+//! the host's CPUs (standing in for vCPUs: in a guest, CPU i is vCPU i)
+//! following the stage map the Rust side publishes. No VM is booted.
+//!
+//! Checked: per-stage counts, exits and per-vCPU event counts equal the C
+//! side's, with zero drops; every event lands on a vCPU that serves its stage;
+//! after each phase every worker thread's `Cpus_allowed_list` is the CPU set
+//! of its last stage; corrupt entries written on purpose are counted, not
+//! fatal; concurrent writers (rseq, own rseq registration, lock transport)
+//! lose nothing; the C layout helpers equal `Layout`; `stagectl` prints the
+//! map. The cost of `stage_enter` is measured and printed.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use host_sched::config::{resolve, Config, Overrides, Resolved};
+use host_sched::cpuset::CpuSet;
+use host_sched::policy::{plan_from_assignment, Plan};
+use host_sched::topology::Topology;
+use hypercall_abi::stage::{Layout, Status, DOORBELL_REGISTER, DOORBELL_STATUS, STAGE_MAP_OFFSET};
+use stagevm::sched::Scheduler;
+use stagevm::stage::{ChannelReport, StageDevice};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+
+/// Guest-physical address of the area (above the VMM's fixed structures).
+const AREA_GPA: u64 = 0x20_0000;
+/// Stage names, in stage-id order (the C program registers the same).
+const STAGES: [&str; 2] = ["parse", "execute"];
+/// How long one line from the C program may take.
+const LINE_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// One test at a time: the children compete for the 2 CPUs, and the bench
+/// must not measure another test.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Binaries {
+    e2e: PathBuf,
+    stagectl: PathBuf,
+}
+
+/// Builds libstage, its test program and stagectl with their Makefiles (once).
+fn binaries() -> &'static Binaries {
+    static BINS: OnceLock<Binaries> = OnceLock::new();
+    BINS.get_or_init(|| {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("linux-agent");
+        let linux = repo_root().join("guest-agent/linux");
+        for target in ["libstage", "stagectl"] {
+            let r = Command::new("make")
+                .arg("-s")
+                .arg("-C")
+                .arg(&linux)
+                .arg(format!("BUILD={}", out.display()))
+                .arg(target)
+                .output()
+                .expect("run make (build-essential)");
+            assert!(
+                r.status.success(),
+                "make {target} failed:\n{}{}",
+                String::from_utf8_lossy(&r.stdout),
+                String::from_utf8_lossy(&r.stderr)
+            );
+        }
+        Binaries {
+            e2e: out.join("libstage/libstage_e2e"),
+            stagectl: out.join("stagectl/stagectl"),
+        }
+    })
+}
+
+/// The host side: a memfd-backed guest memory region holding the area, the
+/// VMM's stage device over it, the VMM's scheduler as its map source, and a
+/// drain thread doing what the VMM's `stage-sched` thread does.
+struct Host {
+    dev: Arc<StageDevice>,
+    sched: Arc<Scheduler>,
+    resolved: Resolved,
+    memfd: File,
+    len: u64,
+    vcpus: u32,
+    ring_entries: u32,
+    stop: Arc<AtomicBool>,
+    drainer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Host {
+    fn new(vcpus: u32, ring_entries: u32, policy: &str) -> Self {
+        let layout = Layout::new(vcpus, STAGES.len() as u32, ring_entries).unwrap();
+        let len = layout.area_size();
+        // No MFD_CLOEXEC: the C child inherits the descriptor.
+        // SAFETY: a NUL-terminated name; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"stagevm-area".as_ptr(), 0) };
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        // SAFETY: a fresh descriptor we own.
+        let memfd = unsafe { File::from_raw_fd(fd) };
+        memfd.set_len(len).unwrap();
+        let memory = GuestMemoryMmap::from_ranges_with_files([(
+            GuestAddress(AREA_GPA),
+            len as usize,
+            Some(FileOffset::new(memfd.try_clone().unwrap(), 0)),
+        )])
+        .unwrap();
+        let dev = Arc::new(StageDevice::new(memory, AREA_GPA + len, vcpus, 0, 1000));
+        let cores = CpuSet::from_iter(0..vcpus as usize).to_string();
+        let toml = format!(
+            "[host]\ncores = \"{cores}\"\n[policy]\nname = \"{policy}\"\n\
+             [[stage]]\nname = \"parse\"\nmin_cores = 1\n\
+             [[stage]]\nname = \"execute\"\nmin_cores = 1\n"
+        );
+        let config = Config::from_toml(&toml, "libstage test").unwrap();
+        let topo = Topology::detect().unwrap();
+        let resolved = resolve(&config, &Overrides::default(), &topo).unwrap();
+        let sched = Scheduler::new(resolved.clone(), vcpus, Vec::new());
+        dev.set_map_source(sched.clone());
+        Self {
+            dev,
+            sched,
+            resolved,
+            memfd,
+            len,
+            vcpus,
+            ring_entries,
+            stop: Arc::new(AtomicBool::new(false)),
+            drainer: None,
+        }
+    }
+
+    /// The doorbell REGISTER a guest's module sends, from vCPU 0.
+    fn register(&self) -> Status {
+        let pfn = (AREA_GPA >> 12) as u32;
+        self.dev.doorbell(0, DOORBELL_REGISTER, &pfn.to_le_bytes());
+        let mut st = [0u8; 4];
+        self.dev.read_status(0, DOORBELL_STATUS, &mut st);
+        Status::from_u32(u32::from_le_bytes(st)).unwrap()
+    }
+
+    /// Drains every `period` and runs a scheduler tick every policy period.
+    fn start_draining(&mut self, period: Duration) {
+        let (dev, sched, stop) = (self.dev.clone(), self.sched.clone(), self.stop.clone());
+        self.drainer = Some(std::thread::spawn(move || {
+            let mut last_tick = std::time::Instant::now();
+            while !stop.load(Ordering::Acquire) {
+                dev.drain();
+                if last_tick.elapsed() >= sched.period() {
+                    sched.tick(&dev).unwrap();
+                    last_tick = std::time::Instant::now();
+                }
+                std::thread::sleep(period);
+            }
+        }));
+    }
+
+    /// Stops the drain thread and drains what is left.
+    fn finish(&mut self) -> ChannelReport {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.drainer.take() {
+            t.join().unwrap();
+        }
+        self.dev.drain();
+        self.dev.report()
+    }
+
+    /// The stage map as the guest sees it: (epoch, per-stage masks).
+    fn map(&self) -> (u64, Vec<u64>) {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 8 * (1 + STAGES.len())];
+        self.memfd
+            .read_exact_at(&mut buf, STAGE_MAP_OFFSET)
+            .unwrap();
+        let words: Vec<u64> = buf
+            .chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        (words[0], words[1..].to_vec())
+    }
+
+    /// A host-sched plan giving core/vCPU `k` to stage `assignment[k]`.
+    fn plan(&self, assignment: &[usize]) -> Plan {
+        let names: Vec<String> = STAGES.iter().map(|s| s.to_string()).collect();
+        let budgets = self.resolved.budgets_for(&names).unwrap();
+        let ctx = self.resolved.context(self.vcpus, budgets);
+        let a: Vec<Option<usize>> = assignment.iter().map(|s| Some(*s)).collect();
+        plan_from_assignment(&ctx, &a)
+    }
+
+    fn child(&self, args: &[&str], env: &[(&str, &str)]) -> Driver {
+        let mut cmd = Command::new(&binaries().e2e);
+        cmd.args(args)
+            .env("STAGEVM_FD", self.memfd.as_raw_fd().to_string())
+            .env("STAGEVM_LEN", self.len.to_string())
+            .env("STAGEVM_VCPUS", self.vcpus.to_string())
+            .env("STAGEVM_RING_ENTRIES", self.ring_entries.to_string())
+            .env_remove("STAGE_TRANSPORT")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        // The child's CPUs are exactly the vCPUs 0..n: every CPU has a ring.
+        let vcpus = self.vcpus as usize;
+        // SAFETY: only async-signal-safe libc calls between fork and exec.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(move || {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                for cpu in 0..vcpus {
+                    libc::CPU_SET(cpu, &mut set);
+                }
+                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("spawn the libstage test program");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Driver {
+            child,
+            stdin,
+            lines: rx,
+            transcript: Vec::new(),
+        }
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.drainer.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Talks to the C program line by line; kills it if the test fails.
+struct Driver {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    transcript: Vec<String>,
+}
+
+impl Driver {
+    fn line(&mut self) -> String {
+        match self.lines.recv_timeout(LINE_TIMEOUT) {
+            Ok(l) => {
+                self.transcript.push(l.clone());
+                l
+            }
+            Err(RecvTimeoutError::Timeout) => panic!(
+                "the C program said nothing for {LINE_TIMEOUT:?}; so far:\n{}",
+                self.transcript.join("\n")
+            ),
+            Err(RecvTimeoutError::Disconnected) => panic!(
+                "the C program ended early ({:?}); so far:\n{}",
+                self.child.wait(),
+                self.transcript.join("\n")
+            ),
+        }
+    }
+
+    fn expect(&mut self, prefix: &str) -> String {
+        let l = self.line();
+        assert!(
+            l.starts_with(prefix),
+            "expected '{prefix}…', got '{l}'; so far:\n{}",
+            self.transcript.join("\n")
+        );
+        l
+    }
+
+    fn send(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn wait_ok(mut self) {
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "the C program exited with {status}");
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() && std::thread::panicking() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `key value key value …` after a leading word, as numbers by key.
+fn fields(line: &str) -> std::collections::HashMap<String, Vec<u64>> {
+    let mut out: std::collections::HashMap<String, Vec<u64>> = Default::default();
+    let mut key = String::new();
+    for w in line.split_whitespace().skip(1) {
+        match w.parse::<u64>() {
+            Ok(n) => out.entry(key.clone()).or_default().push(n),
+            Err(_) => key = w.to_string(),
+        }
+    }
+    out
+}
+
+fn field(line: &str, key: &str) -> u64 {
+    fields(line)
+        .get(key)
+        .and_then(|v| v.first().copied())
+        .unwrap_or_else(|| panic!("no '{key}' in '{line}'"))
+}
+
+/// "map epoch E stage0 0xM stage1 0xM" → (epoch, masks).
+fn parse_map(line: &str) -> (u64, Vec<u64>) {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(w[0], "map", "{line}");
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+    (w[2].parse().unwrap(), vec![hex(w[4]), hex(w[6])])
+}
+
+fn mask_cpus(mask: u64) -> CpuSet {
+    (0..64).filter(|v| mask >> v & 1 != 0).collect()
+}
+
+/// `Cpus_allowed_list` of every worker thread named in "phase P done tids …".
+fn thread_affinities(pid: u32, phase_line: &str) -> Vec<(String, CpuSet)> {
+    let tids: Vec<&str> = phase_line.split_whitespace().skip(4).collect();
+    assert!(!tids.is_empty(), "{phase_line}");
+    tids.into_iter()
+        .map(|tid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+                .unwrap_or_else(|e| panic!("thread {tid} of {pid}: {e}"));
+            let list = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .unwrap()
+                .trim();
+            (tid.to_string(), CpuSet::parse(list).unwrap())
+        })
+        .collect()
+}
+
+fn check_affinity(pid: u32, phase_line: &str, expect: &CpuSet) {
+    for (tid, set) in thread_affinities(pid, phase_line) {
+        assert_eq!(set, *expect, "thread {tid}: Cpus_allowed_list");
+    }
+}
+
+/// The number n of CPUs this test uses as vCPUs 0..n: the allowed CPUs
+/// counted from 0 without a gap, when there are at least 2.
+fn host_vcpus() -> Option<u32> {
+    let topo = Topology::detect().unwrap();
+    let n = (0..64).take_while(|c| topo.allowed.contains(*c)).count();
+    (n >= 2).then_some(n as u32)
+}
+
+#[test]
+fn c_layout_helpers_match_rust_layout() {
+    let _serial = serial();
+    for (v, s, e) in [
+        (1, 1, 2),
+        (2, 2, 256),
+        (3, 5, 1024),
+        (64, 16, 65536),
+        (0, 2, 256),
+        (2, 17, 256),
+        (2, 2, 100),
+        (65, 1, 4),
+    ] {
+        let out = Command::new(&binaries().e2e)
+            .args(["layout", &v.to_string(), &s.to_string(), &e.to_string()])
+            .output()
+            .unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let Some(l) = Layout::new(v, s, e) else {
+            assert_eq!(text.trim(), "invalid", "({v}, {s}, {e})");
+            continue;
+        };
+        let mut expect = vec![
+            format!("ring_bytes {}", l.ring_bytes()),
+            format!("used_bytes {}", l.used_bytes()),
+            format!("area_size {}", l.area_size()),
+        ];
+        expect.extend((0..=v).map(|i| format!("ring_offset {i} {}", l.ring_offset(i))));
+        for i in 0..v {
+            expect.push(format!(
+                "vcpu_state_offset {i} {}",
+                Layout::vcpu_state_offset(i)
+            ));
+            expect.push(format!("slot_offset {i} 0 {}", l.slot_offset(i, 0)));
+            let idx = u64::from(e) + 3;
+            expect.push(format!("slot_offset {i} {idx} {}", l.slot_offset(i, idx)));
+        }
+        assert_eq!(text.lines().collect::<Vec<_>>(), expect, "({v}, {s}, {e})");
+    }
+}
+
+/// The main scenario: static map, a map swap between phases, live map flips,
+/// corrupt entries, exact counts, thread placement, stagectl.
+#[test]
+fn libstage_threads_follow_the_map_and_counts_match() {
+    let _serial = serial();
+    let Some(vcpus) = host_vcpus() else {
+        eprintln!("skipped: needs CPUs 0 and 1 allowed");
+        return;
+    };
+    let mut host = Host::new(vcpus, 256, "static");
+    let (threads, iters, work_ns, corrupt) = (4, 150, 20_000, 5);
+    let mut c = host.child(
+        &[
+            "run",
+            &threads.to_string(),
+            &iters.to_string(),
+            &work_ns.to_string(),
+            "3",
+            &corrupt.to_string(),
+        ],
+        &[],
+    );
+    let ready = c.expect("ready");
+    assert_eq!(host.map().0, 0, "no map before REGISTER");
+    // The guest laid the area out; the doorbell registers it, and the real
+    // scheduler's static policy supplies the first map.
+    assert_eq!(host.register(), Status::Ok);
+    assert_eq!(host.dev.stage_names().unwrap(), STAGES);
+    let (epoch_a, map_a) = host.map();
+    assert_eq!(epoch_a, 2);
+    assert_eq!(map_a.len(), 2);
+    assert!(
+        map_a.iter().all(|m| *m != 0) && map_a[0] & map_a[1] == 0,
+        "static policy: disjoint non-empty stage sets, got {map_a:x?}"
+    );
+    host.start_draining(Duration::from_millis(1));
+    c.send("go");
+    assert_eq!(parse_map(&c.expect("map")), (epoch_a, map_a.clone()));
+
+    // Phase 0 under map A: every thread's last stage was stage 1.
+    let done = c.expect("phase 0 done");
+    check_affinity(c.child.id(), &done, &mask_cpus(map_a[1]));
+    // Map B: the stages swap vCPUs (a host-sched plan, published by the VMM).
+    let rev: Vec<usize> = (0..vcpus as usize)
+        .map(|k| {
+            let a = (0..2).find(|s| map_a[*s] >> k & 1 != 0).unwrap();
+            1 - a
+        })
+        .collect();
+    let plan_b = host.plan(&rev);
+    host.dev.publish(&plan_b.stage_vcpus);
+    let (epoch_b, map_b) = host.map();
+    assert_eq!(map_b, plan_b.stage_vcpus);
+    assert_eq!(map_b, vec![map_a[1], map_a[0]]);
+    c.send("go");
+    assert_eq!(parse_map(&c.expect("map")), (epoch_b, map_b.clone()));
+
+    // Phase 1 under map B.
+    let done = c.expect("phase 1 done");
+    check_affinity(c.child.id(), &done, &mask_cpus(map_b[1]));
+    // Phase 2: the map flips between A and B every 3 ms while threads run.
+    let flipping = Arc::new(AtomicBool::new(true));
+    let flips = {
+        let (dev, flipping) = (host.dev.clone(), flipping.clone());
+        let (a, b) = (map_a.clone(), map_b.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while flipping.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(3));
+                dev.publish(if n.is_multiple_of(2) { &a } else { &b });
+                n += 1;
+            }
+            n
+        })
+    };
+    c.send("go");
+    c.expect("map");
+    let done = c.expect("phase 2 done");
+    flipping.store(false, Ordering::Release);
+    let flips = flips.join().unwrap();
+    // Each thread's last enter of stage 1 followed map A or map B.
+    let (a1, b1) = (mask_cpus(map_a[1]), mask_cpus(map_b[1]));
+    for (tid, set) in thread_affinities(c.child.id(), &done) {
+        assert!(
+            set == a1 || set == b1,
+            "thread {tid}: Cpus_allowed_list {set}"
+        );
+    }
+    c.send("go");
+    c.expect("map");
+
+    let count = c.expect("count");
+    let corrupt_line = c.expect("corrupt");
+    let on0 = fields(&c.expect("vcpus stage0"))["stage0"].clone();
+    let on1 = fields(&c.expect("vcpus stage1"))["stage1"].clone();
+    let exits_on = fields(&c.expect("vcpus exits"))["exits"].clone();
+    let stats = c.expect("stats");
+    c.expect("end");
+    let report = host.finish();
+
+    // stagectl reads the same area (inherited memfd).
+    let ctl = Command::new(&binaries().stagectl)
+        .args(["--fd", &host.memfd.as_raw_fd().to_string()])
+        .output()
+        .unwrap();
+    let ctl_out = String::from_utf8_lossy(&ctl.stdout).into_owned();
+    assert!(ctl.status.success(), "stagectl: {ctl_out}");
+
+    c.send("exit");
+    c.wait_ok();
+
+    let (enter0, enter1, exits) = (
+        field(&count, "enter0"),
+        field(&count, "enter1"),
+        field(&count, "exits"),
+    );
+    let requests = threads as u64 * iters as u64 * 3;
+    assert_eq!(field(&count, "errors"), 0, "{count}");
+    assert_eq!(
+        field(&count, "violations"),
+        0,
+        "events on vCPUs not serving their stage: {count}"
+    );
+    assert_eq!(enter0, requests + corrupt);
+    assert_eq!((enter1, exits), (requests, requests));
+    let host_events: Vec<u64> = report.stages.iter().map(|s| s.events).collect();
+    assert_eq!(host_events, [enter0, enter1], "per-stage events, VMM vs C");
+    assert_eq!(
+        report.vcpus.iter().map(|v| v.exits).sum::<u64>(),
+        exits,
+        "exits, VMM vs C"
+    );
+    // Per vCPU: the valid events the VMM counted on each ring are the C
+    // side's enters and exits written there.
+    for v in 0..vcpus as usize {
+        assert_eq!(
+            report.vcpus[v].events,
+            on0[v] + on1[v] + exits_on[v],
+            "vCPU {v}: VMM events vs C (stage0 {} stage1 {} exits {})",
+            on0[v],
+            on1[v],
+            exits_on[v]
+        );
+        assert_eq!(report.vcpus[v].exits, exits_on[v], "vCPU {v} exits");
+    }
+    assert_eq!(on0.iter().sum::<u64>(), enter0);
+    assert_eq!(on1.iter().sum::<u64>(), enter1);
+    // The corrupt entries: counted, not fatal (valid events after them count).
+    assert_eq!(field(&corrupt_line, "bad_seq"), corrupt);
+    let bad_seq: u64 = report.vcpus.iter().map(|v| v.dropped_bad_seq).sum();
+    let bad_stage: u64 = report.vcpus.iter().map(|v| v.dropped_bad_stage).sum();
+    let bad_index: u64 = report.vcpus.iter().map(|v| v.bad_index).sum();
+    assert_eq!((bad_seq, bad_stage, bad_index), (corrupt, corrupt, 0));
+    assert_eq!(report.dropped, 2 * corrupt);
+    let s = fields(&stats);
+    assert_eq!(s["dropped"], [0], "{stats}");
+    assert_eq!(s["enters"], [enter0, enter1], "{stats}");
+    assert!(
+        s["affinity_calls"][0] > 0 && s["cpu_changes"][0] > 0,
+        "{stats}"
+    );
+    assert_eq!(s["affinity_failures"], [0], "{stats}");
+    let migrations_in: u64 = report.stages.iter().map(|s| s.migrations_in).sum();
+    assert!(migrations_in > 0, "the VMM saw no migrations");
+    // stagectl shows the names and the last map.
+    let (epoch_end, map_end) = host.map();
+    assert!(
+        ctl_out.contains(&format!("stage map epoch {epoch_end}")),
+        "{ctl_out}"
+    );
+    for (s, name) in STAGES.iter().enumerate() {
+        assert!(
+            ctl_out.contains(name) && ctl_out.contains(&format!("mask {:#x}", map_end[s])),
+            "stagectl output lacks stage {s}:\n{ctl_out}"
+        );
+    }
+    println!("libstage e2e: {ready}; {count}; {stats}");
+    println!(
+        "libstage e2e: VMM events {host_events:?}, dropped {} (bad seq {bad_seq}, bad stage {bad_stage}), \
+         migrations in {migrations_in}, {flips} live map flips, {} ring-full back-offs",
+        report.dropped, report.ring_full_backoffs
+    );
+    print!("{ctl_out}");
+}
+
+/// Many threads per CPU writing one ring each, preempted at random: nothing
+/// is lost or torn, with rseq (glibc's registration and libstage's own) and
+/// with the lock transport.
+#[test]
+fn concurrent_writers_lose_nothing() {
+    let _serial = serial();
+    let Some(vcpus) = host_vcpus() else {
+        eprintln!("skipped: needs CPUs 0 and 1 allowed");
+        return;
+    };
+    for (what, env) in [
+        ("rseq", vec![]),
+        ("own rseq", vec![("GLIBC_TUNABLES", "glibc.pthread.rseq=0")]),
+        ("lock", vec![("STAGE_TRANSPORT", "lock")]),
+    ] {
+        let mut host = Host::new(vcpus, 64, "off");
+        let (threads, iters) = (8u64, 4000u64);
+        let mut c = host.child(
+            &[
+                "run",
+                &threads.to_string(),
+                &iters.to_string(),
+                "0",
+                "1",
+                "0",
+            ],
+            &env,
+        );
+        let ready = c.expect("ready");
+        let expect_transport = match what {
+            "rseq" => "ready transport rseq",
+            "own rseq" => "ready transport rseq (own registration)",
+            _ => "ready transport lock",
+        };
+        assert_eq!(ready, expect_transport);
+        assert_eq!(host.register(), Status::Ok);
+        host.start_draining(Duration::from_micros(200));
+        c.send("go");
+        c.expect("map");
+        c.expect("phase 0 done");
+        c.send("go");
+        c.expect("map");
+        let count = c.expect("count");
+        c.expect("corrupt");
+        for _ in 0..3 {
+            c.expect("vcpus");
+        }
+        let stats = c.expect("stats");
+        c.expect("end");
+        let report = host.finish();
+        c.send("exit");
+        c.wait_ok();
+        let n = threads * iters;
+        assert_eq!(
+            [
+                field(&count, "enter0"),
+                field(&count, "enter1"),
+                field(&count, "exits")
+            ],
+            [n, n, n],
+            "{what}: {count}"
+        );
+        let host_events: Vec<u64> = report.stages.iter().map(|s| s.events).collect();
+        assert_eq!(host_events, [n, n], "{what}: per-stage events, VMM vs C");
+        assert_eq!(report.vcpus.iter().map(|v| v.exits).sum::<u64>(), n);
+        assert_eq!(report.dropped, 0, "{what}: {report:?}");
+        assert_eq!(fields(&stats)["dropped"], [0], "{what}: {stats}");
+        // "off": every vCPU serves every stage, so no migration is needed.
+        assert_eq!(fields(&stats)["affinity_calls"], [0], "{what}: {stats}");
+        println!(
+            "libstage {what}: {n} requests from {threads} threads, 0 lost; ring-full back-offs {}; {stats}",
+            report.ring_full_backoffs
+        );
+    }
+}
+
+/// Cost of stage_enter / stage_exit without migration (an empty call loop
+/// as the baseline) and with migration, printed for the record: with the
+/// module's default ring (256 entries: the batch between two drains stays in
+/// the L1 cache) and with a 4096-entry ring (64 KiB per batch).
+#[test]
+fn stage_enter_cost() {
+    let _serial = serial();
+    let Some(vcpus) = host_vcpus() else {
+        eprintln!("skipped: needs CPUs 0 and 1 allowed");
+        return;
+    };
+    for (ring, batches) in [(256, 2000), (4096, 200)] {
+        let mut host = Host::new(vcpus, ring, "off");
+        let mut c = host.child(&["bench", &batches.to_string()], &[]);
+        c.expect("ready");
+        assert_eq!(host.register(), Status::Ok);
+        host.start_draining(Duration::from_micros(100));
+        c.send("go");
+        c.expect("migrate ready");
+        // Stage 0 and stage 1 on different vCPUs: every enter migrates.
+        let plan = host.plan(&(0..vcpus as usize).map(|k| k % 2).collect::<Vec<_>>());
+        host.dev.publish(&plan.stage_vcpus);
+        c.send("go");
+        let bench = c.expect("bench");
+        c.expect("end");
+        let report = host.finish();
+        c.send("exit");
+        c.wait_ok();
+        let f = |k: &str| -> f64 {
+            let w: Vec<&str> = bench.split_whitespace().collect();
+            let i = w.iter().position(|x| *x == k).unwrap();
+            w[i + 1].parse().unwrap()
+        };
+        let (empty, enter, exit, migrate) =
+            (f("empty_ns"), f("enter_ns"), f("exit_ns"), f("migrate_ns"));
+        println!(
+            "stage_enter cost ({ring}-entry ring): {:.1} ns per call without migration \
+             ({enter:.1} ns loop vs {empty:.1} ns empty call), stage_exit {:.1} ns; \
+             stage_enter with migration {:.1} µs",
+            enter - empty,
+            exit - empty,
+            migrate / 1e3
+        );
+        println!("libstage bench: {bench}");
+        assert_eq!(report.dropped, 0);
+        assert_eq!(f("batch"), f64::from(ring / 2));
+        // The cost is printed, not asserted (a benchmark figure on a shared
+        // machine). The hot path's behaviour is: only the 400 migrating
+        // enters (and the first one) changed affinity.
+        let calls = f("affinity_calls");
+        assert!((400.0..=401.0).contains(&calls), "{bench}");
+    }
+}
