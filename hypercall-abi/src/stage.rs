@@ -177,7 +177,9 @@ pub struct RingHeader {
     /// Index of the next slot the guest writes (free-running); published with
     /// release ordering after the slot.
     pub head: u64,
-    /// Reserved, pads `head` to a cache line.
+    /// Pads `head` to a cache line; guest-private, never read by the host.
+    /// Linux's libstage uses `pad0[0]` as its writers' spin lock when rseq
+    /// is unavailable (`guest-agent/linux/README.md`).
     pub pad0: [u64; 7],
     /// Index of the next slot the host reads (free-running), written by the host.
     pub tail: u64,
