@@ -44,9 +44,7 @@ macro_rules! stage_entry {
         /// tracer's stage map names).
         #[no_mangle]
         #[inline(never)]
-        pub extern "C" fn $name(x: u64, params: &Params, data: *mut u64, len: usize) -> u64 {
-            // SAFETY: `data`/`len` come from the caller's live Vec.
-            let data = unsafe { std::slice::from_raw_parts_mut(data, len) };
+        pub fn $name(x: u64, params: &Params, data: &mut [u64]) -> u64 {
             run_stage($stage, x, params, data)
         }
     };
@@ -56,7 +54,9 @@ stage_entry!(stage_workload_stage1, 1);
 stage_entry!(stage_workload_stage2, 2);
 stage_entry!(stage_workload_stage3, 3);
 
-const ENTRIES: [extern "C" fn(u64, &Params, *mut u64, usize) -> u64; 4] = [
+type Entry = fn(u64, &Params, &mut [u64]) -> u64;
+
+const ENTRIES: [Entry; 4] = [
     stage_workload_stage0,
     stage_workload_stage1,
     stage_workload_stage2,
@@ -91,7 +91,7 @@ fn main() -> Result<()> {
                 for r in 0..a.requests {
                     let mut x = request_seed(id, r);
                     for entry in ENTRIES.iter().take(params.stages) {
-                        x = entry(x, &params, data.as_mut_ptr(), data.len());
+                        x = entry(x, &params, &mut data);
                     }
                     sum = fold(sum, x);
                 }
