@@ -83,3 +83,28 @@ lint:
     cargo fmt --all --check
     cd {{guest_dir}} && cargo fmt --check
     cargo clippy --workspace --all-targets -- -D warnings
+
+# Replays a synthetic trace and, when bench/capture/capture.sh exists, the traces it leaves in
+# target/traces/ (captured once, then reused) under baseline, pinned, static, proportional at 2,4,8,16
+# cores. STAGESIM_CAPTURE=0 skips running the capture (cached traces are still replayed); extra
+# arguments go to every `stagesim replay` (e.g. --cores 4,8 --slice 100000).
+# Cache simulator (issue 7): MPKI and modelled throughput per policy; tables, JSON, PNG plots in target/stagesim/.
+bench-sim *ARGS:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    cargo build --release -q -p stagesim
+    sim=target/release/stagesim
+    out=target/stagesim
+    mkdir -p "$out/plots"
+    "$sim" synth --out "$out/synth.stz" --visit-weights 2,1,1,1
+    "$sim" replay --trace "$out/synth.stz" --json "$out/synth.json" {{ARGS}}
+    "$sim" plot --json "$out/synth.json" --out-dir "$out/plots"
+    if [ -x bench/capture/capture.sh ] && [ "${STAGESIM_CAPTURE:-1}" != 0 ]; then
+        bench/capture/capture.sh || echo "bench-sim: capture failed; replaying cached traces only" >&2
+    fi
+    shopt -s nullglob
+    for t in target/traces/*.strace.zst; do
+        name=$(basename "$t" .strace.zst)
+        "$sim" replay --trace "$t" --json "$out/$name.json" --jobs 2 {{ARGS}}
+        "$sim" plot --json "$out/$name.json" --out-dir "$out/plots"
+    done
