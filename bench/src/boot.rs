@@ -14,8 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 
-mod target;
-use target::Target;
+use stagevm_bench::target::Target;
 
 /// Measures stagevm boot time and peak RSS.
 #[derive(Parser, Debug)]

@@ -8,8 +8,8 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 
-mod target;
-use target::Target;
+use stagevm_bench::stats::median;
+use stagevm_bench::target::Target;
 
 /// Measures stage_enter and doorbell costs inside the guest.
 #[derive(Parser, Debug)]
@@ -36,11 +36,6 @@ fn parse(line: &str) -> Option<(f64, f64, f64)> {
         num_after("plain loop ")?,
         num_after("doorbell exit ")?,
     ))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 fn main() -> Result<()> {

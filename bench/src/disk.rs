@@ -10,8 +10,8 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 
 mod diskimage;
-mod target;
-use target::Target;
+use stagevm_bench::stats::median;
+use stagevm_bench::target::Target;
 
 /// Measures virtio-blk reads against dd.
 #[derive(Parser, Debug)]
@@ -79,11 +79,6 @@ fn dd(disk: &std::path::Path, chunk: usize) -> Result<f64> {
         bail!("dd failed: {st}");
     }
     Ok(t0.elapsed().as_secs_f64() * 1e6)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 fn main() -> Result<()> {

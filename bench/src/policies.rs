@@ -18,8 +18,8 @@ use clap::Parser;
 use host_sched::cpuset::CpuSet;
 use host_sched::topology::{gettid, set_thread_affinity, thread_affinity};
 
-mod target;
-use target::Target;
+use stagevm_bench::stats::median;
+use stagevm_bench::target::Target;
 
 /// Runs the staged guest under each policy and measures re-pin latency.
 #[derive(Parser, Debug)]
@@ -113,14 +113,6 @@ fn run_once(args: &Args, policy: &str, report: &PathBuf) -> Result<Sample> {
         map_changes,
         migration_ns,
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[v.len() / 2]
 }
 
 /// Mean µs of `sched_setaffinity` on a spinning thread: moving it between

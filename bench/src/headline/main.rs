@@ -26,9 +26,8 @@ use stage_workload::{code_bytes, funcs_for_bytes, Params};
 
 mod native;
 mod plot;
-#[path = "../target.rs"]
-mod target;
-use target::Target;
+use stagevm_bench::stats::median;
+use stagevm_bench::target::Target;
 
 /// Sweeps code footprint × policy × vCPUs with the guest and the native reference.
 #[derive(Parser, Debug)]
@@ -95,17 +94,6 @@ struct GuestRun {
     waits: u64,
     wakes: u64,
     map_changes: u64,
-}
-
-/// Median of the finite values (NaN if none).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| x.is_finite());
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v[v.len() / 2]
-    }
 }
 
 /// The number after `key` on `line`, up to a space or comma.
