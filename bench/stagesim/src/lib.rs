@@ -17,11 +17,19 @@
 //! * [`sim`] — the scheduling models, the replay loop and the cycle model,
 //! * [`report`] — tables and the JSON report,
 //! * [`synth`] — synthetic traces,
-//! * [`plot`] — PNG plots.
+//! * [`plot`] — PNG plots,
+//! * [`groups`] — merging stages into coarser groups at replay,
+//! * [`analysis`] — per-stage visit lengths, footprints and transitions,
+//! * [`discover`] — automatic stage discovery by simulation (seed 004),
+//! * [`results`] — the `bench/RESULTS.md` section.
 
+pub mod analysis;
 pub mod cache;
+pub mod discover;
+pub mod groups;
 pub mod plot;
 pub mod report;
+pub mod results;
 pub mod sim;
 pub mod stream;
 pub mod synth;

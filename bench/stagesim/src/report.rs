@@ -5,6 +5,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::cache::Hierarchy;
+use crate::groups::StageGroups;
 use crate::sim::{CycleModel, Metrics, SimResult};
 
 /// Everything `stagesim replay --json` writes.
@@ -22,8 +23,14 @@ pub struct Report {
     pub warmup_pct: f64,
     /// Policy period, instructions per core.
     pub period: u64,
-    /// Migration cost, cycles.
-    pub migration_cycles: u64,
+    /// Migration costs replayed, cycles (staged policies).
+    pub migration_cycles: Vec<u64>,
+    /// Stage groupings replayed (staged policies).
+    pub groupings: Vec<StageGroups>,
+    /// Min-visit thresholds replayed (0: off).
+    pub min_visit: Vec<u64>,
+    /// How the min-visit variant knows visit lengths.
+    pub visit_rule: String,
     /// Cache geometry.
     pub caches: Hierarchy,
     /// Cycle model.
@@ -50,18 +57,28 @@ fn pct(new: f64, base: f64) -> String {
 /// change of instruction MPKI relative to it.
 pub fn table(all: &[SimResult]) -> String {
     let mut s = String::new();
+    let wm = all.iter().map(|r| r.label.len()).max().unwrap_or(6).max(6);
+    let wg = all
+        .iter()
+        .map(|r| r.groups.chars().count())
+        .max()
+        .unwrap_or(6)
+        .max(6);
     let _ = writeln!(
         s,
-        "{:<12} {:>5} {:>8} {:>4} {:>8} {:>8} {:>8} {:>8} {:>7} {:>5} {:>5} {:>6} {:>6} {:>7} {:>7}",
-        "policy",
+        "{:<wm$} {:<wg$} {:>5} {:>8} {:>6} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>7} {:>5} {:>5} {:>6} {:>6} {:>7} {:>7}",
+        "model",
+        "stages",
         "cores",
         "slice",
-        "thr",
+        "migcyc",
         "L1i-MPKI",
         "L2i-MPKI",
         "L1d-MPKI",
         "L2d-MPKI",
         "migr/kI",
+        "kept/kI",
+        "steal/kI",
         "IPC",
         "util",
         "tput",
@@ -80,18 +97,28 @@ pub fn table(all: &[SimResult]) -> String {
             ),
             _ => ("-".into(), "-".into(), "-".into()),
         };
+        let per_ki = |x: u64| {
+            if t.counters.instrs > 0 {
+                x as f64 * 1000.0 / t.counters.instrs as f64
+            } else {
+                0.0
+            }
+        };
         let _ = writeln!(
             s,
-            "{:<12} {:>5} {:>8} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7.3} {:>5.2} {:>5.2} {:>6.2} {:>6} {:>7} {:>7}",
-            r.policy,
+            "{:<wm$} {:<wg$} {:>5} {:>8} {:>6} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>7.3} {:>7.3} {:>8.3} {:>5.2} {:>5.2} {:>6.2} {:>6} {:>7} {:>7}",
+            r.label,
+            r.groups,
             r.cores,
             r.slice,
-            r.threads,
+            r.migration_cycles,
             t.l1i_mpki,
             t.l2i_mpki,
             t.l1d_mpki,
             t.l2d_mpki,
             t.migrations_pki,
+            per_ki(t.counters.kept),
+            per_ki(t.counters.steals),
             t.ipc,
             r.utilization,
             r.throughput_ipc,
@@ -123,10 +150,12 @@ pub fn detail(r: &SimResult) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "  {} cores={} slice={}: {} warm-up instructions excluded, {} policy periods, {} plan changes, final cores per stage {:?}, replay {:.2} s ({:.1} M instr/s)",
-        r.policy,
+        "  {} [{}] cores={} slice={} migration={} cycles: {} warm-up instructions excluded, {} policy periods, {} plan changes, final cores per stage {:?}, replay {:.2} s ({:.1} M instr/s)",
+        r.label,
+        r.group_spec,
         r.cores,
         r.slice,
+        r.migration_cycles,
         r.warmup_instrs,
         r.periods,
         r.plan_changes,

@@ -2,12 +2,19 @@
 //!
 //! ## Scheduling model
 //! Every simulated core has a clock in cycles, at most one *current* thread
-//! and (except in `baseline`) its own FIFO run queue. The simulator always
-//! advances the core with the smallest clock that has work: it runs its
-//! current thread (or the head of its queue) for up to one time slice of
-//! `slice` instructions, then, if another thread is waiting, puts the thread
-//! at the tail and switches; a thread alone on its core keeps running.
-//! Context switches cost nothing beyond the cache effects.
+//! and (except in `baseline`) its own run queue; a queued thread carries the
+//! time it arrived (the clock of the core that queued it). The replay is a
+//! discrete-event simulation at chunk granularity: it always advances the
+//! core whose next chunk starts earliest — a core with a current thread at
+//! its clock, an idle core at max(its clock, the earliest arrival among the
+//! threads it may take) — and an idle core takes the earliest-arrived thread.
+//! Threads are queued only at chunk ends, never before the chunk's start, so
+//! no thread can later arrive anywhere before the chosen start. The core runs
+//! its thread for up to one time slice of `slice` instructions, then, if
+//! another thread has arrived and waits, queues the thread and switches; a
+//! thread alone on its core keeps running. Context switches cost nothing
+//! beyond the cache effects. (Stage groups, the min-visit variant and idle
+//! stealing: [`SimConfig::groups`], [`VisitRule`], [`SimConfig::steal`].)
 //!
 //! * `baseline` — the OS model without stage affinity: one global FIFO run
 //!   queue shared by all cores; a thread whose slice ended goes to the tail
@@ -60,7 +67,8 @@ use host_sched::policy::{self, PolicyKind};
 use serde::Serialize;
 
 use crate::cache::{Cache, CoreCaches, Hierarchy, Level};
-use crate::stream::{Trace, EV_DATA, EV_FETCH, EV_STAGE};
+use crate::groups::StageGroups;
+use crate::stream::{ev_instrs, Trace, EV_DATA, EV_FETCH, EV_STAGE};
 
 /// Which scheduling model a replay uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -115,6 +123,46 @@ impl SimPolicy {
         }
     }
 }
+
+/// A **model variant** of the staged policies, separate from host-sched:
+/// at a stage change onto a stage the current core does not serve, migrate
+/// only if the thread is expected to stay in the new stage (group) for at
+/// least `min_visit` instructions; otherwise it runs that visit where it is
+/// (counted as `kept`). host-sched's policies and the guest agent have no
+/// such rule: they migrate at every such stage change (`min_visit = 0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VisitRule {
+    /// The visit's true length, read ahead in the trace: an upper bound for
+    /// any such rule, not implementable online.
+    Oracle,
+    /// An online prediction: the mean length of the stage's previous visits
+    /// over all threads (exponentially weighted, newest visit 1/4); a stage
+    /// not yet visited is predicted long.
+    History,
+}
+
+impl VisitRule {
+    /// Parses `oracle` or `history`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "oracle" => Some(Self::Oracle),
+            "history" => Some(Self::History),
+            _ => None,
+        }
+    }
+
+    /// The rule's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Oracle => "oracle",
+            Self::History => "history",
+        }
+    }
+}
+
+/// Weight of the newest visit in [`VisitRule::History`]'s average.
+pub const HISTORY_WEIGHT: f64 = 0.25;
 
 /// Cycle costs. The defaults are assumptions for an AMD Zen 3 (family 19h)
 /// core at ~2.5 GHz, in line with commonly quoted load-to-use latencies (L2
@@ -190,6 +238,13 @@ pub struct Counters {
     pub migrations: u64,
     /// Cycles spent migrating.
     pub migration_cycles: u64,
+    /// Stage changes onto a stage the core does not serve where the
+    /// min-visit rule ([`VisitRule`]) kept the thread on its core.
+    pub kept: u64,
+    /// Queued threads an idle core took from another core's queue
+    /// ([`SimConfig::steal`]); counted on the taking core, under the
+    /// thread's stage, and charged `migration_cycles` there.
+    pub steals: u64,
 }
 
 impl Counters {
@@ -205,6 +260,8 @@ impl Counters {
         self.l3d_misses += o.l3d_misses;
         self.migrations += o.migrations;
         self.migration_cycles += o.migration_cycles;
+        self.kept += o.kept;
+        self.steals += o.steals;
     }
 }
 
@@ -283,9 +340,36 @@ pub struct SimConfig {
     pub smoothing: f64,
     /// Hysteresis in cores (proportional; host-sched default 0.1).
     pub hysteresis: f64,
-    /// Per trace stage (dense order), its budget; `None`: min 0, max N, weight 1.
+    /// Per stage group (dense order), its budget; `None`: min 0, max N, weight 1.
     #[serde(skip)]
     pub budgets: Option<Vec<Budget>>,
+    /// Stage grouping (`None`: the trace's own stages); see [`crate::groups`].
+    #[serde(skip)]
+    pub groups: Option<StageGroups>,
+    /// Min-visit model variant (staged policies): migrate only for visits
+    /// expected to last at least this many instructions; 0 = off (host-sched).
+    pub min_visit: u64,
+    /// How the visit length is known for `min_visit`.
+    pub visit_rule: VisitRule,
+    /// Replay only the first fraction (0..=1) of every thread's events:
+    /// the same instructions whatever the scheduling (`stagesim discover`
+    /// compares candidates on them); `None`: whole streams.
+    pub thread_prefix: Option<f64>,
+    /// Whether `budgets` carry weights proportional to the groups' measured
+    /// instruction shares (a profile; `static` then allocates cores by load
+    /// once). Only labels the result: the caller sets `budgets`.
+    pub load_weights: bool,
+    /// Scheduling-model option for the staged policies (not host-sched
+    /// policy code): an idle core takes a queued thread from another core's
+    /// queue if it serves that thread's current stage (the earliest-arrived
+    /// such thread), as Linux's idle balancing does within a
+    /// thread's affinity mask (libstage sets the mask to the stage's vCPUs).
+    /// Without it, threads move only at stage changes (the test guest's
+    /// queue hand-off), and a stage's cores can stay unevenly loaded.
+    pub steal: bool,
+    /// Replay only the first `limit` instructions (in replay order, warm-up
+    /// included; the warm-up is `warmup_pct` of them); `None`: the whole trace.
+    pub limit: Option<u64>,
 }
 
 impl SimConfig {
@@ -303,7 +387,34 @@ impl SimConfig {
             smoothing: 0.7,
             hysteresis: 0.1,
             budgets: None,
+            groups: None,
+            min_visit: 0,
+            visit_rule: VisitRule::Oracle,
+            limit: None,
+            thread_prefix: None,
+            load_weights: false,
+            steal: false,
         }
+    }
+
+    /// The model's label: the policy name, plus the min-visit variant when
+    /// it is on (e.g. `static/min-visit 5000 oracle`).
+    pub fn label(&self) -> String {
+        let mut l = self.policy.name().to_string();
+        if self.load_weights && self.policy == SimPolicy::Static {
+            l.push_str("/load-weights");
+        }
+        if self.steal && self.policy.host_sched_kind().is_some() {
+            l.push_str("/steal");
+        }
+        if self.min_visit > 0 && self.policy.host_sched_kind().is_some() {
+            l.push_str(&format!(
+                "/min-visit {} {}",
+                self.min_visit,
+                self.visit_rule.name()
+            ));
+        }
+        l
     }
 }
 
@@ -321,6 +432,16 @@ pub struct StageResult {
 pub struct SimResult {
     /// Model name.
     pub policy: String,
+    /// Model label ([`SimConfig::label`]): the name plus any variant.
+    pub label: String,
+    /// Stage grouping label ([`StageGroups::label`]).
+    pub groups: String,
+    /// Stage grouping, every group written out ([`StageGroups::full_spec`]).
+    pub group_spec: String,
+    /// Migration cost, cycles.
+    pub migration_cycles: u64,
+    /// Min-visit variant threshold (0: off).
+    pub min_visit: u64,
     /// Simulated cores.
     pub cores: usize,
     /// Time slice, instructions.
@@ -348,6 +469,10 @@ pub struct SimResult {
     /// Cores per stage in the last plan (host-sched `Plan::requirement`;
     /// 0 = served by the victim core); empty for baseline and pinned.
     pub final_requirement: Vec<usize>,
+    /// Cores per stage (group) after each plan change: (instructions
+    /// replayed so far, warm-up included; `Plan::requirement`). The first
+    /// entry is the initial plan. Empty for baseline and pinned.
+    pub plan_history: Vec<(u64, Vec<usize>)>,
     /// Wall-clock seconds of the replay.
     pub replay_seconds: f64,
     /// Replay speed, million instructions per second (single thread).
@@ -464,6 +589,78 @@ struct ThreadState {
     pos: usize,
     stage: usize,
     ready_at: f64,
+    /// Instructions since the thread entered its current stage (group).
+    visit: u64,
+}
+
+/// Where a core's next chunk comes from.
+#[derive(Clone, Copy, Debug)]
+enum Source {
+    /// The core's current thread.
+    Current,
+    /// Position in the core's own queue.
+    Own(usize),
+    /// Position in the global queue (baseline).
+    Global(usize),
+    /// (core, position) in another core's queue (`steal`).
+    Steal(usize, usize),
+}
+
+/// The queued thread that arrived first (position, arrival); ties: the
+/// earlier position (FIFO).
+fn earliest(q: &VecDeque<usize>, threads: &[ThreadState]) -> Option<(usize, f64)> {
+    let mut best: Option<(usize, f64)> = None;
+    for (i, t) in q.iter().enumerate() {
+        let r = threads[*t].ready_at;
+        if best.is_none_or(|(_, b)| r < b) {
+            best = Some((i, r));
+        }
+    }
+    best
+}
+
+/// For idle core `k` (staged policies with `steal`): the queued thread of
+/// another core whose current stage `k` serves and that arrived first:
+/// (core, position, arrival).
+fn stealable(
+    k: usize,
+    cores: &[Core],
+    threads: &[ThreadState],
+    serve: &[u64],
+) -> Option<(usize, usize, f64)> {
+    let mut best: Option<(usize, usize, f64)> = None;
+    for (j, c) in cores.iter().enumerate() {
+        if j == k {
+            continue;
+        }
+        for (i, t) in c.queue.iter().enumerate() {
+            let th = &threads[*t];
+            if serve[th.stage] >> k & 1 == 1 && best.is_none_or(|(.., b)| th.ready_at < b) {
+                best = Some((j, i, th.ready_at));
+            }
+        }
+    }
+    best
+}
+
+/// Instructions from `pos` until the next STAGE marker that changes the
+/// group away from `group` (or the end of the stream), counting at most to
+/// `cap`.
+fn visit_ahead(events: &[u64], pos: usize, group: usize, lookup: &[usize], cap: u64) -> u64 {
+    let mut n = 0u64;
+    for &ev in &events[pos.min(events.len())..] {
+        match ev >> 62 {
+            EV_FETCH => {
+                n += ev_instrs(ev);
+                if n >= cap {
+                    break;
+                }
+            }
+            EV_STAGE if lookup[((ev & 0xffff) as usize).min(lookup.len() - 1)] != group => break,
+            _ => {}
+        }
+    }
+    n
 }
 
 /// Replays `trace` under `cfg`; `progress` is called with instructions
@@ -487,8 +684,22 @@ pub fn simulate(
         "policy period = 0: must be ≥ 1 instruction"
     );
     cfg.caches.validate()?;
-    let stages = trace.stages.len();
-    let ns = stages + 1; // dense stage indices plus "no stage"
+    let groups = match &cfg.groups {
+        Some(g) => {
+            anyhow::ensure!(
+                g.map.len() == trace.stages.len(),
+                "stage grouping for {} stages, trace has {}",
+                g.map.len(),
+                trace.stages.len()
+            );
+            g.clone()
+        }
+        None => StageGroups::identity(&trace.stages),
+    };
+    // Trace stage (dense, "no stage" last) → group ("no group" last).
+    let lookup = groups.lookup();
+    let stages = groups.len();
+    let ns = stages + 1; // dense group indices plus "no stage"
     let none = stages;
     let shift = cfg.caches.l1i.line_bytes.trailing_zeros();
     let mut cores: Vec<Core> = (0..n)
@@ -512,6 +723,7 @@ pub fn simulate(
             pos: 0,
             stage: none,
             ready_at: 0.0,
+            visit: 0,
         })
         .collect();
     let baseline = cfg.policy == SimPolicy::Baseline;
@@ -535,11 +747,11 @@ pub fn simulate(
                     anyhow::ensure!(b.len() == stages, "{} budgets for {stages} stages", b.len());
                     b.clone()
                 }
-                None => trace
-                    .stages
+                None => groups
+                    .names
                     .iter()
-                    .map(|s| Budget {
-                        name: s.name.clone(),
+                    .map(|name| Budget {
+                        name: name.clone(),
                         min_cores: 0,
                         max_cores: n,
                         weight: 1.0,
@@ -567,12 +779,44 @@ pub fn simulate(
         serve[..stages].copy_from_slice(&plan.stage_vcpus);
         requirement = plan.requirement;
     }
+    let mut plan_history: Vec<(u64, Vec<usize>)> = Vec::new();
+    if pol.is_some() {
+        plan_history.push((0, requirement.clone()));
+    }
     let period_total = cfg.period.saturating_mul(n as u64);
     let mut next_period = period_total;
     let mut period_load = vec![0u64; ns];
     let (mut periods, mut plan_changes) = (0u64, 0u64);
+    // Min-visit variant, history rule: per group, the weighted mean visit.
+    let mut visit_mean: Vec<Option<f64>> = vec![None; ns];
 
-    let warm_at = (trace.instrs as f64 * cfg.warmup_pct / 100.0) as u64;
+    // Each thread's stream, or its first `thread_prefix` part.
+    let ends: Vec<usize> = trace
+        .threads
+        .iter()
+        .map(|th| match cfg.thread_prefix {
+            Some(f) => ((th.events.len() as f64 * f.clamp(0.0, 1.0)) as usize).min(th.events.len()),
+            None => th.events.len(),
+        })
+        .collect();
+    let stream_instrs: u64 = match cfg.thread_prefix {
+        Some(_) => trace
+            .threads
+            .iter()
+            .zip(&ends)
+            .map(|(th, e)| {
+                th.events[..*e]
+                    .iter()
+                    .filter(|ev| *ev >> 62 == EV_FETCH)
+                    .map(|ev| ev_instrs(*ev))
+                    .sum::<u64>()
+            })
+            .sum(),
+        None => trace.instrs,
+    };
+    // Instructions to replay: the whole trace, or a prefix (in replay order).
+    let total = cfg.limit.map_or(stream_instrs, |l| l.min(stream_instrs));
+    let warm_at = (total as f64 * cfg.warmup_pct / 100.0) as u64;
     let mut measuring = warm_at == 0;
     // Per core, its clock when statistics started.
     let mut warm_clock = vec![0.0f64; n];
@@ -581,42 +825,73 @@ pub fn simulate(
     let mut executed = 0u64;
     let mut reported = 0u64;
 
+    let steal = cfg.steal && pol.is_some();
     loop {
-        // The core with the smallest clock that has work.
-        let mut pick: Option<usize> = None;
+        // Discrete-event order: the core whose next chunk starts earliest.
+        // A core with a current thread starts at its clock; an idle core at
+        // max(its clock, the arrival of the earliest-arrived thread it can
+        // take). Pushes happen at chunk ends, which are never earlier than
+        // the chunk's start, so no thread can later arrive anywhere before
+        // the start chosen here.
+        let mut pick: Option<(f64, usize, Source)> = None;
         for (k, c) in cores.iter().enumerate() {
-            let has_work = c.current.is_some()
-                || if baseline {
-                    !global.is_empty()
+            let cand = if c.current.is_some() {
+                Some((c.clock, Source::Current))
+            } else {
+                let own = if baseline {
+                    earliest(&global, &threads).map(|(i, r)| (c.clock.max(r), Source::Global(i)))
                 } else {
-                    !c.queue.is_empty()
+                    earliest(&c.queue, &threads).map(|(i, r)| (c.clock.max(r), Source::Own(i)))
                 };
-            if has_work && pick.is_none_or(|p| c.clock < cores[p].clock) {
-                pick = Some(k);
+                let other = if steal {
+                    stealable(k, &cores, &threads, &serve)
+                        .map(|(j, i, r)| (c.clock.max(r), Source::Steal(j, i)))
+                } else {
+                    None
+                };
+                match (own, other) {
+                    (Some(o), Some(x)) => Some(if x.0 < o.0 { x } else { o }),
+                    (o, x) => o.or(x),
+                }
+            };
+            if let Some((time, src)) = cand {
+                if pick.is_none_or(|(pt, ..)| time < pt) {
+                    pick = Some((time, k, src));
+                }
             }
         }
-        let Some(k) = pick else { break };
-        let t = match cores[k].current {
-            Some(t) => t,
-            None => {
-                let q = if baseline {
-                    &mut global
-                } else {
-                    &mut cores[k].queue
+        let Some((_, k, src)) = pick else { break };
+        if executed >= total {
+            break;
+        }
+        let t = match src {
+            Source::Current => cores[k].current.unwrap_or_default(),
+            Source::Own(i) | Source::Global(i) | Source::Steal(_, i) => {
+                let q = match src {
+                    Source::Global(_) => &mut global,
+                    Source::Steal(j, _) => &mut cores[j].queue,
+                    _ => &mut cores[k].queue,
                 };
-                let Some(t) = q.pop_front() else { break };
+                let Some(t) = q.remove(i) else { break };
                 cores[k].current = Some(t);
                 cores[k].clock = cores[k].clock.max(threads[t].ready_at);
+                if matches!(src, Source::Steal(..)) {
+                    let st = &mut stats[k * ns + threads[t].stage];
+                    st.steals += 1;
+                    st.migration_cycles += cfg.migration_cycles;
+                    cores[k].clock += cfg.migration_cycles as f64;
+                }
                 t
             }
         };
-        let events = &trace.threads[t].events[..];
+        let events = &trace.threads[t].events[..ends[t]];
         let mut budget = cfg.slice;
         // How the slice ends: None = slice used up, Some(None) = thread done,
         // Some(Some(target)) = migrate to target.
         let mut outcome: Option<Option<usize>> = None;
         while budget > 0 {
             let mut lim = budget;
+            lim = lim.min(total.saturating_sub(executed).max(1));
             if !measuring {
                 lim = lim.min(warm_at.saturating_sub(executed).max(1));
             }
@@ -635,6 +910,7 @@ pub fn simulate(
                 &mut delta,
             );
             let done = delta.instrs;
+            threads[t].visit += done;
             executed += done;
             budget = budget.saturating_sub(done);
             cores[k].clock += cfg.model.cycles(&delta);
@@ -665,9 +941,14 @@ pub fn simulate(
                     if plan.stage_vcpus[..] != serve[..stages] {
                         plan_changes += 1;
                         serve[..stages].copy_from_slice(&plan.stage_vcpus);
+                        plan_history.push((executed, plan.requirement.clone()));
                     }
                     requirement = plan.requirement;
                 }
+            }
+            if executed >= total {
+                // A prefix replay ends here (the thread keeps its core).
+                break;
             }
             match stop {
                 Stop::Limit => {}
@@ -675,15 +956,40 @@ pub fn simulate(
                     outcome = Some(None);
                     break;
                 }
-                Stop::Stage(s) => {
-                    let s = s.min(none);
+                Stop::Stage(raw) => {
+                    let s = lookup[raw.min(lookup.len() - 1)];
+                    let old = threads[t].stage;
+                    if s != old {
+                        // A marker inside one group is no stage change.
+                        let v = threads[t].visit;
+                        if old != none && v > 0 {
+                            let m = &mut visit_mean[old];
+                            *m = Some(match *m {
+                                Some(x) => x + HISTORY_WEIGHT * (v as f64 - x),
+                                None => v as f64,
+                            });
+                        }
+                        threads[t].visit = 0;
+                    }
                     threads[t].stage = s;
-                    if pol.is_some() && serve[s] >> k & 1 == 0 {
+                    if s != old && pol.is_some() && serve[s] >> k & 1 == 0 {
                         let target = (0..n).filter(|c| serve[s] >> c & 1 == 1).min_by_key(|c| {
                             let q = &cores[*c];
                             (q.queue.len() + q.current.is_some() as usize, *c)
                         });
-                        if let Some(target) = target {
+                        let long_enough = cfg.min_visit == 0
+                            || match cfg.visit_rule {
+                                VisitRule::Oracle => {
+                                    visit_ahead(events, threads[t].pos, s, &lookup, cfg.min_visit)
+                                        >= cfg.min_visit
+                                }
+                                VisitRule::History => {
+                                    visit_mean[s].is_none_or(|m| m >= cfg.min_visit as f64)
+                                }
+                            };
+                        if target.is_some() && !long_enough {
+                            stats[k * ns + s].kept += 1;
+                        } else if let Some(target) = target {
                             let st = &mut stats[k * ns + s];
                             st.migrations += 1;
                             st.migration_cycles += cfg.migration_cycles;
@@ -708,10 +1014,13 @@ pub fn simulate(
                 cores[target].queue.push_back(t);
             }
             None => {
+                // Only threads that have arrived by now compete for the core.
+                let now = core.clock;
+                let arrived = |q: &VecDeque<usize>| q.iter().any(|o| threads[*o].ready_at <= now);
                 let others_wait = if baseline {
-                    !global.is_empty()
+                    arrived(&global)
                 } else {
-                    !core.queue.is_empty()
+                    arrived(&core.queue)
                 };
                 if others_wait {
                     core.current = None;
@@ -749,10 +1058,10 @@ pub fn simulate(
                 c.add(&stats[k * ns + s]);
             }
             StageResult {
-                name: trace
-                    .stages
+                name: groups
+                    .names
                     .get(s)
-                    .map_or("(none)".to_string(), |i| i.name.clone()),
+                    .map_or("(none)".to_string(), |n| n.clone()),
                 metrics: Metrics::new(c, &cfg.model),
             }
         })
@@ -761,6 +1070,11 @@ pub fn simulate(
     let secs = started.elapsed().as_secs_f64();
     Ok(SimResult {
         policy: cfg.policy.name().to_string(),
+        label: cfg.label(),
+        groups: groups.label(),
+        group_spec: groups.full_spec(),
+        migration_cycles: cfg.migration_cycles,
+        min_visit: cfg.min_visit,
         cores: n,
         slice: cfg.slice,
         threads: trace.threads.len(),
@@ -782,6 +1096,7 @@ pub fn simulate(
         periods,
         plan_changes,
         final_requirement: requirement,
+        plan_history,
         replay_seconds: secs,
         replay_mips: executed as f64 / secs.max(1e-9) / 1e6,
     })

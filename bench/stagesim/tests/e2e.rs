@@ -3,8 +3,9 @@
 
 use std::path::PathBuf;
 
-use stagesim::sim::{simulate, SimConfig, SimPolicy, SimResult};
-use stagesim::stream::Trace;
+use stagesim::groups::StageGroups;
+use stagesim::sim::{simulate, SimConfig, SimPolicy, SimResult, VisitRule};
+use stagesim::stream::{pack_stage, StageInfo, Trace, EV_STAGE};
 use stagesim::synth::{self, SynthConfig};
 
 fn tmp(name: &str) -> PathBuf {
@@ -139,4 +140,206 @@ fn bad_trace_files_are_errors_naming_the_offset() {
     assert!(e.contains("byte offset 0"), "{e}");
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_dir(path.parent().unwrap());
+}
+
+/// A synthetic trace with four stages (parse, plan, execute, commit).
+fn four_stage_trace(name: &str) -> Trace {
+    let path = tmp(name);
+    let cfg = SynthConfig {
+        threads: 6,
+        stages: 4,
+        stage_kib: 96,
+        common_kib: 8,
+        requests: 12,
+        visit_instrs: 4_000,
+        visit_weights: vec![],
+        heap_kib: 32,
+        stack_kib: 4,
+        data_per_block: 0.3,
+        seed: 11,
+    };
+    synth::write(&path, &cfg).unwrap();
+    let t = Trace::load(&path).unwrap();
+    let _ = std::fs::remove_file(stagesim::trace::Sidecar::path_for(&path));
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir(path.parent().unwrap());
+    t
+}
+
+/// `t` as if captured with the grouping's coarser map: stage markers mapped
+/// to groups, markers that do not change the group dropped.
+fn recaptured(t: &Trace, g: &StageGroups) -> Trace {
+    let lookup = g.lookup();
+    let mut out = t.clone();
+    out.stages = g
+        .names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| StageInfo {
+            id: i as u16,
+            name: n.clone(),
+        })
+        .collect();
+    for th in &mut out.threads {
+        let mut cur = usize::MAX;
+        th.events.retain_mut(|ev| {
+            if *ev >> 62 != EV_STAGE {
+                return true;
+            }
+            let grp = lookup[(*ev & 0xffff) as usize];
+            *ev = pack_stage(grp as u16);
+            let keep = grp != cur;
+            cur = grp;
+            keep
+        });
+    }
+    out
+}
+
+#[test]
+fn a_grouping_replays_exactly_like_a_trace_captured_with_the_coarser_map() {
+    let t = four_stage_trace("groups.stz");
+    let g = StageGroups::parse("front=parse,plan;back=execute,commit", &t.stages).unwrap();
+    let coarse = recaptured(&t, &g);
+    for policy in [SimPolicy::Static, SimPolicy::Proportional] {
+        let mut a = SimConfig::new(policy, 2, 20_000);
+        a.period = 100_000;
+        a.groups = Some(g.clone());
+        let mut b = SimConfig::new(policy, 2, 20_000);
+        b.period = 100_000;
+        let ra = simulate(&t, &a, &mut |_| {}).unwrap();
+        let rb = simulate(&coarse, &b, &mut |_| {}).unwrap();
+        assert_eq!(ra.total.counters, rb.total.counters, "{policy:?}");
+        assert_eq!(ra.per_stage.len(), 3, "two groups and (none)");
+        assert_eq!(ra.per_stage[0].name, "front");
+        assert_eq!(ra.per_stage[1].name, "back");
+        for (x, y) in ra.per_stage.iter().zip(&rb.per_stage) {
+            assert_eq!(x.metrics.counters, y.metrics.counters, "{}", x.name);
+        }
+        assert_eq!(ra.groups, "front+back(2)");
+        // Fewer stage changes, fewer migrations than the 4-stage map (at 4
+        // cores, where every stage of the fine map has a core of its own).
+        let mut a4 = a.clone();
+        a4.cores = 4;
+        let ra = simulate(&t, &a4, &mut |_| {}).unwrap();
+        let fine = run(&t, policy, 4, 20_000);
+        assert!(
+            ra.total.counters.migrations < fine.total.counters.migrations,
+            "{policy:?}: {} vs {}",
+            ra.total.counters.migrations,
+            fine.total.counters.migrations
+        );
+    }
+}
+
+#[test]
+fn min_visit_longer_than_every_visit_never_migrates_and_equals_pinned() {
+    let t = four_stage_trace("minvisit.stz");
+    let pinned = run(&t, SimPolicy::Pinned, 2, 20_000);
+    for rule in [VisitRule::Oracle, VisitRule::History] {
+        let mut c = SimConfig::new(SimPolicy::Static, 2, 20_000);
+        c.period = 200_000;
+        c.min_visit = u64::MAX / 2;
+        c.visit_rule = rule;
+        let r = simulate(&t, &c, &mut |_| {}).unwrap();
+        // History predicts a stage's first visits long: those still migrate.
+        if rule == VisitRule::Oracle {
+            assert_eq!(r.total.counters.migrations, 0);
+            let mut a = r.total.counters;
+            a.kept = 0;
+            assert_eq!(
+                a, pinned.total.counters,
+                "no migration: the pinned placement"
+            );
+        } else {
+            assert!(
+                r.total.counters.migrations < 20,
+                "{}",
+                r.total.counters.migrations
+            );
+        }
+        assert!(r.total.counters.kept > 0);
+        assert_eq!(
+            r.label,
+            format!("static/min-visit {} {}", u64::MAX / 2, rule.name())
+        );
+    }
+    // A threshold of 1 instruction is the plain policy.
+    let mut c = SimConfig::new(SimPolicy::Static, 2, 20_000);
+    c.period = 200_000;
+    c.min_visit = 1;
+    let a = simulate(&t, &c, &mut |_| {}).unwrap();
+    let b = run(&t, SimPolicy::Static, 2, 20_000);
+    assert_eq!(a.total.counters.migrations, b.total.counters.migrations);
+}
+
+#[test]
+fn stealing_and_prefix_replays_keep_the_instruction_count() {
+    let t = four_stage_trace("steal.stz");
+    let mut c = SimConfig::new(SimPolicy::Static, 4, 20_000);
+    c.period = 100_000;
+    c.steal = true;
+    let r = simulate(&t, &c, &mut |_| {}).unwrap();
+    assert_eq!(r.warmup_instrs + r.total.counters.instrs, t.instrs);
+    assert!(r.utilization > 0.0 && r.utilization <= 1.0 + 1e-9);
+    assert_eq!(r.label, "static/steal");
+    // baseline and pinned ignore the option.
+    let mut p = SimConfig::new(SimPolicy::Pinned, 4, 20_000);
+    p.steal = true;
+    let rp = simulate(&t, &p, &mut |_| {}).unwrap();
+    assert_eq!(rp.total.counters.steals, 0);
+    // A prefix: the warm-up is 10 % of it, and it ends within one block.
+    let mut q = SimConfig::new(SimPolicy::Baseline, 2, 20_000);
+    q.limit = Some(t.instrs / 2);
+    let rq = simulate(&t, &q, &mut |_| {}).unwrap();
+    let done = rq.warmup_instrs + rq.total.counters.instrs;
+    assert!(done >= t.instrs / 2 && done < t.instrs / 2 + 64, "{done}");
+    assert!((rq.warmup_instrs as f64 - 0.05 * t.instrs as f64).abs() < 64.0);
+}
+
+#[test]
+fn discovery_merges_down_to_one_group() {
+    let t = four_stage_trace("discover.stz");
+    let mut c = SimConfig::new(SimPolicy::Static, 2, 20_000);
+    c.period = 100_000;
+    c.load_weights = true;
+    c.thread_prefix = Some(0.5);
+    let steps = stagesim::discover::discover(
+        &t,
+        &c,
+        stagesim::discover::Objective::Cpi,
+        1,
+        &mut |_, _, _| {},
+    )
+    .unwrap();
+    // Every candidate replays the same half of every thread.
+    let half: u64 = t
+        .threads
+        .iter()
+        .map(|th| {
+            th.events[..th.events.len() / 2]
+                .iter()
+                .filter(|e| **e >> 62 == 0)
+                .map(|e| stagesim::stream::ev_instrs(*e))
+                .sum::<u64>()
+        })
+        .sum();
+    for s in &steps {
+        assert_eq!(
+            s.result.warmup_instrs + s.result.total.counters.instrs,
+            half
+        );
+    }
+    let ks: Vec<usize> = steps.iter().map(|s| s.k).collect();
+    assert_eq!(ks, [4, 3, 2, 1]);
+    assert_eq!(steps[1].candidates, 6);
+    assert_eq!(
+        steps[3].result.total.counters.migrations, 0,
+        "one group: nothing to migrate to"
+    );
+    // Every step's grouping parses back and covers every stage once.
+    for s in &steps {
+        let g = StageGroups::parse(&s.spec, &t.stages).unwrap();
+        assert_eq!(g.len(), s.k);
+    }
 }
