@@ -278,6 +278,55 @@ impl FromStr for DiskConfig {
     }
 }
 
+/// `--boot-mode auto|unikernel|pvh|bzimage`: which boot protocol starts the
+/// guest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BootMode {
+    /// Decide from the image: an ELF without a PVH entry note is a ring-3
+    /// unikernel, an ELF with one is a Linux `vmlinux` (PVH), a file with the
+    /// `HdrS` magic is a bzImage.
+    #[default]
+    Auto,
+    /// stagevm's direct ring-3 boot ([`hypercall_abi::boot`]), for ELF images;
+    /// a PVH note, if any, is ignored.
+    Unikernel,
+    /// PVH: 32-bit protected mode, paging off, at the ELF's
+    /// `XEN_ELFNOTE_PHYS32_ENTRY`, `EBX` = `hvm_start_info` GPA.
+    Pvh,
+    /// Linux 64-bit boot protocol of a bzImage, `RSI` = `boot_params` GPA.
+    BzImage,
+}
+
+impl BootMode {
+    /// The name `--boot-mode` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            BootMode::Auto => "auto",
+            BootMode::Unikernel => "unikernel",
+            BootMode::Pvh => "pvh",
+            BootMode::BzImage => "bzimage",
+        }
+    }
+}
+
+impl FromStr for BootMode {
+    type Err = ConfigError;
+
+    fn from_str(value: &str) -> Result<Self, ConfigError> {
+        match value {
+            "auto" => Ok(Self::Auto),
+            "unikernel" => Ok(Self::Unikernel),
+            "pvh" => Ok(Self::Pvh),
+            "bzimage" => Ok(Self::BzImage),
+            _ => Err(ConfigError::Invalid {
+                what: "boot mode",
+                value: value.into(),
+                reason: "expected auto, unikernel, pvh or bzimage".into(),
+            }),
+        }
+    }
+}
+
 /// Everything needed to build and run one VM.
 #[derive(Clone, Debug)]
 pub struct VmConfig {
@@ -299,6 +348,11 @@ pub struct VmConfig {
     pub sched: host_sched::config::Resolved,
     /// virtio-blk disks, in order (`blk0`, `blk1`, …).
     pub disks: Vec<DiskConfig>,
+    /// Boot protocol (`--boot-mode`).
+    pub boot_mode: BootMode,
+    /// Initial RAM disk for Linux boots (`--initramfs`), loaded at the top of
+    /// guest RAM.
+    pub initramfs: Option<PathBuf>,
 }
 
 #[cfg(test)]
@@ -350,6 +404,20 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("'maybe'"));
+    }
+
+    #[test]
+    fn boot_modes() {
+        for mode in [
+            BootMode::Auto,
+            BootMode::Unikernel,
+            BootMode::Pvh,
+            BootMode::BzImage,
+        ] {
+            assert_eq!(mode.name().parse::<BootMode>().unwrap(), mode);
+        }
+        let e = "efi".parse::<BootMode>().unwrap_err().to_string();
+        assert!(e.contains("'efi'"), "{e}");
     }
 
     #[test]

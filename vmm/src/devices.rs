@@ -14,10 +14,10 @@ use crate::stage::StageDevice;
 
 /// Interrupt line of the UART as an `EventFd`.
 ///
-/// `vm-superio`'s `Serial` signals interrupts through a [`Trigger`]. stagevm
-/// starts guests in ring 3 with interrupts off and creates no interrupt
-/// controller yet, so nothing listens on this `EventFd`; it becomes an irqfd
-/// once devices need interrupts.
+/// `vm-superio`'s `Serial` signals interrupts through a [`Trigger`]. The
+/// ring-3 unikernel runs with interrupts off and no interrupt controller, so
+/// nothing listens on this `EventFd` there; a Linux boot registers it as an
+/// irqfd on IRQ 4 ([`Devices::serial_irq_fd`]).
 pub struct EventFdTrigger(EventFd);
 
 impl Trigger for EventFdTrigger {
@@ -127,6 +127,13 @@ impl Devices {
                 PioAction::Continue
             }
         }
+    }
+
+    /// A second handle on the UART's interrupt `EventFd`, for an irqfd (the
+    /// Linux boot routes it to IRQ 4 of the in-kernel irqchip). Error: the
+    /// descriptor cannot be duplicated.
+    pub fn serial_irq_fd(&self) -> io::Result<EventFd> {
+        self.lock_serial().interrupt_evt().0.try_clone()
     }
 
     /// Adds a virtio-mmio block device; `ioeventfd` tells whether KVM

@@ -48,7 +48,12 @@ pub const fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
 
 /// The `kvm_segment` (hidden descriptor cache) for GDT entry `index`.
 pub fn segment_from_gdt(index: u16) -> kvm_segment {
-    let entry = GDT[index as usize];
+    segment_from_entry(GDT[index as usize], index)
+}
+
+/// The `kvm_segment` for descriptor `entry` (encoded by [`gdt_entry`]) at GDT
+/// slot `index` (selector `index * 8` with RPL = the descriptor's DPL).
+pub fn segment_from_entry(entry: u64, index: u16) -> kvm_segment {
     let flags = (entry >> 40) & 0xf0ff;
     let access = flags & 0xff;
     kvm_segment {

@@ -5,23 +5,49 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use hypercall_abi::platform::EXIT_VMM_ERROR;
-use stagevm::config::{CpusConfig, MemoryConfig, SerialConfig, VmConfig};
+use stagevm::config::{BootMode, CpusConfig, MemoryConfig, SerialConfig, VmConfig};
 use stagevm::vm::Vm;
 
 /// Boots a guest kernel on /dev/kvm.
 ///
+/// Kernels: stagevm's ring-3 test unikernel (an ELF64 without a PVH note,
+/// started directly in ring 3), a Linux vmlinux (an ELF64 with a PVH entry
+/// note, started in 32-bit protected mode at that entry) or a Linux bzImage
+/// (started in 64-bit mode at its 64-bit entry). Linux guests get an in-kernel
+/// interrupt controller and PIT, the serial port on IRQ 4, a CMOS clock, and
+/// a reboot (i8042 reset) ends the VM with exit status 0. For Linux, stagevm
+/// appends tsc_early_khz=<KVM's TSC rate> to the command line and completes
+/// a kernel-mode int3 (injecting #BP) or fwait that KVM fails to emulate.
+///
 /// Exit status: the code the guest wrote to its shutdown port (0-255);
 /// 1 for a configuration or start-up error; 2 when the guest fails (triple
-/// fault, KVM internal error, every vCPU stopped); 130 after SIGINT; 143 after
-/// SIGTERM.
+/// fault, KVM internal error such as an emulation failure -- reported with
+/// vCPU, RIP and the instruction bytes --, every vCPU stopped); 130 after
+/// SIGINT; 143 after SIGTERM.
 #[derive(Parser, Debug)]
 #[command(name = "stagevm", version, about, long_about)]
 struct Cli {
-    /// Guest kernel: an ELF64 x86-64 image loaded at or above 1 MiB.
+    /// Guest kernel: an ELF64 x86-64 image loaded at or above 1 MiB (the ring-3
+    /// unikernel, or a Linux vmlinux with a PVH note), or a Linux bzImage.
     #[arg(long, value_name = "PATH")]
     kernel: PathBuf,
 
-    /// Kernel command line (at most 4095 bytes).
+    /// Boot protocol: auto (from the image: ELF without PVH note = unikernel,
+    /// ELF with PVH note = pvh, "HdrS" header = bzimage), unikernel (ring-3
+    /// boot, ignoring a PVH note), pvh, or bzimage.
+    #[arg(
+        long,
+        value_name = "auto|unikernel|pvh|bzimage",
+        default_value = "auto"
+    )]
+    boot_mode: BootMode,
+
+    /// Initial RAM disk (cpio archive, optionally compressed) for a Linux
+    /// kernel, loaded at the top of guest RAM.
+    #[arg(long, value_name = "FILE")]
+    initramfs: Option<PathBuf>,
+
+    /// Kernel command line (at most 4095 bytes; 2047 for Linux).
     #[arg(long, value_name = "STRING", default_value = "")]
     cmdline: String,
 
@@ -143,6 +169,8 @@ fn main() -> ExitCode {
         drain_period: std::time::Duration::from_micros(cli.drain_period_us),
         sched,
         disks: cli.disk.clone(),
+        boot_mode: cli.boot_mode,
+        initramfs: cli.initramfs,
     };
     let result = Vm::new(&config).and_then(Vm::run);
     match result {

@@ -8,10 +8,21 @@ use std::sync::Arc;
 use hypercall_abi::boot::{BOOT_INFO_GPA, GDT_GPA, PML4_GPA};
 use kvm_bindings::{kvm_fpu, kvm_regs, CpuId};
 use kvm_ioctls::{VcpuExit, VcpuFd};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestMemoryMmap;
 
 use crate::devices::{Devices, PioAction};
 use crate::layout::{segment_from_gdt, GDT};
+use crate::legacy::Legacy;
+
+/// Bytes of code reported at `RIP` after a failure (the longest x86
+/// instruction).
+const CODE_BYTES: usize = 15;
+/// The `int3` opcode and the `#BP` vector.
+const INT3: u8 = 0xcc;
+const BP_VECTOR: u8 = 3;
+/// The `fwait` opcode and the x87 status word's exception-summary bit.
+const FWAIT: u8 = 0x9b;
+const FSW_ES: u16 = 1 << 7;
 
 /// Control register and EFER bits (Intel SDM Vol. 3A §2.5, §2.2.1).
 const CR0_PE: u64 = 1 << 0;
@@ -54,6 +65,22 @@ pub enum VmEvent {
     Signal(i32),
 }
 
+/// KVM's supported CPUID `cpuid` with the APIC ID fields of vCPU `index`
+/// (leaf 1 `EBX[31:24]`, leaves 0xB / 0x1F `EDX`).
+pub fn vcpu_cpuid(cpuid: &CpuId, index: u32) -> CpuId {
+    let mut cpuid = cpuid.clone();
+    for e in cpuid.as_mut_slice() {
+        match e.function {
+            // Leaf 1 EBX[31:24]: initial APIC ID.
+            1 => e.ebx = (e.ebx & 0x00ff_ffff) | (index << 24),
+            // Leaves 0xB / 0x1F EDX: x2APIC ID.
+            0xb | 0x1f => e.edx = index,
+            _ => {}
+        }
+    }
+    cpuid
+}
+
 /// Sets up CPUID, FPU, segment/control registers and general registers of
 /// vCPU `index` for the ring-3 boot protocol of [`hypercall_abi::boot`].
 ///
@@ -66,17 +93,7 @@ pub fn configure(
     entry: u64,
     rsp: u64,
 ) -> Result<(), kvm_ioctls::Error> {
-    let mut cpuid = cpuid.clone();
-    for e in cpuid.as_mut_slice() {
-        match e.function {
-            // Leaf 1 EBX[31:24]: initial APIC ID.
-            1 => e.ebx = (e.ebx & 0x00ff_ffff) | (index << 24),
-            // Leaves 0xB / 0x1F EDX: x2APIC ID.
-            0xb | 0x1f => e.edx = index,
-            _ => {}
-        }
-    }
-    fd.set_cpuid2(&cpuid)?;
+    fd.set_cpuid2(&vcpu_cpuid(cpuid, index))?;
 
     // x87 control word and MXCSR at their reset values (Intel SDM Vol. 1 §8.1.5, §10.2.3).
     let fpu = kvm_fpu {
@@ -132,6 +149,14 @@ pub struct Vcpu {
     pub events: Sender<VmEvent>,
     /// Pins the thread at start.
     pub sched: Arc<crate::sched::Scheduler>,
+    /// The PC legacy ports of a Linux guest (CMOS clock, i8042 reset); `None`
+    /// for the ring-3 unikernel.
+    pub legacy: Option<Arc<Legacy>>,
+    /// Complete a kernel-mode `int3` or `fwait` that KVM fails to emulate
+    /// (see `Vcpu::assist_emulation`); on for Linux guests.
+    pub assist_emulation: bool,
+    /// How many instructions `assist_emulation` completed, by opcode.
+    pub assists: std::collections::BTreeMap<u8, u64>,
 }
 
 impl Vcpu {
@@ -140,6 +165,18 @@ impl Vcpu {
     pub fn run(mut self) {
         self.sched.start_vcpu_thread(self.index);
         let event = self.run_loop();
+        if !self.assists.is_empty() {
+            let counts: Vec<String> = self
+                .assists
+                .iter()
+                .map(|(op, n)| format!("{n} x {}", if *op == INT3 { "int3" } else { "fwait" }))
+                .collect();
+            tracing::info!(
+                vcpu = self.index,
+                "completed instructions KVM could not emulate: {}",
+                counts.join(", ")
+            );
+        }
         if let Some(event) = event {
             // The control loop may already be gone when the VM is ending.
             let _ = self.events.send(event);
@@ -149,10 +186,18 @@ impl Vcpu {
     fn run_loop(&mut self) -> Option<VmEvent> {
         let index = self.index;
         while !self.stop.load(Ordering::Acquire) {
+            let legacy = self.legacy.as_deref();
+            let mut internal_error = false;
             let action = match self.fd.run() {
-                Ok(VcpuExit::IoOut(port, data)) => self.devices.pio_write(index, port, data),
+                Ok(VcpuExit::IoOut(port, data)) => match legacy {
+                    Some(legacy) if Legacy::handles(port) => legacy.pio_write(port, data),
+                    _ => self.devices.pio_write(index, port, data),
+                },
                 Ok(VcpuExit::IoIn(port, data)) => {
-                    self.devices.pio_read(index, port, data);
+                    match legacy {
+                        Some(legacy) if Legacy::handles(port) => legacy.pio_read(port, data),
+                        _ => self.devices.pio_read(index, port, data),
+                    }
                     PioAction::Continue
                 }
                 Ok(VcpuExit::MmioRead(addr, data)) => {
@@ -169,7 +214,8 @@ impl Vcpu {
                     return Some(self.failure("triple fault (KVM shutdown exit)"));
                 }
                 Ok(VcpuExit::InternalError) => {
-                    return Some(self.failure("KVM internal error (emulation failure)"));
+                    internal_error = true;
+                    PioAction::Continue
                 }
                 Ok(VcpuExit::FailEntry(reason, cpu)) => {
                     return Some(self.failure(&format!(
@@ -185,6 +231,13 @@ impl Vcpu {
                 }
                 Err(e) => return Some(self.failure(&format!("KVM_RUN failed: {e}"))),
             };
+            if internal_error {
+                if self.assist_emulation && self.assist_emulation() {
+                    continue;
+                }
+                let what = self.internal_error();
+                return Some(self.failure(&what));
+            }
             match action {
                 PioAction::Continue => {}
                 PioAction::Shutdown(code) => return Some(VmEvent::Shutdown { vcpu: index, code }),
@@ -197,25 +250,136 @@ impl Vcpu {
         None
     }
 
-    /// Builds a failure event with the vCPU's RIP, CPL and the instruction
-    /// bytes at RIP (read through the identity map: GVA = GPA).
+    /// Completes, in the VMM, the two instructions `kvm_pvm`'s kernel-mode
+    /// emulator fails on although Linux cannot avoid them (its emulator
+    /// otherwise delivers exceptions and interrupts and runs `iretq`):
+    ///
+    /// * `int3` (`0xcc`; Linux runs one in `int3_selftest()` at boot and more
+    ///   when it patches code): advances `RIP` past it and injects `#BP`
+    ///   through `KVM_SET_VCPU_EVENTS`, which is what the CPU does for this
+    ///   trap;
+    /// * `fwait` (`0x9b`; in `fpu__drop()` on every exec and thread exit):
+    ///   a no-op unless an x87 exception is pending (FSW.ES), so `RIP` moves
+    ///   past it; with one pending it is left to fail.
+    ///
+    /// Called after an emulation failure; returns false, changing nothing,
+    /// for anything else.
+    fn assist_emulation(&mut self) -> bool {
+        // SAFETY: after KVM_EXIT_INTERNAL_ERROR the `internal` member is the
+        // one KVM filled in.
+        let internal = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal };
+        if internal.suberror != kvm_bindings::KVM_INTERNAL_ERROR_EMULATION {
+            return false;
+        }
+        let (Ok(mut regs), Ok(sregs)) = (self.fd.get_regs(), self.fd.get_sregs()) else {
+            return false;
+        };
+        let mut byte = [0u8; 1];
+        if !matches!(
+            crate::gva::read_code(&self.memory, &sregs, regs.rip, &mut byte),
+            Ok((_, 1))
+        ) {
+            return false;
+        }
+        let rip = regs.rip;
+        regs.rip += 1;
+        let done = match byte[0] {
+            INT3 => {
+                let Ok(mut events) = self.fd.get_vcpu_events() else {
+                    return false;
+                };
+                if events.exception.injected != 0 || events.exception.pending != 0 {
+                    return false;
+                }
+                events.exception.injected = 1;
+                events.exception.nr = BP_VECTOR;
+                events.exception.has_error_code = 0;
+                events.exception.error_code = 0;
+                // Leave NMI, SIPI, shadow and SMM state as they are.
+                events.flags = 0;
+                self.fd.set_regs(&regs).is_ok() && self.fd.set_vcpu_events(&events).is_ok()
+            }
+            FWAIT => {
+                let Ok(fpu) = self.fd.get_fpu() else {
+                    return false;
+                };
+                if fpu.fsw & FSW_ES != 0 {
+                    return false;
+                }
+                self.fd.set_regs(&regs).is_ok()
+            }
+            _ => return false,
+        };
+        if !done {
+            regs.rip = rip;
+            let _ = self.fd.set_regs(&regs);
+            return false;
+        }
+        let count = self.assists.entry(byte[0]).or_insert(0);
+        *count += 1;
+        let what = if byte[0] == INT3 {
+            "int3 (#BP delivered)"
+        } else {
+            "fwait (skipped)"
+        };
+        if *count == 1 {
+            tracing::info!(vcpu = self.index, rip = format_args!("{rip:#x}"), "completed {what} that KVM could not emulate; further ones are logged at debug level");
+        } else {
+            tracing::debug!(
+                vcpu = self.index,
+                rip = format_args!("{rip:#x}"),
+                "completed {what}"
+            );
+        }
+        true
+    }
+
+    /// Describes a `KVM_EXIT_INTERNAL_ERROR` from the `kvm_run` area
+    /// (kvm-ioctls' exit carries no payload): the sub-error and its data words.
+    fn internal_error(&mut self) -> String {
+        // SAFETY: after KVM_EXIT_INTERNAL_ERROR the `internal` member is the
+        // one KVM filled in.
+        let internal = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal };
+        let what = match internal.suberror {
+            kvm_bindings::KVM_INTERNAL_ERROR_EMULATION => "emulation failure",
+            kvm_bindings::KVM_INTERNAL_ERROR_SIMUL_EX => "exception while delivering an exception",
+            kvm_bindings::KVM_INTERNAL_ERROR_DELIVERY_EV => "event delivery failed",
+            kvm_bindings::KVM_INTERNAL_ERROR_UNEXPECTED_EXIT_REASON => "unexpected exit reason",
+            _ => "unknown sub-error",
+        };
+        let n = (internal.ndata as usize).min(internal.data.len());
+        let data: Vec<String> = internal.data[..n]
+            .iter()
+            .map(|d| format!("{d:#x}"))
+            .collect();
+        format!(
+            "KVM internal error {} ({what}), data [{}]",
+            internal.suberror,
+            data.join(", ")
+        )
+    }
+
+    /// Builds a failure event with the vCPU's RIP, CPL, paging mode and the
+    /// instruction bytes at RIP, read from guest memory through the guest's
+    /// own page tables (see [`crate::gva`]).
     fn failure(&self, what: &str) -> VmEvent {
         let mut reason = what.to_string();
         if let (Ok(regs), Ok(sregs)) = (self.fd.get_regs(), self.fd.get_sregs()) {
+            let paging = crate::gva::Paging::from_sregs(&sregs);
             reason += &format!(
-                " at RIP {:#x} (CPL {}, RSP {:#x})",
+                " at RIP {:#x} (CPL {}, RSP {:#x}, {})",
                 regs.rip,
                 sregs.cs.selector & 3,
-                regs.rsp
+                regs.rsp,
+                paging.describe()
             );
-            let mut bytes = [0u8; 15];
-            if self
-                .memory
-                .read_slice(&mut bytes, GuestAddress(regs.rip))
-                .is_ok()
-            {
-                let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
-                reason += &format!(", code: {}", hex.join(" "));
+            let mut bytes = [0u8; CODE_BYTES];
+            match crate::gva::read_code(&self.memory, &sregs, regs.rip, &mut bytes) {
+                Ok((gpa, n)) => {
+                    let hex: Vec<String> = bytes[..n].iter().map(|b| format!("{b:02x}")).collect();
+                    reason += &format!(", code: {} (GPA {gpa:#x})", hex.join(" "));
+                }
+                Err(e) => reason += &format!(", code bytes unreadable: {e}"),
             }
         }
         VmEvent::GuestFailure {

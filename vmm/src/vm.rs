@@ -13,10 +13,12 @@ use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
-use crate::config::VmConfig;
+use crate::config::{BootMode, VmConfig};
 use crate::devices::Devices;
-use crate::kernel::{self, KernelError};
+use crate::kernel::{self, BzImageInfo, ImageExtent, KernelError, KernelImage};
 use crate::layout::{self, STACK_SIZE};
+use crate::legacy::Legacy;
+use crate::linux::{self, LinuxEntry};
 use crate::sched::{SchedReport, Scheduler};
 use crate::stage::{ChannelReport, StageDevice};
 use crate::vcpu::{self, Vcpu, VmEvent};
@@ -32,6 +34,65 @@ const FIXED_AREA_END: u64 = hypercall_abi::boot::KERNEL_MIN_GPA;
 const STOP_TIMEOUT: Duration = Duration::from_secs(2);
 /// Interval between kicks of a vCPU thread that has not stopped yet.
 const KICK_INTERVAL: Duration = Duration::from_millis(2);
+/// RAM a Linux guest needs beyond its image and initramfs (bytes): page
+/// tables, slab, the unpacked initramfs' first files. A smaller `--memory`
+/// is refused instead of failing deep inside the guest's boot.
+pub const LINUX_MIN_FREE: u64 = 32 << 20;
+/// Most vCPUs of a Linux guest: its MADT names each by an 8-bit xAPIC ID.
+pub const MAX_LINUX_VCPUS: u32 = 255;
+
+/// How the guest is started, decided from `--boot-mode` and the image.
+#[derive(Debug)]
+enum Boot {
+    /// stagevm's ring-3 boot of an ELF.
+    Unikernel(std::fs::File, ImageExtent),
+    /// PVH entry of an ELF `vmlinux`.
+    Pvh(std::fs::File, ImageExtent, u64),
+    /// 64-bit entry of a bzImage.
+    BzImage(std::fs::File, BzImageInfo),
+}
+
+impl Boot {
+    fn is_linux(&self) -> bool {
+        !matches!(self, Boot::Unikernel(..))
+    }
+
+    /// First GPA after what the kernel occupies while it boots.
+    fn image_end(&self) -> u64 {
+        match self {
+            Boot::Unikernel(_, e) | Boot::Pvh(_, e, _) => e.end,
+            Boot::BzImage(_, info) => info.end(),
+        }
+    }
+
+    /// Picks the boot protocol for `image` under `mode`; the error says why
+    /// the two do not fit.
+    fn choose(mode: BootMode, image: KernelImage) -> Result<Self, String> {
+        match (mode, image) {
+            (BootMode::Auto, KernelImage::Elf(f, e)) => Ok(match e.pvh_entry {
+                Some(entry) => Boot::Pvh(f, e, entry),
+                None => Boot::Unikernel(f, e),
+            }),
+            (BootMode::Unikernel, KernelImage::Elf(f, e)) => Ok(Boot::Unikernel(f, e)),
+            (BootMode::Pvh, KernelImage::Elf(f, e)) => match e.pvh_entry {
+                Some(entry) => Ok(Boot::Pvh(f, e, entry)),
+                None => Err(
+                    "the ELF has no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY): not a Linux vmlinux built with CONFIG_PVH"
+                        .into(),
+                ),
+            },
+            (BootMode::Auto | BootMode::BzImage, KernelImage::BzImage(f, info)) => {
+                Ok(Boot::BzImage(f, info))
+            }
+            (BootMode::BzImage, KernelImage::Elf(..)) => {
+                Err("the kernel is an ELF, not a bzImage (use --boot-mode pvh or auto)".into())
+            }
+            (BootMode::Unikernel | BootMode::Pvh, KernelImage::BzImage(..)) => {
+                Err("the kernel is a bzImage, which boots only with --boot-mode bzimage or auto".into())
+            }
+        }
+    }
+}
 
 /// Errors that prevent a VM from being built or started. Each message names
 /// the bad value.
@@ -62,6 +123,38 @@ pub enum VmmError {
         requested: u32,
         /// `KVM_CAP_MAX_VCPUS`.
         max: usize,
+    },
+    /// `--boot-mode` does not fit the kernel image, or `--initramfs` was given
+    /// for a kernel that takes none.
+    #[error("--boot-mode {mode}: kernel '{path}': {reason}")]
+    BootMode {
+        /// The `--boot-mode` value.
+        mode: &'static str,
+        /// The `--kernel` value.
+        path: String,
+        /// Why they do not fit.
+        reason: String,
+    },
+    /// The `--initramfs` file cannot be used.
+    #[error("--initramfs {path}: {reason}")]
+    Initramfs {
+        /// The path given.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// Guest RAM cannot hold a Linux kernel, its initramfs and
+    /// [`LINUX_MIN_FREE`].
+    #[error("--memory size={}: too small for this Linux kernel: it uses memory up to {image_end:#x}, the initramfs has {initramfs} bytes, and {} MiB more are needed to boot: at least {needed_mib} MiB in all", crate::config::format_size(*.size), LINUX_MIN_FREE >> 20)]
+    LinuxMemoryTooSmall {
+        /// `--memory size` in bytes.
+        size: u64,
+        /// First GPA after the kernel's boot-time footprint.
+        image_end: u64,
+        /// Initramfs size in bytes (0 without one).
+        initramfs: u64,
+        /// Minimum RAM in MiB, rounded up.
+        needed_mib: u64,
     },
     /// Guest RAM cannot hold the image plus the vCPU stacks.
     #[error("--memory size={}: too small; the kernel image ends at {image_end:#x} and {vcpus} vCPU stack(s) of {stack} KiB need {needed} bytes ({needed_mib} MiB) in all", crate::config::format_size(*.size))]
@@ -186,6 +279,7 @@ pub struct Vm {
     stage: Option<Arc<StageDevice>>,
     drain_period: Duration,
     sched: Arc<Scheduler>,
+    legacy: Option<Arc<Legacy>>,
 }
 
 /// How a VM ended and what its stage channel counted.
@@ -210,13 +304,53 @@ impl Vm {
             path: config.kernel.display().to_string(),
             source,
         };
-        let (mut kernel_file, extent) = kernel::inspect(&config.kernel).map_err(kernel_err)?;
-        if config.cmdline.len() >= CMDLINE_MAX {
+        let image = kernel::open(&config.kernel).map_err(kernel_err)?;
+        let boot = Boot::choose(config.boot_mode, image).map_err(|reason| VmmError::BootMode {
+            mode: config.boot_mode.name(),
+            path: config.kernel.display().to_string(),
+            reason,
+        })?;
+        // Longest command line the kernel reads, without the NUL.
+        let cmdline_max = match &boot {
+            Boot::Unikernel(..) => CMDLINE_MAX - 1,
+            Boot::Pvh(..) => linux::LINUX_CMDLINE_MAX - 1,
+            Boot::BzImage(_, info) => match info.cmdline_size {
+                0 => linux::LINUX_CMDLINE_MAX - 1,
+                n => (n as usize).min(CMDLINE_MAX - 1),
+            },
+        };
+        if config.cmdline.len() > cmdline_max {
             return Err(VmmError::CmdlineTooLong {
                 len: config.cmdline.len(),
-                max: CMDLINE_MAX - 1,
+                max: cmdline_max,
             });
         }
+        if boot.is_linux() && config.cpus.boot > MAX_LINUX_VCPUS {
+            return Err(VmmError::BootMode {
+                mode: config.boot_mode.name(),
+                path: config.kernel.display().to_string(),
+                reason: format!(
+                    "--cpus boot={}: a Linux guest gets at most {MAX_LINUX_VCPUS} vCPUs (8-bit xAPIC IDs in the ACPI MADT)",
+                    config.cpus.boot
+                ),
+            });
+        }
+        let initramfs = match (&config.initramfs, boot.is_linux()) {
+            (None, _) => None,
+            (Some(path), false) => {
+                return Err(VmmError::Initramfs {
+                    path: path.display().to_string(),
+                    reason: format!(
+                        "'{}' is booted as a ring-3 unikernel, which takes no initramfs; only Linux kernels (PVH vmlinux, bzImage) do",
+                        config.kernel.display()
+                    ),
+                })
+            }
+            (Some(path), true) => Some(std::fs::read(path).map_err(|e| VmmError::Initramfs {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?),
+        };
 
         let kvm = Kvm::new().map_err(|source| VmmError::KvmOpen {
             hint: match source.errno() {
@@ -265,18 +399,43 @@ impl Vm {
         }
 
         let size = config.memory.size;
-        let image_end = extent.end.max(FIXED_AREA_END);
-        let needed =
-            image_end.next_multiple_of(layout::PAGE_SIZE) + u64::from(num_vcpus) * STACK_SIZE;
-        if needed > size {
-            return Err(VmmError::MemoryTooSmall {
-                size,
-                image_end: extent.end,
-                vcpus: num_vcpus,
-                stack: STACK_SIZE >> 10,
-                needed,
-                needed_mib: needed.div_ceil(1 << 20),
-            });
+        let image_end = boot.image_end().max(FIXED_AREA_END);
+        let mut initramfs_at = None;
+        if boot.is_linux() {
+            let len = initramfs.as_ref().map_or(0, |b| b.len() as u64);
+            let needed = image_end.next_multiple_of(layout::PAGE_SIZE)
+                + len.next_multiple_of(layout::PAGE_SIZE)
+                + LINUX_MIN_FREE;
+            let max_end = match &boot {
+                Boot::BzImage(_, info) if info.initrd_addr_max != 0 => info.initrd_addr_max + 1,
+                _ => 1 << 32,
+            };
+            let at = linux::initramfs_gpa(size, len, image_end, max_end);
+            if needed > size || at.is_none() {
+                return Err(VmmError::LinuxMemoryTooSmall {
+                    size,
+                    image_end,
+                    initramfs: len,
+                    needed_mib: needed.div_ceil(1 << 20),
+                });
+            }
+            if let (Some(bytes), Some(at)) = (&initramfs, at) {
+                initramfs_at = Some((at, bytes.len() as u64));
+            }
+        } else {
+            let extent_end = boot.image_end();
+            let needed =
+                image_end.next_multiple_of(layout::PAGE_SIZE) + u64::from(num_vcpus) * STACK_SIZE;
+            if needed > size {
+                return Err(VmmError::MemoryTooSmall {
+                    size,
+                    image_end: extent_end,
+                    vcpus: num_vcpus,
+                    stack: STACK_SIZE >> 10,
+                    needed,
+                    needed_mib: needed.div_ceil(1 << 20),
+                });
+            }
         }
 
         let vm_fd = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
@@ -299,7 +458,43 @@ impl Vm {
                 .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
         }
 
-        let entry = kernel::load(&memory, &mut kernel_file).map_err(kernel_err)?;
+        if boot.is_linux() {
+            // Linux needs interrupts: the in-kernel PIC, IOAPIC and local
+            // APICs (before the vCPUs) and the PIT.
+            if let Err(e) = vm_fd.set_tss_address(linux::KVM_TSS_ADDRESS) {
+                tracing::info!("KVM_SET_TSS_ADDR refused ({e}); not needed on this KVM");
+            }
+            vm_fd
+                .create_irq_chip()
+                .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+            let pit = kvm_bindings::kvm_pit_config {
+                flags: kvm_bindings::KVM_PIT_SPEAKER_DUMMY,
+                ..Default::default()
+            };
+            vm_fd.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+        }
+        let (entry, linux_entry, setup_header) = match boot {
+            Boot::Unikernel(mut file, _) => {
+                let (entry, _) = kernel::load(&memory, &mut file).map_err(kernel_err)?;
+                (entry, None, None)
+            }
+            Boot::Pvh(mut file, _, note_entry) => {
+                let (_, pvh) = kernel::load(&memory, &mut file).map_err(kernel_err)?;
+                let entry = pvh.unwrap_or(note_entry);
+                (entry, Some(LinuxEntry::Pvh(entry)), None)
+            }
+            Boot::BzImage(mut file, info) => {
+                let hdr = kernel::load_bzimage(&memory, &mut file).map_err(kernel_err)?;
+                let entry = info.load_addr + linux::BZIMAGE_ENTRY64_OFFSET;
+                (entry, Some(LinuxEntry::BzImage64(entry)), Some(hdr))
+            }
+        };
+        if let (Some(bytes), Some((at, _))) = (&initramfs, initramfs_at) {
+            use vm_memory::Bytes;
+            memory
+                .write_slice(bytes, GuestAddress(at))
+                .map_err(|e| VmmError::Memory(format!("initramfs at {at:#x}: {e}")))?;
+        }
         let cpuid = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
@@ -308,8 +503,11 @@ impl Vm {
             let fd = vm_fd
                 .create_vcpu(u64::from(index))
                 .map_err(kvm_err("KVM_CREATE_VCPU"))?;
-            vcpu::configure(&fd, index, &cpuid, entry, layout::stack_top(size, index))
-                .map_err(kvm_err("vCPU register set-up"))?;
+            match linux_entry {
+                None => vcpu::configure(&fd, index, &cpuid, entry, layout::stack_top(size, index)),
+                Some(linux_entry) => linux::configure_vcpu(&fd, index, &cpuid, linux_entry),
+            }
+            .map_err(kvm_err("vCPU register set-up"))?;
             vcpus.push(fd);
         }
         let tsc_khz = vcpus[0].get_tsc_khz().map(u64::from).unwrap_or(0);
@@ -359,24 +557,62 @@ impl Vm {
                 .is_ok();
             blocks.push((Arc::new(block), ioeventfd));
         }
-        if cmdline.len() >= CMDLINE_MAX {
+        if linux_entry.is_some() && tsc_khz != 0 && !cmdline.contains("tsc_early_khz=") {
+            // The kernel calibrates its TSC against the PIT, which fails when
+            // its kernel mode is emulated: tell it KVM's TSC rate.
+            cmdline = format!("{cmdline} tsc_early_khz={tsc_khz}")
+                .trim_start()
+                .to_string();
+        }
+        if cmdline.len() > cmdline_max {
             return Err(VmmError::CmdlineTooLong {
                 len: cmdline.len(),
-                max: CMDLINE_MAX - 1,
+                max: cmdline_max,
             });
         }
-        let info =
-            layout::write_boot_structures(&memory, size, num_vcpus, extent.end, &cmdline, tsc_khz)
-                .map_err(|e| VmmError::Memory(e.to_string()))?;
-        tracing::info!(
-            kernel = %config.kernel.display(),
-            entry = format_args!("{entry:#x}"),
-            vcpus = num_vcpus,
-            memory_mib = size >> 20,
-            free = format_args!("[{:#x}, {:#x})", info.free_start, info.free_end),
-            tsc_khz,
-            "VM built"
-        );
+        let memory_err = |e: vm_memory::GuestMemoryError| VmmError::Memory(e.to_string());
+        match linux_entry {
+            None => {
+                let info = layout::write_boot_structures(
+                    &memory, size, num_vcpus, image_end, &cmdline, tsc_khz,
+                )
+                .map_err(memory_err)?;
+                tracing::info!(
+                    kernel = %config.kernel.display(),
+                    entry = format_args!("{entry:#x}"),
+                    vcpus = num_vcpus,
+                    memory_mib = size >> 20,
+                    free = format_args!("[{:#x}, {:#x})", info.free_start, info.free_end),
+                    tsc_khz,
+                    "VM built (ring-3 unikernel)"
+                );
+            }
+            Some(linux_entry) => {
+                linux::write_common(&memory, &cmdline).map_err(memory_err)?;
+                let rsdp = crate::acpi::write_tables(&memory, num_vcpus).map_err(memory_err)?;
+                match setup_header {
+                    Some(hdr) => {
+                        linux::write_bzimage(&memory, size, hdr, cmdline.len(), initramfs_at, rsdp)
+                    }
+                    None => linux::write_pvh(&memory, size, initramfs_at, rsdp),
+                }
+                .map_err(memory_err)?;
+                if !config.disks.is_empty() {
+                    tracing::warn!(
+                        "virtio-blk devices raise no interrupts yet: a Linux driver will wait for completions in vain"
+                    );
+                }
+                tracing::info!(
+                    kernel = %config.kernel.display(),
+                    entry = ?linux_entry,
+                    vcpus = num_vcpus,
+                    memory_mib = size >> 20,
+                    initramfs = ?initramfs_at,
+                    tsc_khz,
+                    "VM built (Linux)"
+                );
+            }
+        }
 
         let stage = config.stage_device.then(|| {
             Arc::new(StageDevice::new(
@@ -391,6 +627,15 @@ impl Vm {
         for (block, ioeventfd) in blocks {
             devices.add_block(block, ioeventfd);
         }
+        let legacy = if linux_entry.is_some() {
+            let fd = devices.serial_irq_fd()?;
+            vm_fd
+                .register_irqfd(&fd, linux::SERIAL_GSI)
+                .map_err(kvm_err("KVM_IRQFD for the serial port"))?;
+            Some(Arc::new(Legacy::new()))
+        } else {
+            None
+        };
         let devices = Arc::new(devices);
         let sched = Scheduler::new(sched, num_vcpus, sched_warnings);
         if let Some(stage) = &stage {
@@ -405,6 +650,7 @@ impl Vm {
             stage,
             drain_period: config.drain_period,
             sched,
+            legacy,
         })
     }
 
@@ -449,6 +695,9 @@ impl Vm {
                 stop: stop.clone(),
                 events: tx.clone(),
                 sched: self.sched.clone(),
+                legacy: self.legacy.clone(),
+                assist_emulation: self.legacy.is_some(),
+                assists: Default::default(),
             };
             threads.push(
                 std::thread::Builder::new()
