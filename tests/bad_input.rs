@@ -6,27 +6,9 @@ mod common;
 use common::*;
 use hypercall_abi::platform::EXIT_VMM_ERROR;
 
-fn expect_error(args: &[&str], needles: &[&str]) {
-    let run = run(args);
-    run.assert_no_panic();
-    assert_eq!(run.code(), i32::from(EXIT_VMM_ERROR), "{run:#?}");
-    for needle in needles {
-        assert!(
-            run.stderr.contains(needle),
-            "stderr should name '{needle}': {}",
-            run.stderr
-        );
-    }
-    assert!(
-        run.stdout.is_empty(),
-        "no guest output expected: {}",
-        run.stdout
-    );
-}
-
 #[test]
 fn missing_kernel() {
-    expect_error(
+    expect_vmm_error(
         &["--kernel", "/nonexistent/vmlinux"],
         &["/nonexistent/vmlinux", "No such file"],
     );
@@ -36,7 +18,7 @@ fn missing_kernel() {
 fn non_elf_kernel() {
     let path = std::env::temp_dir().join(format!("stagevm-not-elf-{}", std::process::id()));
     std::fs::write(&path, b"#!/bin/sh\necho this is not a kernel\n").unwrap();
-    expect_error(
+    expect_vmm_error(
         &["--kernel", path.to_str().unwrap()],
         &[path.to_str().unwrap(), "not an ELF64"],
     );
@@ -46,7 +28,7 @@ fn non_elf_kernel() {
 #[test]
 fn zero_vcpus() {
     let guest = guest_image();
-    expect_error(
+    expect_vmm_error(
         &["--kernel", guest.to_str().unwrap(), "--cpus", "boot=0"],
         &["'0'", "at least 1 vCPU"],
     );
@@ -55,7 +37,7 @@ fn zero_vcpus() {
 #[test]
 fn too_many_vcpus() {
     let guest = guest_image();
-    expect_error(
+    expect_vmm_error(
         &["--kernel", guest.to_str().unwrap(), "--cpus", "boot=100000"],
         &["boot=100000", "KVM_CAP_MAX_VCPUS"],
     );
@@ -64,7 +46,7 @@ fn too_many_vcpus() {
 #[test]
 fn memory_too_small_for_the_image() {
     let guest = guest_image();
-    expect_error(
+    expect_vmm_error(
         &["--kernel", guest.to_str().unwrap(), "--memory", "size=1M"],
         &["size=1M", "too small"],
     );
@@ -73,7 +55,7 @@ fn memory_too_small_for_the_image() {
 #[test]
 fn memory_not_parseable() {
     let guest = guest_image();
-    expect_error(
+    expect_vmm_error(
         &["--kernel", guest.to_str().unwrap(), "--memory", "size=lots"],
         &["'lots'", "memory size"],
     );

@@ -19,7 +19,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use hypercall_abi::platform::{EXIT_GUEST_FAILURE, EXIT_VMM_ERROR};
+use hypercall_abi::platform::EXIT_GUEST_FAILURE;
 
 /// Serial output helpers shared by both guests (`puts`: NUL-terminated string
 /// at `si`; `puthex`: `%ebp` as 8 hex digits, counting in `cx`), for
@@ -337,19 +337,6 @@ fn bzimage_guest_emulation_failure_is_reported() {
         "{}",
         run.stdout
     );
-}
-
-fn expect_vmm_error(args: &[&str], needles: &[&str]) {
-    let run = run(args);
-    run.assert_no_panic();
-    assert_eq!(run.code(), i32::from(EXIT_VMM_ERROR), "{run:#?}");
-    for needle in needles {
-        assert!(
-            run.stderr.contains(needle),
-            "stderr should name '{needle}': {}",
-            run.stderr
-        );
-    }
 }
 
 #[test]

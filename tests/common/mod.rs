@@ -293,3 +293,22 @@ pub fn watch_threads(
     let _ = child.wait();
     seen
 }
+
+/// Runs stagevm with `args` and asserts it refused them as a configuration
+/// error (exit 1, no panic) with every one of `needles` in its stderr.
+pub fn expect_vmm_error(args: &[&str], needles: &[&str]) {
+    let run = run(args);
+    run.assert_no_panic();
+    assert_eq!(
+        run.code(),
+        i32::from(hypercall_abi::platform::EXIT_VMM_ERROR),
+        "{run:#?}"
+    );
+    for needle in needles {
+        assert!(
+            run.stderr.contains(needle),
+            "stderr should name '{needle}': {}",
+            run.stderr
+        );
+    }
+}
