@@ -133,4 +133,22 @@ static inline int stagevm_area_init(void *base, uint64_t area_size, const struct
 	return 0;
 }
 
+/* Name of a doorbell status (STAGEVM_OK ...), for messages. */
+static inline const char *stagevm_status_name(uint32_t s)
+{
+	switch (s) {
+	case STAGEVM_OK: return "ok";
+	case STAGEVM_BAD_RANGE: return "bad range";
+	case STAGEVM_BAD_ALIGNMENT: return "bad alignment";
+	case STAGEVM_BAD_MAGIC: return "bad magic";
+	case STAGEVM_BAD_VERSION: return "bad version";
+	case STAGEVM_BAD_LAYOUT: return "bad layout";
+	case STAGEVM_ALREADY_REGISTERED: return "already registered";
+	case STAGEVM_NOT_REGISTERED: return "not registered";
+	case STAGEVM_BAD_VCPU: return "bad vcpu";
+	case STAGEVM_NO_DEVICE: return "no stage device";
+	default: return "unknown status";
+	}
+}
+
 #endif /* STAGEVM_LAYOUT_H */

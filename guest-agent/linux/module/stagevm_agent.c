@@ -56,23 +56,6 @@ static struct {
 	atomic64_t mmaps;
 } sv;
 
-static const char *status_name(u32 s)
-{
-	switch (s) {
-	case STAGEVM_OK: return "ok";
-	case STAGEVM_BAD_RANGE: return "bad range";
-	case STAGEVM_BAD_ALIGNMENT: return "bad alignment";
-	case STAGEVM_BAD_MAGIC: return "bad magic";
-	case STAGEVM_BAD_VERSION: return "bad version";
-	case STAGEVM_BAD_LAYOUT: return "bad layout";
-	case STAGEVM_ALREADY_REGISTERED: return "already registered";
-	case STAGEVM_NOT_REGISTERED: return "not registered";
-	case STAGEVM_BAD_VCPU: return "bad vcpu";
-	case STAGEVM_NO_DEVICE: return "no stage device";
-	default: return "unknown status";
-	}
-}
-
 static int status_errno(u32 s)
 {
 	switch (s) {
@@ -136,7 +119,7 @@ static long do_register(struct stagevm_ioc_register __user *uarg)
 	if (ret) {
 		sv.register_failures++;
 		pr_warn_ratelimited("stagevm: REGISTER of %llu bytes at %#llx refused: %s (%u)\n",
-				    sv.size, (u64)PFN_PHYS(pfn), status_name(status), status);
+				    sv.size, (u64)PFN_PHYS(pfn), stagevm_status_name(status), status);
 	} else {
 		sv.registered = true;
 		sv.num_stages = req.num_stages;
@@ -165,7 +148,7 @@ static int do_unregister(void)
 	sv.num_stages = 0;
 	sv.unregistrations++;
 	if (status != STAGEVM_OK) {
-		pr_warn_ratelimited("stagevm: UNREGISTER: %s (%u)\n", status_name(status), status);
+		pr_warn_ratelimited("stagevm: UNREGISTER: %s (%u)\n", stagevm_status_name(status), status);
 		return status_errno(status);
 	}
 	return 0;

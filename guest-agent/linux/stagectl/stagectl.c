@@ -21,23 +21,6 @@
 #include "stagevm_ioctl.h"
 #include "stagevm_layout.h"
 
-static const char *status_name(uint32_t s)
-{
-	switch (s) {
-	case STAGEVM_OK: return "ok";
-	case STAGEVM_BAD_RANGE: return "bad range";
-	case STAGEVM_BAD_ALIGNMENT: return "bad alignment";
-	case STAGEVM_BAD_MAGIC: return "bad magic";
-	case STAGEVM_BAD_VERSION: return "bad version";
-	case STAGEVM_BAD_LAYOUT: return "bad layout";
-	case STAGEVM_ALREADY_REGISTERED: return "already registered";
-	case STAGEVM_NOT_REGISTERED: return "not registered";
-	case STAGEVM_BAD_VCPU: return "bad vcpu";
-	case STAGEVM_NO_DEVICE: return "no stage device";
-	default: return "unknown";
-	}
-}
-
 static void print_vcpus(uint64_t mask, char *out, size_t len)
 {
 	size_t n = 0;
@@ -110,7 +93,7 @@ int main(int argc, char **argv)
 		       device, (unsigned long long)info.area_size, (unsigned long long)info.area_phys,
 		       info.num_vcpus, info.ring_entries,
 		       info.registered ? "registered" : "not registered",
-		       status_name(info.last_status));
+		       stagevm_status_name(info.last_status));
 		if (ioctl(fd, STAGEVM_IOC_STATS, &stats) == 0)
 			printf("module: registrations %llu failures %llu unregistrations %llu "
 			       "attached threads %lld (attaches %llu detaches %llu) mmaps %llu\n",
