@@ -4,7 +4,12 @@
 //! and registers the shared area, reports stage switches into the calling
 //! vCPU's ring without a VM exit (`stage_enter` / `stage_exit`, the user-space
 //! API of the seeds, `../shared/seeds/000_*`), reads the host's stage map with
-//! acquire ordering, and decides which vCPU a thread should run a stage on.
+//! acquire ordering, and decides which vCPU a thread should run a stage on
+//! ([`choose_from_map`], the least-loaded rule).
+//! It also publishes each vCPU's scheduling state ([`VcpuState`]): run-queue
+//! depth, parked flag and fallback count. Per-stage runnable counts
+//! (`VcpuState::runnable`) are not maintained: the field stays in the ABI
+//! but the agent leaves it at 0.
 //!
 //! When registration fails (for example the VM runs with
 //! `--no-stage-device`), the agent stays inactive and every call is a cheap
@@ -12,10 +17,18 @@
 //!
 //! Platform specifics (port I/O, TSC) come through the [`Platform`] trait so
 //! the same core serves the test unikernel and host-side tests.
+//!
+//! Cargo feature `test-hooks` (off by default): adds the `Agent` methods
+//! documented as "Test hook" (`write_raw_event`, `corrupt_head`), which
+//! forge bad ring entries to test the host's validation. Only test guests
+//! enable it.
 #![no_std]
 
+#[cfg(test)]
+extern crate std;
+
 use core::ptr;
-use core::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use hypercall_abi::stage::{
     validate_header, AreaHeader, Layout, RingHeader, StageDesc, StageEvent, Status, VcpuState,
@@ -248,7 +261,8 @@ impl<P: Platform> Agent<P> {
 
     /// Writes `event` into `vcpu`'s ring. With `fix_seq` the sequence number
     /// is set to the slot's index (the valid form); without it the event is
-    /// written as given (tests use this to forge bad entries).
+    /// written as given (the `test-hooks` feature's `write_raw_event` forges
+    /// bad entries this way).
     ///
     /// # Safety
     /// `vcpu < layout.num_vcpus`, and only one context writes this ring.
@@ -294,7 +308,8 @@ impl<P: Platform> Agent<P> {
     /// Test hook: writes `event` into `vcpu`'s ring as given, or with its
     /// sequence number fixed up when `fix_seq`, to check the host's
     /// validation. Returns `Inactive` when not registered or `vcpu` is out of
-    /// range.
+    /// range. Only with the `test-hooks` feature.
+    #[cfg(feature = "test-hooks")]
     pub fn write_raw_event(&self, vcpu: u32, event: StageEvent, fix_seq: bool) -> Report {
         match self.layout {
             // SAFETY: vcpu checked; single producer per ring (caller's contract).
@@ -321,7 +336,9 @@ impl<P: Platform> Agent<P> {
     }
 
     /// Test hook: moves `vcpu`'s published head forward by `delta` without
-    /// writing slots, as a corrupt guest would.
+    /// writing slots, as a corrupt guest would. Only with the `test-hooks`
+    /// feature.
+    #[cfg(feature = "test-hooks")]
     pub fn corrupt_head(&self, vcpu: u32, delta: u64) {
         if let Some(layout) = self.layout.filter(|l| vcpu < l.num_vcpus) {
             let ring = self.ring(&layout, vcpu);
@@ -384,24 +401,6 @@ impl<P: Platform> Agent<P> {
             .is_some_and(|w| w.load(Ordering::SeqCst) != 0)
     }
 
-    /// Adds `delta` to the runnable count of `stage` on `vcpu` (the stage
-    /// load the host's policy reads).
-    pub fn runnable_add(&self, vcpu: u32, stage: u32, delta: i16) {
-        if self
-            .layout
-            .filter(|l| vcpu < l.num_vcpus && stage < l.num_stages)
-            .is_none()
-        {
-            return;
-        }
-        let offset = Layout::vcpu_state_offset(vcpu) as usize
-            + core::mem::offset_of!(VcpuState, runnable)
-            + 2 * stage as usize;
-        // SAFETY: a 2-aligned u16 inside this vCPU's state block.
-        let w = unsafe { AtomicU16::from_ptr(self.base.add(offset).cast::<u16>()) };
-        w.fetch_add(delta as u16, Ordering::Relaxed);
-    }
-
     /// Counts a fallback on `vcpu`: a stage ran there although the map does not
     /// give it the stage, because no vCPU served the stage.
     pub fn count_fallback(&self, vcpu: u32) {
@@ -453,21 +452,15 @@ impl<P: Platform> Agent<P> {
             }
         }
     }
-
-    /// Which vCPU `stage` should run on for a thread now on `current`:
-    /// `current` if the map lets it serve the stage, else the vCPU with the
-    /// smallest `loads[v]` among those serving it (lowest index on ties).
-    /// Returns `current` when inactive, when no map is published or when no
-    /// vCPU serves the stage (the caller counts that as a fallback).
-    pub fn choose_vcpu(&self, stage: u32, current: u32, loads: &[u32]) -> u32 {
-        match self.read_map() {
-            Some(map) => choose_from_map(&map, stage, current, loads),
-            None => current,
-        }
-    }
 }
 
-/// The decision of [`Agent::choose_vcpu`] on a given map (pure).
+/// Which vCPU `stage` should run on for a thread now on `current`, given a
+/// map read with [`Agent::read_map`] (pure; the one place the rule lives):
+/// `current` if `map` lets it serve the stage, else the vCPU with the
+/// smallest `loads[v]` among those serving it (lowest index on ties; `loads`
+/// is indexed by vCPU, e.g. published run-queue depths, and only its first
+/// 64 entries count). Returns `current` when the stage is out of range or no
+/// vCPU of `loads` serves it (the caller counts that as a fallback).
 pub fn choose_from_map(map: &MapSnapshot, stage: u32, current: u32, loads: &[u32]) -> u32 {
     if (stage as usize) >= MAX_STAGES || map.serves(stage, current) {
         return current;
@@ -478,3 +471,6 @@ pub fn choose_from_map(map: &MapSnapshot, stage: u32, current: u32, loads: &[u32
         .min_by_key(|v| loads[*v as usize])
         .unwrap_or(current)
 }
+
+#[cfg(test)]
+mod tests;

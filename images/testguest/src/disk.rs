@@ -118,7 +118,7 @@ pub fn run(base: u64, size: usize, chunk: usize, write: bool, tsc_khz: u64) {
     // SAFETY: `chunk` bytes just allocated, used only here.
     let buf = unsafe { core::slice::from_raw_parts_mut(buf_addr as *mut u8, chunk) };
     // The first KEEP bytes stay in memory: the staged threads take their
-    // requests from them (see `staged::request_source`).
+    // requests from them (see `staged::set_request_source`).
     let keep_len = (sectors as usize * SECTOR_SIZE).min(KEEP);
     let keep = alloc_pages(keep_len as u64).unwrap_or(0);
     let start = PortIo.tsc();

@@ -1,0 +1,183 @@
+//! Agent glue: the guest's one [`Agent`] (registered by vCPU 0 in
+//! [`register`], read-only afterwards, reached through [`agent`]), its
+//! platform ([`PortIo`]), and a thread's stage switch ([`stage_switch`],
+//! [`stage_leave`]): pick the vCPU for the next stage from the host's map
+//! with `guest_agent::choose_from_map`, migrate through the run queues when
+//! it is another vCPU, and report the stage on the vCPU that runs it.
+
+use core::arch::asm;
+use core::cell::UnsafeCell;
+use core::mem::MaybeUninit;
+use core::sync::atomic::{AtomicBool, Ordering};
+
+use guest_agent::{choose_from_map, Agent, Platform};
+use hypercall_abi::stage::{Layout, DOORBELL_STATUS, MAX_VCPUS, STAGE_NONE};
+
+use super::runtime::{alloc_pages, timed_yield, Thread};
+use super::stats::{
+    count, EXIT_EVENTS, FALLBACKS, MIGRATIONS, MIGRATIONS_IN, MIGRATIONS_OUT, STAGE_EVENTS,
+    VCPU_COUNTS, VIOLATIONS,
+};
+use super::{abuse, num_vcpus};
+use crate::{inl, outl, print_line};
+
+/// Port I/O and TSC for the agent.
+pub struct PortIo;
+
+impl Platform for PortIo {
+    fn doorbell(&self, port: u16, value: u32) {
+        outl(port, value);
+    }
+    fn doorbell_status(&self) -> u32 {
+        inl(DOORBELL_STATUS)
+    }
+    fn tsc(&self) -> u64 {
+        let (lo, hi): (u32, u32);
+        // SAFETY: rdtsc is allowed in ring 3 (CR4.TSD clear, see hypercall_abi::boot).
+        unsafe { asm!("rdtsc", out("eax") lo, out("edx") hi, options(nomem, nostack)) };
+        (u64::from(hi) << 32) | u64::from(lo)
+    }
+}
+
+/// The global agent, set by vCPU 0 before it releases the other vCPUs.
+struct AgentCell(UnsafeCell<MaybeUninit<Agent<PortIo>>>);
+// SAFETY: written once by vCPU 0 before READY is released; read-only after.
+unsafe impl Sync for AgentCell {}
+static AGENT: AgentCell = AgentCell(UnsafeCell::new(MaybeUninit::uninit()));
+static READY: AtomicBool = AtomicBool::new(false);
+
+/// The guest's agent (inactive when the channel is not there). Panics if
+/// called before vCPU 0 published it in [`register`].
+pub(super) fn agent() -> &'static Agent<PortIo> {
+    assert!(READY.load(Ordering::Acquire));
+    // SAFETY: initialised before READY was set (see `register`).
+    unsafe { (*AGENT.0.get()).assume_init_ref() }
+}
+
+/// vCPU 0, once: lays out an area for `info.num_vcpus` rings of
+/// `ring_entries` entries and the stages `names`, registers it (an inactive
+/// agent when the layout is invalid, memory runs out or the VMM refuses),
+/// prints the `testguest: stage channel` line and publishes the agent for
+/// [`agent`]. With `abuse`, first sends [`abuse::bad_registers`] on the
+/// same area.
+pub(super) fn register(
+    info: &hypercall_abi::boot::BootInfo,
+    names: &[&str],
+    ring_entries: u32,
+    abuse: bool,
+) {
+    let agent = match Layout::new(info.num_vcpus, names.len() as u32, ring_entries) {
+        Some(layout) => {
+            let size = layout.area_size();
+            match alloc_pages(size) {
+                Some(area) => {
+                    if abuse {
+                        abuse::bad_registers(info.mem_size, area, &layout);
+                    }
+                    // SAFETY: `area` is `size` bytes of our own memory, page aligned.
+                    unsafe {
+                        Agent::register(
+                            PortIo,
+                            area as *mut u8,
+                            area,
+                            size,
+                            info.num_vcpus,
+                            names,
+                            ring_entries,
+                        )
+                    }
+                    .unwrap_or_else(|_| Agent::inactive(PortIo))
+                }
+                None => Agent::inactive(PortIo),
+            }
+        }
+        None => Agent::inactive(PortIo),
+    };
+    println!(
+        "testguest: stage channel {:?} ({} stages, {} ring entries)",
+        agent.status(),
+        names.len(),
+        ring_entries
+    );
+    // SAFETY: only vCPU 0 writes, before READY is released.
+    unsafe { (*AGENT.0.get()).write(agent) };
+    READY.store(true, Ordering::Release);
+}
+
+/// Switches `t` to `stage`. Picks the vCPU for the stage from the host's map
+/// (the least loaded of the stage's vCPUs unless the current one serves it),
+/// and if that is another vCPU yields to the scheduler, which moves the
+/// thread there once its context is saved; it reports the stage on the vCPU
+/// that runs it, right before the stage's code runs.
+/// If the map changed while the thread waited and its new vCPU no longer
+/// serves the stage, it moves again: a stage only runs where the current map
+/// puts it, or as a counted fallback when no vCPU serves it.
+pub(super) fn stage_switch(t: &Thread, stage: u32) {
+    let a = agent();
+    let mut cur = t.vcpu.load(Ordering::Relaxed);
+    let old = t.stage.swap(stage, Ordering::Relaxed);
+    let mut first = true;
+    loop {
+        let mut target = cur;
+        if let Some(map) = a.read_map() {
+            if map.vcpus[stage as usize] == 0 {
+                // No vCPU serves the stage: run it here and say so.
+                if first {
+                    a.count_fallback(cur);
+                    FALLBACKS.fetch_add(1, Ordering::Relaxed);
+                }
+            } else if !map.serves(stage, cur) {
+                // The least-loaded rule on the snapshot just read, so the
+                // fallback test and the choice see the same map.
+                let n = num_vcpus() as usize;
+                let mut loads = [0u32; MAX_VCPUS];
+                for (v, load) in loads.iter_mut().enumerate().take(n) {
+                    *load = a.runq_depth(v as u32);
+                }
+                target = choose_from_map(&map, stage, cur, &loads[..n]);
+            }
+        }
+        if target == cur {
+            // This vCPU serves the stage: go on running, as a thread of an
+            // OS would (threads take turns at request ends, `stage_leave`).
+            break;
+        }
+        MIGRATIONS.fetch_add(1, Ordering::Relaxed);
+        MIGRATIONS_IN[stage as usize].fetch_add(1, Ordering::Relaxed);
+        if let Some(out) = MIGRATIONS_OUT.get(old as usize).filter(|_| first) {
+            out.fetch_add(1, Ordering::Relaxed);
+        }
+        t.migrate_to.store(target, Ordering::Relaxed);
+        // Time from giving up the vCPU to running on the target vCPU,
+        // through its queue.
+        timed_yield(t, 1);
+        cur = t.vcpu.load(Ordering::Relaxed);
+        match a.read_map() {
+            Some(map) if map.vcpus[stage as usize] != 0 && !map.serves(stage, cur) => {
+                // The map moved under us while we waited: go again.
+                first = false;
+            }
+            _ => break,
+        }
+    }
+    count(
+        a.stage_enter(cur, stage, t.id),
+        &STAGE_EVENTS[stage as usize],
+    );
+    VCPU_COUNTS[cur as usize].ran[stage as usize].fetch_add(1, Ordering::Relaxed);
+    if let Some(map) = a.read_map() {
+        if map.vcpus[stage as usize] != 0 && !map.serves(stage, cur) {
+            VIOLATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `t` finished its request: reports the exit, leaves its stage and yields
+/// so the threads on its vCPU take turns, a request each.
+pub(super) fn stage_leave(t: &Thread) {
+    let a = agent();
+    let vcpu = t.vcpu.load(Ordering::Relaxed);
+    count(a.stage_exit(vcpu, t.id), &EXIT_EVENTS);
+    t.stage.store(STAGE_NONE, Ordering::Relaxed);
+    timed_yield(t, 0);
+}
