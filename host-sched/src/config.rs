@@ -29,13 +29,156 @@ use crate::cpuset::CpuSet;
 use crate::policy::PolicyKind;
 use crate::topology::Topology;
 
-/// A configuration error: one line naming the key and the value.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
-
-fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
-    Err(ConfigError(msg.into()))
+/// A configuration or scheduling error: one line naming the key and the
+/// value. The VMM wraps it with `#[source]`.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("--stages {path}: {reason}")]
+    Read {
+        /// The `--stages` path.
+        path: String,
+        /// The I/O error.
+        reason: String,
+    },
+    /// The file is not valid TOML or has an unknown key or a wrong type.
+    #[error("{origin}: {message}")]
+    Toml {
+        /// Where the text came from (a path).
+        origin: String,
+        /// toml's message on one line, with the line and text of the error.
+        message: String,
+    },
+    /// A value is not a CPU list.
+    #[error("{key} = '{value}': not a CPU list (expected e.g. 0-3,6)")]
+    NotCpuList {
+        /// The key or option.
+        key: String,
+        /// Its value.
+        value: String,
+    },
+    /// A CPU list names no CPU.
+    #[error("{key} = '{value}': no CPU given")]
+    NoCpu {
+        /// The key or option.
+        key: String,
+        /// Its value.
+        value: String,
+    },
+    /// A CPU list names a CPU that is not online.
+    #[error("{key} = '{value}': CPU {cpu} is not online (online: {online})")]
+    CpuNotOnline {
+        /// The key or option.
+        key: String,
+        /// Its value.
+        value: String,
+        /// The first CPU that is not online.
+        cpu: usize,
+        /// The online CPUs (cpulist).
+        online: String,
+    },
+    /// A stage core is outside this process's affinity.
+    #[error("{key} = '{value}': CPU {cpu} is not allowed for this process (allowed: {allowed})")]
+    CpuNotAllowed {
+        /// The key or option.
+        key: String,
+        /// Its value.
+        value: String,
+        /// The first CPU that is not allowed.
+        cpu: usize,
+        /// The allowed CPUs (cpulist).
+        allowed: String,
+    },
+    /// Housekeeping cores overlap the stage cores.
+    #[error("{key} = '{value}': overlaps the stage cores {cores_key} = '{cores}' (CPU {overlap})")]
+    HousekeepingOverlap {
+        /// The housekeeping key or option.
+        key: String,
+        /// Its value.
+        value: String,
+        /// The stage-cores key or option.
+        cores_key: String,
+        /// The stage cores (cpulist).
+        cores: String,
+        /// The CPUs in both (cpulist).
+        overlap: String,
+    },
+    /// No such policy.
+    #[error("{key} = '{value}': unknown policy (off, pinned, static, proportional)")]
+    UnknownPolicy {
+        /// The key or option.
+        key: String,
+        /// Its value.
+        value: String,
+    },
+    /// A value outside its range.
+    #[error("{key} = {value}: must be {expected}")]
+    OutOfRange {
+        /// The key.
+        key: String,
+        /// Its value.
+        value: String,
+        /// The valid range, in words.
+        expected: &'static str,
+    },
+    /// A stage name that is empty, too long, or given twice.
+    #[error("stage[{index}].name = '{name}': {reason}")]
+    BadStageName {
+        /// Index of the `[[stage]]` entry.
+        index: usize,
+        /// The name.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A stage's `min_cores` is above its `max_cores`.
+    #[error("stage '{name}': min_cores = {min} > max_cores = {max}")]
+    MinAboveMax {
+        /// Stage name.
+        name: String,
+        /// `min_cores`.
+        min: usize,
+        /// `max_cores`.
+        max: usize,
+    },
+    /// A stage's weight is negative, NaN or infinite.
+    #[error("stage '{name}': weight = {weight}: must be ≥ 0")]
+    BadWeight {
+        /// Stage name.
+        name: String,
+        /// The weight.
+        weight: f64,
+    },
+    /// The stages' `min_cores` need more cores than there are.
+    #[error("stage budgets cannot fit: min_cores sum to {sum} but {key} = '{cores}' has {n} core(s)")]
+    MinCoresTooMany {
+        /// Sum of `min_cores` (saturating).
+        sum: usize,
+        /// The stage-cores key or option.
+        key: String,
+        /// The stage cores (cpulist).
+        cores: String,
+        /// How many.
+        n: usize,
+    },
+    /// A configured stage the guest did not declare at REGISTER.
+    #[error("stage '{name}': unknown stage; the guest declared {}", declared.join(", "))]
+    UnknownStage {
+        /// The configured name.
+        name: String,
+        /// The names the guest declared.
+        declared: Vec<String>,
+    },
+    /// The stages' `max_cores` cannot use every stage core.
+    #[error("stage budgets cannot fit: max_cores sum to {sum} but there are {n} stage cores ('{cores}') to use")]
+    MaxCoresTooFew {
+        /// Sum of `max_cores` (saturating).
+        sum: usize,
+        /// Stage cores.
+        n: usize,
+        /// The stage cores (cpulist).
+        cores: String,
+    },
 }
 
 /// `[host]`.
@@ -139,14 +282,20 @@ impl Config {
                     format!(" (line {line}: '{}')", text[s].trim())
                 })
                 .unwrap_or_default();
-            ConfigError(format!("{origin}: {msg}{at}"))
+            ConfigError::Toml {
+                origin: origin.to_string(),
+                message: format!("{msg}{at}"),
+            }
         })
     }
 
     /// Reads and parses a file.
     pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError(format!("--stages {}: {e}", path.display())))?;
+            .map_err(|e| ConfigError::Read {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
         Self::from_toml(&text, &path.display().to_string())
     }
 }
@@ -186,6 +335,14 @@ pub struct Resolved {
     pub hysteresis: f64,
 }
 
+fn range(key: &str, value: impl std::fmt::Display, expected: &'static str) -> ConfigError {
+    ConfigError::OutOfRange {
+        key: key.into(),
+        value: value.to_string(),
+        expected,
+    }
+}
+
 /// Command-line overrides of the file.
 #[derive(Clone, Debug, Default)]
 pub struct Overrides {
@@ -198,10 +355,9 @@ pub struct Overrides {
 }
 
 fn cpulist(key: &str, text: &str) -> Result<CpuSet, ConfigError> {
-    CpuSet::parse(text).map_err(|_| {
-        ConfigError(format!(
-            "{key} = '{text}': not a CPU list (expected e.g. 0-3,6)"
-        ))
+    CpuSet::parse(text).map_err(|_| ConfigError::NotCpuList {
+        key: key.into(),
+        value: text.into(),
     })
 }
 
@@ -221,10 +377,12 @@ fn chosen<'a>(
 fn online_cpulist(key: &str, text: &str, topo: &Topology) -> Result<CpuSet, ConfigError> {
     let set = cpulist(key, text)?;
     if let Some(cpu) = set.iter().find(|c| !topo.online.contains(*c)) {
-        return err(format!(
-            "{key} = '{text}': CPU {cpu} is not online (online: {})",
-            topo.online
-        ));
+        return Err(ConfigError::CpuNotOnline {
+            key: key.into(),
+            value: text.into(),
+            cpu,
+            online: topo.online.to_string(),
+        });
     }
     Ok(set)
 }
@@ -245,13 +403,18 @@ pub fn resolve(
         Some(text) => {
             let set = online_cpulist(cores_key, text, topo)?;
             if set.is_empty() {
-                return err(format!("{cores_key} = '{text}': no CPU given"));
+                return Err(ConfigError::NoCpu {
+                    key: cores_key.into(),
+                    value: text.into(),
+                });
             }
             if let Some(cpu) = set.iter().find(|c| !topo.allowed.contains(*c)) {
-                return err(format!(
-                    "{cores_key} = '{text}': CPU {cpu} is not allowed for this process (allowed: {})",
-                    topo.allowed
-                ));
+                return Err(ConfigError::CpuNotAllowed {
+                    key: cores_key.into(),
+                    value: text.into(),
+                    cpu,
+                    allowed: topo.allowed.to_string(),
+                });
             }
             set
         }
@@ -273,9 +436,13 @@ pub fn resolve(
             let set = online_cpulist(hk_key, text, topo)?;
             let overlap = set.intersection(&stage_cores);
             if !overlap.is_empty() {
-                return err(format!(
-                    "{hk_key} = '{text}': overlaps the stage cores {cores_key} = '{stage_cores}' (CPU {overlap})"
-                ));
+                return Err(ConfigError::HousekeepingOverlap {
+                    key: hk_key.into(),
+                    value: text.into(),
+                    cores_key: cores_key.into(),
+                    cores: stage_cores.to_string(),
+                    overlap: overlap.to_string(),
+                });
             }
             set
         }
@@ -293,52 +460,51 @@ pub fn resolve(
         ("policy.name", Some(config.policy.name.as_str())),
     );
     let policy_text = policy_text.unwrap_or_default();
-    let policy = PolicyKind::parse(policy_text).ok_or_else(|| {
-        ConfigError(format!(
-            "{policy_key} = '{policy_text}': unknown policy (off, pinned, static, proportional)"
-        ))
+    let policy = PolicyKind::parse(policy_text).ok_or_else(|| ConfigError::UnknownPolicy {
+        key: policy_key.into(),
+        value: policy_text.into(),
     })?;
     let p = &config.policy;
     if p.period_ms == 0 || p.period_ms > 60_000 {
-        return err(format!(
-            "policy.period_ms = {}: must be 1..=60000",
-            p.period_ms
-        ));
+        return Err(range("policy.period_ms", p.period_ms, "1..=60000"));
     }
     if !(p.smoothing > 0.0 && p.smoothing <= 1.0) {
-        return err(format!(
-            "policy.smoothing = {}: must be in (0, 1]",
-            p.smoothing
-        ));
+        return Err(range("policy.smoothing", p.smoothing, "in (0, 1]"));
     }
     if !(p.hysteresis >= 0.0 && p.hysteresis.is_finite()) {
-        return err(format!("policy.hysteresis = {}: must be ≥ 0", p.hysteresis));
+        return Err(range("policy.hysteresis", p.hysteresis, "≥ 0"));
     }
 
     let n = stage_cores.len();
     let mut budgets: Vec<Budget> = Vec::new();
     for (i, s) in config.stages.iter().enumerate() {
         if s.name.is_empty() || s.name.len() > 32 {
-            return err(format!(
-                "stage[{i}].name = '{}': must be 1 to 32 bytes",
-                s.name
-            ));
+            return Err(ConfigError::BadStageName {
+                index: i,
+                name: s.name.clone(),
+                reason: "must be 1 to 32 bytes",
+            });
         }
         if budgets.iter().any(|b| b.name == s.name) {
-            return err(format!("stage[{i}].name = '{}': defined twice", s.name));
+            return Err(ConfigError::BadStageName {
+                index: i,
+                name: s.name.clone(),
+                reason: "defined twice",
+            });
         }
         let max = s.max_cores.unwrap_or(n);
         if s.min_cores > max {
-            return err(format!(
-                "stage '{}': min_cores = {} > max_cores = {max}",
-                s.name, s.min_cores
-            ));
+            return Err(ConfigError::MinAboveMax {
+                name: s.name.clone(),
+                min: s.min_cores,
+                max,
+            });
         }
         if !(s.weight >= 0.0 && s.weight.is_finite()) {
-            return err(format!(
-                "stage '{}': weight = {}: must be ≥ 0",
-                s.name, s.weight
-            ));
+            return Err(ConfigError::BadWeight {
+                name: s.name.clone(),
+                weight: s.weight,
+            });
         }
         budgets.push(Budget {
             name: s.name.clone(),
@@ -347,11 +513,16 @@ pub fn resolve(
             weight: s.weight,
         });
     }
-    let min_sum: usize = budgets.iter().map(|b| b.min_cores).sum();
+    let min_sum = budgets
+        .iter()
+        .fold(0usize, |sum, b| sum.saturating_add(b.min_cores));
     if min_sum > n {
-        return err(format!(
-            "stage budgets cannot fit: min_cores sum to {min_sum} but {cores_key} = '{stage_cores}' has {n} core(s)"
-        ));
+        return Err(ConfigError::MinCoresTooMany {
+            sum: min_sum,
+            key: cores_key.into(),
+            cores: stage_cores.to_string(),
+            n,
+        });
     }
     Ok(Resolved {
         stage_cores,
@@ -387,11 +558,10 @@ impl Resolved {
             .iter()
             .find(|b| !guest_stages.contains(&b.name))
         {
-            return err(format!(
-                "stage '{}': unknown stage; the guest declared {}",
-                b.name,
-                guest_stages.join(", ")
-            ));
+            return Err(ConfigError::UnknownStage {
+                name: b.name.clone(),
+                declared: guest_stages.to_vec(),
+            });
         }
         let n = self.stage_cores.len();
         let out: Vec<Budget> = guest_stages
@@ -409,12 +579,15 @@ impl Resolved {
                     })
             })
             .collect();
-        let max_sum: usize = out.iter().map(|b| b.max_cores).sum();
+        let max_sum = out
+            .iter()
+            .fold(0usize, |sum, b| sum.saturating_add(b.max_cores));
         if max_sum < n {
-            return err(format!(
-                "stage budgets cannot fit: max_cores sum to {max_sum} but there are {n} stage cores ('{}') to use",
-                self.stage_cores
-            ));
+            return Err(ConfigError::MaxCoresTooFew {
+                sum: max_sum,
+                n,
+                cores: self.stage_cores.to_string(),
+            });
         }
         Ok(out)
     }

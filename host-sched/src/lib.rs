@@ -5,9 +5,12 @@
 //! * [`topology`] — allowed/online/isolated CPUs, thread affinity,
 //! * [`config`] — the TOML configuration and its resolution,
 //! * [`policy`] — `off`, `pinned`, `static`, `proportional` as pure functions
-//!   behind the [`policy::Policy`] trait (seed 000 §4.5).
+//!   behind the [`policy::Policy`] trait (seed 000 §4.5),
+//! * [`vm`] — the VM-level plan: stage cores for a VM's vCPU count and the
+//!   one constructor of a VM's policy.
 
 pub mod config;
 pub mod cpuset;
 pub mod policy;
 pub mod topology;
+pub mod vm;

@@ -1,0 +1,69 @@
+//! The VM-level decisions host-sched takes for one VM: which stage cores a
+//! VM of `n` vCPUs can use, and the policy for its guest's stages. The VMM
+//! calls these and applies the result; it decides nothing itself.
+
+use crate::config::{ConfigError, Resolved};
+use crate::policy::{self, Policy, PolicyKind};
+
+/// The configuration a VM runs under and what was changed to fit it.
+#[derive(Clone, Debug)]
+pub struct VmPlan {
+    /// The resolved configuration, with the stage cores trimmed to the vCPU
+    /// count for the staged policies.
+    pub resolved: Resolved,
+    /// One line per change made (for the report's warnings).
+    pub warnings: Vec<String>,
+}
+
+/// Whether `kind` gives stages their own cores (every stage core then needs
+/// a vCPU of its own).
+pub fn is_staged(kind: PolicyKind) -> bool {
+    matches!(kind, PolicyKind::Static | PolicyKind::Proportional)
+}
+
+/// Fits `resolved` to a VM of `num_vcpus` vCPUs: a staged policy with more
+/// stage cores than vCPUs uses the first `num_vcpus` stage cores (and, when
+/// helpers share the stage cores, those as housekeeping too).
+pub fn for_vm(resolved: &Resolved, num_vcpus: u32) -> VmPlan {
+    let mut resolved = resolved.clone();
+    let mut warnings = Vec::new();
+    let n = num_vcpus as usize;
+    if is_staged(resolved.policy) && n < resolved.stage_cores.len() {
+        let all = resolved.stage_cores.clone();
+        resolved.stage_cores = all.iter().take(n).collect();
+        if resolved.helpers_share_stage_cores {
+            resolved.housekeeping = resolved.stage_cores.clone();
+        }
+        warnings.push(format!(
+            "--cpus boot={num_vcpus} is fewer than the {} stage cores '{all}': the {} policy uses stage cores '{}'",
+            all.len(),
+            resolved.policy.name(),
+            resolved.stage_cores
+        ));
+    }
+    VmPlan { resolved, warnings }
+}
+
+/// Builds the VM's policy: the only place a policy is constructed for a VM.
+/// `guest_stages` is `None` before the guest registers (the plan then places
+/// vCPUs only: `off` floats them over all stage cores, the others pin vCPU
+/// `v` to stage core `v mod C`), else the names it declared, in stage-id
+/// order, which the configured budgets are matched against.
+///
+/// Errors: [`ConfigError::UnknownStage`] for a configured stage the guest
+/// did not declare, [`ConfigError::MaxCoresTooFew`] when the budgets cannot
+/// use every stage core.
+pub fn build_policy(
+    resolved: &Resolved,
+    num_vcpus: u32,
+    guest_stages: Option<&[String]>,
+) -> Result<Box<dyn Policy>, ConfigError> {
+    let budgets = match guest_stages {
+        None => Vec::new(),
+        Some(names) => resolved.budgets_for(names)?,
+    };
+    Ok(policy::build(
+        resolved.policy,
+        resolved.context(num_vcpus, budgets),
+    ))
+}
