@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use serde_json::Value;
+use stagevm_report::Report;
 
 /// A deterministic disk image of `bytes` bytes (xorshift64 stream).
 fn make_disk(name: &str, bytes: usize) -> std::path::PathBuf {
@@ -30,7 +30,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-fn boot_with_disk(disk: &str, cmdline: &str) -> (Run, Value) {
+fn boot_with_disk(disk: &str, cmdline: &str) -> (Run, Report) {
     boot_with_report(&["--disk", disk, "--cmdline", cmdline])
 }
 
@@ -50,11 +50,11 @@ fn guest_reads_the_disk_and_its_checksum_matches() {
         "expected '{line}' in {}",
         run.stdout
     );
-    let disk = &json["disks"][0];
-    assert_eq!(disk["sectors"], sectors);
-    assert_eq!(disk["bytes_read"], 6u64 << 20);
-    assert_eq!(disk["errors"], 0);
-    assert_eq!(disk["dropped"], 0);
+    let disk = &json.disks[0];
+    assert_eq!(disk.sectors, sectors);
+    assert_eq!(disk.bytes_read, 6u64 << 20);
+    assert_eq!(disk.errors, 0);
+    assert_eq!(disk.dropped, 0);
 }
 
 #[test]
@@ -72,8 +72,8 @@ fn read_only_disk_rejects_a_write_and_writable_accepts_it() {
         "{}",
         run.stdout
     );
-    assert_eq!(json["disks"][0]["errors"], 1);
-    assert_eq!(json["disks"][0]["bytes_written"], 0);
+    assert_eq!(json.disks[0].errors, 1);
+    assert_eq!(json.disks[0].bytes_written, 0);
     assert_eq!(std::fs::read(&path).unwrap(), before);
 
     let (run, json) = boot_with_disk(
@@ -85,7 +85,7 @@ fn read_only_disk_rejects_a_write_and_writable_accepts_it() {
         "{}",
         run.stdout
     );
-    assert_eq!(json["disks"][0]["bytes_written"], 512);
+    assert_eq!(json.disks[0].bytes_written, 512);
     // Sector 0 was written back unchanged.
     assert_eq!(std::fs::read(&path).unwrap(), before);
     let _ = std::fs::remove_file(&path);
@@ -145,7 +145,7 @@ fn missing_disk_file_is_named() {
 }
 
 /// The staged threads' per-thread checksum, written again from the guest's
-/// stage code (`images/testguest/src/staged.rs`, with `work=0`): parse =
+/// stage code (`images/testguest/src/staged/workload.rs`, with `work=0`): parse =
 /// FNV-1a over the request's bytes, folded into word 0; plan = insertion sort,
 /// returning words 3 ^ 5; execute = a 512-word table updated at
 /// `(w >> 7 ^ i) % 512` with `rotl(t + w, 11)`; checksum =

@@ -83,11 +83,13 @@ fn guest_checksums_equal_the_host_build_under_every_policy() {
         // "stage events stage0 A stage1 B exit C; …": numbers 0, A, 1, B, C, …
         let guest = line_numbers(&run.stdout, "testguest: stage events ");
         assert_eq!([guest[1], guest[3], guest[4]], [total; 3], "{guest:?}");
-        let host: Vec<u64> = json["stage_channel"]["stages"]
-            .as_array()
-            .unwrap()
+        let host: Vec<u64> = json
+            .stage_channel
+            .as_ref()
+            .expect("no stage_channel in the report")
+            .stages
             .iter()
-            .map(|s| s["events"].as_u64().unwrap())
+            .map(|s| s.events)
             .collect();
         assert_eq!(host, [total, total], "policy {policy}");
         let migrations = line_numbers(&run.stdout, "testguest: migrations ")[0];

@@ -1,8 +1,9 @@
 //! Host-side end-to-end test of the Linux guest agent's libstage
 //! (`guest-agent/linux/`): the shared area lives in a memfd; the VMM's real
-//! [`StageDevice`] (with the real host-sched [`Scheduler`] as its map source
-//! and host-sched plans for map changes) registers it at a guest-physical
-//! address and drains its rings, while a C program — several threads using
+//! [`StageDevice`] registers it at a guest-physical address, the VMM's real
+//! stage scheduling ([`StageSched`]: the same `stage-sched` loop, controller
+//! and host-sched policy as in a VM) plans the first map and drains the
+//! rings, host-sched plans make further map changes, while a C program — several threads using
 //! libstage, the code a Linux guest runs — enters stages and migrates between
 //! the host's CPUs (standing in for vCPUs: in a guest, CPU i is vCPU i)
 //! following the stage map the Rust side publishes. No VM is booted.
@@ -30,8 +31,10 @@ use host_sched::cpuset::CpuSet;
 use host_sched::policy::{plan_from_assignment, Plan};
 use host_sched::topology::Topology;
 use hypercall_abi::stage::{Layout, Status, DOORBELL_REGISTER, DOORBELL_STATUS, STAGE_MAP_OFFSET};
-use stagevm::sched::Scheduler;
-use stagevm::stage::{ChannelReport, StageDevice};
+use stagevm::sched::StageSched;
+use stagevm::stage::StageDevice;
+use stagevm_report::ChannelReport;
+use vmm_sys_util::eventfd::EventFd;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 
 /// Guest-physical address of the area (above the VMM's fixed structures).
@@ -90,17 +93,18 @@ fn binaries() -> &'static Binaries {
 }
 
 /// The host side: a memfd-backed guest memory region holding the area, the
-/// VMM's stage device over it, the VMM's scheduler as its map source, and a
-/// drain thread doing what the VMM's `stage-sched` thread does.
+/// VMM's stage device over it, and the VMM's stage scheduling running its
+/// real `stage-sched` loop on a thread.
 struct Host {
     dev: Arc<StageDevice>,
-    sched: Arc<Scheduler>,
+    sched: Arc<StageSched>,
     resolved: Resolved,
     memfd: File,
     len: u64,
     vcpus: u32,
     ring_entries: u32,
-    stop: Arc<AtomicBool>,
+    /// The exit `EventFd` the loop waits on (as the VM's).
+    exit: Arc<EventFd>,
     drainer: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -131,8 +135,8 @@ impl Host {
         let config = Config::from_toml(&toml, "libstage test").unwrap();
         let topo = Topology::detect().unwrap();
         let resolved = resolve(&config, &Overrides::default(), &topo).unwrap();
-        let sched = Scheduler::new(resolved.clone(), vcpus, Vec::new());
-        dev.set_map_source(sched.clone());
+        let vm = host_sched::vm::for_vm(&resolved, vcpus);
+        let sched = StageSched::new(vm, vcpus, Some(dev.clone())).unwrap();
         Self {
             dev,
             sched,
@@ -141,44 +145,42 @@ impl Host {
             len,
             vcpus,
             ring_entries,
-            stop: Arc::new(AtomicBool::new(false)),
+            exit: Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()),
             drainer: None,
         }
     }
 
-    /// The doorbell REGISTER a guest's module sends, from vCPU 0.
+    /// The doorbell REGISTER a guest's module sends, from vCPU 0, handled as
+    /// the vCPU run loop does: a successful one goes on to the scheduler,
+    /// which publishes the first map. Also checks the names it declared.
     fn register(&self) -> Status {
         let pfn = (AREA_GPA >> 12) as u32;
-        self.dev.doorbell(0, DOORBELL_REGISTER, &pfn.to_le_bytes());
+        if let Some(registered) = self.dev.doorbell(0, DOORBELL_REGISTER, &pfn.to_le_bytes()) {
+            assert_eq!(registered.names, STAGES);
+            self.sched.on_register(&registered).unwrap();
+        }
         let mut st = [0u8; 4];
         self.dev.read_status(0, DOORBELL_STATUS, &mut st);
         Status::from_u32(u32::from_le_bytes(st)).unwrap()
     }
 
-    /// Drains every `period` and runs a scheduler tick every policy period.
+    /// Runs the VMM's `stage-sched` loop on a thread, draining every
+    /// `period`.
     fn start_draining(&mut self, period: Duration) {
-        let (dev, sched, stop) = (self.dev.clone(), self.sched.clone(), self.stop.clone());
+        let (sched, exit) = (self.sched.clone(), self.exit.clone());
         self.drainer = Some(std::thread::spawn(move || {
-            let mut last_tick = std::time::Instant::now();
-            while !stop.load(Ordering::Acquire) {
-                dev.drain();
-                if last_tick.elapsed() >= sched.period() {
-                    sched.tick(&dev).unwrap();
-                    last_tick = std::time::Instant::now();
-                }
-                std::thread::sleep(period);
-            }
+            sched.run(period, &exit).unwrap();
         }));
     }
 
-    /// Stops the drain thread and drains what is left.
+    /// Stops the loop (the exit `EventFd`, as at VM exit) and drains what is
+    /// left.
     fn finish(&mut self) -> ChannelReport {
-        self.stop.store(true, Ordering::Release);
+        self.exit.write(1).unwrap();
         if let Some(t) = self.drainer.take() {
             t.join().unwrap();
         }
-        self.dev.drain();
-        self.dev.report()
+        self.sched.finish().0.unwrap()
     }
 
     /// The stage map as the guest sees it: (epoch, per-stage masks).
@@ -257,7 +259,7 @@ impl Host {
 
 impl Drop for Host {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
+        let _ = self.exit.write(1);
         if let Some(t) = self.drainer.take() {
             let _ = t.join();
         }
@@ -453,7 +455,6 @@ fn libstage_threads_follow_the_map_and_counts_match() {
     // The guest laid the area out; the doorbell registers it, and the real
     // scheduler's static policy supplies the first map.
     assert_eq!(host.register(), Status::Ok);
-    assert_eq!(host.dev.stage_names().unwrap(), STAGES);
     let (epoch_a, map_a) = host.map();
     assert_eq!(epoch_a, 2);
     assert_eq!(map_a.len(), 2);

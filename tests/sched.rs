@@ -4,9 +4,9 @@
 mod common;
 
 use common::*;
-use serde_json::Value;
+use stagevm_report::Report;
 
-fn boot(config: &str, cpus: &str, cmdline: &str) -> (Run, Value) {
+fn boot(config: &str, cpus: &str, cmdline: &str) -> (Run, Report) {
     let conf = std::env::temp_dir().join(format!(
         "stagevm-sched-{}-{}.toml",
         std::process::id(),
@@ -52,18 +52,7 @@ fn threads_migrate_to_the_vcpus_of_their_stage() {
     let config = "[host]\ncores = \"0-1\"\n[policy]\nname = \"static\"\n\
                   [[stage]]\nname = \"parse\"\n[[stage]]\nname = \"plan\"\n[[stage]]\nname = \"execute\"\n";
     let (run, json) = boot(config, "boot=4", "iters=1000 threads=2 requests=300");
-    let stages = json["sched"]["stages"].as_array().unwrap();
-    let vcpus: Vec<Vec<u64>> = stages
-        .iter()
-        .map(|s| {
-            s["vcpus"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap())
-                .collect()
-        })
-        .collect();
+    let vcpus: Vec<Vec<u32>> = json.sched.stages.iter().map(|s| s.vcpus.clone()).collect();
     assert_eq!(vcpus, [vec![0, 2], vec![1, 3], vec![1, 3]]);
     let [migrations, fallbacks, violations] = guest_migrations(&run.stdout);
     assert!(migrations > 0, "{}", run.stdout);
@@ -83,11 +72,13 @@ fn threads_migrate_to_the_vcpus_of_their_stage() {
         .fold([0; 3], |a, c| [a[0] + c[0], a[1] + c[1], a[2] + c[2]]);
     assert_eq!(total, [2400, 2400, 2400]);
     // The VMM saw the migrations too (it cannot see a thread's very first move).
-    let host_in: u64 = json["stage_channel"]["stages"]
-        .as_array()
-        .unwrap()
+    let host_in: u64 = json
+        .stage_channel
+        .as_ref()
+        .expect("no stage_channel in the report")
+        .stages
         .iter()
-        .map(|s| s["migrations_in"].as_u64().unwrap())
+        .map(|s| s.migrations_in)
         .sum();
     assert!(
         host_in > 0 && host_in <= migrations,
@@ -96,27 +87,11 @@ fn threads_migrate_to_the_vcpus_of_their_stage() {
 }
 
 /// Requirement vectors and loads from the report's timeline.
-fn timeline(json: &Value) -> Vec<(Vec<u64>, Vec<f64>)> {
-    json["sched"]["timeline"]
-        .as_array()
-        .unwrap()
+fn timeline(json: &Report) -> Vec<(Vec<usize>, Vec<f64>)> {
+    json.sched
+        .timeline
         .iter()
-        .map(|e| {
-            (
-                e["requirement"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_u64().unwrap())
-                    .collect(),
-                e["load"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_f64().unwrap())
-                    .collect(),
-            )
-        })
+        .map(|e| (e.requirement.clone(), e.load.clone()))
         .collect()
 }
 
@@ -153,11 +128,7 @@ fn proportional_moves_cores_to_the_heavy_stage_within_five_periods() {
         &tl[change - 1..=moved]
     );
     // And it does not flap: few map changes in all.
-    assert!(
-        json["sched"]["map_changes"].as_u64().unwrap() <= 8,
-        "{}",
-        json["sched"]["map_changes"]
-    );
+    assert!(json.sched.map_changes <= 8, "{}", json.sched.map_changes);
 }
 
 #[test]
@@ -166,5 +137,5 @@ fn static_does_not_move() {
     let tl = timeline(&json);
     assert!(tl.len() > 10, "{tl:?}");
     assert!(tl.iter().all(|(r, _)| *r == tl[0].0), "{tl:?}");
-    assert_eq!(json["sched"]["map_changes"], 1);
+    assert_eq!(json.sched.map_changes, 1);
 }

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use serde_json::Value;
+use stagevm_report::{ChannelReport, Report};
 
 /// The guest's own counts: (parse, plan, execute, exit, back-offs).
 fn guest_counts(stdout: &str) -> [u64; 5] {
@@ -12,34 +12,33 @@ fn guest_counts(stdout: &str) -> [u64; 5] {
     [n[0], n[1], n[2], n[3], n[4]]
 }
 
-fn boot_staged(extra_args: &[&str], cmdline: &str) -> (Run, Value) {
+fn boot_staged(extra_args: &[&str], cmdline: &str) -> (Run, Report) {
     let mut args = vec!["--cpus", "boot=2", "--cmdline", cmdline];
     args.extend_from_slice(extra_args);
     boot_with_report(&args)
 }
 
+/// The report's stage-channel counters; panics if there are none.
+fn channel(json: &Report) -> &ChannelReport {
+    json.stage_channel
+        .as_ref()
+        .expect("no stage_channel in the report")
+}
+
 /// Checks that the VMM counted exactly what the guest reported.
-fn assert_counts_equal(run: &Run, json: &Value) {
+fn assert_counts_equal(run: &Run, json: &Report) {
     let [parse, plan, execute, exits, _] = guest_counts(&run.stdout);
-    let ch = &json["stage_channel"];
-    let stages = ch["stages"].as_array().unwrap();
-    let names: Vec<&str> = stages.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    let ch = channel(json);
+    let stages = &ch.stages;
+    let names: Vec<&str> = stages.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["parse", "plan", "execute"]);
-    let host: Vec<u64> = stages
-        .iter()
-        .map(|s| s["events"].as_u64().unwrap())
-        .collect();
+    let host: Vec<u64> = stages.iter().map(|s| s.events).collect();
     assert_eq!(
         host,
         [parse, plan, execute],
         "per-stage events, VMM vs guest"
     );
-    let host_exits: u64 = ch["vcpus"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["exits"].as_u64().unwrap())
-        .sum();
+    let host_exits: u64 = ch.vcpus.iter().map(|v| v.exits).sum();
     assert_eq!(host_exits, exits);
 }
 
@@ -49,10 +48,10 @@ fn vmm_counts_equal_guest_counts() {
     // 2 vCPUs × 3 threads × 200 requests pass each stage once.
     assert_eq!(guest_counts(&run.stdout)[..4], [1200, 1200, 1200, 1200]);
     assert_counts_equal(&run, &json);
-    let ch = &json["stage_channel"];
-    assert_eq!(ch["dropped"], 0);
-    assert_eq!(ch["registrations"], 1);
-    assert!(ch["drains"].as_u64().unwrap() > 0);
+    let ch = channel(&json);
+    assert_eq!(ch.dropped, 0);
+    assert_eq!(ch.registrations, 1);
+    assert!(ch.drains > 0);
     assert!(run.stdout.contains("testguest: stage channel Ok"));
     // The summary on stderr gives the same totals.
     assert!(run.stderr.contains("stage parse "), "{}", run.stderr);
@@ -65,12 +64,12 @@ fn tiny_ring_and_slow_drain_lose_nothing() {
         "iters=1000 threads=2 requests=100 ring=4",
     );
     assert_counts_equal(&run, &json);
-    let ch = &json["stage_channel"];
-    assert_eq!(ch["dropped"], 0);
-    let backoffs = ch["ring_full_backoffs"].as_u64().unwrap();
+    let ch = channel(&json);
+    assert_eq!(ch.dropped, 0);
+    let backoffs = ch.ring_full_backoffs;
     // A 4-entry ring drained every 20 ms must fill up; the guest backs off
     // instead of overwriting, and its own count matches the ring headers.
-    assert!(backoffs > 0, "{ch}");
+    assert!(backoffs > 0, "{ch:?}");
     assert_eq!(guest_counts(&run.stdout)[4], backoffs);
     eprintln!("tiny ring: {backoffs} ring-full back-offs");
 }
@@ -85,17 +84,17 @@ fn corrupt_guest_input_is_counted_and_survived() {
         "{}",
         run.stdout
     );
-    let ch = &json["stage_channel"];
-    let rejected = &ch["registrations_rejected"];
-    assert_eq!(rejected["BadRange"], 1);
-    assert_eq!(rejected["BadMagic"], 1);
-    assert_eq!(rejected["BadAlignment"], 1);
-    assert_eq!(ch["registrations"], 1);
-    let v0 = &ch["vcpus"][0];
-    assert_eq!(v0["dropped_bad_seq"], 1, "{v0}");
-    assert_eq!(v0["dropped_bad_stage"], 1, "{v0}");
-    assert_eq!(v0["bad_index"], 1, "{v0}");
-    assert_eq!(ch["dropped"], 3);
+    let ch = channel(&json);
+    let rejected = &ch.registrations_rejected;
+    assert_eq!(rejected.get("BadRange"), Some(&1), "{rejected:?}");
+    assert_eq!(rejected.get("BadMagic"), Some(&1), "{rejected:?}");
+    assert_eq!(rejected.get("BadAlignment"), Some(&1), "{rejected:?}");
+    assert_eq!(ch.registrations, 1);
+    let v0 = &ch.vcpus[0];
+    assert_eq!(v0.dropped_bad_seq, 1, "{v0:?}");
+    assert_eq!(v0.dropped_bad_stage, 1, "{v0:?}");
+    assert_eq!(v0.bad_index, 1, "{v0:?}");
+    assert_eq!(ch.dropped, 3);
     // The valid events still all arrive.
     assert_counts_equal(&run, &json);
     assert!(run.stderr.contains("REGISTER refused"), "{}", run.stderr);
@@ -110,7 +109,7 @@ fn without_stage_device_the_agent_is_a_no_op() {
         run.stdout
     );
     assert_eq!(guest_counts(&run.stdout)[..4], [0, 0, 0, 0]);
-    assert!(json["stage_channel"].is_null());
+    assert!(json.stage_channel.is_none());
     // The same work ran: every thread printed its checksum.
     assert_eq!(
         run.stdout

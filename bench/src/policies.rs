@@ -20,6 +20,7 @@ use host_sched::topology::{gettid, set_thread_affinity, thread_affinity};
 
 use stagevm_bench::stats::median;
 use stagevm_bench::target::Target;
+use stagevm_report::Report;
 
 /// Runs the staged guest under each policy and measures re-pin latency.
 #[derive(Parser, Debug)]
@@ -105,8 +106,10 @@ fn run_once(args: &Args, policy: &str, report: &PathBuf) -> Result<Sample> {
             let local = field(l, "local switch ")?.parse().ok()?;
             Some((migration, local))
         });
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(report)?)?;
-    let map_changes = json["sched"]["map_changes"].as_u64().unwrap_or(0);
+    let map_changes = Report::read(report)
+        .with_context(|| format!("reading {}", report.display()))?
+        .sched
+        .map_changes;
     Ok(Sample {
         rps,
         migrations,

@@ -226,8 +226,8 @@ pub fn line_numbers(stdout: &str, prefix: &str) -> Vec<u64> {
 
 /// Boots the test guest with `args` (after `--kernel`) plus `--report`,
 /// holding the [`VmLock`]; asserts exit 0 without a panic and returns the
-/// run and its JSON report.
-pub fn boot_with_report(args: &[&str]) -> (Run, serde_json::Value) {
+/// run and its report.
+pub fn boot_with_report(args: &[&str]) -> (Run, stagevm_report::Report) {
     static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let guest = guest_image();
     let _lock = vm_lock();
@@ -246,7 +246,8 @@ pub fn boot_with_report(args: &[&str]) -> (Run, serde_json::Value) {
     let run = run(&all);
     run.assert_no_panic();
     assert_eq!(run.code(), 0, "{run:#?}");
-    let json = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let json = stagevm_report::Report::read(&report)
+        .unwrap_or_else(|e| panic!("{}: {e}", report.display()));
     let _ = std::fs::remove_file(&report);
     (run, json)
 }

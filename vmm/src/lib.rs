@@ -1,35 +1,32 @@
-//! stagevm: a VMM on rust-vmm crates that boots guests on `/dev/kvm` and (in
-//! later parts) schedules their vCPUs by server stage.
+//! stagevm: a VMM on rust-vmm crates that boots guests on `/dev/kvm` and
+//! schedules their vCPUs by server stage. The layout follows Firecracker's
+//! `src/vmm` (docs/architecture.md):
 //!
-//! * [`acpi`] — minimal ACPI tables (MADT, FADT…) for Linux guests,
+//! * [`builder`] — building a VM from a [`config::VmConfig`] as named steps,
+//! * [`vmm`] — running it: the main event loop and shutdown,
+//! * [`exit`] — how a VM ends and the exit `EventFd` every loop waits on,
+//! * [`error`] — the VMM's errors,
 //! * [`config`] — parsed command-line values,
-//! * [`kernel`] — ELF and bzImage checks and loading (`linux-loader`),
-//! * [`layout`] — guest memory layout, GDT, page tables, boot info,
-//! * [`linux`] — Linux boot (PVH `vmlinux`, bzImage): boot structures and
-//!   vCPU set-up,
-//! * [`legacy`] — PC legacy ports of a Linux guest (CMOS clock, i8042 reset),
-//! * [`gva`] — guest page-table walks for failure reports,
-//! * [`devices`] — port-I/O devices (`vm-superio` serial, shutdown ports),
-//! * [`stage`] — the stage device: doorbell, shared-area validation, ring
-//!   draining, per-stage counters, stage map,
-//! * [`vcpu`] — vCPU register set-up for the direct ring-3 boot and run loop,
-//! * [`virtio`] — virtio-mmio block devices served on I/O threads,
-//! * [`vm`] — building and running a VM.
+//! * [`arch`] — x86-64 registers, layout, Linux boot, ACPI, page walks,
+//! * [`vstate`] — the vCPU run loop, WAIT/WAKE parking, guest memory,
+//! * [`devices`] — the I/O bus, legacy devices, virtio-mmio block,
+//! * [`stage`] — the stage device: speaks the stage-channel ABI,
+//! * [`sched`] — stage scheduling: controller, pinner, the `stage-sched` loop.
 //!
-//! The guest/host contract lives in the `hypercall-abi` crate.
+//! Data flows one way: guest ring → [`stage::StageDevice::drain`] →
+//! [`sched::Controller`] → host-sched policy → plan → stage map
+//! ([`stage::StageDevice::publish`]) and pins ([`sched::Pinner::apply`]).
+//! The guest/host contract lives in the `hypercall-abi` crate; the report
+//! types in `stagevm-report`.
 
 pub mod abi;
-pub mod acpi;
+pub mod arch;
+pub mod builder;
 pub mod config;
 pub mod devices;
-pub mod gva;
-pub mod kernel;
-pub mod layout;
-pub mod legacy;
-pub mod linux;
-pub mod report;
+pub mod error;
+pub mod exit;
 pub mod sched;
 pub mod stage;
-pub mod vcpu;
-pub mod virtio;
-pub mod vm;
+pub mod vmm;
+pub mod vstate;

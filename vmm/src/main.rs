@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use clap::Parser;
 use hypercall_abi::platform::EXIT_VMM_ERROR;
 use stagevm::config::{BootMode, CpusConfig, MemoryConfig, SerialConfig, VmConfig};
-use stagevm::vm::Vm;
 
 /// Boots a guest kernel on /dev/kvm.
 ///
@@ -172,22 +171,21 @@ fn main() -> ExitCode {
         boot_mode: cli.boot_mode,
         initramfs: cli.initramfs,
     };
-    let result = Vm::new(&config).and_then(Vm::run);
+    let result = stagevm::builder::build(&config).and_then(stagevm::vmm::Vmm::run);
     match result {
         Ok(outcome) => {
-            if let stagevm::vm::VmExit::GuestFailure(reason) = &outcome.exit {
+            if let stagevm::exit::VmExit::GuestFailure(reason) = &outcome.exit {
                 eprintln!("stagevm: guest failed: {reason}");
             }
-            if let stagevm::vm::VmExit::ConfigError(msg) = &outcome.exit {
+            if let stagevm::exit::VmExit::ConfigError(msg) = &outcome.exit {
                 eprintln!("stagevm: error: {msg}");
             }
             eprint!(
                 "{}",
-                stagevm::report::summary(outcome.channel.as_ref(), &outcome.sched, &outcome.disks)
+                stagevm_report::summary(outcome.channel.as_ref(), &outcome.sched, &outcome.disks)
             );
             if let Some(path) = &cli.report {
-                let report = stagevm::report::Report::new(&outcome);
-                if let Err(e) = report.write(path) {
+                if let Err(e) = outcome.report().write(path) {
                     eprintln!("stagevm: error: --report {}: {e}", path.display());
                     return ExitCode::from(EXIT_VMM_ERROR);
                 }

@@ -28,6 +28,7 @@ mod native;
 mod plot;
 use stagevm_bench::stats::median;
 use stagevm_bench::target::Target;
+use stagevm_report::Report;
 
 /// Sweeps code footprint × policy × vCPUs with the guest and the native reference.
 #[derive(Parser, Debug)]
@@ -166,29 +167,24 @@ fn guest_run(args: &Args, p: &Params, vcpus: u32, policy: &str, want: &[u64]) ->
     let line = |prefix: &str| stdout.lines().find(|l| l.starts_with(prefix)).unwrap_or("");
     let rps = field(line("testguest: staged phase"), "ms, ")
         .with_context(|| format!("no staged-phase line in the guest output:\n{stdout}"))?;
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report)?)?;
+    let json = Report::read(&report).with_context(|| format!("reading {}", report.display()))?;
     let _ = std::fs::remove_file(&report);
-    let ch = &json["stage_channel"];
-    let occupancy: f64 = ch["stages"]
-        .as_array()
-        .map(|s| s.iter().filter_map(|x| x["occupancy_ns"].as_f64()).sum())
-        .unwrap_or(0.0);
-    let busy = ch["busy_ns"].as_f64().unwrap_or(0.0) * f64::from(vcpus);
+    // Without a stage device every channel counter is 0.
+    let ch = json.stage_channel.unwrap_or_default();
+    let occupancy: f64 = ch.stages.iter().map(|s| s.occupancy_ns as f64).sum();
+    let busy = ch.busy_ns as f64 * f64::from(vcpus);
     Ok(GuestRun {
         rps,
         migrations: field(line("testguest: migrations "), "migrations ").unwrap_or(0),
-        stage_events: ch["stages"]
-            .as_array()
-            .map(|s| s.iter().filter_map(|x| x["events"].as_u64()).sum())
-            .unwrap_or(0),
+        stage_events: ch.stages.iter().map(|s| s.events).sum(),
         idle_pct: if busy > 0.0 {
             (100.0 - occupancy * 100.0 / busy).max(0.0)
         } else {
             f64::NAN
         },
-        waits: ch["waits"].as_u64().unwrap_or(0),
-        wakes: ch["wakes"].as_u64().unwrap_or(0) + ch["host_wakes"].as_u64().unwrap_or(0),
-        map_changes: json["sched"]["map_changes"].as_u64().unwrap_or(0),
+        waits: ch.waits,
+        wakes: ch.wakes + ch.host_wakes,
+        map_changes: json.sched.map_changes,
     })
 }
 

@@ -1,5 +1,14 @@
-//! The platform's port-I/O devices: the 16550A serial console (`vm-superio`)
-//! and the shutdown / vCPU-stop ports of [`hypercall_abi::platform`].
+//! The devices of a VM on one port-I/O and MMIO [`Bus`], which the vCPU
+//! run loop calls on every I/O exit:
+//!
+//! * the platform's ports: the 16550A serial console (`vm-superio`) and the
+//!   shutdown / vCPU-stop ports of [`hypercall_abi::platform`],
+//! * the stage device's doorbell ([`crate::stage`]),
+//! * the legacy PC ports of a Linux guest ([`legacy`]: CMOS clock, i8042),
+//! * virtio-mmio block devices ([`virtio`]).
+
+pub mod legacy;
+pub mod virtio;
 
 use std::fs::OpenOptions;
 use std::io::{self, Write};
@@ -10,14 +19,15 @@ use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::SerialConfig;
-use crate::stage::StageDevice;
+use crate::stage::{Registered, StageDevice};
+use legacy::Legacy;
 
 /// Interrupt line of the UART as an `EventFd`.
 ///
 /// `vm-superio`'s `Serial` signals interrupts through a [`Trigger`]. The
 /// ring-3 unikernel runs with interrupts off and no interrupt controller, so
 /// nothing listens on this `EventFd` there; a Linux boot registers it as an
-/// irqfd on IRQ 4 ([`Devices::serial_irq_fd`]).
+/// irqfd on IRQ 4 ([`Bus::serial_irq_fd`]).
 pub struct EventFdTrigger(EventFd);
 
 impl Trigger for EventFdTrigger {
@@ -32,7 +42,7 @@ impl Trigger for EventFdTrigger {
 pub type SerialOut = Box<dyn Write + Send>;
 
 /// What a vCPU must do after a port-I/O write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PioAction {
     /// Resume the guest.
     Continue,
@@ -40,23 +50,32 @@ pub enum PioAction {
     Shutdown(u32),
     /// The guest asked to stop the vCPU that wrote.
     StopVcpu,
+    /// The guest registered its stage channel: the scheduler plans the first
+    /// stage map before the guest resumes.
+    StageRegistered(Registered),
 }
 
-/// All port-I/O devices, shared by every vCPU thread.
-pub struct Devices {
+/// All devices of a VM, shared by every vCPU thread.
+pub struct Bus {
     serial: Mutex<Serial<EventFdTrigger, vm_superio::serial::NoEvents, SerialOut>>,
     stage: Option<Arc<StageDevice>>,
+    legacy: Option<Legacy>,
     /// virtio-mmio block devices and whether KVM delivers their queue
     /// notifications through an ioeventfd (else the MMIO exit does).
-    blocks: Vec<(crate::virtio::SharedBlock, bool)>,
+    blocks: Vec<(virtio::SharedBlock, bool)>,
 }
 
-impl Devices {
+impl Bus {
     /// Creates the devices; opens the serial output file for
     /// [`SerialConfig::File`] (error: the file cannot be opened). Without a
     /// `stage` device its doorbell ports read as open bus, which the guest
-    /// agent takes as "no channel".
-    pub fn new(serial: &SerialConfig, stage: Option<Arc<StageDevice>>) -> io::Result<Self> {
+    /// agent takes as "no channel"; `legacy_pc` adds the CMOS clock and the
+    /// i8042 reset a Linux guest uses.
+    pub fn new(
+        serial: &SerialConfig,
+        stage: Option<Arc<StageDevice>>,
+        legacy_pc: bool,
+    ) -> io::Result<Self> {
         let out: SerialOut = match serial {
             SerialConfig::Tty => Box::new(io::stdout()),
             SerialConfig::Null => Box::new(io::sink()),
@@ -74,6 +93,7 @@ impl Devices {
         Ok(Self {
             serial: Mutex::new(Serial::new(trigger, out)),
             stage,
+            legacy: legacy_pc.then(Legacy::new),
             blocks: Vec::new(),
         })
     }
@@ -88,7 +108,9 @@ impl Devices {
     /// bytes). Unknown ports read as all ones, like an open ISA bus.
     pub fn pio_read(&self, vcpu: u32, port: u16, data: &mut [u8]) {
         data.fill(0xff);
-        if let Some(stage) = self.stage.as_ref().filter(|_| StageDevice::handles(port)) {
+        if let Some(legacy) = self.legacy.as_ref().filter(|_| Legacy::handles(port)) {
+            legacy.pio_read(port, data);
+        } else if let Some(stage) = self.stage.as_ref().filter(|_| StageDevice::handles(port)) {
             stage.read_status(vcpu, port, data);
         } else if let Some(offset) = Self::serial_offset(port) {
             if let Some(first) = data.first_mut() {
@@ -102,9 +124,14 @@ impl Devices {
     /// Handles an `out` by vCPU `vcpu` of `data` (1, 2 or 4 bytes, little
     /// endian) to `port`. A stage-channel WAIT blocks the caller.
     pub fn pio_write(&self, vcpu: u32, port: u16, data: &[u8]) -> PioAction {
+        if let Some(legacy) = self.legacy.as_ref().filter(|_| Legacy::handles(port)) {
+            return legacy.pio_write(port, data);
+        }
         if let Some(stage) = self.stage.as_ref().filter(|_| StageDevice::handles(port)) {
-            stage.doorbell(vcpu, port, data);
-            return PioAction::Continue;
+            return match stage.doorbell(vcpu, port, data) {
+                Some(registered) => PioAction::StageRegistered(registered),
+                None => PioAction::Continue,
+            };
         }
         if let Some(offset) = Self::serial_offset(port) {
             if let Some(&byte) = data.first() {
@@ -138,27 +165,27 @@ impl Devices {
 
     /// Adds a virtio-mmio block device; `ioeventfd` tells whether KVM
     /// signals its notifications itself.
-    pub fn add_block(&mut self, block: crate::virtio::SharedBlock, ioeventfd: bool) {
+    pub fn add_block(&mut self, block: virtio::SharedBlock, ioeventfd: bool) {
         self.blocks.push((block, ioeventfd));
     }
 
     /// The block devices.
-    pub fn blocks(&self) -> impl Iterator<Item = &crate::virtio::SharedBlock> {
+    pub fn blocks(&self) -> impl Iterator<Item = &virtio::SharedBlock> {
         self.blocks.iter().map(|(b, _)| b)
     }
 
     /// The block devices' reports.
-    pub fn block_reports(&self) -> Vec<crate::virtio::block::BlockReport> {
+    pub fn block_reports(&self) -> Vec<virtio::block::BlockReport> {
         self.blocks
             .iter()
             .map(|(b, ioeventfd)| b.report(*ioeventfd))
             .collect()
     }
 
-    fn block_at(&self, addr: u64) -> Option<&(crate::virtio::SharedBlock, bool)> {
+    fn block_at(&self, addr: u64) -> Option<&(virtio::SharedBlock, bool)> {
         self.blocks
             .iter()
-            .find(|(b, _)| (b.base..b.base + crate::virtio::MMIO_SIZE).contains(&addr))
+            .find(|(b, _)| (b.base..b.base + virtio::MMIO_SIZE).contains(&addr))
     }
 
     /// An MMIO read at guest-physical `addr`; unbacked addresses read as ones.
@@ -207,7 +234,7 @@ mod tests {
 
     #[test]
     fn shutdown_carries_the_code_and_unknown_ports_read_ones() {
-        let d = Devices::new(&SerialConfig::Null, None).unwrap();
+        let d = Bus::new(&SerialConfig::Null, None, false).unwrap();
         assert_eq!(d.pio_write(0, SHUTDOWN_PORT, &[7]), PioAction::Shutdown(7));
         assert_eq!(
             d.pio_write(0, SHUTDOWN_PORT, &300u32.to_le_bytes()),

@@ -1,18 +1,55 @@
-//! vCPU set-up (registers for the direct ring-3 boot) and the per-vCPU run
-//! loop that runs on its own host thread, named `vcpu<N>`.
+//! The per-vCPU run loop, on its own host thread named `vcpu<N>`.
+//!
+//! Every I/O exit goes to the device [`Bus`]; a REGISTER of the stage
+//! channel goes on to the scheduler ([`StageSched::on_register`]) before the
+//! guest resumes; every way the vCPU ends becomes an [`ExitEvent`] request.
+//!
+//! Kick: to stop a vCPU the main thread sets the stop flag and sends the
+//! thread one [`kick_signal`]. Its handler sets `immediate_exit` in the
+//! thread's `kvm_run` (as Firecracker does), so a `KVM_RUN` entered after
+//! the stop flag was checked returns at once with `EINTR`: one kick is
+//! enough, there are no retries.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
-use hypercall_abi::boot::{BOOT_INFO_GPA, GDT_GPA, PML4_GPA};
-use kvm_bindings::{kvm_fpu, kvm_regs, CpuId};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vm_memory::GuestMemoryMmap;
 
-use crate::devices::{Devices, PioAction};
-use crate::layout::{segment_from_gdt, GDT};
-use crate::legacy::Legacy;
+use crate::devices::{Bus, PioAction};
+use crate::exit::{ExitEvent, VmExit};
+use crate::sched::StageSched;
+
+thread_local! {
+    /// This vCPU thread's `kvm_run.immediate_exit` byte (null elsewhere).
+    static IMMEDIATE_EXIT: Cell<*mut u8> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+/// The signal that kicks a vCPU thread out of `KVM_RUN` (the first
+/// real-time signal, as Firecracker and Cloud Hypervisor use).
+pub fn kick_signal() -> libc::c_int {
+    vmm_sys_util::signal::SIGRTMIN()
+}
+
+extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    IMMEDIATE_EXIT.with(|p| {
+        let p = p.get();
+        if !p.is_null() {
+            // SAFETY: `p` points into this thread's live `kvm_run` mapping:
+            // it is set by `Vcpu::run` before the first `KVM_RUN` and reset
+            // to null before the `VcpuFd` (and its mapping) is dropped.
+            unsafe { p.write_volatile(1) };
+        }
+    });
+}
+
+/// Installs the kick handler for the process (once, before vCPU threads
+/// start). Errors: `sigaction` failed.
+pub fn install_kick_handler() -> std::io::Result<()> {
+    vmm_sys_util::signal::register_signal_handler(kick_signal(), kick_handler)
+        .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
+}
 
 /// Bytes of code reported at `RIP` after a failure (the longest x86
 /// instruction).
@@ -24,24 +61,9 @@ const BP_VECTOR: u8 = 3;
 const FWAIT: u8 = 0x9b;
 const FSW_ES: u16 = 1 << 7;
 
-/// Control register and EFER bits (Intel SDM Vol. 3A §2.5, §2.2.1).
-const CR0_PE: u64 = 1 << 0;
-const CR0_MP: u64 = 1 << 1;
-const CR0_ET: u64 = 1 << 4;
-const CR0_NE: u64 = 1 << 5;
-const CR0_WP: u64 = 1 << 16;
-const CR0_PG: u64 = 1 << 31;
-const CR4_PAE: u64 = 1 << 5;
-const CR4_OSFXSR: u64 = 1 << 9;
-const CR4_OSXMMEXCPT: u64 = 1 << 10;
-const EFER_LME: u64 = 1 << 8;
-const EFER_LMA: u64 = 1 << 10;
-/// RFLAGS: reserved bit 1 set, IOPL = 3 (bits 12-13), IF clear.
-const RFLAGS_BOOT: u64 = 0x3002;
-
-/// Something a vCPU thread reports to the VM's control loop.
+/// How a vCPU's run loop ended.
 #[derive(Debug)]
-pub enum VmEvent {
+enum VmEvent {
     /// A vCPU wrote the shutdown port.
     Shutdown {
         /// Index of the vCPU.
@@ -53,7 +75,7 @@ pub enum VmEvent {
     /// guest did not declare).
     ConfigError(String),
     /// A vCPU stopped on request (vCPU stop port or `hlt`).
-    VcpuStopped(u32),
+    VcpuStopped,
     /// The guest failed on a vCPU (triple fault, KVM internal error…).
     GuestFailure {
         /// Index of the vCPU.
@@ -61,76 +83,6 @@ pub enum VmEvent {
         /// What happened, with RIP.
         reason: String,
     },
-    /// The VMM received SIGINT or SIGTERM.
-    Signal(i32),
-}
-
-/// KVM's supported CPUID `cpuid` with the APIC ID fields of vCPU `index`
-/// (leaf 1 `EBX[31:24]`, leaves 0xB / 0x1F `EDX`).
-pub fn vcpu_cpuid(cpuid: &CpuId, index: u32) -> CpuId {
-    let mut cpuid = cpuid.clone();
-    for e in cpuid.as_mut_slice() {
-        match e.function {
-            // Leaf 1 EBX[31:24]: initial APIC ID.
-            1 => e.ebx = (e.ebx & 0x00ff_ffff) | (index << 24),
-            // Leaves 0xB / 0x1F EDX: x2APIC ID.
-            0xb | 0x1f => e.edx = index,
-            _ => {}
-        }
-    }
-    cpuid
-}
-
-/// Sets up CPUID, FPU, segment/control registers and general registers of
-/// vCPU `index` for the ring-3 boot protocol of [`hypercall_abi::boot`].
-///
-/// `cpuid` is KVM's supported CPUID; the APIC ID fields are patched to
-/// `index`. `rsp` is the top of this vCPU's stack. Errors are KVM ioctl errors.
-pub fn configure(
-    fd: &VcpuFd,
-    index: u32,
-    cpuid: &CpuId,
-    entry: u64,
-    rsp: u64,
-) -> Result<(), kvm_ioctls::Error> {
-    fd.set_cpuid2(&vcpu_cpuid(cpuid, index))?;
-
-    // x87 control word and MXCSR at their reset values (Intel SDM Vol. 1 §8.1.5, §10.2.3).
-    let fpu = kvm_fpu {
-        fcw: 0x37f,
-        mxcsr: 0x1f80,
-        ..Default::default()
-    };
-    fd.set_fpu(&fpu)?;
-
-    let mut sregs = fd.get_sregs()?;
-    let code = segment_from_gdt(3);
-    let data = segment_from_gdt(4);
-    sregs.cs = code;
-    sregs.ds = data;
-    sregs.es = data;
-    sregs.fs = data;
-    sregs.gs = data;
-    sregs.ss = data;
-    sregs.gdt.base = GDT_GPA;
-    sregs.gdt.limit = (std::mem::size_of_val(&GDT) - 1) as u16;
-    sregs.idt.base = 0;
-    sregs.idt.limit = 0;
-    sregs.cr0 = CR0_PE | CR0_MP | CR0_ET | CR0_NE | CR0_WP | CR0_PG;
-    sregs.cr3 = PML4_GPA;
-    sregs.cr4 = CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT;
-    sregs.efer = EFER_LME | EFER_LMA;
-    fd.set_sregs(&sregs)?;
-
-    let regs = kvm_regs {
-        rip: entry,
-        rsp,
-        rdi: u64::from(index),
-        rsi: BOOT_INFO_GPA,
-        rflags: RFLAGS_BOOT,
-        ..Default::default()
-    };
-    fd.set_regs(&regs)
 }
 
 /// One vCPU and what its thread needs.
@@ -139,19 +91,16 @@ pub struct Vcpu {
     pub index: u32,
     /// The KVM vCPU.
     pub fd: VcpuFd,
-    /// Port-I/O devices.
-    pub devices: Arc<Devices>,
+    /// The devices.
+    pub bus: Arc<Bus>,
     /// Guest memory, for failure reports (instruction bytes at RIP).
     pub memory: GuestMemoryMmap,
-    /// Set by the control loop when the VM ends; checked before every entry.
+    /// Set by the main thread when the VM ends; checked before every entry.
     pub stop: Arc<AtomicBool>,
-    /// Where events go.
-    pub events: Sender<VmEvent>,
-    /// Pins the thread at start.
-    pub sched: Arc<crate::sched::Scheduler>,
-    /// The PC legacy ports of a Linux guest (CMOS clock, i8042 reset); `None`
-    /// for the ring-3 unikernel.
-    pub legacy: Option<Arc<Legacy>>,
+    /// Where the vCPU's end goes.
+    pub exit: Arc<ExitEvent>,
+    /// Pins the thread at start; plans the first stage map at REGISTER.
+    pub sched: Arc<StageSched>,
     /// Complete a kernel-mode `int3` or `fwait` that KVM fails to emulate
     /// (see `Vcpu::assist_emulation`); on for Linux guests.
     pub assist_emulation: bool,
@@ -161,10 +110,14 @@ pub struct Vcpu {
 
 impl Vcpu {
     /// Runs the guest until it stops this vCPU, the VM ends or it fails.
-    /// Never panics on guest behaviour: every outcome becomes a [`VmEvent`].
+    /// Never panics on guest behaviour: every outcome becomes an
+    /// [`ExitEvent`] request.
     pub fn run(mut self) {
-        self.sched.start_vcpu_thread(self.index);
+        self.sched.pinner().start_vcpu_thread(self.index);
+        let kvm_run: *mut u8 = &mut self.fd.get_kvm_run().immediate_exit;
+        IMMEDIATE_EXIT.with(|p| p.set(kvm_run));
         let event = self.run_loop();
+        IMMEDIATE_EXIT.with(|p| p.set(std::ptr::null_mut()));
         if !self.assists.is_empty() {
             let counts: Vec<String> = self
                 .assists
@@ -177,35 +130,40 @@ impl Vcpu {
                 counts.join(", ")
             );
         }
-        if let Some(event) = event {
-            // The control loop may already be gone when the VM is ending.
-            let _ = self.events.send(event);
+        match event {
+            None => {}
+            Some(VmEvent::Shutdown { vcpu, code }) => {
+                let clamped = u8::try_from(code).unwrap_or_else(|_| {
+                    tracing::warn!(vcpu, code, "guest exit code above 255, using 255");
+                    255
+                });
+                tracing::info!(vcpu, code = clamped, "guest requested shutdown");
+                self.exit.request(VmExit::Guest(clamped));
+            }
+            Some(VmEvent::VcpuStopped) => self.exit.vcpu_stopped(),
+            Some(VmEvent::GuestFailure { vcpu, reason }) => self
+                .exit
+                .request(VmExit::GuestFailure(format!("vCPU {vcpu}: {reason}"))),
+            Some(VmEvent::ConfigError(msg)) => self.exit.request(VmExit::ConfigError(msg)),
         }
     }
 
     fn run_loop(&mut self) -> Option<VmEvent> {
         let index = self.index;
         while !self.stop.load(Ordering::Acquire) {
-            let legacy = self.legacy.as_deref();
             let mut internal_error = false;
             let action = match self.fd.run() {
-                Ok(VcpuExit::IoOut(port, data)) => match legacy {
-                    Some(legacy) if Legacy::handles(port) => legacy.pio_write(port, data),
-                    _ => self.devices.pio_write(index, port, data),
-                },
+                Ok(VcpuExit::IoOut(port, data)) => self.bus.pio_write(index, port, data),
                 Ok(VcpuExit::IoIn(port, data)) => {
-                    match legacy {
-                        Some(legacy) if Legacy::handles(port) => legacy.pio_read(port, data),
-                        _ => self.devices.pio_read(index, port, data),
-                    }
+                    self.bus.pio_read(index, port, data);
                     PioAction::Continue
                 }
                 Ok(VcpuExit::MmioRead(addr, data)) => {
-                    self.devices.mmio_read(addr, data);
+                    self.bus.mmio_read(addr, data);
                     PioAction::Continue
                 }
                 Ok(VcpuExit::MmioWrite(addr, data)) => {
-                    self.devices.mmio_write(addr, data);
+                    self.bus.mmio_write(addr, data);
                     PioAction::Continue
                 }
                 Ok(VcpuExit::Hlt) => PioAction::StopVcpu,
@@ -227,6 +185,9 @@ impl Vcpu {
                     return Some(self.failure(&what));
                 }
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    // A kick: only a stopping VM kicks, so the flag is set;
+                    // clear immediate_exit in case it is not.
+                    self.fd.set_kvm_immediate_exit(0);
                     PioAction::Continue
                 }
                 Err(e) => return Some(self.failure(&format!("KVM_RUN failed: {e}"))),
@@ -243,7 +204,12 @@ impl Vcpu {
                 PioAction::Shutdown(code) => return Some(VmEvent::Shutdown { vcpu: index, code }),
                 PioAction::StopVcpu => {
                     tracing::debug!(vcpu = index, "vCPU stopped by the guest");
-                    return Some(VmEvent::VcpuStopped(index));
+                    return Some(VmEvent::VcpuStopped);
+                }
+                PioAction::StageRegistered(registered) => {
+                    if let Err(e) = self.sched.on_register(&registered) {
+                        return Some(VmEvent::ConfigError(e.to_string()));
+                    }
                 }
             }
         }
@@ -276,7 +242,7 @@ impl Vcpu {
         };
         let mut byte = [0u8; 1];
         if !matches!(
-            crate::gva::read_code(&self.memory, &sregs, regs.rip, &mut byte),
+            crate::arch::x86_64::gva::read_code(&self.memory, &sregs, regs.rip, &mut byte),
             Ok((_, 1))
         ) {
             return false;
@@ -361,11 +327,11 @@ impl Vcpu {
 
     /// Builds a failure event with the vCPU's RIP, CPL, paging mode and the
     /// instruction bytes at RIP, read from guest memory through the guest's
-    /// own page tables (see [`crate::gva`]).
+    /// own page tables (see [`crate::arch::x86_64::gva`]).
     fn failure(&self, what: &str) -> VmEvent {
         let mut reason = what.to_string();
         if let (Ok(regs), Ok(sregs)) = (self.fd.get_regs(), self.fd.get_sregs()) {
-            let paging = crate::gva::Paging::from_sregs(&sregs);
+            let paging = crate::arch::x86_64::gva::Paging::from_sregs(&sregs);
             reason += &format!(
                 " at RIP {:#x} (CPL {}, RSP {:#x}, {})",
                 regs.rip,
@@ -374,7 +340,7 @@ impl Vcpu {
                 paging.describe()
             );
             let mut bytes = [0u8; CODE_BYTES];
-            match crate::gva::read_code(&self.memory, &sregs, regs.rip, &mut bytes) {
+            match crate::arch::x86_64::gva::read_code(&self.memory, &sregs, regs.rip, &mut bytes) {
                 Ok((gpa, n)) => {
                     let hex: Vec<String> = bytes[..n].iter().map(|b| format!("{b:02x}")).collect();
                     reason += &format!(", code: {} (GPA {gpa:#x})", hex.join(" "));

@@ -2,13 +2,13 @@
 //! (Debian's cloud kernel has no `CONFIG_X86_MPPARSE`) finds its CPUs and the
 //! I/O APIC: RSDP → XSDT → FADT (hardware-reduced, with a reset register)
 //! → empty DSDT, and a MADT with one local APIC per vCPU (APIC ID = vCPU
-//! index, as [`crate::vcpu::vcpu_cpuid`] reports) and KVM's in-kernel I/O
+//! index, as [`crate::arch::x86_64::regs::vcpu_cpuid`] reports) and KVM's in-kernel I/O
 //! APIC. Layout and field offsets follow the ACPI 6.x specification
 //! (§5.2.5 RSDP, §5.2.8 XSDT, §5.2.9 FADT, §5.2.12 MADT), as Cloud Hypervisor
 //! writes them.
 //!
 //! The tables live in the reserved BIOS area (`0xe0000`, inside the e820
-//! reserved range of [`crate::linux::e820_map`]), where Linux also scans for
+//! reserved range of [`crate::arch::x86_64::linux::e820_map`]), where Linux also scans for
 //! the RSDP; the boot protocols pass its address too. A kernel started with
 //! `acpi=off` ignores them.
 

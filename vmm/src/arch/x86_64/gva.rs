@@ -9,16 +9,10 @@
 use kvm_bindings::kvm_sregs;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-const CR0_PE: u64 = 1 << 0;
-const CR0_PG: u64 = 1 << 31;
-const CR4_PSE: u64 = 1 << 4;
-const CR4_PAE: u64 = 1 << 5;
-const CR4_LA57: u64 = 1 << 12;
-const EFER_LMA: u64 = 1 << 10;
-const PRESENT: u64 = 1;
-const PAGE_SIZE_BIT: u64 = 1 << 7;
-/// Physical-address bits 12..52 of a PAE / long-mode entry.
-const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
+use super::regs::{
+    CR0_PE, CR0_PG, CR4_LA57, CR4_PAE, CR4_PSE, EFER_LMA, PTE_ADDR_MASK as ADDR_MASK,
+    PTE_HUGE as PAGE_SIZE_BIT, PTE_PRESENT as PRESENT,
+};
 
 /// The control registers that decide how a guest translates addresses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

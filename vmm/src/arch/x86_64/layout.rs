@@ -14,16 +14,8 @@ use crate::abi::Obj;
 
 /// Bytes of stack the VMM reserves for each vCPU at the top of guest RAM.
 pub const STACK_SIZE: u64 = 128 << 10;
-/// Guest page size used for alignment of the free area (bytes).
-pub const PAGE_SIZE: u64 = 4096;
-const PAGE_2M: u64 = 2 << 20;
-const GIB: u64 = 1 << 30;
-
-/// Page-table entry bits (Intel SDM Vol. 3A §4.5, table 4-15 ff.).
-const PTE_PRESENT: u64 = 1 << 0;
-const PTE_WRITABLE: u64 = 1 << 1;
-const PTE_USER: u64 = 1 << 2;
-const PTE_HUGE: u64 = 1 << 7;
+pub use super::regs::PAGE_SIZE;
+use super::regs::{GIB, PAGE_2M, PTE_HUGE, PTE_PRESENT, PTE_USER, PTE_WRITABLE};
 
 /// The GDT stagevm installs: null, kernel code/data, user code/data. Flags are
 /// the access byte plus the G/D/L nibble (Intel SDM Vol. 3A §3.4.5), as in
@@ -98,7 +90,7 @@ pub fn page_directories(mem_size: u64) -> u64 {
 
 /// Writes the GDT, the identity page tables covering `mem_size` bytes with
 /// user-accessible 2 MiB pages (plus the 2 MiB virtio-mmio window at
-/// [`crate::virtio::MMIO_BASE`]), the command line and the [`BootInfo`].
+/// [`crate::devices::virtio::MMIO_BASE`]), the command line and the [`BootInfo`].
 ///
 /// `kernel_end` is the first GPA after the loaded image. Errors are
 /// `vm_memory` write errors (guest RAM too small for the fixed structures).
@@ -132,7 +124,7 @@ pub fn write_boot_structures(
 
     // The virtio-mmio window (one 2 MiB page above RAM), so ring-3 drivers
     // can reach the device registers; accesses exit to the VMM.
-    let window = crate::virtio::MMIO_BASE;
+    let window = crate::devices::virtio::MMIO_BASE;
     let g = window / GIB;
     let pd = pdpt + PAGE_SIZE * (1 + g);
     if g >= page_directories(mem_size) {

@@ -17,7 +17,7 @@
 //! | `0x8ff0` | initial stack of the bzImage entry (grows down) |
 //! | `0x9000` | bzImage identity page tables: PML4, PDPT at `0xa000`, 4 page directories from `0xb000` (2 MiB pages, 0–4 GiB) |
 //! | `0x20000` | command line ([`CMDLINE_GPA`], at most [`LINUX_CMDLINE_MAX`] bytes with the NUL) |
-//! | `0x9fc00`–`0x100000` | reserved (EBDA, legacy ROM area); ACPI tables from `0xe0000` ([`crate::acpi`]) |
+//! | `0x9fc00`–`0x100000` | reserved (EBDA, legacy ROM area); ACPI tables from `0xe0000` ([`super::acpi`]) |
 //! | kernel's own addresses | the kernel (`p_paddr` of a `vmlinux`, `code32_start` of a bzImage) |
 //! | top of RAM | the initramfs, 4 KiB aligned |
 
@@ -30,7 +30,7 @@ use linux_loader::loader::elf::start_info::{
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
 
-use crate::layout::{gdt_entry, segment_from_entry, PAGE_SIZE};
+use super::layout::{gdt_entry, segment_from_entry, PAGE_SIZE};
 
 /// GPA of the PVH `hvm_start_info` (`EBX` at the PVH entry).
 pub const START_INFO_GPA: u64 = 0x6000;
@@ -83,19 +83,10 @@ pub const GDT: [u64; 5] = [
     gdt_entry(0x008b, 0, 0xfffff), // TSS: present, busy
 ];
 
-/// Control register and EFER bits (Intel SDM Vol. 3A §2.5, §2.2.1).
-const CR0_PE: u64 = 1 << 0;
-const CR0_ET: u64 = 1 << 4;
-const CR0_PG: u64 = 1 << 31;
-const CR4_PAE: u64 = 1 << 5;
-const EFER_LME: u64 = 1 << 8;
-const EFER_LMA: u64 = 1 << 10;
-
-/// Page-table entry bits.
-const PTE_PRESENT: u64 = 1;
-const PTE_WRITABLE: u64 = 1 << 1;
-const PTE_HUGE: u64 = 1 << 7;
-const PAGE_2M: u64 = 2 << 20;
+use super::regs::{
+    CR0_ET, CR0_PE, CR0_PG, CR4_PAE, EFER_LMA, EFER_LME, PAGE_2M, PTE_HUGE, PTE_PRESENT,
+    PTE_WRITABLE,
+};
 /// GiBs the bzImage page tables identity-map.
 const MAPPED_GIB: u64 = 4;
 
@@ -292,7 +283,7 @@ pub fn configure_vcpu(
     cpuid: &CpuId,
     entry: LinuxEntry,
 ) -> Result<(), kvm_ioctls::Error> {
-    fd.set_cpuid2(&crate::vcpu::vcpu_cpuid(cpuid, index))?;
+    fd.set_cpuid2(&crate::arch::x86_64::regs::vcpu_cpuid(cpuid, index))?;
     let fpu = kvm_fpu {
         fcw: 0x37f,
         mxcsr: 0x1f80,

@@ -13,7 +13,6 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::Serialize;
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_FLUSH,
     VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
@@ -49,31 +48,7 @@ pub struct BlockStats {
 }
 
 /// A snapshot of [`BlockStats`] for the report.
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
-pub struct BlockReport {
-    /// Device name (`blk0`, …).
-    pub name: String,
-    /// Backing file.
-    pub path: String,
-    /// Read-only.
-    pub readonly: bool,
-    /// How queue notifications arrive: `ioeventfd` or `mmio-exit`.
-    pub notify: String,
-    /// Capacity in 512-byte sectors.
-    pub sectors: u64,
-    /// Requests completed with OK.
-    pub ok: u64,
-    /// Requests answered with an error status.
-    pub errors: u64,
-    /// Requests without a usable status byte.
-    pub dropped: u64,
-    /// Available-ring entries naming no descriptor of the queue.
-    pub bad_heads: u64,
-    /// Bytes read.
-    pub bytes_read: u64,
-    /// Bytes written.
-    pub bytes_written: u64,
-}
+pub use stagevm_report::BlockReport;
 
 /// A virtio-blk backend over a host file.
 pub struct Block {

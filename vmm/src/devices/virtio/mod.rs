@@ -26,7 +26,7 @@
 
 pub mod block;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -109,9 +109,8 @@ pub struct MmioBlock {
     queue: Mutex<Queue>,
     interrupt_status: AtomicU32,
     /// Written by the guest's `QueueNotify` (through ioeventfd or the MMIO
-    /// exit fallback) and by [`MmioBlock::stop`].
+    /// exit fallback).
     pub notify: EventFd,
-    stopping: AtomicBool,
 }
 
 impl MmioBlock {
@@ -135,8 +134,7 @@ impl MmioBlock {
                 Queue::new(QUEUE_MAX).map_err(|e| std::io::Error::other(format!("{e:?}")))?,
             ),
             interrupt_status: AtomicU32::new(0),
-            notify: EventFd::new(0)?,
-            stopping: AtomicBool::new(false),
+            notify: EventFd::new(libc::EFD_NONBLOCK)?,
         })
     }
 
@@ -288,21 +286,31 @@ impl MmioBlock {
         served
     }
 
-    /// The I/O thread's loop: waits for notifications and serves the queue
-    /// until [`MmioBlock::stop`].
-    pub fn serve(&self, mem: &GuestMemoryMmap) {
-        while !self.stopping.load(Ordering::Acquire) {
-            if self.notify.read().is_err() {
-                break;
+    /// The I/O thread's loop: waits (epoll) for notifications and serves
+    /// the queue until the VM's `exit` `EventFd` is readable. Errors: the
+    /// epoll set cannot be created.
+    pub fn serve(&self, mem: &GuestMemoryMmap, exit: &EventFd) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+        const EXIT: u64 = 0;
+        const NOTIFY: u64 = 1;
+        let epoll = Epoll::new()?;
+        for (fd, token) in [(exit.as_raw_fd(), EXIT), (self.notify.as_raw_fd(), NOTIFY)] {
+            epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, token))?;
+        }
+        let mut events = [EpollEvent::default(); 2];
+        loop {
+            let n = match epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if events[..n].iter().any(|e| e.data() == EXIT) {
+                return Ok(());
             }
+            let _ = self.notify.read();
             self.process(mem);
         }
-    }
-
-    /// Ends the I/O thread's loop.
-    pub fn stop(&self) {
-        self.stopping.store(true, Ordering::Release);
-        let _ = self.notify.write(1);
     }
 
     /// Counters for the report; `ioeventfd` tells how notifications arrive.

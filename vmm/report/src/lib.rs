@@ -1,0 +1,272 @@
+//! The report of one `stagevm` run: what `--report PATH` writes as JSON and
+//! what the summary on stderr prints.
+//!
+//! One crate of plain data types, so that the VMM writes and the tests,
+//! benchmarks and the simulator read the same typed structs (no untyped
+//! JSON chains). Every counter is a total over the run.
+//!
+//! * [`Report`] — `exit_code`, `exit`, `stage_channel` ([`ChannelReport`],
+//!   `null` without a stage device), `sched` ([`SchedReport`]), `disks`
+//!   ([`BlockReport`]).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+mod summary;
+
+pub use summary::summary;
+
+/// Per-stage counters of the stage channel.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StageStats {
+    /// Stage id (the guest's index into its stage descriptors).
+    pub id: u32,
+    /// Stage name from the guest's descriptor (lossy UTF-8).
+    pub name: String,
+    /// Valid enter events naming this stage.
+    pub events: u64,
+    /// Enter events where the vCPU switched into this stage from another one
+    /// (or from no stage).
+    pub arrivals: u64,
+    /// vCPU time spent in this stage, from event timestamps (ns; TSC ticks
+    /// converted with the guest TSC frequency, raw ticks if it is unknown).
+    pub occupancy_ns: u64,
+    /// Threads that entered this stage on a different vCPU than their
+    /// previous event's (thread migrations into the stage).
+    pub migrations_in: u64,
+    /// Threads that left this stage for another stage on a different vCPU.
+    pub migrations_out: u64,
+}
+
+/// Per-vCPU ring counters.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VcpuRingStats {
+    /// vCPU index.
+    pub index: u32,
+    /// Valid events (enters and exits).
+    pub events: u64,
+    /// Valid `stage_exit` events (requests completed).
+    pub exits: u64,
+    /// Valid idle markers (`STAGE_NONE` with `IDLE_THREAD`).
+    pub idles: u64,
+    /// Entries dropped because their `seq` was not the slot's index (torn,
+    /// stale or forged).
+    pub dropped_bad_seq: u64,
+    /// Entries dropped because their stage id was out of range.
+    pub dropped_bad_stage: u64,
+    /// Times `head` was behind `tail`, more than a ring ahead, or would run
+    /// the 64-bit index past its end; the ring was resynchronised to `head`
+    /// and the skipped range counted here once.
+    pub bad_index: u64,
+    /// The guest's own count of full-ring back-offs (from its ring header).
+    pub ring_full_backoffs: u64,
+}
+
+impl VcpuRingStats {
+    /// All drops on this ring.
+    pub fn dropped(&self) -> u64 {
+        self.dropped_bad_seq + self.dropped_bad_stage + self.bad_index
+    }
+}
+
+/// Everything the stage channel counted.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ChannelReport {
+    /// Whether an area is registered at the end.
+    pub registered: bool,
+    /// Successful registrations.
+    pub registrations: u64,
+    /// Refused REGISTERs, by status name.
+    pub registrations_rejected: BTreeMap<String, u64>,
+    /// Drain period (µs).
+    pub drain_period_us: u64,
+    /// Drain passes done.
+    pub drains: u64,
+    /// Entries per ring of the (last) registered area.
+    pub ring_entries: u32,
+    /// Stage-map epoch last published.
+    pub map_epoch: u64,
+    /// Per stage.
+    pub stages: Vec<StageStats>,
+    /// Per vCPU.
+    pub vcpus: Vec<VcpuRingStats>,
+    /// Sum of dropped entries over all rings.
+    pub dropped: u64,
+    /// Sum of the guest's full-ring back-offs.
+    pub ring_full_backoffs: u64,
+    /// WAIT commands served.
+    pub waits: u64,
+    /// WAKE commands served (from the guest).
+    pub wakes: u64,
+    /// Parked vCPUs with queued work woken by the scheduler thread.
+    pub host_wakes: u64,
+    /// Stage-map epochs published (the first map at REGISTER included).
+    pub maps_published: u64,
+    /// Requests completed (valid `stage_exit` events).
+    pub requests: u64,
+    /// Guest time from the first to the last valid event (ns).
+    pub busy_ns: u64,
+    /// `requests` per second of `busy_ns` (0 before two events).
+    pub requests_per_s: f64,
+    /// Threads not tracked for migrations (more than the tracking limit).
+    pub untracked_threads: u64,
+}
+
+/// A helper thread of the VMM and the affinity read back after pinning it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HelperThread {
+    /// Thread name.
+    pub name: String,
+    /// Kernel thread id.
+    pub tid: i32,
+    /// Affinity read back with `sched_getaffinity` after pinning (cpulist).
+    pub affinity: String,
+}
+
+/// A vCPU thread's id and its affinity as last applied and read back.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct VcpuThread {
+    /// vCPU index.
+    pub index: u32,
+    /// Kernel thread id (0 until the thread started).
+    pub tid: i32,
+    /// Affinity read back after the last pin (cpulist).
+    pub affinity: String,
+}
+
+/// One policy period.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TimelineEntry {
+    /// Time since the VM started (ms).
+    pub t_ms: f64,
+    /// vCPUs' worth of time spent in each stage over the period (the
+    /// policy's input: busy ns / period ns).
+    pub load: Vec<f64>,
+    /// Cores allocated per stage (0 = rides on the victim core).
+    pub requirement: Vec<usize>,
+    /// Whether the stage map changed this period.
+    pub map_changed: bool,
+}
+
+/// Per stage, where it runs now.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StagePlacement {
+    /// Stage name.
+    pub name: String,
+    /// vCPUs serving it.
+    pub vcpus: Vec<u32>,
+    /// Cores its vCPUs run on (cpulist).
+    pub cores: String,
+    /// Cores allocated to it.
+    pub requirement: usize,
+}
+
+/// What the scheduler did.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SchedReport {
+    /// Policy name (`off`, `pinned`, `static`, `proportional`).
+    pub policy: String,
+    /// Policy period (ms).
+    pub period_ms: u64,
+    /// Stage cores (cpulist).
+    pub stage_cores: String,
+    /// Housekeeping cores (cpulist).
+    pub housekeeping: String,
+    /// Warnings: helper threads sharing the stage cores, stage cores left
+    /// unused for lack of vCPUs.
+    pub warnings: Vec<String>,
+    /// Per stage placement (empty before the guest registered).
+    pub stages: Vec<StagePlacement>,
+    /// Per vCPU thread.
+    pub vcpus: Vec<VcpuThread>,
+    /// Helper threads.
+    pub helpers: Vec<HelperThread>,
+    /// Stage-map changes the policy made (the first map included).
+    pub map_changes: u64,
+    /// vCPU thread re-pins after start.
+    pub repins: u64,
+    /// Mean `sched_setaffinity` latency of those re-pins (µs).
+    pub repin_mean_us: f64,
+    /// One entry per policy period.
+    pub timeline: Vec<TimelineEntry>,
+}
+
+/// Counters of one virtio-blk disk.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BlockReport {
+    /// Device name (`blk0`, …).
+    pub name: String,
+    /// Backing file.
+    pub path: String,
+    /// Read-only.
+    pub readonly: bool,
+    /// How queue notifications arrive: `ioeventfd` or `mmio-exit`.
+    pub notify: String,
+    /// Capacity in 512-byte sectors.
+    pub sectors: u64,
+    /// Requests completed with OK.
+    pub ok: u64,
+    /// Requests answered with an error status.
+    pub errors: u64,
+    /// Requests without a usable status byte.
+    pub dropped: u64,
+    /// Available-ring entries naming no descriptor of the queue.
+    pub bad_heads: u64,
+    /// Bytes read.
+    pub bytes_read: u64,
+    /// Bytes written.
+    pub bytes_written: u64,
+}
+
+/// The JSON report of one run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Report {
+    /// Exit status of `stagevm`.
+    pub exit_code: u8,
+    /// How the VM ended, as text.
+    pub exit: String,
+    /// Stage-channel counters (`None` without a stage device).
+    pub stage_channel: Option<ChannelReport>,
+    /// Scheduling: policy, placement, pins, timeline.
+    pub sched: SchedReport,
+    /// virtio-blk disks.
+    pub disks: Vec<BlockReport>,
+}
+
+/// Why a report file could not be read or written.
+#[derive(Debug)]
+pub enum ReportError {
+    /// Reading or writing the file failed.
+    Io(std::io::Error),
+    /// The file is not a report of this version.
+    Json(serde_json::Error),
+}
+
+impl std::fmt::Display for ReportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Io(e) => write!(f, "{e}"),
+            Self::Json(e) => write!(f, "not a stagevm report: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ReportError {}
+
+impl Report {
+    /// Writes the report as pretty JSON to `path`. Errors: serialisation or
+    /// the write.
+    pub fn write(&self, path: &Path) -> Result<(), ReportError> {
+        let json = serde_json::to_string_pretty(self).map_err(ReportError::Json)?;
+        std::fs::write(path, json + "\n").map_err(ReportError::Io)
+    }
+
+    /// Reads a report written by [`Report::write`]. Errors: the file cannot
+    /// be read, or is not a report of this version.
+    pub fn read(path: &Path) -> Result<Self, ReportError> {
+        let text = std::fs::read_to_string(path).map_err(ReportError::Io)?;
+        serde_json::from_str(&text).map_err(ReportError::Json)
+    }
+}

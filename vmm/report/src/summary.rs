@@ -1,0 +1,84 @@
+//! The human summary of a report, printed by `stagevm` on stderr.
+
+use std::fmt::Write as _;
+
+use crate::{BlockReport, ChannelReport, SchedReport};
+
+/// A human summary: scheduling, per stage, per thread, per disk; one
+/// `stagevm:` line each, newline-terminated.
+pub fn summary(
+    c: Option<&ChannelReport>,
+    sc: &SchedReport,
+    disks: &[BlockReport],
+) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "stagevm: policy {} (period {} ms), stage cores {}, housekeeping {}",
+        sc.policy,
+        sc.period_ms,
+        sc.stage_cores,
+        sc.housekeeping
+    );
+    for w in &sc.warnings {
+        let _ = writeln!(s, "stagevm: warning: {w}");
+    }
+    if let Some(c) = c.filter(|c| c.registrations > 0) {
+        let events: u64 = c.vcpus.iter().map(|v| v.events).sum();
+        let _ = writeln!(
+            s,
+            "stagevm: stage channel: {events} events in {} drains ({} µs period), {} dropped, {} ring-full back-offs, {} requests ({:.0} requests/s)",
+            c.drains, c.drain_period_us, c.dropped, c.ring_full_backoffs, c.requests, c.requests_per_s
+        );
+        let vcpu_ns = (c.busy_ns as f64 * c.vcpus.len() as f64).max(1.0);
+        for st in &c.stages {
+            let place = sc.stages.iter().find(|p| p.name == st.name);
+            let _ = writeln!(
+                s,
+                "stagevm:   stage {:<8} events {:>8}  migrations in {:>7} out {:>7}  occupancy {:>5.1} %  vCPUs {:<10} cores {}",
+                st.name,
+                st.events,
+                st.migrations_in,
+                st.migrations_out,
+                st.occupancy_ns as f64 * 100.0 / vcpu_ns,
+                place.map_or("-".into(), |p| format!("{:?}", p.vcpus)),
+                place.map_or("-", |p| p.cores.as_str()),
+            );
+        }
+    }
+    for v in &sc.vcpus {
+        let _ = writeln!(
+            s,
+            "stagevm:   vcpu{} tid {} affinity {}",
+            v.index, v.tid, v.affinity
+        );
+    }
+    for h in &sc.helpers {
+        let _ = writeln!(
+            s,
+            "stagevm:   helper {} tid {} affinity {}",
+            h.name, h.tid, h.affinity
+        );
+    }
+    for d in disks {
+        let _ = writeln!(
+            s,
+            "stagevm:   disk {} ({}{}, notify {}): {} requests ok, {} errors, {} dropped, {} bytes read, {} written",
+            d.name,
+            d.path,
+            if d.readonly { ", read-only" } else { "" },
+            d.notify,
+            d.ok,
+            d.errors,
+            d.dropped + d.bad_heads,
+            d.bytes_read,
+            d.bytes_written
+        );
+    }
+    let _ = writeln!(
+        s,
+        "stagevm: {} map changes, {} vCPU re-pins (mean {:.1} µs)",
+        sc.map_changes, sc.repins, sc.repin_mean_us
+    );
+    s
+}

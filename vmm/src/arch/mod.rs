@@ -1,0 +1,3 @@
+//! Architecture-specific code. stagevm runs x86-64 guests only.
+
+pub mod x86_64;

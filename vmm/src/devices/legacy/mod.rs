@@ -1,0 +1,7 @@
+//! Legacy PC devices: the platform's port-I/O devices (serial console,
+//! shutdown and vCPU-stop ports) live on the bus in [`super::Bus`]; the CMOS
+//! clock and i8042 reset of a Linux guest are in [`pc`].
+
+pub mod pc;
+
+pub use pc::Legacy;

@@ -1,0 +1,196 @@
+//! The pinner: owns the VMM's thread ids and their affinities. Helper
+//! threads go to the housekeeping cores when they start (and threads the VMM
+//! did not start itself, such as KVM's `kvm-nx-lpage-recovery`, when they
+//! are found); vCPU threads pin themselves to their first plan's cores
+//! before entering the guest (as Cloud Hypervisor's `--cpus affinity`), and
+//! [`Pinner::apply`] re-pins those a new plan moves. Every affinity is read
+//! back with `sched_getaffinity` for the report.
+
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use host_sched::cpuset::CpuSet;
+use host_sched::policy::Plan;
+use host_sched::topology::{gettid, set_thread_affinity, thread_affinity};
+use stagevm_report::{HelperThread, VcpuThread};
+
+struct State {
+    /// Per vCPU, the cores it runs on now (as last applied).
+    applied: Vec<CpuSet>,
+    vcpus: Vec<VcpuThread>,
+    helpers: Vec<HelperThread>,
+    repins: u64,
+    repin_ns: u128,
+}
+
+/// Thread ids and affinities of one VM's threads.
+pub struct Pinner {
+    housekeeping: CpuSet,
+    vcpu_tids: Vec<AtomicI32>,
+    state: Mutex<State>,
+}
+
+fn read_back(tid: i32) -> String {
+    thread_affinity(tid)
+        .map(|s| s.to_string())
+        .unwrap_or_else(|e| format!("error: {e}"))
+}
+
+impl Pinner {
+    /// A pinner for vCPUs starting on `initial` cores (per vCPU) with helper
+    /// threads on `housekeeping`.
+    pub fn new(initial: Vec<CpuSet>, housekeeping: CpuSet) -> Self {
+        let n = initial.len();
+        Self {
+            housekeeping,
+            vcpu_tids: (0..n).map(|_| AtomicI32::new(0)).collect(),
+            state: Mutex::new(State {
+                applied: initial,
+                vcpus: (0..n as u32)
+                    .map(|index| VcpuThread {
+                        index,
+                        ..Default::default()
+                    })
+                    .collect(),
+                helpers: Vec::new(),
+                repins: 0,
+                repin_ns: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Called by vCPU thread `index` when it starts: records its thread id
+    /// and pins it to its current cores (errors are logged, not fatal).
+    pub fn start_vcpu_thread(&self, index: u32) {
+        let tid = gettid();
+        let mut st = self.lock();
+        let Some(cores) = st.applied.get(index as usize).cloned() else {
+            return;
+        };
+        if let Err(e) = set_thread_affinity(0, &cores) {
+            tracing::warn!(vcpu = index, "cannot pin vCPU thread to {cores}: {e}");
+        }
+        self.vcpu_tids[index as usize].store(tid, Ordering::Release);
+        st.vcpus[index as usize].tid = tid;
+        st.vcpus[index as usize].affinity = read_back(0);
+    }
+
+    /// Called by a helper thread when it starts: pins it to the housekeeping
+    /// cores and records it under `name`.
+    pub fn start_helper_thread(&self, name: &str) {
+        let tid = gettid();
+        if let Err(e) = set_thread_affinity(0, &self.housekeeping) {
+            tracing::warn!(
+                thread = name,
+                "cannot pin helper thread to {}: {e}",
+                self.housekeeping
+            );
+        }
+        let mut st = self.lock();
+        // `adopt_threads` may have found this thread first.
+        st.helpers.retain(|h| h.tid != tid);
+        st.helpers.push(HelperThread {
+            name: name.into(),
+            tid,
+            affinity: read_back(0),
+        });
+    }
+
+    fn all_vcpus_started(&self) -> bool {
+        self.vcpu_tids
+            .iter()
+            .all(|t| t.load(Ordering::Acquire) != 0)
+    }
+
+    /// Waits (at most `timeout`) until every vCPU thread has recorded its id.
+    pub fn wait_vcpus_started(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.all_vcpus_started() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    /// Pins every thread of this process that is neither a vCPU thread nor a
+    /// known helper to the housekeeping cores and records it as a helper
+    /// (e.g. KVM's `kvm-nx-lpage-recovery` worker). Called at start and every
+    /// policy period.
+    pub fn adopt_threads(&self) {
+        // A thread that has not run its start-up yet still carries the
+        // process's name: wait until every vCPU thread has recorded itself.
+        if !self.all_vcpus_started() {
+            return;
+        }
+        let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+            return;
+        };
+        let tids: Vec<i32> = dir
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        for tid in tids {
+            let known = self
+                .vcpu_tids
+                .iter()
+                .any(|t| t.load(Ordering::Acquire) == tid)
+                || self.lock().helpers.iter().any(|h| h.tid == tid);
+            if known {
+                continue;
+            }
+            let name = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default();
+            if let Err(e) = set_thread_affinity(tid, &self.housekeeping) {
+                tracing::debug!(tid, thread = %name, "cannot pin thread: {e}");
+                continue;
+            }
+            tracing::debug!(tid, thread = %name, "helper thread moved to housekeeping cores");
+            self.lock().helpers.push(HelperThread {
+                name,
+                tid,
+                affinity: read_back(tid),
+            });
+        }
+    }
+
+    /// Re-pins every started vCPU thread whose cores differ in `plan`
+    /// (`sched_setaffinity`, timed for the report); a vCPU that has not
+    /// started yet pins itself to the new cores when it starts.
+    pub fn apply(&self, plan: &Plan) {
+        let mut st = self.lock();
+        for (v, cores) in plan.vcpu_cores.iter().enumerate() {
+            if st.applied.get(v) == Some(cores) {
+                continue;
+            }
+            let tid = self.vcpu_tids.get(v).map_or(0, |t| t.load(Ordering::Acquire));
+            if tid != 0 {
+                let t0 = Instant::now();
+                if let Err(e) = set_thread_affinity(tid, cores) {
+                    tracing::warn!(vcpu = v, "re-pin to {cores} failed: {e}");
+                    continue;
+                }
+                st.repin_ns += t0.elapsed().as_nanos();
+                st.repins += 1;
+                st.vcpus[v].affinity = read_back(tid);
+            }
+            if let Some(a) = st.applied.get_mut(v) {
+                *a = cores.clone();
+            }
+        }
+    }
+
+    /// The threads, re-pin count and mean re-pin latency (µs) for the report.
+    pub fn report(&self) -> (Vec<VcpuThread>, Vec<HelperThread>, u64, f64) {
+        let st = self.lock();
+        let mean_us = if st.repins == 0 {
+            0.0
+        } else {
+            st.repin_ns as f64 / st.repins as f64 / 1e3
+        };
+        (st.vcpus.clone(), st.helpers.clone(), st.repins, mean_us)
+    }
+}

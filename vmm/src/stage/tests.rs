@@ -1,0 +1,252 @@
+//! Unit and property tests of the stage device with the real guest agent.
+
+use super::*;
+use guest_agent::{Agent, Platform};
+use hypercall_abi::stage::DOORBELL_STATUS;
+use proptest::prelude::*;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use vm_memory::GuestMemoryBackend;
+
+use crate::sched::accounting::Accounting;
+
+const MEM: u64 = 4 << 20;
+const AREA: u64 = 1 << 20;
+
+fn memory() -> GuestMemoryMmap {
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap()
+}
+
+fn register(dev: &StageDevice) -> Status {
+    dev.doorbell(0, DOORBELL_REGISTER, &((AREA >> 12) as u32).to_le_bytes());
+    let mut st = [0u8; 4];
+    dev.read_status(0, DOORBELL_STATUS, &mut st);
+    Status::from_u32(u32::from_le_bytes(st)).unwrap()
+}
+
+/// The real guest agent, with its doorbell wired to the device in-process
+/// and its area in the device's guest memory.
+struct InProcess(Arc<StageDevice>, u32);
+impl Platform for InProcess {
+    fn doorbell(&self, port: u16, value: u32) {
+        self.0.doorbell(self.1, port, &value.to_le_bytes());
+    }
+    fn doorbell_status(&self) -> u32 {
+        let mut st = [0u8; 4];
+        self.0.read_status(self.1, DOORBELL_STATUS, &mut st);
+        u32::from_le_bytes(st)
+    }
+    fn tsc(&self) -> u64 {
+        // Any monotonic clock will do for the counters.
+        std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos() as u64
+    }
+}
+
+#[test]
+fn agent_and_device_agree_under_concurrent_draining() {
+    let mem = memory();
+    let host = mem.get_host_address(GuestAddress(AREA)).unwrap();
+    let dev = Arc::new(StageDevice::new(mem, MEM, 2, 0, 0));
+    let layout = Layout::new(2, 3, 4).unwrap();
+    // SAFETY: the area lies in the device's guest memory, which outlives the agent.
+    let agent = unsafe {
+        Agent::register(
+            InProcess(dev.clone(), 0),
+            host,
+            AREA,
+            layout.area_size(),
+            2,
+            &["a", "b", "c"],
+            4,
+        )
+    }
+    .unwrap();
+    assert_eq!(agent.status(), Status::Ok);
+    dev.publish(&[0b11; 3]);
+    assert_eq!(agent.read_map().unwrap().vcpus[..3], [0b11; 3]);
+    let names: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+    let done = Arc::new(AtomicBool::new(false));
+    let drainer = {
+        let (dev, done) = (dev.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut accounting = Accounting::new(&names, 2, 0);
+            while !done.load(Ordering::Acquire) {
+                accounting.ingest(&dev.drain());
+                std::thread::yield_now();
+            }
+            accounting
+        })
+    };
+    let mut written = [0u64; 3];
+    for i in 0..20_000u32 {
+        let stage = i % 3;
+        assert!(matches!(
+            agent.stage_enter(0, stage, i),
+            guest_agent::Report::Written { .. }
+        ));
+        written[stage as usize] += 1;
+    }
+    agent.stage_exit(0, 0);
+    done.store(true, Ordering::Release);
+    let mut accounting = drainer.join().unwrap();
+    accounting.ingest(&dev.drain());
+    let mut r = dev.report();
+    accounting.fill_report(&mut r);
+    assert_eq!(r.dropped, 0);
+    let counted: Vec<u64> = r.stages.iter().map(|s| s.events).collect();
+    assert_eq!(counted, written);
+    assert_eq!(r.vcpus[0].exits, 1);
+    // A 4-entry ring cannot hold 20 000 events: the guest must have waited.
+    assert!(r.ring_full_backoffs > 0);
+    assert_eq!(r.ring_full_backoffs, agent.ring_full_backoffs(0));
+}
+
+#[test]
+fn register_refusals_and_unregister() {
+    let mem = memory();
+    let dev = StageDevice::new(mem.clone(), MEM, 1, 0, 0);
+    let layout = Layout::new(1, 2, 8).unwrap();
+    // Below the minimum GPA, past the end of RAM.
+    dev.doorbell(0, DOORBELL_REGISTER, &1u32.to_le_bytes());
+    dev.doorbell(0, DOORBELL_REGISTER, &u32::MAX.to_le_bytes());
+    assert_eq!(register(&dev), Status::BadMagic);
+    let mut h = layout.header();
+    h.area_size = MEM; // runs past the end of RAM from AREA
+    mem.write_obj(Obj(h), GuestAddress(AREA)).unwrap();
+    assert_eq!(register(&dev), Status::BadRange);
+    mem.write_obj(Obj(layout.header()), GuestAddress(AREA))
+        .unwrap();
+    assert_eq!(register(&dev), Status::Ok);
+    assert_eq!(register(&dev), Status::AlreadyRegistered);
+    dev.doorbell(0, DOORBELL_UNREGISTER, &[0]);
+    dev.doorbell(0, DOORBELL_WAKE, &7u32.to_le_bytes());
+    let mut st = [0u8; 4];
+    dev.read_status(0, DOORBELL_STATUS, &mut st);
+    assert_eq!(u32::from_le_bytes(st), Status::BadVcpu as u32);
+    let r = dev.report();
+    assert!(!r.registered);
+    assert_eq!(r.registrations, 1);
+    assert_eq!(r.registrations_rejected["BadRange"], 3);
+    assert_eq!(r.registrations_rejected["BadMagic"], 1);
+    assert_eq!(r.registrations_rejected["AlreadyRegistered"], 1);
+}
+
+#[test]
+fn wait_returns_on_wake_and_on_timeout() {
+    let dev = Arc::new(StageDevice::new(memory(), MEM, 2, 0, 0));
+    let t0 = std::time::Instant::now();
+    dev.doorbell(1, DOORBELL_WAIT, &2000u32.to_le_bytes());
+    assert!(t0.elapsed() >= Duration::from_millis(2));
+    let waiter = {
+        let dev = dev.clone();
+        std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            dev.doorbell(1, DOORBELL_WAIT, &0u32.to_le_bytes());
+            t.elapsed()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(5));
+    dev.doorbell(0, DOORBELL_WAKE, &1u32.to_le_bytes());
+    let waited = waiter.join().unwrap();
+    assert!(
+        waited < Duration::from_micros(u64::from(WAIT_MAX_US)),
+        "{waited:?}"
+    );
+    assert_eq!(dev.report().wakes, 1);
+}
+
+proptest! {
+    /// A valid header with arbitrary fields overwritten: REGISTER accepts
+    /// it exactly when the header is well-formed for this VM and the area
+    /// fits in RAM, and then returns one name per declared stage.
+    #[test]
+    fn register_accepts_exactly_the_areas_that_fit(
+        num_vcpus in prop_oneof![Just(2u32), any::<u32>()],
+        num_stages in prop_oneof![1u32..=16, any::<u32>()],
+        ring_entries in prop_oneof![Just(8u32), 0u32..=1 << 17],
+        area_pages in prop_oneof![1u64..=3, any::<u64>()],
+        version in prop_oneof![Just(hypercall_abi::stage::ABI_VERSION), any::<u32>()],
+    ) {
+        let mem = memory();
+        let mut h = Layout::new(2, 3, 8).unwrap().header();
+        h.num_vcpus = num_vcpus;
+        h.num_stages = num_stages;
+        h.ring_entries = ring_entries;
+        h.area_size = area_pages.wrapping_mul(4096);
+        h.version = version;
+        mem.write_obj(Obj(h), GuestAddress(AREA)).unwrap();
+        let dev = StageDevice::new(mem, MEM, 2, 0, 0);
+        let result = dev.doorbell(0, DOORBELL_REGISTER, &((AREA >> 12) as u32).to_le_bytes());
+        let fits = hypercall_abi::stage::validate_header(&h, 2).is_ok()
+            && AREA.checked_add(h.area_size).is_some_and(|end| end <= MEM);
+        prop_assert_eq!(result.is_some(), fits);
+        let r = dev.report();
+        prop_assert_eq!(r.registered, fits);
+        match result {
+            Some(registered) => prop_assert_eq!(registered.names.len() as u32, h.num_stages),
+            None => prop_assert_eq!(r.registrations_rejected.values().sum::<u64>(), 1),
+        }
+    }
+
+    /// Arbitrary ring contents and head: never a panic, and every slot the
+    /// host looked at is either counted or dropped.
+    #[test]
+    fn arbitrary_ring_contents(
+        slots in proptest::collection::vec(any::<u8>(), 8 * 32),
+        seqs_valid in proptest::collection::vec(any::<bool>(), 8),
+        head in prop_oneof![0u64..=8, any::<u64>()],
+    ) {
+        let mem = memory();
+        let layout = Layout::new(1, 3, 8).unwrap();
+        mem.write_obj(Obj(layout.header()), GuestAddress(AREA)).unwrap();
+        let dev = StageDevice::new(mem.clone(), MEM, 1, 0, 0);
+        prop_assert_eq!(register(&dev), Status::Ok);
+        let first_slot = AREA + layout.slot_offset(0, 0);
+        mem.write_slice(&slots, GuestAddress(first_slot)).unwrap();
+        // Make some entries plausibly valid so both paths are exercised.
+        for (i, valid) in seqs_valid.iter().enumerate() {
+            if *valid {
+                mem.write_obj(i as u64, GuestAddress(first_slot + 32 * i as u64)).unwrap();
+            }
+        }
+        mem.write_obj(head, GuestAddress(AREA + layout.ring_offset(0))).unwrap();
+        dev.drain();
+        dev.drain();
+        let v = &dev.report().vcpus[0];
+        if head <= 8 {
+            prop_assert_eq!(v.events + v.dropped_bad_seq + v.dropped_bad_stage, head);
+            prop_assert_eq!(v.bad_index, 0);
+        } else {
+            prop_assert_eq!(v.bad_index, 1);
+            prop_assert_eq!(v.events, 0);
+        }
+        // The host published its tail.
+        let tail: u64 = mem.read_obj(GuestAddress(AREA + layout.ring_offset(0) + drain::TAIL_OFFSET)).unwrap();
+        prop_assert_eq!(tail, head);
+    }
+}
+
+/// A guest that moves `head` next to `u64::MAX` gets a resynchronised ring
+/// and counted drops, never an overflow (the drain's index arithmetic is
+/// checked).
+#[test]
+fn head_near_the_end_of_the_index_space_is_counted_not_overflowed() {
+    let mem = memory();
+    let layout = Layout::new(1, 3, 8).unwrap();
+    mem.write_obj(Obj(layout.header()), GuestAddress(AREA))
+        .unwrap();
+    let dev = StageDevice::new(mem.clone(), MEM, 1, 0, 0);
+    assert_eq!(register(&dev), Status::Ok);
+    let head_gpa = GuestAddress(AREA + layout.ring_offset(0));
+    // A jump far ahead: resynchronised to head = u64::MAX - 2.
+    mem.write_obj(u64::MAX - 2, head_gpa).unwrap();
+    assert!(dev.drain().events.is_empty());
+    // Five more entries would run the index past u64::MAX.
+    mem.write_obj(2u64, head_gpa).unwrap();
+    let drained = dev.drain();
+    assert!(drained.events.is_empty());
+    assert_eq!(drained.resynced, vec![0]);
+    let r = dev.report();
+    assert_eq!(r.vcpus[0].bad_index, 2);
+    assert_eq!(r.vcpus[0].events, 0);
+}

@@ -1,0 +1,272 @@
+//! Running a built VM: the main thread's event loop and `shutdown()`.
+//!
+//! Threads: one per vCPU (`vcpu<N>`), one I/O thread per disk (`io-blk<N>`),
+//! `stage-sched` (with a stage device), and the main thread (`vmm-main`),
+//! which waits with `epoll` on the VM's exit `EventFd` ([`crate::exit`]) and
+//! a `signalfd` for SIGINT and SIGTERM (blocked in every thread). When the
+//! VM ends, [`Vmm::run`] stops the vCPUs with one kick each, joins every
+//! thread, drains the stage rings a last time and returns the reports.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use stagevm_report::{BlockReport, ChannelReport, Report, SchedReport};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::signal::Killable;
+
+use crate::devices::Bus;
+use crate::error::VmmError;
+use crate::exit::{ExitEvent, VmExit};
+use crate::sched::StageSched;
+use crate::vstate::vcpu::{self, Vcpu};
+
+/// How long `shutdown` waits for a kicked vCPU thread before giving up on
+/// joining it (the process exit then ends it).
+const STOP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A built VM, ready to run.
+pub struct Vmm {
+    // Kept open for the lifetime of the VM.
+    _kvm: Kvm,
+    _vm_fd: VmFd,
+    memory: GuestMemoryMmap,
+    vcpus: Vec<VcpuFd>,
+    bus: Arc<Bus>,
+    sched: Arc<StageSched>,
+    drain_period: Duration,
+    assist_emulation: bool,
+    exit: Arc<ExitEvent>,
+}
+
+/// How a VM ended and what it counted.
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// How the VM ended.
+    pub exit: VmExit,
+    /// The stage channel's counters after the final drain (`None` without a
+    /// stage device).
+    pub channel: Option<ChannelReport>,
+    /// What the scheduler did.
+    pub sched: SchedReport,
+    /// Per virtio-blk disk, its counters.
+    pub disks: Vec<BlockReport>,
+}
+
+impl RunOutcome {
+    /// The JSON report of this run.
+    pub fn report(&self) -> Report {
+        Report {
+            exit_code: self.exit.exit_code(),
+            exit: self.exit.describe(),
+            stage_channel: self.channel.clone(),
+            sched: self.sched.clone(),
+            disks: self.disks.clone(),
+        }
+    }
+}
+
+/// The threads `run` started, joined by `shutdown`.
+struct Threads {
+    vcpus: Vec<JoinHandle<()>>,
+    io: Vec<JoinHandle<()>>,
+    stage_sched: Option<JoinHandle<()>>,
+}
+
+impl Vmm {
+    /// A VM from the builder's parts. `assist_emulation` completes the
+    /// kernel-mode `int3`/`fwait` KVM cannot emulate (Linux guests).
+    /// Errors: the exit `EventFd` cannot be created.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        kvm: Kvm,
+        vm_fd: VmFd,
+        memory: GuestMemoryMmap,
+        vcpus: Vec<VcpuFd>,
+        bus: Arc<Bus>,
+        sched: Arc<StageSched>,
+        drain_period: Duration,
+        assist_emulation: bool,
+    ) -> std::io::Result<Self> {
+        let exit = Arc::new(ExitEvent::new(vcpus.len() as u32)?);
+        Ok(Self {
+            _kvm: kvm,
+            _vm_fd: vm_fd,
+            memory,
+            vcpus,
+            bus,
+            sched,
+            drain_period,
+            assist_emulation,
+            exit,
+        })
+    }
+
+    /// Runs the VM to its end (see the module docs) and returns how it ended
+    /// with the reports. Errors: a thread, the signalfd or the epoll set
+    /// could not be created.
+    pub fn run(mut self) -> Result<RunOutcome, VmmError> {
+        vcpu::install_kick_handler()?;
+        // SIGINT and SIGTERM go to the signalfd: block them before any
+        // thread starts, so every thread inherits the mask.
+        let mut mask = SigSet::empty();
+        mask.add(Signal::SIGINT);
+        mask.add(Signal::SIGTERM);
+        mask.thread_block().map_err(std::io::Error::from)?;
+        let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+            .map_err(std::io::Error::from)?;
+        // This thread is the VMM's event loop: a helper, on housekeeping cores
+        // (threads spawned below inherit that until they pin themselves).
+        self.sched.pinner().start_helper_thread("vmm-main");
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = self.start_threads(&stop)?;
+        self.wait_for_exit(&signals)?;
+        Ok(self.shutdown(&stop, threads))
+    }
+
+    fn start_threads(&mut self, stop: &Arc<AtomicBool>) -> Result<Threads, VmmError> {
+        let mut vcpus = Vec::with_capacity(self.vcpus.len());
+        for (index, fd) in std::mem::take(&mut self.vcpus).into_iter().enumerate() {
+            let vcpu = Vcpu {
+                index: index as u32,
+                fd,
+                bus: self.bus.clone(),
+                memory: self.memory.clone(),
+                stop: stop.clone(),
+                exit: self.exit.clone(),
+                sched: self.sched.clone(),
+                assist_emulation: self.assist_emulation,
+                assists: Default::default(),
+            };
+            vcpus.push(
+                std::thread::Builder::new()
+                    .name(format!("vcpu{index}"))
+                    .spawn(move || vcpu.run())?,
+            );
+        }
+        // One helper I/O thread per block device, on housekeeping cores.
+        let mut io = Vec::new();
+        for block in self.bus.blocks() {
+            let (block, mem, sched, exit) = (
+                block.clone(),
+                self.memory.clone(),
+                self.sched.clone(),
+                self.exit.clone(),
+            );
+            let name = format!("io-{}", block.name);
+            io.push(std::thread::Builder::new().name(name.clone()).spawn(move || {
+                sched.pinner().start_helper_thread(&name);
+                if let Err(e) = block.serve(&mem, exit.fd()) {
+                    tracing::error!(device = %block.name, "I/O thread failed: {e}");
+                }
+            })?);
+        }
+        // Threads the VMM did not start itself (KVM's workers) go to the
+        // housekeeping cores too; stage-sched repeats this every period.
+        let pinner = self.sched.pinner();
+        pinner.wait_vcpus_started(Duration::from_secs(1));
+        pinner.adopt_threads();
+        let stage_sched = match self.sched.device() {
+            Some(_) => {
+                let (sched, exit, period) =
+                    (self.sched.clone(), self.exit.clone(), self.drain_period);
+                Some(
+                    std::thread::Builder::new()
+                        .name("stage-sched".into())
+                        .spawn(move || {
+                            if let Err(e) = sched.run(period, exit.fd()) {
+                                tracing::error!("stage-sched failed: {e}");
+                            }
+                        })?,
+                )
+            }
+            None => None,
+        };
+        Ok(Threads {
+            vcpus,
+            io,
+            stage_sched,
+        })
+    }
+
+    /// The main thread's event loop: returns once the exit `EventFd` is
+    /// readable; a signal on the signalfd requests the exit.
+    fn wait_for_exit(&self, signals: &SignalFd) -> Result<(), VmmError> {
+        const EXIT: u64 = 0;
+        const SIGNAL: u64 = 1;
+        let epoll = Epoll::new()?;
+        epoll.ctl(
+            ControlOperation::Add,
+            self.exit.fd().as_raw_fd(),
+            EpollEvent::new(EventSet::IN, EXIT),
+        )?;
+        epoll.ctl(
+            ControlOperation::Add,
+            signals.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, SIGNAL),
+        )?;
+        let mut events = [EpollEvent::default(); 2];
+        loop {
+            let n = match epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            };
+            for ev in &events[..n] {
+                if ev.data() == EXIT {
+                    return Ok(());
+                }
+                if let Ok(Some(info)) = signals.read_signal() {
+                    let sig = info.ssi_signo as i32;
+                    tracing::info!(signal = sig, "signal received, stopping the VM");
+                    self.exit.request(VmExit::Signal(sig));
+                }
+            }
+        }
+    }
+
+    /// Stops the VM: sets the stop flag, unparks parked vCPUs and kicks each
+    /// vCPU thread once; joins every thread (the exit `EventFd` already ends
+    /// `stage-sched` and the I/O threads); drains the rings a last time.
+    fn shutdown(self, stop: &AtomicBool, threads: Threads) -> RunOutcome {
+        stop.store(true, Ordering::Release);
+        if let Some(device) = self.sched.device() {
+            // Parked vCPUs (WAIT) must see the stop too.
+            device.stop();
+        }
+        for t in &threads.vcpus {
+            // The thread may have finished already.
+            let _ = t.kill(vcpu::kick_signal());
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while threads.vcpus.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for t in threads.vcpus {
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                tracing::error!("a vCPU thread did not stop within {STOP_TIMEOUT:?}");
+            }
+        }
+        for t in threads.stage_sched.into_iter().chain(threads.io) {
+            let _ = t.join();
+        }
+        let (channel, sched) = self.sched.finish();
+        self.bus.flush();
+        RunOutcome {
+            exit: self.exit.reason().unwrap_or_else(|| {
+                VmExit::GuestFailure("the VM ended without a reason".into())
+            }),
+            channel,
+            sched,
+            disks: self.bus.block_reports(),
+        }
+    }
+}
