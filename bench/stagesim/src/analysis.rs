@@ -12,13 +12,13 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::groups::StageGroups;
 use crate::stream::{ev_addr, ev_bytes, ev_instrs, Trace, EV_FETCH, EV_STAGE};
 
 /// Statistics of one group (or of "no stage").
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct GroupStats {
     /// Group name (`(none)` for code outside every stage).
     pub name: String,
@@ -40,7 +40,7 @@ pub struct GroupStats {
 }
 
 /// Statistics of a whole trace under one grouping.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TraceStats {
     /// Line size used for footprints, bytes.
     pub line_bytes: u64,
@@ -220,6 +220,23 @@ pub fn analyze(trace: &Trace, groups: &StageGroups, line_bytes: u64) -> TraceSta
     }
 }
 
+/// A square table with a row and a column per group (`names`, column
+/// width `w`) and `cell(row, column)` in each cell.
+fn square_table(o: &mut String, names: &[&str], w: usize, cell: impl Fn(usize, usize) -> String) {
+    let _ = write!(o, "{:<14}", "");
+    for n in names {
+        let _ = write!(o, " {:>w$}", &n[..n.len().min(w)]);
+    }
+    let _ = writeln!(o);
+    for (a, n) in names.iter().enumerate() {
+        let _ = write!(o, "{n:<14}");
+        for b in 0..names.len() {
+            let _ = write!(o, " {:>w$}", cell(a, b));
+        }
+        let _ = writeln!(o);
+    }
+}
+
 /// Text rendering of [`TraceStats`].
 pub fn render(s: &TraceStats) -> String {
     let mut o = String::new();
@@ -263,31 +280,11 @@ pub fn render(s: &TraceStats) -> String {
         o,
         "code shared between groups, KiB (diagonal: own footprint):"
     );
-    let _ = write!(o, "{:<14}", "");
-    for n in &names {
-        let _ = write!(o, " {:>w$}", &n[..n.len().min(w)]);
-    }
-    let _ = writeln!(o);
-    for (a, n) in names.iter().enumerate() {
-        let _ = write!(o, "{n:<14}");
-        for b in 0..names.len() {
-            let _ = write!(o, " {:>w$.1}", kib(s.shared[a][b]));
-        }
-        let _ = writeln!(o);
-    }
+    square_table(&mut o, &names, w, |a, b| {
+        format!("{:.1}", kib(s.shared[a][b]))
+    });
     let _ = writeln!(o, "group changes (row: from, column: to):");
-    let _ = write!(o, "{:<14}", "");
-    for n in &names {
-        let _ = write!(o, " {:>w$}", &n[..n.len().min(w)]);
-    }
-    let _ = writeln!(o);
-    for (a, n) in names.iter().enumerate() {
-        let _ = write!(o, "{n:<14}");
-        for b in 0..names.len() {
-            let _ = write!(o, " {:>w$}", s.transitions[a][b]);
-        }
-        let _ = writeln!(o);
-    }
+    square_table(&mut o, &names, w, |a, b| s.transitions[a][b].to_string());
     o
 }
 

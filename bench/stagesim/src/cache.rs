@@ -270,29 +270,34 @@ impl CoreCaches {
     pub fn fetch_line(&mut self, line: u64, l3: Option<&mut Cache>) -> Level {
         // The last fetched line is the MRU entry of its L1i set (only fetches
         // touch L1i), so a repeat is a hit that changes no state.
-        if line == self.last_iline {
-            return Level::L1;
-        }
-        self.last_iline = line;
-        if self.l1i.access_line(line) {
-            Level::L1
-        } else {
-            lower(&mut self.l2, l3, line)
-        }
+        access(&mut self.last_iline, &mut self.l1i, &mut self.l2, l3, line)
     }
 
     /// Data access (load or store) of line number `line` through L1d → L2 → `l3`.
     #[inline]
     pub fn data_line(&mut self, line: u64, l3: Option<&mut Cache>) -> Level {
-        if line == self.last_dline {
-            return Level::L1;
-        }
-        self.last_dline = line;
-        if self.l1d.access_line(line) {
-            Level::L1
-        } else {
-            lower(&mut self.l2, l3, line)
-        }
+        access(&mut self.last_dline, &mut self.l1d, &mut self.l2, l3, line)
+    }
+}
+
+/// An access of `line` through `l1` (whose last accessed line is `last`:
+/// a repeat is a hit that changes no state) → `l2` → `l3`.
+#[inline(always)]
+fn access(
+    last: &mut u64,
+    l1: &mut Cache,
+    l2: &mut Cache,
+    l3: Option<&mut Cache>,
+    line: u64,
+) -> Level {
+    if line == *last {
+        return Level::L1;
+    }
+    *last = line;
+    if l1.access_line(line) {
+        Level::L1
+    } else {
+        lower(l2, l3, line)
     }
 }
 

@@ -24,10 +24,10 @@
 //! * `tput`: the negated machine throughput (balance included).
 
 use host_sched::config::Budget;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::groups::StageGroups;
-use crate::sim::{simulate, SimConfig, SimResult};
+use crate::sim::{default_budget, simulate, SimConfig, SimResult};
 use crate::stream::Trace;
 
 /// What the search minimises.
@@ -71,13 +71,14 @@ impl Objective {
 }
 
 /// One step of the search: the best grouping with `k` groups.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Step {
     /// Groups.
     pub k: usize,
     /// The grouping ([`StageGroups::full_spec`]).
     pub spec: String,
-    /// Its score.
+    /// Its score (JSON `null` when not finite).
+    #[serde(deserialize_with = "crate::report::f64_or_nan")]
     pub score: f64,
     /// Candidates simulated at this step.
     pub candidates: usize,
@@ -121,10 +122,8 @@ pub fn discover(
                     .iter()
                     .zip(crate::analysis::load_weights(&per_stage, &g))
                     .map(|(name, weight)| Budget {
-                        name: name.clone(),
-                        min_cores: 0,
-                        max_cores: base.cores,
                         weight,
+                        ..default_budget(name, base.cores)
                     })
                     .collect(),
             )

@@ -27,7 +27,7 @@ use anyhow::{bail, ensure};
 use crate::stream::StageInfo;
 
 /// A grouping of a trace's stages.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StageGroups {
     /// The spec it was parsed from (`-` for the identity).
     pub spec: String,

@@ -2,14 +2,15 @@
 
 use std::fmt::Write;
 
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::cache::Hierarchy;
 use crate::groups::StageGroups;
 use crate::sim::{CycleModel, Metrics, SimResult};
 
-/// Everything `stagesim replay --json` writes.
-#[derive(Clone, Debug, Serialize)]
+/// Everything `stagesim replay --json` writes (and `stagesim plot` and
+/// `stagesim results` read back).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
     /// Trace file.
     pub trace: String,
@@ -37,6 +38,24 @@ pub struct Report {
     pub model: CycleModel,
     /// One entry per (policy, cores, slice).
     pub results: Vec<SimResult>,
+}
+
+/// Reads an `f64` that JSON may hold as `null` (serde_json writes
+/// non-finite numbers so) as NaN.
+pub fn f64_or_nan<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// The migration costs of the staged replays in `all`, sorted, each once.
+pub fn staged_costs(all: &[SimResult]) -> Vec<u64> {
+    let mut costs: Vec<u64> = all
+        .iter()
+        .filter(|r| r.policy != "baseline")
+        .map(|r| r.migration_cycles)
+        .collect();
+    costs.sort_unstable();
+    costs.dedup();
+    costs
 }
 
 fn baseline_of<'a>(all: &'a [SimResult], r: &SimResult) -> Option<&'a SimResult> {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use stagesim::groups::StageGroups;
 use stagesim::sim::{simulate, SimConfig, SimPolicy, SimResult, VisitRule};
 use stagesim::stream::{pack_stage, StageInfo, Trace, EV_STAGE};
-use stagesim::synth::{self, SynthConfig};
+use stagesim::synth::{self, SynthConfig, SynthSummary};
 
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("stagesim-test-{}", std::process::id()));
@@ -14,10 +14,21 @@ fn tmp(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// Writes the synthetic trace of `cfg` to disk as `name`, loads it back and
+/// removes the files (the trace is in memory then).
+fn synth_trace(name: &str, cfg: &SynthConfig) -> (Trace, SynthSummary) {
+    let path = tmp(name);
+    let s = synth::write(&path, cfg).unwrap();
+    let t = Trace::load(&path).unwrap();
+    let _ = std::fs::remove_file(stagesim::trace::Sidecar::path_for(&path));
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir(path.parent().unwrap());
+    (t, s)
+}
+
 /// Two stages of 320 KiB code each: one stage fits a core's 512 KiB L2, both
 /// together (640 KiB) do not. Little data, so the L2 holds mostly code.
 fn two_stage_trace(name: &str, weights: Vec<f64>) -> Trace {
-    let path = tmp(name);
     let cfg = SynthConfig {
         threads: 8,
         stages: 2,
@@ -31,8 +42,7 @@ fn two_stage_trace(name: &str, weights: Vec<f64>) -> Trace {
         data_per_block: 0.3,
         seed: 7,
     };
-    let s = synth::write(&path, &cfg).unwrap();
-    let t = Trace::load(&path).unwrap();
+    let (t, s) = synth_trace(name, &cfg);
     assert_eq!(t.instrs, s.instrs, "the loaded trace has every instruction");
     assert_eq!(t.threads.len(), 8);
     let names: Vec<&str> = t.stages.iter().map(|s| s.name.as_str()).collect();
@@ -41,10 +51,6 @@ fn two_stage_trace(name: &str, weights: Vec<f64>) -> Trace {
         ["parse", "plan"],
         "stage names come from the sidecar"
     );
-    // The trace is in memory now.
-    let _ = std::fs::remove_file(stagesim::trace::Sidecar::path_for(&path));
-    let _ = std::fs::remove_file(&path);
-    let _ = std::fs::remove_dir(path.parent().unwrap());
     t
 }
 
@@ -144,7 +150,6 @@ fn bad_trace_files_are_errors_naming_the_offset() {
 
 /// A synthetic trace with four stages (parse, plan, execute, commit).
 fn four_stage_trace(name: &str) -> Trace {
-    let path = tmp(name);
     let cfg = SynthConfig {
         threads: 6,
         stages: 4,
@@ -158,12 +163,7 @@ fn four_stage_trace(name: &str) -> Trace {
         data_per_block: 0.3,
         seed: 11,
     };
-    synth::write(&path, &cfg).unwrap();
-    let t = Trace::load(&path).unwrap();
-    let _ = std::fs::remove_file(stagesim::trace::Sidecar::path_for(&path));
-    let _ = std::fs::remove_file(&path);
-    let _ = std::fs::remove_dir(path.parent().unwrap());
-    t
+    synth_trace(name, &cfg).0
 }
 
 /// `t` as if captured with the grouping's coarser map: stage markers mapped

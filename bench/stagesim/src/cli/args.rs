@@ -1,0 +1,186 @@
+//! The options of the `replay`, `discover`, `synth` and `plot` subcommands.
+
+use std::path::PathBuf;
+
+use stagesim::synth::SynthConfig;
+
+use super::{list, ModelArgs};
+
+#[derive(clap::Args)]
+pub struct ReplayArgs {
+    /// Trace file (zstd stagetrace v1); its sidecar `<trace>.stages.toml` names the stages.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Stage sidecar to use instead of `<trace>.stages.toml`.
+    #[arg(long)]
+    pub sidecar: Option<PathBuf>,
+    /// Simulated core counts (1..=64), comma-separated.
+    #[arg(long, default_value = "2,4,8,16", value_parser = list::<usize>)]
+    pub cores: std::vec::Vec<usize>,
+    /// Scheduling models: baseline, pinned, static, proportional.
+    #[arg(long, default_value = "baseline,pinned,static,proportional")]
+    pub policy: String,
+    /// Time slices in instructions, comma-separated.
+    #[arg(long, default_value = "10000,100000,1000000", value_parser = list::<u64>)]
+    pub slice: std::vec::Vec<u64>,
+    /// Warm-up prefix excluded from statistics, % of the trace's instructions (replay order).
+    #[arg(long, default_value_t = 10.0)]
+    pub warmup_pct: f64,
+    /// Policy period in instructions per core (static, proportional).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub period: u64,
+    /// Replay only this many instructions (a prefix in replay order; the warm-up is --warmup-pct of it).
+    #[arg(long)]
+    pub instrs: Option<u64>,
+    /// Cost of one thread migration, cycles; a comma-separated list sweeps it (staged policies only).
+    #[arg(long, default_value = "4000", value_parser = list::<u64>)]
+    pub migration_cycles: std::vec::Vec<u64>,
+    /// Merge stages into coarser groups for the staged policies, e.g.
+    /// `front=net_read,dispatch,parse;plan=open_lock,optimize;exec=execute,innodb;finish=commit,send`;
+    /// `-` = the trace's own stages. Repeatable: each grouping is replayed. Unlisted stages stay alone.
+    #[arg(long = "stage-groups", default_value = "-")]
+    pub stage_groups: Vec<String>,
+    /// Model variant, not host-sched: migrate only for stage visits expected to last at least this
+    /// many instructions (comma-separated list; 0 = off, host-sched's behaviour).
+    #[arg(long, default_value = "0", value_parser = list::<u64>)]
+    pub min_visit: std::vec::Vec<u64>,
+    /// How --min-visit knows a visit's length: `oracle` (read ahead in the trace; an upper bound)
+    /// or `history` (the stage's mean past visit, online).
+    #[arg(long, default_value = "oracle")]
+    pub visit_rule: String,
+    /// host-sched stage budgets (its TOML; `[[stage]]` entries matched by name; other sections ignored).
+    #[arg(long)]
+    pub budgets: Option<PathBuf>,
+    /// Scheduling-model option for the staged policies: idle cores take queued threads whose
+    /// current stage they serve (`off`, `on`, or `off,on` for both).
+    #[arg(long, default_value = "off")]
+    pub steal: String,
+    /// Weights of the `static` policy: `equal` (host-sched's default without budgets) or `load`
+    /// (each stage group's share of the trace's instructions, a profile); comma-separated to run both.
+    #[arg(long, default_value = "equal")]
+    pub static_weights: String,
+    /// EWMA weight of the newest load sample (proportional).
+    #[arg(long, default_value_t = 0.7)]
+    pub smoothing: f64,
+    /// Hysteresis in cores (proportional).
+    #[arg(long, default_value_t = 0.1)]
+    pub hysteresis: f64,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Write the full report (per core, per stage) as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Print per-core and per-stage breakdowns.
+    #[arg(long)]
+    pub detail: bool,
+    /// Replays to run in parallel (each replay is single-threaded).
+    #[arg(long, default_value_t = 1)]
+    pub jobs: usize,
+}
+
+#[derive(clap::Args)]
+pub struct DiscoverArgs {
+    /// Trace file (zstd stagetrace v1).
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Stage sidecar to use instead of `<trace>.stages.toml`.
+    #[arg(long)]
+    pub sidecar: Option<PathBuf>,
+    /// Simulated cores.
+    #[arg(long, default_value_t = 4)]
+    pub cores: usize,
+    /// Time slice in instructions.
+    #[arg(long, default_value_t = 100_000)]
+    pub slice: u64,
+    /// Staged policy the candidates are replayed under (static or proportional).
+    #[arg(long, default_value = "static")]
+    pub policy: String,
+    /// Cost of one thread migration, cycles.
+    #[arg(long, default_value_t = 4000)]
+    pub migration_cycles: u64,
+    /// Part of every thread's stream each candidate replays, % (the same instructions for every candidate).
+    #[arg(long, default_value_t = 20.0)]
+    pub prefix_pct: f64,
+    /// Warm-up excluded, % of the prefix.
+    #[arg(long, default_value_t = 10.0)]
+    pub warmup_pct: f64,
+    /// Policy period in instructions per core.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub period: u64,
+    /// Score to minimise: cpi (busy cycles per instruction), l2 (L2 misses, seed 004), tput.
+    #[arg(long, default_value = "cpi")]
+    pub objective: String,
+    /// Stop merging at this many groups.
+    #[arg(long, default_value_t = 1)]
+    pub min_groups: usize,
+    /// Idle cores take queued threads whose stage they serve (see `replay --steal`).
+    #[arg(long)]
+    pub steal: bool,
+    /// Weights of `static` for each candidate: `load` (the groups' instruction shares) or `equal`.
+    #[arg(long, default_value = "load")]
+    pub static_weights: String,
+    /// Write `K<TAB>SPEC` per group count (usable as --stage-groups).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Write the steps (with each chosen replay) as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+#[derive(clap::Args)]
+pub struct SynthArgs {
+    /// Output trace file.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Threads (connections).
+    #[arg(long, default_value_t = SynthConfig::default().threads)]
+    pub threads: u32,
+    /// Stages per request.
+    #[arg(long, default_value_t = SynthConfig::default().stages)]
+    pub stages: u16,
+    /// Code per stage, KiB.
+    #[arg(long, default_value_t = SynthConfig::default().stage_kib)]
+    pub stage_kib: u64,
+    /// Code outside stages, KiB.
+    #[arg(long, default_value_t = SynthConfig::default().common_kib)]
+    pub common_kib: u64,
+    /// Requests per thread.
+    #[arg(long, default_value_t = SynthConfig::default().requests)]
+    pub requests: u32,
+    /// Instructions per stage visit (±25 %).
+    #[arg(long, default_value_t = SynthConfig::default().visit_instrs)]
+    pub visit_instrs: u64,
+    /// Per-stage factors on --visit-instrs, comma-separated (e.g. 3,1: the first stage carries 3× the load).
+    #[arg(long, value_parser = list::<f64>)]
+    pub visit_weights: Option<std::vec::Vec<f64>>,
+    /// Shared heap, KiB.
+    #[arg(long, default_value_t = SynthConfig::default().heap_kib)]
+    pub heap_kib: u64,
+    /// Per-thread stack, KiB.
+    #[arg(long, default_value_t = SynthConfig::default().stack_kib)]
+    pub stack_kib: u64,
+    /// Probability of a data access per basic block.
+    #[arg(long, default_value_t = SynthConfig::default().data_per_block)]
+    pub data_per_block: f64,
+    /// RNG seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+#[derive(clap::Args)]
+pub struct PlotArgs {
+    /// JSON written by `replay --json`.
+    #[arg(long)]
+    pub json: PathBuf,
+    /// Output directory.
+    #[arg(long)]
+    pub out_dir: PathBuf,
+    /// File name prefix (default: the JSON file's stem).
+    #[arg(long)]
+    pub prefix: Option<String>,
+    /// The JSON is a migration-cost sweep: plot relative throughput against the cost.
+    #[arg(long)]
+    pub sweep: bool,
+}

@@ -1,0 +1,290 @@
+//! Replay of a [`Trace`] on N simulated cores under a scheduling model.
+//!
+//! ## Scheduling model
+//! Every simulated core has a clock in cycles, at most one *current* thread
+//! and (except in `baseline`) its own run queue; a queued thread carries the
+//! time it arrived (the clock of the core that queued it). The replay is a
+//! discrete-event simulation at chunk granularity: it always advances the
+//! core whose next chunk starts earliest — a core with a current thread at
+//! its clock, an idle core at max(its clock, the earliest arrival among the
+//! threads it may take) — and an idle core takes the earliest-arrived thread.
+//! Threads are queued only at chunk ends, never before the chunk's start, so
+//! no thread can later arrive anywhere before the chosen start. The core runs
+//! its thread for up to one time slice of `slice` instructions, then, if
+//! another thread has arrived and waits, queues the thread and switches; a
+//! thread alone on its core keeps running. Context switches cost nothing
+//! beyond the cache effects. (Stage groups, the min-visit variant and idle
+//! stealing: [`SimConfig::groups`], [`VisitRule`], [`SimConfig::steal`].)
+//!
+//! * `baseline` — the OS model without stage affinity: one global FIFO run
+//!   queue shared by all cores; a thread whose slice ended goes to the tail
+//!   and the next core to become free takes the head, so threads drift over
+//!   the cores (when no thread waits, a thread keeps its core).
+//! * `pinned` — thread *i* (in order of first appearance in the trace) stays
+//!   on core *i* mod N; each core round-robins its threads.
+//! * `static`, `proportional` — the real `host-sched` policies
+//!   ([`host_sched::policy::build`]): simulated core *k* is vCPU *k* (one vCPU
+//!   per core, `Context.cores = 0..N`). Threads start as in `pinned`. Every
+//!   policy period (`period` instructions per core, i.e. `period × N`
+//!   instructions over all cores) the policy gets per-stage load — the
+//!   instructions executed in the stage during the period divided by
+//!   `period`, i.e. the cores' worth of work, as the VMM passes vCPUs' worth
+//!   of time — and returns a [`host_sched::policy::Plan`]; its `stage_vcpus`
+//!   masks say which cores serve each stage. At every STAGE marker whose
+//!   stage the current core does not serve, the thread migrates to the
+//!   least-loaded core serving the stage (fewest threads queued or running;
+//!   ties: lowest index), chosen by the guest agent's own rule
+//!   ([`guest_agent::choose_from_map`]): the source core pays
+//!   `migration_cycles` and the thread may run on the target from then on.
+//!   Threads outside any stage (`0xFFFF`, or before their first marker) stay
+//!   where they are.
+//!
+//! ## Statistics
+//! The first `warmup_pct` % of the trace's instructions, counted in replay
+//! order over all cores, warm the caches and are excluded: every counter is
+//! reset when the replay passes that point (to within one basic block).
+//! Misses are counted per (core, stage). A migration is counted on the
+//! source core under the stage the thread migrates *to*.
+//!
+//! ## Cycle model ([`CycleModel`])
+//! cycles = instructions × `base_cpi` + Σ over instruction-fetch and data
+//! line accesses of the penalty of the level that served them (L1 hit: 0;
+//! L2 hit: `l2_hit`; L2 miss: `l3_hit` — when no L3 is simulated the real
+//! machine's 32 MiB shared L3 is assumed to hold the line —; L3 miss:
+//! `memory`) with data penalties scaled by `data_penalty_scale`, plus
+//! `migration_cycles` per migration. Each core's clock advances by the cycles
+//! of what it runs and waits (idle) when it has no work. Reported: per-core
+//! IPC = instructions / busy cycles, and machine throughput = instructions /
+//! (wall cycles of the measured window). Each core's window runs from its
+//! own clock when the warm-up ended to the moment the last core finishes;
+//! the machine window is the mean over cores. Idle time (load imbalance,
+//! the tail of the run) lowers throughput; utilization = busy cycles / sum
+//! of the cores' windows.
+//!
+//! ## Files
+//! * `mod.rs` — the models ([`SimPolicy`], [`VisitRule`]) and a replay's
+//!   parameters ([`SimConfig`]),
+//! * `metrics.rs` — counters, the cycle model and the result types,
+//! * `chunk.rs` — the inner loop: one chunk of a thread's events through a
+//!   core's caches, and the min-visit oracle's look-ahead,
+//! * `sched.rs` — the scheduling model: cores, run queues, which core runs
+//!   next, stealing, and where a thread migrates (the guest agent's rule),
+//! * `plans.rs` — the staged policies' periods and plans (host-sched),
+//! * `account.rs` — statistics per (core, stage), the warm-up reset and the
+//!   final [`SimResult`],
+//! * `replay.rs` — [`simulate`]: set-up and the replay loop.
+
+use serde::Serialize;
+
+use crate::cache::Hierarchy;
+use crate::groups::StageGroups;
+use host_sched::config::Budget;
+use host_sched::policy::PolicyKind;
+
+mod account;
+mod chunk;
+mod metrics;
+mod plans;
+mod replay;
+mod sched;
+
+pub use metrics::{Counters, CycleModel, Metrics, SimResult, StageResult};
+pub use plans::{default_budget, default_budgets};
+pub use replay::simulate;
+
+/// Which scheduling model a replay uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SimPolicy {
+    /// Global round-robin run queue, no affinity (the OS model).
+    Baseline,
+    /// Thread i stays on core i mod N.
+    Pinned,
+    /// host-sched `static`.
+    Static,
+    /// host-sched `proportional`.
+    Proportional,
+}
+
+impl SimPolicy {
+    /// Every model, in table order.
+    pub const ALL: [SimPolicy; 4] = [
+        Self::Baseline,
+        Self::Pinned,
+        Self::Static,
+        Self::Proportional,
+    ];
+
+    /// Parses `baseline`, `pinned`, `static` or `proportional`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "baseline" => Self::Baseline,
+            "pinned" => Self::Pinned,
+            "static" => Self::Static,
+            "proportional" => Self::Proportional,
+            _ => return None,
+        })
+    }
+
+    /// The model's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Baseline => "baseline",
+            Self::Pinned => "pinned",
+            Self::Static => "static",
+            Self::Proportional => "proportional",
+        }
+    }
+
+    /// The host-sched policy behind a staged model.
+    pub fn host_sched_kind(self) -> Option<PolicyKind> {
+        match self {
+            Self::Static => Some(PolicyKind::Static),
+            Self::Proportional => Some(PolicyKind::Proportional),
+            _ => None,
+        }
+    }
+}
+
+/// A **model variant** of the staged policies, separate from host-sched:
+/// at a stage change onto a stage the current core does not serve, migrate
+/// only if the thread is expected to stay in the new stage (group) for at
+/// least `min_visit` instructions; otherwise it runs that visit where it is
+/// (counted as `kept`). host-sched's policies and the guest agent have no
+/// such rule: they migrate at every such stage change (`min_visit = 0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VisitRule {
+    /// The visit's true length, read ahead in the trace: an upper bound for
+    /// any such rule, not implementable online.
+    Oracle,
+    /// An online prediction: the mean length of the stage's previous visits
+    /// over all threads (exponentially weighted, newest visit 1/4); a stage
+    /// not yet visited is predicted long.
+    History,
+}
+
+impl VisitRule {
+    /// Parses `oracle` or `history`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "oracle" => Some(Self::Oracle),
+            "history" => Some(Self::History),
+            _ => None,
+        }
+    }
+
+    /// The rule's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Oracle => "oracle",
+            Self::History => "history",
+        }
+    }
+}
+
+/// Weight of the newest visit in [`VisitRule::History`]'s average.
+pub const HISTORY_WEIGHT: f64 = 0.25;
+
+/// One replay's parameters.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimConfig {
+    /// Scheduling model.
+    pub policy: SimPolicy,
+    /// Simulated cores, 1..=64.
+    pub cores: usize,
+    /// Time slice in instructions (≥ 1).
+    pub slice: u64,
+    /// Warm-up prefix excluded from statistics, % of the trace's instructions.
+    pub warmup_pct: f64,
+    /// Policy period in instructions per core (staged policies).
+    pub period: u64,
+    /// Cost of one thread migration in cycles (default 4000 ≈ 1.6 µs at
+    /// 2.5 GHz: about the 1700 ns bare-metal IPI propagation seed 000 cites
+    /// as the lower bound of IPI-based migration).
+    pub migration_cycles: u64,
+    /// Cache geometry.
+    pub caches: Hierarchy,
+    /// Cycle model.
+    pub model: CycleModel,
+    /// EWMA weight of the newest load sample (proportional; host-sched default 0.7).
+    pub smoothing: f64,
+    /// Hysteresis in cores (proportional; host-sched default 0.1).
+    pub hysteresis: f64,
+    /// Per stage group (dense order), its budget; `None`: min 0, max N, weight 1.
+    #[serde(skip)]
+    pub budgets: Option<Vec<Budget>>,
+    /// Stage grouping (`None`: the trace's own stages); see [`crate::groups`].
+    #[serde(skip)]
+    pub groups: Option<StageGroups>,
+    /// Min-visit model variant (staged policies): migrate only for visits
+    /// expected to last at least this many instructions; 0 = off (host-sched).
+    pub min_visit: u64,
+    /// How the visit length is known for `min_visit`.
+    pub visit_rule: VisitRule,
+    /// Replay only the first fraction (0..=1) of every thread's events:
+    /// the same instructions whatever the scheduling (`stagesim discover`
+    /// compares candidates on them); `None`: whole streams.
+    pub thread_prefix: Option<f64>,
+    /// Whether `budgets` carry weights proportional to the groups' measured
+    /// instruction shares (a profile; `static` then allocates cores by load
+    /// once). Only labels the result: the caller sets `budgets`.
+    pub load_weights: bool,
+    /// Scheduling-model option for the staged policies (not host-sched
+    /// policy code): an idle core takes a queued thread from another core's
+    /// queue if it serves that thread's current stage (the earliest-arrived
+    /// such thread), as Linux's idle balancing does within a
+    /// thread's affinity mask (libstage sets the mask to the stage's vCPUs).
+    /// Without it, threads move only at stage changes (the test guest's
+    /// queue hand-off), and a stage's cores can stay unevenly loaded.
+    pub steal: bool,
+    /// Replay only the first `limit` instructions (in replay order, warm-up
+    /// included; the warm-up is `warmup_pct` of them); `None`: the whole trace.
+    pub limit: Option<u64>,
+}
+
+impl SimConfig {
+    /// Defaults for `policy` on `cores` cores with `slice`.
+    pub fn new(policy: SimPolicy, cores: usize, slice: u64) -> Self {
+        Self {
+            policy,
+            cores,
+            slice,
+            warmup_pct: 10.0,
+            period: 1_000_000,
+            migration_cycles: 4000,
+            caches: Hierarchy::default(),
+            model: CycleModel::default(),
+            smoothing: 0.7,
+            hysteresis: 0.1,
+            budgets: None,
+            groups: None,
+            min_visit: 0,
+            visit_rule: VisitRule::Oracle,
+            limit: None,
+            thread_prefix: None,
+            load_weights: false,
+            steal: false,
+        }
+    }
+
+    /// The model's label: the policy name, plus the min-visit variant when
+    /// it is on (e.g. `static/min-visit 5000 oracle`).
+    pub fn label(&self) -> String {
+        let mut l = self.policy.name().to_string();
+        if self.load_weights && self.policy == SimPolicy::Static {
+            l.push_str("/load-weights");
+        }
+        if self.steal && self.policy.host_sched_kind().is_some() {
+            l.push_str("/steal");
+        }
+        if self.min_visit > 0 && self.policy.host_sched_kind().is_some() {
+            l.push_str(&format!(
+                "/min-visit {} {}",
+                self.min_visit,
+                self.visit_rule.name()
+            ));
+        }
+        l
+    }
+}

@@ -1,0 +1,138 @@
+//! The staged policies' side of a replay (`static`, `proportional`): the
+//! real host-sched policy, its periods and the plan in force — which cores
+//! serve which stage (group), both as per-stage masks and as the guest
+//! agent's stage map ([`guest_agent::MapSnapshot`]).
+
+use guest_agent::MapSnapshot;
+use host_sched::config::Budget;
+use host_sched::policy::{self, Policy, PolicyKind};
+
+use super::SimConfig;
+
+/// The default budget of a stage (group) on `cores` cores: min 0, max all
+/// cores, weight 1 (host-sched without a budgets file).
+pub fn default_budget(name: &str, cores: usize) -> Budget {
+    Budget {
+        name: name.to_string(),
+        min_cores: 0,
+        max_cores: cores,
+        weight: 1.0,
+    }
+}
+
+/// [`default_budget`] for each of `names`.
+pub fn default_budgets(names: &[String], cores: usize) -> Vec<Budget> {
+    names.iter().map(|n| default_budget(n, cores)).collect()
+}
+
+/// The plan state of one replay under a staged policy.
+pub(super) struct Plans {
+    policy: Box<dyn Policy>,
+    /// Stage groups (dense); index `stages` is "no stage".
+    stages: usize,
+    /// Per dense stage, the mask of cores serving it ("no stage": all).
+    pub serve: Vec<u64>,
+    /// The same plan as the guest agent's stage map.
+    pub map: MapSnapshot,
+    /// Cores per stage in the plan in force (`Plan::requirement`).
+    pub requirement: Vec<usize>,
+    /// (instructions replayed, requirement) at the start and at each change.
+    pub history: Vec<(u64, Vec<usize>)>,
+    /// Instructions over all cores per period.
+    period_total: u64,
+    /// Instructions replayed (in total) at which the next period ends.
+    pub next_period: u64,
+    /// Instructions per stage (group) in the current period.
+    pub load: Vec<u64>,
+    /// Periods evaluated.
+    pub periods: u64,
+    /// Periods whose plan differed from the previous one.
+    pub changes: u64,
+}
+
+impl Plans {
+    /// The policy of `kind` on `n` cores for `names` (the stage groups),
+    /// with its initial plan.
+    pub fn new(
+        kind: PolicyKind,
+        cfg: &SimConfig,
+        names: &[String],
+        n: usize,
+    ) -> anyhow::Result<Self> {
+        let stages = names.len();
+        let budgets = match &cfg.budgets {
+            Some(b) => {
+                anyhow::ensure!(b.len() == stages, "{} budgets for {stages} stages", b.len());
+                b.clone()
+            }
+            None => default_budgets(names, n),
+        };
+        let map = MapSnapshot {
+            epoch: 0,
+            vcpus: Default::default(),
+        };
+        anyhow::ensure!(
+            stages <= map.vcpus.len(),
+            "{stages} stages (groups): the guest agent's stage map holds at most {}",
+            map.vcpus.len()
+        );
+        let mut policy = policy::build(
+            kind,
+            policy::Context {
+                cores: (0..n).collect(),
+                num_vcpus: n as u32,
+                budgets,
+                smoothing: cfg.smoothing,
+                hysteresis: cfg.hysteresis,
+            },
+        );
+        let plan = policy.plan(&vec![0.0; stages]);
+        let period_total = cfg.period.saturating_mul(n as u64);
+        let mut p = Self {
+            policy,
+            stages,
+            serve: vec![u64::MAX; stages + 1],
+            map,
+            requirement: plan.requirement,
+            history: Vec::new(),
+            period_total,
+            next_period: period_total,
+            load: vec![0; stages + 1],
+            periods: 0,
+            changes: 0,
+        };
+        p.set_serve(&plan.stage_vcpus);
+        p.history.push((0, p.requirement.clone()));
+        Ok(p)
+    }
+
+    fn set_serve(&mut self, stage_vcpus: &[u64]) {
+        self.serve[..self.stages].copy_from_slice(stage_vcpus);
+        self.map.vcpus[..self.stages].copy_from_slice(stage_vcpus);
+        // The seqlock epoch of a published map is even.
+        self.map.epoch = 2 * self.changes;
+    }
+
+    /// Ends the period if `executed` reached it: passes the period's load
+    /// (cores' worth of work: instructions / `period`) to the policy and
+    /// applies its plan.
+    pub fn tick(&mut self, executed: u64, period: u64) {
+        if executed < self.next_period {
+            return;
+        }
+        self.next_period = executed + self.period_total;
+        self.periods += 1;
+        let load: Vec<f64> = self.load[..self.stages]
+            .iter()
+            .map(|l| *l as f64 / period as f64)
+            .collect();
+        self.load.fill(0);
+        let plan = self.policy.plan(&load);
+        if plan.stage_vcpus[..] != self.serve[..self.stages] {
+            self.changes += 1;
+            self.set_serve(&plan.stage_vcpus);
+            self.history.push((executed, plan.requirement.clone()));
+        }
+        self.requirement = plan.requirement;
+    }
+}

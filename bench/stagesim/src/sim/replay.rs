@@ -1,0 +1,294 @@
+//! [`simulate`]: one replay. Set-up (checks, the stage grouping, the
+//! threads' streams and how many instructions to replay) and the replay
+//! loop: the next core runs its thread for one slice in chunks, between
+//! which come the warm-up, the policy periods and, at stage changes, the
+//! migration decisions (with the min-visit variant's rule).
+
+use std::time::Instant;
+
+use crate::cache::Cache;
+use crate::groups::StageGroups;
+use crate::stream::{ev_instrs, Trace, EV_FETCH};
+
+use super::account::Account;
+use super::chunk::{run_chunk, visit_ahead, Stop};
+use super::plans::Plans;
+use super::sched::{Sched, SliceEnd, Source};
+use super::{Counters, SimConfig, SimPolicy, SimResult, VisitRule, HISTORY_WEIGHT};
+
+/// Replays `trace` under `cfg`; `progress` is called with instructions
+/// replayed since its previous call (about every 2^20 instructions).
+pub fn simulate(
+    trace: &Trace,
+    cfg: &SimConfig,
+    progress: &mut dyn FnMut(u64),
+) -> anyhow::Result<SimResult> {
+    let started = Instant::now();
+    let mut r = Replay::new(trace, cfg)?;
+    r.run(progress);
+    Ok(r.acct.finish(
+        cfg,
+        &r.groups,
+        trace.threads.len(),
+        &r.sched.cores,
+        r.plans.as_ref(),
+        started,
+    ))
+}
+
+/// Checks `cfg`'s parameters.
+fn validate(cfg: &SimConfig) -> anyhow::Result<()> {
+    let n = cfg.cores;
+    anyhow::ensure!((1..=64).contains(&n), "cores = {n}: must be 1..=64");
+    anyhow::ensure!(cfg.slice >= 1, "slice = 0: must be ≥ 1 instruction");
+    anyhow::ensure!(
+        (0.0..100.0).contains(&cfg.warmup_pct),
+        "warm-up = {} %: must be in [0, 100)",
+        cfg.warmup_pct
+    );
+    anyhow::ensure!(
+        cfg.period >= 1,
+        "policy period = 0: must be ≥ 1 instruction"
+    );
+    cfg.caches.validate()?;
+    Ok(())
+}
+
+/// The grouping a replay uses: `cfg.groups` or the trace's own stages.
+fn grouping(trace: &Trace, cfg: &SimConfig) -> anyhow::Result<StageGroups> {
+    Ok(match &cfg.groups {
+        Some(g) => {
+            anyhow::ensure!(
+                g.map.len() == trace.stages.len(),
+                "stage grouping for {} stages, trace has {}",
+                g.map.len(),
+                trace.stages.len()
+            );
+            g.clone()
+        }
+        None => StageGroups::identity(&trace.stages),
+    })
+}
+
+/// Each thread's stream end (the whole stream, or its first
+/// `thread_prefix` part) and the instructions in those streams.
+fn stream_ends(trace: &Trace, cfg: &SimConfig) -> (Vec<usize>, u64) {
+    let ends: Vec<usize> = trace
+        .threads
+        .iter()
+        .map(|th| match cfg.thread_prefix {
+            Some(f) => ((th.events.len() as f64 * f.clamp(0.0, 1.0)) as usize).min(th.events.len()),
+            None => th.events.len(),
+        })
+        .collect();
+    let instrs = match cfg.thread_prefix {
+        Some(_) => trace
+            .threads
+            .iter()
+            .zip(&ends)
+            .map(|(th, e)| {
+                th.events[..*e]
+                    .iter()
+                    .filter(|ev| *ev >> 62 == EV_FETCH)
+                    .map(|ev| ev_instrs(*ev))
+                    .sum::<u64>()
+            })
+            .sum(),
+        None => trace.instrs,
+    };
+    (ends, instrs)
+}
+
+/// The state of one replay.
+struct Replay<'a> {
+    trace: &'a Trace,
+    cfg: &'a SimConfig,
+    groups: StageGroups,
+    /// Trace stage (dense, "no stage" last) → group ("no group" last).
+    lookup: Vec<usize>,
+    /// The "no stage" group index.
+    none: usize,
+    /// log2 of the line size.
+    shift: u32,
+    /// Per thread, the end of the events it replays.
+    ends: Vec<usize>,
+    sched: Sched,
+    l3: Option<Cache>,
+    /// The staged policies' plans (`None`: baseline, pinned).
+    plans: Option<Plans>,
+    /// Idle stealing on (staged policies only).
+    steal: bool,
+    acct: Account,
+    /// Min-visit variant, history rule: per group, the weighted mean visit.
+    visit_mean: Vec<Option<f64>>,
+}
+
+impl<'a> Replay<'a> {
+    fn new(trace: &'a Trace, cfg: &'a SimConfig) -> anyhow::Result<Self> {
+        validate(cfg)?;
+        let n = cfg.cores;
+        let groups = grouping(trace, cfg)?;
+        let lookup = groups.lookup();
+        let stages = groups.len();
+        let ns = stages + 1; // dense group indices plus "no stage"
+        let baseline = cfg.policy == SimPolicy::Baseline;
+        let sched = Sched::new(trace, &cfg.caches, n, baseline, stages)?;
+        let l3 = match cfg.caches.l3 {
+            Some(g) => Some(Cache::new(g, "L3")?),
+            None => None,
+        };
+        // The staged policies: the real host-sched code.
+        let plans = match cfg.policy.host_sched_kind() {
+            Some(kind) => Some(Plans::new(kind, cfg, &groups.names, n)?),
+            None => None,
+        };
+        let (ends, stream_instrs) = stream_ends(trace, cfg);
+        // Instructions to replay: the whole trace, or a prefix (in replay order).
+        let total = cfg.limit.map_or(stream_instrs, |l| l.min(stream_instrs));
+        Ok(Self {
+            trace,
+            cfg,
+            shift: cfg.caches.l1i.line_bytes.trailing_zeros(),
+            lookup,
+            none: stages,
+            ends,
+            sched,
+            l3,
+            steal: cfg.steal && plans.is_some(),
+            plans,
+            acct: Account::new(n, ns, total, cfg.warmup_pct),
+            visit_mean: vec![None; ns],
+            groups,
+        })
+    }
+
+    /// The replay loop: one slice of the next core's thread at a time.
+    fn run(&mut self, progress: &mut dyn FnMut(u64)) {
+        loop {
+            let serve = match &self.plans {
+                Some(p) if self.steal => Some(&p.serve[..]),
+                _ => None,
+            };
+            let Some((k, src)) = self.sched.next(serve) else {
+                break;
+            };
+            if self.acct.executed >= self.acct.total {
+                break;
+            }
+            let Some(t) = self.sched.take(k, src) else {
+                break;
+            };
+            if matches!(src, Source::Steal(..)) {
+                let cost = self.cfg.migration_cycles;
+                let st = self.acct.at(k, self.sched.threads[t].stage);
+                st.steals += 1;
+                st.migration_cycles += cost;
+                self.sched.cores[k].clock += cost as f64;
+            }
+            let end = self.run_slice(k, t, progress);
+            self.sched.end_slice(k, t, end);
+        }
+        self.acct.flush_progress(progress);
+    }
+
+    /// Runs thread `t` on core `k` for up to one slice, in chunks that end
+    /// at stage markers, the warm-up, policy periods and the replay's end.
+    fn run_slice(&mut self, k: usize, t: usize, progress: &mut dyn FnMut(u64)) -> SliceEnd {
+        let trace = self.trace;
+        let events = &trace.threads[t].events[..self.ends[t]];
+        let mut budget = self.cfg.slice;
+        while budget > 0 {
+            let mut lim = self.acct.limit(budget);
+            if let Some(p) = &self.plans {
+                lim = lim.min(p.next_period.saturating_sub(self.acct.executed).max(1));
+            }
+            let mut delta = Counters::default();
+            let thread = &mut self.sched.threads[t];
+            let stage = thread.stage;
+            let stop = run_chunk(
+                events,
+                &mut thread.pos,
+                lim,
+                &mut self.sched.cores[k].caches,
+                self.l3.as_mut(),
+                self.shift,
+                &mut delta,
+            );
+            let done = delta.instrs;
+            thread.visit += done;
+            budget = budget.saturating_sub(done);
+            self.sched.cores[k].clock += self.cfg.model.cycles(&delta);
+            self.acct.record(k, stage, &delta, progress);
+            self.acct.pass_warmup(&self.sched.cores);
+            if let Some(p) = &mut self.plans {
+                p.load[stage] += done;
+                p.tick(self.acct.executed, self.cfg.period);
+            }
+            if self.acct.executed >= self.acct.total {
+                // A prefix replay ends here (the thread keeps its core).
+                break;
+            }
+            match stop {
+                Stop::Limit => {}
+                Stop::Done => return SliceEnd::Done,
+                Stop::Stage(raw) => {
+                    if let Some(end) = self.stage_marker(k, t, raw, events) {
+                        return end;
+                    }
+                }
+            }
+        }
+        SliceEnd::Used
+    }
+
+    /// Thread `t` on core `k` consumed the marker of trace stage `raw`:
+    /// notes the visit that ended and, under a staged policy, migrates the
+    /// thread if its new stage is served elsewhere (unless the min-visit
+    /// rule keeps it). Returns how the slice ends, if it does.
+    fn stage_marker(&mut self, k: usize, t: usize, raw: usize, events: &[u64]) -> Option<SliceEnd> {
+        let s = self.lookup[raw.min(self.lookup.len() - 1)];
+        let th = &mut self.sched.threads[t];
+        let old = th.stage;
+        if s != old {
+            // A marker inside one group is no stage change.
+            let v = th.visit;
+            if old != self.none && v > 0 {
+                let m = &mut self.visit_mean[old];
+                *m = Some(match *m {
+                    Some(x) => x + HISTORY_WEIGHT * (v as f64 - x),
+                    None => v as f64,
+                });
+            }
+            th.visit = 0;
+        }
+        th.stage = s;
+        if s != old && s != self.none {
+            if let Some(p) = &self.plans {
+                if let Some(target) = self.sched.migration_target(&p.map, s, k) {
+                    if !self.long_enough(s, self.sched.threads[t].pos, events) {
+                        self.acct.at(k, s).kept += 1;
+                    } else {
+                        let cost = self.cfg.migration_cycles;
+                        let st = self.acct.at(k, s);
+                        st.migrations += 1;
+                        st.migration_cycles += cost;
+                        self.sched.cores[k].clock += cost as f64;
+                        return Some(SliceEnd::Migrate(target));
+                    }
+                }
+            }
+        }
+        (self.sched.threads[t].pos >= events.len()).then_some(SliceEnd::Done)
+    }
+
+    /// The min-visit variant: whether the visit of group `s` starting at
+    /// `pos` is (expected to be) long enough to migrate for.
+    fn long_enough(&self, s: usize, pos: usize, events: &[u64]) -> bool {
+        let min = self.cfg.min_visit;
+        min == 0
+            || match self.cfg.visit_rule {
+                VisitRule::Oracle => visit_ahead(events, pos, s, &self.lookup, min) >= min,
+                VisitRule::History => self.visit_mean[s].is_none_or(|m| m >= min as f64),
+            }
+    }
+}
