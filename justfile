@@ -97,8 +97,9 @@ bench-irq:
 bench-sim *ARGS:
     bench/stagesim/bench-sim.sh {{ARGS}}
 
-# Formatting and lints.
-lint:
+# Formatting and lints (the workspace's [workspace.lints] and the guest's copy of them), warnings as errors.
+lint: setup
     cargo fmt --all --check
     cd {{guest_dir}} && cargo fmt --check
     cargo clippy --workspace --all-targets -- -D warnings
+    cd {{guest_dir}} && cargo clippy --release -- -D warnings

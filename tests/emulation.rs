@@ -7,7 +7,7 @@
 //! on the serial port (the bzImage guest then also runs `fwait` and an
 //! `int3` with a `#BP` handler, which stagevm completes for `kvm_pvm`), then
 //! executes `popcnt` in ring 0 (which this
-//! project's software KVM, `kvm_pvm`, cannot emulate: `../shared/DESIGN.md`)
+//! project's software KVM, `kvm_pvm`, cannot emulate: `docs/design.md`)
 //! followed by `ud2` (with no IDT a triple fault, for a KVM that runs
 //! `popcnt`). Either way stagevm must exit with status 2 within seconds and
 //! report the vCPU, RIP and the instruction bytes at RIP.

@@ -34,8 +34,8 @@ use hypercall_abi::stage::{Layout, Status, DOORBELL_REGISTER, DOORBELL_STATUS, S
 use stagevm::sched::StageSched;
 use stagevm::stage::StageDevice;
 use stagevm_report::ChannelReport;
-use vmm_sys_util::eventfd::EventFd;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
 
 /// Guest-physical address of the area (above the VMM's fixed structures).
 const AREA_GPA: u64 = 0x20_0000;

@@ -2,7 +2,7 @@
 //! KVM, next to an MMIO exit — the figures behind the virtio-blk design
 //! choice (polling with interrupts off, see `vmm/src/virtio/mod.rs`).
 //!
-//! A minimal raw-KVM guest (no stagevm code, like `../shared/probes/`): an
+//! A minimal raw-KVM guest (no stagevm code, like the project's KVM probes (`docs/design.md`)): an
 //! in-kernel irqchip, a 64-bit IDT with a ring-0 handler that increments a
 //! counter, writes the local APIC's EOI register and returns with `iretq`, a
 //! TSS whose RSP0 is the handler's stack, and a ring-3 loop with interrupts

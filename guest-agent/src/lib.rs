@@ -3,7 +3,7 @@
 //! The guest side of the stage channel of [`hypercall_abi::stage`]: it lays out
 //! and registers the shared area, reports stage switches into the calling
 //! vCPU's ring without a VM exit (`stage_enter` / `stage_exit`, the user-space
-//! API of the seeds, `../shared/seeds/000_*`), reads the host's stage map with
+//! API of the seeds, seed 000, `docs/design.md`), reads the host's stage map with
 //! acquire ordering, and decides which vCPU a thread should run a stage on
 //! ([`choose_from_map`], the least-loaded rule).
 //! It also publishes each vCPU's scheduling state ([`VcpuState`]): run-queue
@@ -274,9 +274,11 @@ impl<P: Platform> Agent<P> {
         fix_seq: bool,
     ) -> Report {
         let ring = self.ring(layout, vcpu);
-        // SAFETY (fields): `ring` points to this ring's header inside the area.
+        // SAFETY: `ring` points to this ring's header inside the area.
         let head_word = Self::word(unsafe { ptr::addr_of_mut!((*ring).head) });
+        // SAFETY: as above.
         let tail_word = Self::word(unsafe { ptr::addr_of_mut!((*ring).tail) });
+        // SAFETY: as above.
         let backoff_word = Self::word(unsafe { ptr::addr_of_mut!((*ring).full_backoffs) });
         let head = head_word.load(Ordering::Relaxed);
         let mut backoffs = 0u32;
@@ -328,6 +330,7 @@ impl<P: Platform> Agent<P> {
                 let ring = self.ring(&layout, vcpu);
                 // SAFETY: fields of this ring's header.
                 let head = Self::word(unsafe { ptr::addr_of_mut!((*ring).head) });
+                // SAFETY: as above.
                 let tail = Self::word(unsafe { ptr::addr_of_mut!((*ring).tail) });
                 head.load(Ordering::Relaxed) == tail.load(Ordering::Acquire)
             }

@@ -25,161 +25,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use crate::error::ConfigError;
+
 use crate::cpuset::CpuSet;
 use crate::policy::PolicyKind;
 use crate::topology::Topology;
-
-/// A configuration or scheduling error: one line naming the key and the
-/// value. The VMM wraps it with `#[source]`.
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum ConfigError {
-    /// The file cannot be read.
-    #[error("--stages {path}: {reason}")]
-    Read {
-        /// The `--stages` path.
-        path: String,
-        /// The I/O error.
-        reason: String,
-    },
-    /// The file is not valid TOML or has an unknown key or a wrong type.
-    #[error("{origin}: {message}")]
-    Toml {
-        /// Where the text came from (a path).
-        origin: String,
-        /// toml's message on one line, with the line and text of the error.
-        message: String,
-    },
-    /// A value is not a CPU list.
-    #[error("{key} = '{value}': not a CPU list (expected e.g. 0-3,6)")]
-    NotCpuList {
-        /// The key or option.
-        key: String,
-        /// Its value.
-        value: String,
-    },
-    /// A CPU list names no CPU.
-    #[error("{key} = '{value}': no CPU given")]
-    NoCpu {
-        /// The key or option.
-        key: String,
-        /// Its value.
-        value: String,
-    },
-    /// A CPU list names a CPU that is not online.
-    #[error("{key} = '{value}': CPU {cpu} is not online (online: {online})")]
-    CpuNotOnline {
-        /// The key or option.
-        key: String,
-        /// Its value.
-        value: String,
-        /// The first CPU that is not online.
-        cpu: usize,
-        /// The online CPUs (cpulist).
-        online: String,
-    },
-    /// A stage core is outside this process's affinity.
-    #[error("{key} = '{value}': CPU {cpu} is not allowed for this process (allowed: {allowed})")]
-    CpuNotAllowed {
-        /// The key or option.
-        key: String,
-        /// Its value.
-        value: String,
-        /// The first CPU that is not allowed.
-        cpu: usize,
-        /// The allowed CPUs (cpulist).
-        allowed: String,
-    },
-    /// Housekeeping cores overlap the stage cores.
-    #[error("{key} = '{value}': overlaps the stage cores {cores_key} = '{cores}' (CPU {overlap})")]
-    HousekeepingOverlap {
-        /// The housekeeping key or option.
-        key: String,
-        /// Its value.
-        value: String,
-        /// The stage-cores key or option.
-        cores_key: String,
-        /// The stage cores (cpulist).
-        cores: String,
-        /// The CPUs in both (cpulist).
-        overlap: String,
-    },
-    /// No such policy.
-    #[error("{key} = '{value}': unknown policy (off, pinned, static, proportional)")]
-    UnknownPolicy {
-        /// The key or option.
-        key: String,
-        /// Its value.
-        value: String,
-    },
-    /// A value outside its range.
-    #[error("{key} = {value}: must be {expected}")]
-    OutOfRange {
-        /// The key.
-        key: String,
-        /// Its value.
-        value: String,
-        /// The valid range, in words.
-        expected: &'static str,
-    },
-    /// A stage name that is empty, too long, or given twice.
-    #[error("stage[{index}].name = '{name}': {reason}")]
-    BadStageName {
-        /// Index of the `[[stage]]` entry.
-        index: usize,
-        /// The name.
-        name: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-    /// A stage's `min_cores` is above its `max_cores`.
-    #[error("stage '{name}': min_cores = {min} > max_cores = {max}")]
-    MinAboveMax {
-        /// Stage name.
-        name: String,
-        /// `min_cores`.
-        min: usize,
-        /// `max_cores`.
-        max: usize,
-    },
-    /// A stage's weight is negative, NaN or infinite.
-    #[error("stage '{name}': weight = {weight}: must be ≥ 0")]
-    BadWeight {
-        /// Stage name.
-        name: String,
-        /// The weight.
-        weight: f64,
-    },
-    /// The stages' `min_cores` need more cores than there are.
-    #[error("stage budgets cannot fit: min_cores sum to {sum} but {key} = '{cores}' has {n} core(s)")]
-    MinCoresTooMany {
-        /// Sum of `min_cores` (saturating).
-        sum: usize,
-        /// The stage-cores key or option.
-        key: String,
-        /// The stage cores (cpulist).
-        cores: String,
-        /// How many.
-        n: usize,
-    },
-    /// A configured stage the guest did not declare at REGISTER.
-    #[error("stage '{name}': unknown stage; the guest declared {}", declared.join(", "))]
-    UnknownStage {
-        /// The configured name.
-        name: String,
-        /// The names the guest declared.
-        declared: Vec<String>,
-    },
-    /// The stages' `max_cores` cannot use every stage core.
-    #[error("stage budgets cannot fit: max_cores sum to {sum} but there are {n} stage cores ('{cores}') to use")]
-    MaxCoresTooFew {
-        /// Sum of `max_cores` (saturating).
-        sum: usize,
-        /// Stage cores.
-        n: usize,
-        /// The stage cores (cpulist).
-        cores: String,
-    },
-}
 
 /// `[host]`.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -291,11 +141,10 @@ impl Config {
 
     /// Reads and parses a file.
     pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::Read {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })?;
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
         Self::from_toml(&text, &path.display().to_string())
     }
 }
@@ -395,6 +244,31 @@ pub fn resolve(
     overrides: &Overrides,
     topo: &Topology,
 ) -> Result<Resolved, ConfigError> {
+    let (cores_key, stage_cores) = resolve_stage_cores(config, overrides, topo)?;
+    let (housekeeping, helpers_share_stage_cores) =
+        resolve_housekeeping(config, overrides, topo, cores_key, &stage_cores)?;
+    let policy = resolve_policy(config, overrides)?;
+    let budgets = resolve_budgets(config, cores_key, &stage_cores)?;
+    let p = &config.policy;
+    Ok(Resolved {
+        stage_cores,
+        housekeeping,
+        helpers_share_stage_cores,
+        budgets,
+        policy,
+        period: Duration::from_millis(p.period_ms),
+        smoothing: p.smoothing,
+        hysteresis: p.hysteresis,
+    })
+}
+
+/// The stage cores: `--stage-cores`, else `host.cores`, else the isolated
+/// allowed CPUs, else every allowed CPU. Returns the key that chose them.
+fn resolve_stage_cores(
+    config: &Config,
+    overrides: &Overrides,
+    topo: &Topology,
+) -> Result<(&'static str, CpuSet), ConfigError> {
     let (cores_key, cores_text) = chosen(
         ("--stage-cores", overrides.cores.as_deref()),
         ("host.cores", config.host.cores.as_deref()),
@@ -427,6 +301,19 @@ pub fn resolve(
             }
         }
     };
+    Ok((cores_key, stage_cores))
+}
+
+/// The housekeeping cores: `--housekeeping`, else `host.housekeeping`, else
+/// the allowed CPUs that are not stage cores; the stage cores themselves
+/// when none is left (the flag says so).
+fn resolve_housekeeping(
+    config: &Config,
+    overrides: &Overrides,
+    topo: &Topology,
+    cores_key: &str,
+    stage_cores: &CpuSet,
+) -> Result<(CpuSet, bool), ConfigError> {
     let (hk_key, hk_text) = chosen(
         ("--housekeeping", overrides.housekeeping.as_deref()),
         ("host.housekeeping", config.host.housekeeping.as_deref()),
@@ -434,7 +321,7 @@ pub fn resolve(
     let housekeeping = match hk_text {
         Some(text) => {
             let set = online_cpulist(hk_key, text, topo)?;
-            let overlap = set.intersection(&stage_cores);
+            let overlap = set.intersection(stage_cores);
             if !overlap.is_empty() {
                 return Err(ConfigError::HousekeepingOverlap {
                     key: hk_key.into(),
@@ -446,7 +333,7 @@ pub fn resolve(
             }
             set
         }
-        None => topo.allowed.difference(&stage_cores),
+        None => topo.allowed.difference(stage_cores),
     };
     let helpers_share_stage_cores = housekeeping.is_empty();
     let housekeeping = if helpers_share_stage_cores {
@@ -454,7 +341,11 @@ pub fn resolve(
     } else {
         housekeeping
     };
+    Ok((housekeeping, helpers_share_stage_cores))
+}
 
+/// The policy (`--policy`, else `policy.name`) and checks of its parameters.
+fn resolve_policy(config: &Config, overrides: &Overrides) -> Result<PolicyKind, ConfigError> {
     let (policy_key, policy_text) = chosen(
         ("--policy", overrides.policy.as_deref()),
         ("policy.name", Some(config.policy.name.as_str())),
@@ -474,7 +365,16 @@ pub fn resolve(
     if !(p.hysteresis >= 0.0 && p.hysteresis.is_finite()) {
         return Err(range("policy.hysteresis", p.hysteresis, "≥ 0"));
     }
+    Ok(policy)
+}
 
+/// The `[[stage]]` budgets, checked one by one and together against the
+/// number of stage cores.
+fn resolve_budgets(
+    config: &Config,
+    cores_key: &str,
+    stage_cores: &CpuSet,
+) -> Result<Vec<Budget>, ConfigError> {
     let n = stage_cores.len();
     let mut budgets: Vec<Budget> = Vec::new();
     for (i, s) in config.stages.iter().enumerate() {
@@ -524,16 +424,7 @@ pub fn resolve(
             n,
         });
     }
-    Ok(Resolved {
-        stage_cores,
-        housekeeping,
-        helpers_share_stage_cores,
-        budgets,
-        policy,
-        period: Duration::from_millis(p.period_ms),
-        smoothing: p.smoothing,
-        hysteresis: p.hysteresis,
-    })
+    Ok(budgets)
 }
 
 impl Resolved {

@@ -4,6 +4,7 @@
 //! * [`cpuset`] — CPU sets in cpulist form,
 //! * [`topology`] — allowed/online/isolated CPUs, thread affinity,
 //! * [`config`] — the TOML configuration and its resolution,
+//! * [`error`] — [`error::ConfigError`], one variant per bad key or value,
 //! * [`policy`] — `off`, `pinned`, `static`, `proportional` as pure functions
 //!   behind the [`policy::Policy`] trait (seed 000 §4.5),
 //! * [`vm`] — the VM-level plan: stage cores for a VM's vCPU count and the
@@ -11,6 +12,7 @@
 
 pub mod config;
 pub mod cpuset;
+pub mod error;
 pub mod policy;
 pub mod topology;
 pub mod vm;

@@ -4,7 +4,7 @@
 //! (which reflects a cgroup cpuset), then `/sys/devices/system/cpu/isolated`
 //! (`isolcpus`); an explicit core set from the configuration or the command
 //! line overrides the isolated set (these machines cannot set `isolcpus`,
-//! `../shared/DESIGN.md`).
+//! `docs/design.md`).
 
 use std::io;
 

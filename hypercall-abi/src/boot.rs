@@ -1,8 +1,7 @@
 //! Direct ring-3 boot protocol.
 //!
 //! On the project's machines guest kernel-mode (CPL0) code is emulated and
-//! ~2000× slower than guest user-mode code (`../shared/DESIGN.md`, "Facts
-//! measured"). stagevm therefore does the whole of a kernel's early set-up
+//! ~2000× slower than guest user-mode code (`docs/design.md`, "Machine facts"). stagevm therefore does the whole of a kernel's early set-up
 //! itself and starts every vCPU directly in 64-bit ring 3; there is no
 //! firmware and no INIT/SIPI.
 //!

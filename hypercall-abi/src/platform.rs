@@ -3,7 +3,7 @@
 //! Guests start in ring 3 with IOPL 3 (see [`crate::boot`]), so they may use
 //! `in`/`out` on these ports directly. Every access is a VM exit: on the
 //! project's machines one port-I/O round trip from ring 3 costs ~82 µs
-//! (`../shared/DESIGN.md`, "Facts measured"), so these ports are for console
+//! (`docs/design.md`, "Machine facts"), so these ports are for console
 //! output and life-cycle events, never for a hot path.
 
 /// Base port of the 16550A UART (COM1). Registers are `SERIAL_PORT_BASE + 0..8`.

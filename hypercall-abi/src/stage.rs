@@ -4,7 +4,7 @@
 //! The design follows KVM's steal-time MSR (a guest-chosen, registered area
 //! updated under an odd/even version) with a port-I/O doorbell instead of an
 //! MSR or a custom `vmcall`, which never reaches user space on these hosts
-//! (`../shared/DESIGN.md`, "Facts measured" and "The stage protocol").
+//! (`docs/design.md`, "Machine facts" and "The stage protocol").
 //!
 //! ```text
 //! offset                         size                      writer
@@ -227,7 +227,7 @@ pub struct VcpuState {
     /// 1 while the vCPU idles (about to WAIT or waiting), else 0.
     pub parked: u32,
     /// Per stage, runnable threads (queued or running) on this vCPU: the
-    /// thesis' stage load (`../shared/seeds/000_*`, §4.5).
+    /// thesis' stage load (seed 000, `docs/design.md`, §4.5).
     pub runnable: [u16; MAX_STAGES],
     /// Threads that ran a stage on this vCPU although the map does not give
     /// it the stage, because no vCPU served it (counted fallbacks).

@@ -2,8 +2,8 @@
 //! `src/lib.rs` includes with `global_asm!`, so the test guest and the host
 //! reference assemble the very same instructions.
 //!
-//! Shape (after the seeds' Accesstest, `../shared/seeds/001_*`, and the
-//! project's probe `../shared/probes/code-footprint/gen_pipeline.py`):
+//! Shape (after the seeds' Accesstest, seed 001, `docs/design.md`, and the
+//! project's probe code-footprint probe, `docs/design.md`):
 //! [`STAGES`] stages of [`FUNCS`] functions each. Every function is
 //! [`OPS`] rounds of `x = (x * K) ^ (x >> r)` on `rdi`/`rax` with its own
 //! random constants, integer-only (no SSE state is needed in the guest),

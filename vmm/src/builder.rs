@@ -20,6 +20,7 @@ use crate::config::{BootMode, VmConfig};
 use crate::devices::virtio::{self, SharedBlock};
 use crate::devices::Bus;
 use crate::error::{kvm_err, VmmError};
+use crate::exit::ExitEvent;
 use crate::sched::StageSched;
 use crate::stage::StageDevice;
 use crate::vmm::Vmm;
@@ -228,7 +229,11 @@ fn check_memory(config: &VmConfig, image: &Image) -> Result<Option<(u64, u64)>, 
             needed_mib: needed.div_ceil(1 << 20),
         });
     }
-    Ok(image.initramfs.as_ref().zip(at).map(|(b, at)| (at, b.len() as u64)))
+    Ok(image
+        .initramfs
+        .as_ref()
+        .zip(at)
+        .map(|(b, at)| (at, b.len() as u64)))
 }
 
 /// Step 4: creates the KVM VM; a Linux guest also gets the in-kernel PIC,
@@ -258,7 +263,14 @@ fn load_kernel(
     memory: &GuestMemoryMmap,
     image: Image,
     initramfs_at: Option<(u64, u64)>,
-) -> Result<(u64, Option<LinuxEntry>, Option<linux_loader::bootparam::setup_header>), VmmError> {
+) -> Result<
+    (
+        u64,
+        Option<LinuxEntry>,
+        Option<linux_loader::bootparam::setup_header>,
+    ),
+    VmmError,
+> {
     let kernel_err = |source| VmmError::Kernel {
         path: config.kernel.display().to_string(),
         source,
@@ -493,14 +505,15 @@ pub fn build(config: &VmConfig) -> Result<Vmm, VmmError> {
             .map_err(kvm_err("KVM_IRQFD for the serial port"))?;
     }
     let sched = StageSched::new(vm_plan, num_vcpus, stage)?;
-    Ok(Vmm::new(
-        kvm,
-        vm_fd,
+    Ok(Vmm {
+        exit: Arc::new(ExitEvent::new(num_vcpus)?),
+        _kvm: kvm,
+        _vm_fd: vm_fd,
         memory,
         vcpus,
-        Arc::new(bus),
+        bus: Arc::new(bus),
         sched,
-        config.drain_period,
-        linux.is_some(),
-    )?)
+        drain_period: config.drain_period,
+        assist_emulation: linux.is_some(),
+    })
 }

@@ -18,12 +18,12 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use stagevm_report::{BlockReport, ChannelReport, Report, SchedReport};
 use vm_memory::GuestMemoryMmap;
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::signal::Killable;
 
 use crate::devices::Bus;
 use crate::error::VmmError;
 use crate::exit::{ExitEvent, VmExit};
+use crate::poll::Poller;
 use crate::sched::StageSched;
 use crate::vstate::vcpu::{self, Vcpu};
 
@@ -32,17 +32,20 @@ use crate::vstate::vcpu::{self, Vcpu};
 const STOP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A built VM, ready to run.
+/// (Built only by [`crate::builder::build`].)
 pub struct Vmm {
-    // Kept open for the lifetime of the VM.
-    _kvm: Kvm,
-    _vm_fd: VmFd,
-    memory: GuestMemoryMmap,
-    vcpus: Vec<VcpuFd>,
-    bus: Arc<Bus>,
-    sched: Arc<StageSched>,
-    drain_period: Duration,
-    assist_emulation: bool,
-    exit: Arc<ExitEvent>,
+    /// Kept open for the lifetime of the VM.
+    pub(crate) _kvm: Kvm,
+    /// Kept open for the lifetime of the VM.
+    pub(crate) _vm_fd: VmFd,
+    pub(crate) memory: GuestMemoryMmap,
+    pub(crate) vcpus: Vec<VcpuFd>,
+    pub(crate) bus: Arc<Bus>,
+    pub(crate) sched: Arc<StageSched>,
+    pub(crate) drain_period: Duration,
+    /// Complete the kernel-mode `int3`/`fwait` KVM cannot emulate (Linux).
+    pub(crate) assist_emulation: bool,
+    pub(crate) exit: Arc<ExitEvent>,
 }
 
 /// How a VM ended and what it counted.
@@ -80,34 +83,6 @@ struct Threads {
 }
 
 impl Vmm {
-    /// A VM from the builder's parts. `assist_emulation` completes the
-    /// kernel-mode `int3`/`fwait` KVM cannot emulate (Linux guests).
-    /// Errors: the exit `EventFd` cannot be created.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        kvm: Kvm,
-        vm_fd: VmFd,
-        memory: GuestMemoryMmap,
-        vcpus: Vec<VcpuFd>,
-        bus: Arc<Bus>,
-        sched: Arc<StageSched>,
-        drain_period: Duration,
-        assist_emulation: bool,
-    ) -> std::io::Result<Self> {
-        let exit = Arc::new(ExitEvent::new(vcpus.len() as u32)?);
-        Ok(Self {
-            _kvm: kvm,
-            _vm_fd: vm_fd,
-            memory,
-            vcpus,
-            bus,
-            sched,
-            drain_period,
-            assist_emulation,
-            exit,
-        })
-    }
-
     /// Runs the VM to its end (see the module docs) and returns how it ended
     /// with the reports. Errors: a thread, the signalfd or the epoll set
     /// could not be created.
@@ -160,12 +135,16 @@ impl Vmm {
                 self.exit.clone(),
             );
             let name = format!("io-{}", block.name);
-            io.push(std::thread::Builder::new().name(name.clone()).spawn(move || {
-                sched.pinner().start_helper_thread(&name);
-                if let Err(e) = block.serve(&mem, exit.fd()) {
-                    tracing::error!(device = %block.name, "I/O thread failed: {e}");
-                }
-            })?);
+            io.push(
+                std::thread::Builder::new()
+                    .name(name.clone())
+                    .spawn(move || {
+                        sched.pinner().start_helper_thread(&name);
+                        if let Err(e) = block.serve(&mem, exit.fd()) {
+                            tracing::error!(device = %block.name, "I/O thread failed: {e}");
+                        }
+                    })?,
+            );
         }
         // Threads the VMM did not start itself (KVM's workers) go to the
         // housekeeping cores too; stage-sched repeats this every period.
@@ -200,26 +179,13 @@ impl Vmm {
     fn wait_for_exit(&self, signals: &SignalFd) -> Result<(), VmmError> {
         const EXIT: u64 = 0;
         const SIGNAL: u64 = 1;
-        let epoll = Epoll::new()?;
-        epoll.ctl(
-            ControlOperation::Add,
-            self.exit.fd().as_raw_fd(),
-            EpollEvent::new(EventSet::IN, EXIT),
-        )?;
-        epoll.ctl(
-            ControlOperation::Add,
-            signals.as_raw_fd(),
-            EpollEvent::new(EventSet::IN, SIGNAL),
-        )?;
-        let mut events = [EpollEvent::default(); 2];
+        let mut poller = Poller::new(&[
+            (self.exit.fd().as_raw_fd(), EXIT),
+            (signals.as_raw_fd(), SIGNAL),
+        ])?;
         loop {
-            let n = match epoll.wait(-1, &mut events) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e.into()),
-            };
-            for ev in &events[..n] {
-                if ev.data() == EXIT {
+            for token in poller.wait()? {
+                if token == EXIT {
                     return Ok(());
                 }
                 if let Ok(Some(info)) = signals.read_signal() {
@@ -261,9 +227,10 @@ impl Vmm {
         let (channel, sched) = self.sched.finish();
         self.bus.flush();
         RunOutcome {
-            exit: self.exit.reason().unwrap_or_else(|| {
-                VmExit::GuestFailure("the VM ended without a reason".into())
-            }),
+            exit: self
+                .exit
+                .reason()
+                .unwrap_or_else(|| VmExit::GuestFailure("the VM ended without a reason".into())),
             channel,
             sched,
             disks: self.bus.block_reports(),

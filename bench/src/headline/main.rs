@@ -6,7 +6,7 @@
 //! `workload=footprint` on stagevm; beside each footprint it runs the same
 //! generated workload natively on two host cores, whole requests per core
 //! and one stage per core with a ring hand-off (the reference, as
-//! `../shared/probes/code-footprint/`). Every guest run's per-thread
+//! code-footprint probe (`docs/design.md`)). Every guest run's per-thread
 //! checksums are compared with the native runs'.
 //!
 //! Runs are interleaved round by round (all footprints × vCPU counts ×
@@ -226,6 +226,7 @@ fn own_cpu_s() -> f64 {
     for who in [libc::RUSAGE_SELF, libc::RUSAGE_CHILDREN] {
         // SAFETY: getrusage fills the struct we pass.
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `ru` is a valid, writable rusage.
         if unsafe { libc::getrusage(who, &mut ru) } == 0 {
             for tv in [ru.ru_utime, ru.ru_stime] {
                 total += tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;

@@ -1,5 +1,5 @@
 //! The host reference: the generated workload run natively on two host
-//! cores, both ways, as `../shared/probes/code-footprint/` does.
+//! cores, both ways, as code-footprint probe (`docs/design.md`) does.
 //!
 //! * **whole** — each core's thread runs whole requests of its connections
 //!   (connection `c` on core `c mod 2`), a request per connection in turn;
@@ -106,7 +106,8 @@ impl Conns {
     /// The caller owns connection `c` (see the type's comment).
     #[allow(clippy::mut_from_ref)]
     unsafe fn get(&self, c: usize) -> &mut Conn {
-        &mut *self.0[c].get()
+        // SAFETY: the caller owns connection `c`: no other reference to it exists.
+        unsafe { &mut *self.0[c].get() }
     }
 }
 

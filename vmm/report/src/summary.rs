@@ -6,19 +6,12 @@ use crate::{BlockReport, ChannelReport, SchedReport};
 
 /// A human summary: scheduling, per stage, per thread, per disk; one
 /// `stagevm:` line each, newline-terminated.
-pub fn summary(
-    c: Option<&ChannelReport>,
-    sc: &SchedReport,
-    disks: &[BlockReport],
-) -> String {
+pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport, disks: &[BlockReport]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
         "stagevm: policy {} (period {} ms), stage cores {}, housekeeping {}",
-        sc.policy,
-        sc.period_ms,
-        sc.stage_cores,
-        sc.housekeeping
+        sc.policy, sc.period_ms, sc.stage_cores, sc.housekeeping
     );
     for w in &sc.warnings {
         let _ = writeln!(s, "stagevm: warning: {w}");

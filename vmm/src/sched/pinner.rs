@@ -166,7 +166,10 @@ impl Pinner {
             if st.applied.get(v) == Some(cores) {
                 continue;
             }
-            let tid = self.vcpu_tids.get(v).map_or(0, |t| t.load(Ordering::Acquire));
+            let tid = self
+                .vcpu_tids
+                .get(v)
+                .map_or(0, |t| t.load(Ordering::Acquire));
             if tid != 0 {
                 let t0 = Instant::now();
                 if let Err(e) = set_thread_affinity(tid, cores) {

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use vm_memory::GuestMemoryBackend;
 
-use crate::sched::accounting::Accounting;
+use crate::sched::Accounting;
 
 const MEM: u64 = 4 << 20;
 const AREA: u64 = 1 << 20;
@@ -221,7 +221,7 @@ proptest! {
             prop_assert_eq!(v.events, 0);
         }
         // The host published its tail.
-        let tail: u64 = mem.read_obj(GuestAddress(AREA + layout.ring_offset(0) + drain::TAIL_OFFSET)).unwrap();
+        let tail: u64 = mem.read_obj(GuestAddress(AREA + layout.ring_offset(0) + TAIL_OFFSET)).unwrap();
         prop_assert_eq!(tail, head);
     }
 }

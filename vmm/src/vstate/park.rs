@@ -43,9 +43,8 @@ impl Parkers {
             return false;
         };
         let woken = p.woken.lock().unwrap_or_else(|e| e.into_inner());
-        let (mut woken, _) = p
-            .cv
-            .wait_timeout_while(woken, timeout, |w| {
+        let (mut woken, _) =
+            p.cv.wait_timeout_while(woken, timeout, |w| {
                 !*w && !self.stopping.load(Ordering::Acquire)
             })
             .unwrap_or_else(|e| e.into_inner());

@@ -3,7 +3,7 @@
 //! workload's stages), every stage switch reported through the guest
 //! agent's ring in ring 3, without a VM exit.
 //!
-//! Threads migrate between vCPUs as in the seeds (`../shared/seeds/000_*`,
+//! Threads migrate between vCPUs as in the seeds (seed 000, `docs/design.md`,
 //! §4.3/§4.5): a thread is only dispatched on vCPUs the host's stage map
 //! gives its current stage. At a stage switch the thread picks the
 //! least-loaded vCPU serving the stage (`guest_agent::choose_from_map`,

@@ -3,7 +3,7 @@
 //!
 //! Unlike stagevm's own ring-3 boot ([`hypercall_abi::boot`]), Linux starts in
 //! kernel mode, which on the project's machines is emulated and ~2000× slower
-//! (`../shared/DESIGN.md`). The VMM writes the boot structures below, starts
+//! (`docs/design.md`). The VMM writes the boot structures below, starts
 //! vCPU 0 at the kernel's entry and leaves the other vCPUs to the kernel, which
 //! wakes them with INIT/SIPI through the in-kernel local APICs.
 //!

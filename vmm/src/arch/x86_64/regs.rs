@@ -124,4 +124,3 @@ pub fn configure(
     };
     fd.set_regs(&regs)
 }
-

@@ -291,21 +291,14 @@ impl MmioBlock {
     /// epoll set cannot be created.
     pub fn serve(&self, mem: &GuestMemoryMmap, exit: &EventFd) -> std::io::Result<()> {
         use std::os::fd::AsRawFd;
-        use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
         const EXIT: u64 = 0;
         const NOTIFY: u64 = 1;
-        let epoll = Epoll::new()?;
-        for (fd, token) in [(exit.as_raw_fd(), EXIT), (self.notify.as_raw_fd(), NOTIFY)] {
-            epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, token))?;
-        }
-        let mut events = [EpollEvent::default(); 2];
+        let mut poller = crate::poll::Poller::new(&[
+            (exit.as_raw_fd(), EXIT),
+            (self.notify.as_raw_fd(), NOTIFY),
+        ])?;
         loop {
-            let n = match epoll.wait(-1, &mut events) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
-            if events[..n].iter().any(|e| e.data() == EXIT) {
+            if poller.wait()?.contains(&EXIT) {
                 return Ok(());
             }
             let _ = self.notify.read();
