@@ -387,7 +387,10 @@ fn skip(why: &str) {
     use std::io::Write as _;
     let name = std::thread::current().name().unwrap_or("?").to_string();
     let _ = writeln!(std::io::stderr(), "test {name}: skipped: {why}");
-    assert!(std::env::var_os("CI").is_none(), "{name} cannot run under CI: {why}");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{name} cannot run under CI: {why}"
+    );
 }
 
 /// The number n of CPUs this test uses as vCPUs 0..n: the allowed CPUs
@@ -487,7 +490,7 @@ fn libstage_threads_follow_the_map_and_counts_match() {
         })
         .collect();
     let plan_b = host.plan(&rev);
-    host.dev.publish(&plan_b.stage_vcpus);
+    host.dev.publish(&plan_b.stage_vcpus, plan_b.owned_vcpus());
     let (epoch_b, map_b) = host.map();
     assert_eq!(map_b, plan_b.stage_vcpus);
     assert_eq!(map_b, vec![map_a[1], map_a[0]]);
@@ -506,7 +509,7 @@ fn libstage_threads_follow_the_map_and_counts_match() {
             let mut n = 0u64;
             while flipping.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(3));
-                dev.publish(if n.is_multiple_of(2) { &a } else { &b });
+                dev.publish(if n.is_multiple_of(2) { &a } else { &b }, 0);
                 n += 1;
             }
             n
@@ -717,7 +720,7 @@ fn stage_enter_cost() {
         c.expect("migrate ready");
         // Stage 0 and stage 1 on different vCPUs: every enter migrates.
         let plan = host.plan(&(0..vcpus as usize).map(|k| k % 2).collect::<Vec<_>>());
-        host.dev.publish(&plan.stage_vcpus);
+        host.dev.publish(&plan.stage_vcpus, plan.owned_vcpus());
         c.send("go");
         let bench = c.expect("bench");
         c.expect("end");

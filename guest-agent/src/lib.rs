@@ -31,8 +31,8 @@ use core::ptr;
 use core::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use hypercall_abi::stage::{
-    validate_header, AreaHeader, Layout, RingHeader, StageDesc, StageEvent, Status, VcpuState,
-    DOORBELL_REGISTER, DOORBELL_UNREGISTER, DOORBELL_WAIT, DOORBELL_WAKE, MAX_STAGES,
+    validate_header, AreaHeader, Layout, RingHeader, StageDesc, StageEvent, StageMap, Status,
+    VcpuState, DOORBELL_REGISTER, DOORBELL_UNREGISTER, DOORBELL_WAIT, DOORBELL_WAKE, MAX_STAGES,
     STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, STAGE_NONE,
 };
 
@@ -65,6 +65,9 @@ pub struct MapSnapshot {
     pub epoch: u64,
     /// Per stage, the mask of vCPUs serving it.
     pub vcpus: [u64; MAX_STAGES],
+    /// The vCPUs alone on their host core (ABI minor 1); 0 from a host
+    /// that does not publish it (minor 0), so such a guest parks as in v1.0.
+    pub owned: u64,
 }
 
 impl MapSnapshot {
@@ -449,9 +452,23 @@ impl<P: Platform> Agent<P> {
                 // SAFETY: word i + 1 of the map.
                 *v = unsafe { ptr::read_volatile(map.add(1 + i)) };
             }
+            const OWNED: usize = core::mem::offset_of!(StageMap, owned) / 8;
+            const MINOR: usize = core::mem::offset_of!(StageMap, minor) / 8;
+            // SAFETY: words of the map (`StageMap` is 24 words).
+            let (owned, minor) = unsafe {
+                (
+                    ptr::read_volatile(map.add(OWNED)),
+                    ptr::read_volatile(map.add(MINOR)),
+                )
+            };
             fence(Ordering::Acquire);
             if epoch_word.load(Ordering::Relaxed) == epoch {
-                return Some(MapSnapshot { epoch, vcpus });
+                let owned = if minor >= 1 { owned } else { 0 };
+                return Some(MapSnapshot {
+                    epoch,
+                    vcpus,
+                    owned,
+                });
             }
         }
     }

@@ -27,7 +27,11 @@ struct Page([u8; 4096]);
 fn map(vcpus: [u64; 3]) -> MapSnapshot {
     let mut m = [0u64; MAX_STAGES];
     m[..3].copy_from_slice(&vcpus);
-    MapSnapshot { epoch: 2, vcpus: m }
+    MapSnapshot {
+        epoch: 2,
+        vcpus: m,
+        owned: 0,
+    }
 }
 
 /// A fresh, zeroed, page-aligned area for `layout`.

@@ -7,7 +7,7 @@
 //! housekeeping = ""      # helper threads; default: allowed minus stage cores
 //!
 //! [policy]
-//! name = "proportional"  # off | pinned | static | proportional
+//! name = "proportional"  # off | pinned | static | proportional | auto
 //! period_ms = 20         # policy period (seed 000 §4.5 "maximum assignment age")
 //! smoothing = 0.7        # EWMA weight of the newest load sample (proportional)
 //! hysteresis = 0.1       # cores a new allocation must gain (and hold for 2 periods)

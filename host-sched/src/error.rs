@@ -75,7 +75,7 @@ pub enum ConfigError {
         overlap: String,
     },
     /// No such policy.
-    #[error("{key} = '{value}': unknown policy (off, pinned, static, proportional)")]
+    #[error("{key} = '{value}': unknown policy (off, pinned, static, proportional, auto)")]
     UnknownPolicy {
         /// The key or option.
         key: String,

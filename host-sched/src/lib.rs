@@ -5,7 +5,7 @@
 //! * [`topology`] — allowed/online/isolated CPUs, thread affinity,
 //! * [`config`] — the TOML configuration and its resolution,
 //! * [`error`] — [`error::ConfigError`], one variant per bad key or value,
-//! * [`policy`] — `off`, `pinned`, `static`, `proportional` as pure functions
+//! * [`policy`] — `off`, `pinned`, `static`, `proportional`, `auto` as pure functions
 //!   behind the [`policy::Policy`] trait (seed 000 §4.5),
 //! * [`vm`] — the VM-level plan: stage cores for a VM's vCPU count and the
 //!   one constructor of a VM's policy.

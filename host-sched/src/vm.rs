@@ -18,7 +18,10 @@ pub struct VmPlan {
 /// Whether `kind` gives stages their own cores (every stage core then needs
 /// a vCPU of its own).
 pub fn is_staged(kind: PolicyKind) -> bool {
-    matches!(kind, PolicyKind::Static | PolicyKind::Proportional)
+    matches!(
+        kind,
+        PolicyKind::Static | PolicyKind::Proportional | PolicyKind::Auto
+    )
 }
 
 /// Fits `resolved` to a VM of `num_vcpus` vCPUs: a staged policy with more

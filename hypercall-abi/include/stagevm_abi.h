@@ -11,6 +11,7 @@
 
 #define STAGEVM_AREA_MAGIC 0x314e414843475453ULL /* "STGCHAN1" little endian */
 #define STAGEVM_ABI_VERSION 1u
+#define STAGEVM_ABI_MINOR 1ull /* stage map: owned, minor */
 #define STAGEVM_MAX_STAGES 16u
 #define STAGEVM_MAX_VCPUS 64u
 #define STAGEVM_MAX_RING_ENTRIES 65536u
@@ -58,7 +59,9 @@ struct stagevm_stage_desc {
 struct stagevm_stage_map {
 	uint64_t epoch;
 	uint64_t vcpus[STAGEVM_MAX_STAGES];
-	uint64_t reserved[7];
+	uint64_t owned; /* minor 1: vCPUs alone on their host core */
+	uint64_t minor; /* the host's STAGEVM_ABI_MINOR; 0 from a v1.0 host */
+	uint64_t reserved[5];
 };
 
 struct stagevm_vcpu_state {

@@ -39,6 +39,13 @@
 pub const AREA_MAGIC: u64 = u64::from_le_bytes(*b"STGCHAN1");
 /// ABI version described by this module.
 pub const ABI_VERSION: u32 = 1;
+/// Minor version of the host side of the ABI, written into every stage map
+/// ([`StageMap::minor`]). Minor versions only add host-written fields that
+/// a v1.0 host leaves 0, so a v1.0 guest keeps working on a newer host and a
+/// newer guest falls back on a v1.0 host (it reads `minor` = 0).
+///
+/// * 1 — [`StageMap::owned`]: the vCPUs that are alone on their core.
+pub const ABI_MINOR: u64 = 1;
 /// Largest number of stages (stage ids are `0..num_stages`).
 pub const MAX_STAGES: usize = 16;
 /// Largest number of vCPUs (the stage map holds one 64-bit vCPU mask per stage).
@@ -165,8 +172,14 @@ pub struct StageMap {
     pub epoch: u64,
     /// Per stage, a bit mask of the vCPUs that serve it (bit i = vCPU i).
     pub vcpus: [u64; MAX_STAGES],
+    /// Minor ABI 1: bit i set when vCPU i is the only vCPU pinned to its
+    /// host core, so it may idle by polling its run queue instead of parking
+    /// with WAIT (docs/stage-protocol.md, "Idle"). Valid when `minor` ≥ 1.
+    pub owned: u64,
+    /// The host's [`ABI_MINOR`] (0 from a v1.0 host, which never writes it).
+    pub minor: u64,
     /// Reserved, 0.
-    pub reserved: [u64; 7],
+    pub reserved: [u64; 5],
 }
 
 /// Per-ring control block (192 bytes, three 64-byte cache lines so guest and

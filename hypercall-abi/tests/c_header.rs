@@ -36,6 +36,9 @@ int main(void) {
     P("desc", sizeof(struct stagevm_stage_desc));
     P("map", sizeof(struct stagevm_stage_map));
     P("map.vcpus", offsetof(struct stagevm_stage_map, vcpus));
+    P("map.owned", offsetof(struct stagevm_stage_map, owned));
+    P("map.minor", offsetof(struct stagevm_stage_map, minor));
+    P("abi_minor", STAGEVM_ABI_MINOR);
     P("ring", sizeof(struct stagevm_ring_header));
     P("ring.tail", offsetof(struct stagevm_ring_header, tail));
     P("ring.full_backoffs", offsetof(struct stagevm_ring_header, full_backoffs));
@@ -107,6 +110,9 @@ int main(void) {
         ("desc", size_of::<StageDesc>() as u64),
         ("map", size_of::<StageMap>() as u64),
         ("map.vcpus", offset_of!(StageMap, vcpus) as u64),
+        ("map.owned", offset_of!(StageMap, owned) as u64),
+        ("map.minor", offset_of!(StageMap, minor) as u64),
+        ("abi_minor", ABI_MINOR),
         ("ring", size_of::<RingHeader>() as u64),
         ("ring.tail", offset_of!(RingHeader, tail) as u64),
         (

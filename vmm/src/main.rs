@@ -82,7 +82,7 @@ struct Cli {
     #[arg(long, value_name = "PATH")]
     stages: Option<PathBuf>,
 
-    /// Scheduling policy, overriding the configuration's: off, pinned, static, proportional.
+    /// Scheduling policy, overriding the configuration's: off, pinned, static, proportional, auto.
     #[arg(long, value_name = "NAME")]
     policy: Option<String>,
 

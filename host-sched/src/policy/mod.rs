@@ -8,6 +8,8 @@
 //! it too. vCPU `v` is pinned to stage core `v mod C` and serves the stages of
 //! that core, so each vCPU runs only on a core of the stages it serves.
 
+pub mod auto;
+
 use crate::config::Budget;
 use crate::cpuset::CpuSet;
 
@@ -26,16 +28,21 @@ pub enum PolicyKind {
     /// Cores re-allocated every policy period proportional to measured,
     /// smoothed stage load, within the budgets, with hysteresis.
     Proportional,
+    /// Trials of the `static` plan against the `pinned` plan, keeping the
+    /// one with the higher request rate ([`auto`]).
+    Auto,
 }
 
 impl PolicyKind {
-    /// Parses a policy name (`off`, `pinned`, `static`, `proportional`).
+    /// Parses a policy name (`off`, `pinned`, `static`, `proportional`,
+    /// `auto`).
     pub fn parse(name: &str) -> Option<Self> {
         Some(match name {
             "off" => Self::Off,
             "pinned" => Self::Pinned,
             "static" => Self::Static,
             "proportional" => Self::Proportional,
+            "auto" => Self::Auto,
             _ => return None,
         })
     }
@@ -47,6 +54,7 @@ impl PolicyKind {
             Self::Pinned => "pinned",
             Self::Static => "static",
             Self::Proportional => "proportional",
+            Self::Auto => "auto",
         }
     }
 }
@@ -63,6 +71,31 @@ pub struct Plan {
     /// Per stage, cores allocated to it (its entry of the requirement vector;
     /// 0 for a stage served by the victim core).
     pub requirement: Vec<usize>,
+}
+
+impl Plan {
+    /// The vCPUs that are alone on their host core: pinned to exactly one
+    /// core that no other vCPU of the plan may run on (bit v = vCPU v, the
+    /// first 64 vCPUs). Such a vCPU can idle by polling instead of parking
+    /// (ABI minor 1, `StageMap::owned`); helper threads on the same core are
+    /// not counted (they sleep in epoll).
+    pub fn owned_vcpus(&self) -> u64 {
+        let mut owned = 0u64;
+        for (v, cores) in self.vcpu_cores.iter().enumerate().take(64) {
+            let Some(core) = cores.iter().next().filter(|_| cores.len() == 1) else {
+                continue;
+            };
+            let shared = self
+                .vcpu_cores
+                .iter()
+                .enumerate()
+                .any(|(w, other)| w != v && other.contains(core));
+            if !shared {
+                owned |= 1 << v;
+            }
+        }
+        owned
+    }
 }
 
 /// Inputs every policy is built with.
@@ -93,11 +126,20 @@ pub trait Policy: Send {
     /// the VMM passes the vCPUs' worth of time each stage used in the
     /// period). Pure apart from the policy's own smoothing state.
     fn plan(&mut self, load: &[f64]) -> Plan;
+    /// The guest's completed requests per second over the period that just
+    /// ended, given before [`Policy::plan`] (only `auto` uses it).
+    fn observe_rate(&mut self, _requests_per_s: f64) {}
+    /// What the policy decided in its last `plan` call, for the timeline
+    /// (only `auto` decides anything beyond the plan).
+    fn decision(&self) -> Option<auto::AutoDecision> {
+        None
+    }
 }
 
 /// Builds a policy.
 pub fn build(kind: PolicyKind, ctx: Context) -> Box<dyn Policy> {
     match kind {
+        PolicyKind::Auto => Box::new(auto::Auto::new(ctx, auto::AutoParams::default())),
         PolicyKind::Off | PolicyKind::Pinned => Box::new(Unstaged { kind, ctx }),
         PolicyKind::Static => {
             let weights: Vec<f64> = ctx.budgets.iter().map(|b| b.weight).collect();

@@ -184,3 +184,94 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_vcpu_owns_its_core_only_when_alone_on_it() {
+    // 2 vCPUs on 2 cores: each alone on its core.
+    let plan = build(PolicyKind::Static, ctx(2, 2, 2)).plan(&[]);
+    assert_eq!(plan.owned_vcpus(), 0b11);
+    // 3 vCPUs on 2 cores: vCPUs 0 and 2 share core 0, vCPU 1 owns core 1.
+    let plan = build(PolicyKind::Pinned, ctx(2, 3, 2)).plan(&[]);
+    assert_eq!(plan.owned_vcpus(), 0b010);
+    // `off` floats every vCPU over every core: nobody owns one.
+    let plan = build(PolicyKind::Off, ctx(2, 2, 2)).plan(&[]);
+    assert_eq!(plan.owned_vcpus(), 0);
+}
+
+/// Drives `auto` for `periods` periods, reporting `rate(mode)` requests/s
+/// for the mode of each period; returns the modes it ran.
+fn drive_auto(p: &mut auto::Auto, periods: usize, rate: impl Fn(bool) -> f64) -> Vec<bool> {
+    let static_plan = build(PolicyKind::Static, ctx(2, 2, 2)).plan(&[]);
+    let mut modes = Vec::new();
+    let mut staged = false;
+    for _ in 0..periods {
+        p.observe_rate(rate(staged));
+        let plan = p.plan(&[0.5, 0.5]);
+        staged = plan.stage_vcpus == static_plan.stage_vcpus;
+        modes.push(staged);
+    }
+    modes
+}
+
+#[test]
+fn auto_keeps_staged_only_when_it_is_faster_by_the_margin() {
+    let params = auto::AutoParams::default();
+    // Staged 20 % faster: chosen after the first round (decisive), then held.
+    let mut p = auto::Auto::new(ctx(2, 2, 2), params);
+    let modes = drive_auto(&mut p, 60, |s| if s { 120.0 } else { 100.0 });
+    assert!(modes[20..].iter().all(|s| *s), "{modes:?}");
+    let d = p.decision();
+    assert!(d.is_none() || d.unwrap().mode == auto::Mode::Staged);
+    // Staged 20 % slower: back to unstaged for good.
+    let mut p = auto::Auto::new(ctx(2, 2, 2), params);
+    let modes = drive_auto(&mut p, 60, |s| if s { 80.0 } else { 100.0 });
+    assert!(modes[20..].iter().all(|s| !*s), "{modes:?}");
+    // Within the margin (staged 2 % faster): unstaged, after the full trial.
+    let mut p = auto::Auto::new(ctx(2, 2, 2), params);
+    let modes = drive_auto(&mut p, 60, |s| if s { 102.0 } else { 100.0 });
+    let trial = 2 * params.rounds as usize * params.epoch_periods as usize;
+    assert!(modes[trial + 1..].iter().all(|s| !*s), "{modes:?}");
+    assert!(modes[..trial].iter().any(|s| *s), "both modes were tried");
+}
+
+#[test]
+fn auto_trials_again_after_its_hold_and_records_why() {
+    let params = auto::AutoParams {
+        hold_periods: 10,
+        ..Default::default()
+    };
+    let mut p = auto::Auto::new(ctx(2, 2, 2), params);
+    let mut decisions = Vec::new();
+    let static_plan = build(PolicyKind::Static, ctx(2, 2, 2)).plan(&[]);
+    let mut staged = false;
+    for i in 0..80 {
+        // Staged wins at first, loses later.
+        let rate = match (staged, i < 30) {
+            (true, true) | (false, false) => 130.0,
+            _ => 100.0,
+        };
+        p.observe_rate(rate);
+        staged = p.plan(&[0.5, 0.5]).stage_vcpus == static_plan.stage_vcpus;
+        if let Some(d) = p.decision() {
+            decisions.push((i, d.mode, d.what));
+        }
+    }
+    let keeps: Vec<_> = decisions
+        .iter()
+        .filter(|(_, _, w)| w.starts_with("keep"))
+        .collect();
+    assert!(keeps.len() >= 2, "{decisions:?}");
+    assert_eq!(keeps[0].1, auto::Mode::Staged);
+    assert_eq!(keeps.last().unwrap().1, auto::Mode::Unstaged);
+    assert!(keeps[0].2.contains("requests/s"));
+    assert!(decisions.iter().any(|(_, _, w)| w.starts_with("hold over")));
+}
+
+#[test]
+fn auto_ignores_periods_without_requests() {
+    let mut p = auto::Auto::new(ctx(2, 2, 2), auto::AutoParams::default());
+    // No request ever completes: it never decides, it keeps trying.
+    let modes = drive_auto(&mut p, 40, |_| 0.0);
+    assert!(modes.iter().any(|s| *s) && modes.iter().any(|s| !*s));
+    assert!(p.decision().is_none_or(|d| d.what.starts_with("trial")));
+}

@@ -148,6 +148,16 @@ pub struct TimelineEntry {
     pub requirement: Vec<usize>,
     /// Whether the stage map changed this period.
     pub map_changed: bool,
+    /// Requests completed per second in the period (valid `stage_exit`
+    /// events / period length), the rate `auto` compares.
+    #[serde(default)]
+    pub requests_per_s: f64,
+    /// `auto` only: the mode it runs next (`staged` or `unstaged`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// `auto` only: a trial step, or a decision with the rates it compared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<String>,
 }
 
 /// Per stage, where it runs now.

@@ -92,7 +92,7 @@ impl StageSched {
         let mut c = self.controller();
         let plan = c.register(&registered.names)?;
         if let Some(device) = &self.device {
-            device.publish(&plan.stage_vcpus);
+            device.publish(&plan.stage_vcpus, plan.owned_vcpus());
         }
         self.pinner.apply(plan);
         drop(c);
@@ -118,7 +118,7 @@ impl StageSched {
         if let Some(Decision { plan, map_changed }) = c.period(Instant::now()) {
             if map_changed {
                 if let Some(device) = &self.device {
-                    device.publish(&plan.stage_vcpus);
+                    device.publish(&plan.stage_vcpus, plan.owned_vcpus());
                 }
             }
             self.pinner.apply(&plan);
@@ -272,14 +272,20 @@ impl Controller {
         let g = self.guest.as_mut()?;
         let period_ns = now.saturating_duration_since(self.period_start).as_nanos() as f64;
         self.period_start = now;
-        let load: Vec<f64> = g
-            .accounting
-            .take_window()
+        let (busy, requests) = g.accounting.take_window();
+        let load: Vec<f64> = busy
             .iter()
             .map(|ns| *ns as f64 / period_ns.max(1.0))
             .collect();
+        let requests_per_s = requests as f64 * 1e9 / period_ns.max(1.0);
+        g.policy.observe_rate(requests_per_s);
         let plan = g.policy.plan(&load);
-        let map_changed = plan.stage_vcpus != self.plan.stage_vcpus;
+        let decision = g.policy.decision();
+        if let Some(d) = &decision {
+            tracing::info!(mode = d.mode.name(), "auto: {}", d.what);
+        }
+        let map_changed = plan.stage_vcpus != self.plan.stage_vcpus
+            || plan.owned_vcpus() != self.plan.owned_vcpus();
         if map_changed {
             self.map_changes += 1;
         }
@@ -289,6 +295,9 @@ impl Controller {
                 load,
                 requirement: plan.requirement.clone(),
                 map_changed,
+                requests_per_s,
+                mode: decision.as_ref().map(|d| d.mode.name().to_string()),
+                decision: decision.map(|d| d.what),
             });
         }
         self.plan = plan.clone();
@@ -361,6 +370,8 @@ pub struct Accounting {
     last_tsc: u64,
     /// Per stage, vCPU time (ns) since the last [`Accounting::take_window`].
     window_ns: Vec<u64>,
+    /// Requests completed (valid `stage_exit` events) in the same window.
+    window_requests: u64,
 }
 
 impl Accounting {
@@ -420,6 +431,9 @@ impl Accounting {
             }
             if ev.stage == STAGE_NONE {
                 self.current[v] = None;
+                if ev.thread != IDLE_THREAD {
+                    self.window_requests += 1;
+                }
             } else if let Some(s) = self.stages.get_mut(ev.stage as usize) {
                 s.events += 1;
                 if previous.map(|(p, _)| p) != Some(ev.stage) {
@@ -453,11 +467,12 @@ impl Accounting {
         }
     }
 
-    /// vCPU time per stage (ns) since the previous call; starts a new window.
-    pub fn take_window(&mut self) -> Vec<u64> {
+    /// vCPU time per stage (ns) and requests completed since the previous
+    /// call; starts a new window.
+    pub fn take_window(&mut self) -> (Vec<u64>, u64) {
         let window = self.window_ns.clone();
         self.window_ns.iter_mut().for_each(|w| *w = 0);
-        window
+        (window, std::mem::take(&mut self.window_requests))
     }
 
     /// Writes the per-stage part of the channel report: `stages`, `busy_ns`

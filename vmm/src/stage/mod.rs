@@ -25,9 +25,9 @@ use std::time::Duration;
 
 use hypercall_abi::boot::KERNEL_MIN_GPA;
 use hypercall_abi::stage::{
-    validate_header, AreaHeader, Layout, RingHeader, StageDesc, StageEvent, Status, VcpuState,
-    DOORBELL_REGISTER, DOORBELL_STATUS, DOORBELL_UNREGISTER, DOORBELL_WAIT, DOORBELL_WAKE,
-    MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, STAGE_NONE, WAIT_MAX_US,
+    validate_header, AreaHeader, Layout, RingHeader, StageDesc, StageEvent, StageMap, Status,
+    VcpuState, ABI_MINOR, DOORBELL_REGISTER, DOORBELL_STATUS, DOORBELL_UNREGISTER, DOORBELL_WAIT,
+    DOORBELL_WAKE, MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, STAGE_NONE, WAIT_MAX_US,
 };
 use stagevm_report::{ChannelReport, VcpuRingStats};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -317,8 +317,9 @@ impl StageDevice {
         self.parkers.stop();
     }
 
-    /// Publishes `masks` (per stage, the vCPUs serving it) as a new map epoch.
-    fn publish_map(&self, area: &mut Area, masks: &[u64; MAX_STAGES]) {
+    /// Publishes `masks` (per stage, the vCPUs serving it) and `owned` (the
+    /// vCPUs alone on their core) as a new map epoch, with [`ABI_MINOR`].
+    fn publish_map(&self, area: &mut Area, masks: &[u64; MAX_STAGES], owned: u64) {
         let map = area.gpa + STAGE_MAP_OFFSET;
         let epoch = area.epoch;
         // Seqlock write: odd epoch, data, even epoch (release).
@@ -332,6 +333,14 @@ impl StageDevice {
                 GuestAddress(map + 8 + 8 * i as u64),
                 Ordering::Relaxed,
             );
+        }
+        for (offset, word) in [
+            (core::mem::offset_of!(StageMap, owned), owned),
+            (core::mem::offset_of!(StageMap, minor), ABI_MINOR),
+        ] {
+            let _ = self
+                .memory
+                .store(word, GuestAddress(map + offset as u64), Ordering::Relaxed);
         }
         let _ = self
             .memory
@@ -376,9 +385,10 @@ impl StageDevice {
         drained.events[first_new..].sort_by_key(|ev| ev.tsc);
     }
 
-    /// Publishes a new stage map (per stage, the vCPUs serving it); stages
-    /// past the registered count are ignored. No-op without an area.
-    pub fn publish(&self, stage_vcpus: &[u64]) {
+    /// Publishes a new stage map: per stage, the vCPUs serving it (stages
+    /// past the registered count are ignored), and `owned`, the vCPUs alone
+    /// on their host core (ABI minor 1). No-op without an area.
+    pub fn publish(&self, stage_vcpus: &[u64], owned: u64) {
         let mut inner = self.lock();
         let Some(mut area) = inner.area.take() else {
             return;
@@ -391,7 +401,7 @@ impl StageDevice {
         {
             *m = *v;
         }
-        self.publish_map(&mut area, &masks);
+        self.publish_map(&mut area, &masks, owned);
         inner.report.map_epoch = area.epoch;
         inner.report.maps_published += 1;
         inner.area = Some(area);

@@ -70,6 +70,7 @@ impl Plans {
         let map = MapSnapshot {
             epoch: 0,
             vcpus: Default::default(),
+            owned: 0,
         };
         anyhow::ensure!(
             stages <= map.vcpus.len(),
