@@ -30,7 +30,9 @@ use host_sched::config::{resolve, Config, Overrides, Resolved};
 use host_sched::cpuset::CpuSet;
 use host_sched::policy::{plan_from_assignment, Plan};
 use host_sched::topology::Topology;
-use hypercall_abi::stage::{Layout, Status, DOORBELL_REGISTER, DOORBELL_STATUS, STAGE_MAP_OFFSET};
+use hypercall_abi::stage::{
+    Layout, StageMap, Status, ABI_MINOR, DOORBELL_REGISTER, DOORBELL_STATUS, STAGE_MAP_OFFSET,
+};
 use stagevm::sched::StageSched;
 use stagevm::stage::StageDevice;
 use stagevm_report::ChannelReport;
@@ -195,6 +197,16 @@ impl Host {
             .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
             .collect();
         (words[0], words[1..].to_vec())
+    }
+
+    /// One 64-bit word of the stage map at byte `offset`.
+    fn map_word(&self, offset: usize) -> u64 {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 8];
+        self.memfd
+            .read_exact_at(&mut buf, STAGE_MAP_OFFSET + offset as u64)
+            .unwrap();
+        u64::from_le_bytes(buf)
     }
 
     /// A host-sched plan giving core/vCPU `k` to stage `assignment[k]`.
@@ -468,6 +480,12 @@ fn libstage_threads_follow_the_map_and_counts_match() {
     // The guest laid the area out; the doorbell registers it, and the real
     // scheduler's static policy supplies the first map.
     assert_eq!(host.register(), Status::Ok);
+    // libstage is a v1.0 guest: it never reads the minor-1 fields this host
+    // publishes (`owned`, `minor`), and everything below still holds.
+    assert_eq!(
+        host.map_word(std::mem::offset_of!(StageMap, minor)),
+        ABI_MINOR
+    );
     let (epoch_a, map_a) = host.map();
     assert_eq!(epoch_a, 2);
     assert_eq!(map_a.len(), 2);

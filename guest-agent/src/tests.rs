@@ -167,3 +167,33 @@ fn refused_registration_leaves_the_agent_inactive() {
     assert_eq!(a.status(), Status::BadRange);
     assert!(!a.is_active());
 }
+
+/// Writes a stage map as a host of ABI minor `minor` would: epoch 2, every
+/// stage on vCPU 0, and `owned` (a v1.0 host leaves owned and minor 0).
+fn publish(area: &mut [Page], owned: u64, minor: u64) {
+    let map = STAGE_MAP_OFFSET as usize;
+    let words: &mut [u8] = &mut area[0].0;
+    let mut put = |index: usize, value: u64| {
+        words[map + 8 * index..map + 8 * index + 8].copy_from_slice(&value.to_le_bytes());
+    };
+    put(0, 2);
+    for s in 0..MAX_STAGES {
+        put(1 + s, 1);
+    }
+    put(core::mem::offset_of!(StageMap, owned) / 8, owned);
+    put(core::mem::offset_of!(StageMap, minor) / 8, minor);
+}
+
+#[test]
+fn owned_vcpus_are_read_only_from_a_minor_1_host() {
+    let layout = Layout::new(2, 2, 8).unwrap();
+    let mut mem = area(&layout);
+    let agent = register(&mut mem, &layout, &["a", "b"], Status::Ok);
+    // A v1.0 host never writes `owned` or `minor`: a stale or forged owned
+    // word is ignored and the guest parks as in v1.0.
+    publish(&mut mem, 0b11, 0);
+    let m = agent.read_map().unwrap();
+    assert_eq!((m.epoch, m.vcpus[0], m.owned), (2, 1, 0));
+    publish(&mut mem, 0b10, hypercall_abi::stage::ABI_MINOR);
+    assert_eq!(agent.read_map().unwrap().owned, 0b10);
+}
