@@ -99,6 +99,10 @@ pub struct StageSection {
     pub weight: f64,
 }
 
+/// Largest stage weight: far above any useful ratio, and small enough that
+/// weight × load (vCPUs, ≤ 64) stays finite.
+pub const MAX_WEIGHT: f64 = 1e6;
+
 fn default_weight() -> f64 {
     1.0
 }
@@ -400,7 +404,7 @@ fn resolve_budgets(
                 max,
             });
         }
-        if !(s.weight >= 0.0 && s.weight.is_finite()) {
+        if !(0.0..=MAX_WEIGHT).contains(&s.weight) {
             return Err(ConfigError::BadWeight {
                 name: s.name.clone(),
                 weight: s.weight,
@@ -550,6 +554,14 @@ mod tests {
                 "'a': defined twice",
             ),
             ("[[stage]]\nname = \"a\"\nweight = -1.0", "weight = -1"),
+            (
+                "[[stage]]\nname = \"a\"\nweight = 2e296",
+                "weight = 2e296: must be in 0..=1000000",
+            ),
+            (
+                "[[stage]]\nname = \"a\"\nmin_cores = 9223372036854775807",
+                "min_cores",
+            ),
             ("[polcy]\nname = \"static\"", "unknown field `polcy`"),
         ];
         for (text, needle) in cases {

@@ -113,7 +113,7 @@ pub enum ConfigError {
         max: usize,
     },
     /// A stage's weight is negative, NaN or infinite.
-    #[error("stage '{name}': weight = {weight}: must be ≥ 0")]
+    #[error("stage '{name}': weight = {}: must be in 0..={}", short(*.weight), crate::config::MAX_WEIGHT)]
     BadWeight {
         /// Stage name.
         name: String,
@@ -152,4 +152,14 @@ pub enum ConfigError {
         /// The stage cores (cpulist).
         cores: String,
     },
+}
+
+/// A number as the operator wrote it when it is short, else in scientific
+/// notation (2e296 rather than 297 digits).
+fn short(x: f64) -> String {
+    if x.is_finite() && x.abs() < 1e15 {
+        x.to_string()
+    } else {
+        format!("{x:e}")
+    }
 }

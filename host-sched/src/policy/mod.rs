@@ -118,6 +118,10 @@ pub struct Context {
 /// thesis').
 pub const PERSISTENCE_PERIODS: u32 = 2;
 
+/// Largest load a policy takes from one stage (vCPUs' worth of time; an
+/// honest guest stays ≤ 64): larger values come from forged timestamps.
+pub const MAX_LOAD: f64 = 1e6;
+
 /// A policy: observed per-stage load in, plan out.
 pub trait Policy: Send {
     /// Which policy this is.
@@ -223,7 +227,9 @@ impl Policy for Proportional {
         // Seed 000 §4.5, Fig. 4.6 line 1: exponentially-decaying average.
         let a = ctx.smoothing;
         for (s, l) in self.smoothed.iter_mut().zip(load) {
-            let l = if l.is_finite() && *l > 0.0 { *l } else { 0.0 };
+            // Load is vCPUs' worth of time (≤ 64 when honest); a forged
+            // timestamp cannot make it, or weight × it, infinite.
+            let l = if l.is_finite() && *l > 0.0 { l.min(MAX_LOAD) } else { 0.0 };
             *s = if self.primed {
                 a * l + (1.0 - a) * *s
             } else {
@@ -321,22 +327,41 @@ fn counts(assignment: &[Option<usize>], stages: usize) -> Vec<usize> {
     r
 }
 
-/// Distributes `c` cores proportional to `p` (non-negative, not all zero):
-/// seed 000 Fig. 4.6 — integer parts first, then the remainders as the next
-/// priorities; when every share is below one core, the smallest priority is
-/// shifted to the largest ("priority shifting").
+/// Distributes `c` cores proportional to `p`: seed 000 Fig. 4.6 — integer
+/// parts first, then the remainders as the next priorities; when every share
+/// is below one core, the smallest priority is shifted to the largest
+/// ("priority shifting"). Total on any input: a negative, NaN or infinite
+/// priority counts as 0 (all zero: equal shares), huge ones are scaled
+/// first, and the loop is bounded; every core is always given out.
 pub fn distribute(p: &[f64], mut c: usize) -> Vec<usize> {
     let mut r = vec![0usize; p.len()];
-    let sum: f64 = p.iter().sum();
     if p.is_empty() || c == 0 {
         return r;
     }
+    let clean: Vec<f64> = p
+        .iter()
+        .map(|x| if x.is_finite() && *x > 0.0 { *x } else { 0.0 })
+        .collect();
+    // Scale by the largest so the sum cannot overflow to infinity.
+    let top = clean.iter().copied().fold(0.0, f64::max);
+    let p: Vec<f64> = clean.iter().map(|x| if top > 0.0 { x / top } else { 0.0 }).collect();
+    let sum: f64 = p.iter().sum();
     let mut p: Vec<f64> = if sum > 0.0 {
         p.iter().map(|x| x / sum).collect()
     } else {
         vec![1.0 / p.len() as f64; p.len()]
     };
+    // Each pass gives out at least one core or retires one priority.
+    let mut passes = c + 2 * p.len() + 2;
     while c > 0 {
+        passes -= 1;
+        if passes == 0 {
+            let imax = (0..p.len())
+                .reduce(|m, i| if p[i] > p[m] { i } else { m })
+                .unwrap_or(0);
+            r[imax] += c;
+            break;
+        }
         let f: Vec<f64> = p.iter().map(|x| x * c as f64).collect();
         if f.iter().all(|x| *x < 1.0) {
             let live: Vec<usize> = (0..p.len()).filter(|i| p[*i] > 0.0).collect();
@@ -369,7 +394,7 @@ pub fn distribute(p: &[f64], mut c: usize) -> Vec<usize> {
         c = c.saturating_sub(assigned);
         let frac: Vec<f64> = f.iter().map(|x| x - x.floor()).collect();
         let fsum: f64 = frac.iter().sum();
-        if c > 0 && fsum < 1e-9 {
+        if c > 0 && !(fsum >= 1e-9 && fsum.is_finite()) {
             let imax = (0..p.len())
                 .reduce(|m, i| if p[i] > p[m] { i } else { m })
                 .unwrap_or(0);

@@ -275,3 +275,33 @@ fn auto_ignores_periods_without_requests() {
     assert!(modes.iter().any(|s| *s) && modes.iter().any(|s| !*s));
     assert!(p.decision().is_none_or(|d| d.what.starts_with("trial")));
 }
+
+#[test]
+fn distribute_is_total_on_hostile_priorities() {
+    for p in [
+        vec![f64::NAN, 1.0],
+        vec![f64::INFINITY, f64::INFINITY],
+        vec![1e308, 1e308, 1e308],
+        vec![-1.0, f64::NEG_INFINITY],
+        vec![f64::NAN; 4],
+    ] {
+        let r = distribute(&p, 5);
+        assert_eq!(r.iter().sum::<usize>(), 5, "{p:?} -> {r:?}");
+    }
+}
+
+proptest! {
+    /// Any priorities, finite or not: every core is given out, at once.
+    #[test]
+    fn distribute_gives_out_every_core(p in proptest::collection::vec(any::<f64>(), 1..17), c in 0usize..65) {
+        prop_assert_eq!(distribute(&p, c).iter().sum::<usize>(), c);
+    }
+
+    /// Proportional stays within its budgets on any load, however forged.
+    #[test]
+    fn proportional_is_total_on_any_load(load in proptest::collection::vec(any::<f64>(), 3)) {
+        let mut p = build(PolicyKind::Proportional, ctx(2, 2, 3));
+        let plan = p.plan(&load);
+        prop_assert_eq!(plan.requirement.iter().sum::<usize>(), 2);
+    }
+}
