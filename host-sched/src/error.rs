@@ -135,7 +135,7 @@ pub enum ConfigError {
         n: usize,
     },
     /// A configured stage the guest did not declare at REGISTER.
-    #[error("stage '{name}': unknown stage; the guest declared {}", declared.join(", "))]
+    #[error("stage '{name}': unknown stage; the guest declared {}", declared.iter().map(|d| d.escape_debug().to_string()).collect::<Vec<_>>().join(", "))]
     UnknownStage {
         /// The configured name.
         name: String,

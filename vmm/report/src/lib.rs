@@ -16,6 +16,15 @@ use serde::{Deserialize, Serialize};
 
 mod summary;
 
+/// A string from the guest as it may be shown on an operator's terminal or
+/// in a log line: control characters, quotes and backslashes escaped
+/// (`str::escape_debug`), so a guest cannot send escape sequences or forge
+/// a `stagevm:` line. Stage names are the guest's: always print them
+/// through this.
+pub fn escape(guest: &str) -> String {
+    guest.escape_debug().to_string()
+}
+
 pub use summary::summary;
 
 /// Per-stage counters of the stage channel.
@@ -278,5 +287,44 @@ impl Report {
     pub fn read(path: &Path) -> Result<Self, ReportError> {
         let text = std::fs::read_to_string(path).map_err(ReportError::Io)?;
         serde_json::from_str(&text).map_err(ReportError::Json)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A guest stage name with an escape sequence and a forged line shows as
+    /// one inert line (issue 14 D7).
+    #[test]
+    fn guest_names_cannot_forge_terminal_output() {
+        let name = "x\u{1b}[2J\nstagevm: forged";
+        let channel = ChannelReport {
+            registrations: 1,
+            stages: vec![StageStats {
+                name: name.into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let sched = SchedReport {
+            policy: "static".into(),
+            period_ms: 20,
+            stage_cores: "0".into(),
+            housekeeping: "0".into(),
+            warnings: vec![],
+            stages: vec![],
+            vcpus: vec![],
+            helpers: vec![],
+            map_changes: 0,
+            repins: 0,
+            repin_mean_us: 0.0,
+            timeline: vec![],
+        };
+        let text = summary(Some(&channel), &sched, &[]);
+        assert!(!text.contains('\u{1b}'), "{text}");
+        assert!(text.lines().all(|l| l.starts_with("stagevm: ") || l.starts_with("stagevm:   ")));
+        assert!(!text.lines().any(|l| l == "stagevm: forged"));
+        assert!(text.contains(r"x\u{1b}[2J\nstagevm: forged"), "{text}");
     }
 }

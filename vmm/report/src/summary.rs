@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::{BlockReport, ChannelReport, SchedReport};
+use crate::{escape, BlockReport, ChannelReport, SchedReport};
 
 /// A human summary: scheduling, per stage, per thread, per disk; one
 /// `stagevm:` line each, newline-terminated.
@@ -29,7 +29,7 @@ pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport, disks: &[BlockReport
             let _ = writeln!(
                 s,
                 "stagevm:   stage {:<8} events {:>8}  migrations in {:>7} out {:>7}  occupancy {:>5.1} %  vCPUs {:<10} cores {}",
-                st.name,
+                escape(&st.name),
                 st.events,
                 st.migrations_in,
                 st.migrations_out,
