@@ -7,6 +7,7 @@
 //! * [`exit`] — how a VM ends and the exit `EventFd` every loop waits on,
 //! * [`error`] — the VMM's errors,
 //! * [`poll`] — the epoll helper of the event loops,
+//! * [`ratelimit`] — rate-limited logging of what a guest can trigger,
 //! * [`config`] — parsed command-line values,
 //! * [`arch`] — x86-64 registers, layout, Linux boot, ACPI, page walks,
 //! * [`vstate`] — the vCPU run loop, WAIT/WAKE parking, guest memory,
@@ -28,6 +29,7 @@ pub mod devices;
 pub mod error;
 pub mod exit;
 pub mod poll;
+pub mod ratelimit;
 pub mod sched;
 pub mod stage;
 pub mod vmm;

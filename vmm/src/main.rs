@@ -139,6 +139,12 @@ fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log_level));
     let filter = match filter {
+        // virtio-queue logs every bad queue set-up a guest makes, without a
+        // limit; the transport logs the same rate-limited (ratelimit.rs).
+        // An explicit virtio_queue directive still wins.
+        Ok(f) if !f.to_string().contains("virtio_queue") => {
+            f.add_directive("virtio_queue=off".parse().expect("a valid directive"))
+        }
         Ok(f) => f,
         Err(e) => {
             eprintln!("stagevm: invalid --log-level '{}': {e}", cli.log_level);
@@ -184,6 +190,10 @@ fn main() -> ExitCode {
                 "{}",
                 stagevm_report::summary(outcome.channel.as_ref(), &outcome.sched, &outcome.disks)
             );
+            let suppressed = stagevm::ratelimit::suppressed();
+            if suppressed > 0 {
+                eprintln!("stagevm: {suppressed} guest-triggered log lines suppressed (at most {} per {} s per message)", stagevm::ratelimit::BURST, stagevm::ratelimit::WINDOW_NS / 1_000_000_000);
+            }
             if let Some(path) = &cli.report {
                 if let Err(e) = outcome.report().write(path) {
                     eprintln!("stagevm: error: --report {}: {e}", path.display());

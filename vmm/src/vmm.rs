@@ -71,6 +71,7 @@ impl RunOutcome {
             stage_channel: self.channel.clone(),
             sched: self.sched.clone(),
             disks: self.disks.clone(),
+            log_lines_suppressed: crate::ratelimit::suppressed(),
         }
     }
 }

@@ -252,6 +252,10 @@ pub struct Report {
     pub sched: SchedReport,
     /// virtio-blk disks.
     pub disks: Vec<BlockReport>,
+    /// Log lines a guest triggered beyond the rate limit (10 lines per 5 s
+    /// per call site), counted instead of printed.
+    #[serde(default)]
+    pub log_lines_suppressed: u64,
 }
 
 /// Why a report file could not be read or written.
@@ -323,7 +327,9 @@ mod tests {
         };
         let text = summary(Some(&channel), &sched, &[]);
         assert!(!text.contains('\u{1b}'), "{text}");
-        assert!(text.lines().all(|l| l.starts_with("stagevm: ") || l.starts_with("stagevm:   ")));
+        assert!(text
+            .lines()
+            .all(|l| l.starts_with("stagevm: ") || l.starts_with("stagevm:   ")));
         assert!(!text.lines().any(|l| l == "stagevm: forged"));
         assert!(text.contains(r"x\u{1b}[2J\nstagevm: forged"), "{text}");
     }

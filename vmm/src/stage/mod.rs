@@ -215,7 +215,7 @@ impl StageDevice {
                     .registrations_rejected
                     .entry(status_name(s))
                     .or_default() += 1;
-                tracing::warn!(
+                crate::guest_warn!(
                     gpa = format_args!("{gpa:#x}"),
                     status = ?s,
                     "stage channel REGISTER refused"
@@ -459,8 +459,6 @@ impl StageDevice {
 
 /// Offset of `tail` in a [`RingHeader`].
 const TAIL_OFFSET: u64 = core::mem::offset_of!(RingHeader, tail) as u64;
-/// How many drops of each kind are logged before logging only every 1000th.
-const LOG_FIRST_DROPS: u64 = 10;
 
 /// A validated stage event, as the controller sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -478,9 +476,7 @@ pub struct Event {
 }
 
 fn log_drop(count: u64, vcpu: u32, what: &str, detail: std::fmt::Arguments) {
-    if count <= LOG_FIRST_DROPS || count.is_multiple_of(1000) {
-        tracing::warn!(vcpu, count, "stage ring: dropped {what}: {detail}");
-    }
+    crate::guest_warn!(vcpu, count, "stage ring: dropped {what}: {detail}");
 }
 
 /// Where one ring lives and where the host stopped reading it.

@@ -250,3 +250,20 @@ fn head_near_the_end_of_the_index_space_is_counted_not_overflowed() {
     assert_eq!(r.vcpus[0].bad_index, 2);
     assert_eq!(r.vcpus[0].events, 0);
 }
+
+/// 100,000 refused REGISTERs log at most one burst of lines; the rest are
+/// counted (issue 14 D1: every refusal used to log a line).
+#[test]
+fn refused_registers_are_logged_rate_limited() {
+    let dev = StageDevice::new(memory(), MEM, 1, 0, 0);
+    let before = crate::ratelimit::suppressed();
+    for _ in 0..100_000 {
+        dev.doorbell(0, DOORBELL_REGISTER, &1u32.to_le_bytes());
+    }
+    assert_eq!(dev.report().registrations_rejected["BadRange"], 100_000);
+    let suppressed = crate::ratelimit::suppressed() - before;
+    assert!(
+        suppressed >= 100_000 - u64::from(crate::ratelimit::BURST),
+        "{suppressed}"
+    );
+}

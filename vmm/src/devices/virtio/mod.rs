@@ -234,25 +234,47 @@ impl MmioBlock {
                     && regs.driver_features & !self.device_features() != 0
                 {
                     // Features we never offered: refuse the device.
-                    tracing::warn!(device = %self.name, "driver accepted unoffered features");
+                    crate::guest_warn!(device = %self.name, "driver accepted unoffered features");
                     regs.status = v | STATUS_FAILED;
                     return false;
                 }
                 regs.status = v;
             }
             _ if regs.queue_sel != 0 => {}
-            // Drivers write 0 when they tear a queue down; keep the size.
-            reg::QUEUE_NUM if v != 0 => self.lock_queue().set_size(v as u16),
-            reg::QUEUE_READY => self.lock_queue().set_ready(v == 1),
-            reg::QUEUE_DESC_LOW => self.lock_queue().set_desc_table_address(Some(v), None),
-            reg::QUEUE_DESC_HIGH => self.lock_queue().set_desc_table_address(None, Some(v)),
-            reg::QUEUE_DRIVER_LOW => self.lock_queue().set_avail_ring_address(Some(v), None),
-            reg::QUEUE_DRIVER_HIGH => self.lock_queue().set_avail_ring_address(None, Some(v)),
-            reg::QUEUE_DEVICE_LOW => self.lock_queue().set_used_ring_address(Some(v), None),
-            reg::QUEUE_DEVICE_HIGH => self.lock_queue().set_used_ring_address(None, Some(v)),
-            _ => {}
+            _ => self.write_queue(offset, v),
         }
         false
+    }
+
+    /// A write to the selected queue's registers. Values virtio-queue would
+    /// refuse (and log without a limit) are refused here first, with one
+    /// rate-limited line (VIRTIO 1.2 §2.7: size a power of two ≤
+    /// `QueueNumMax`; descriptor table 16-, driver area 2-, device area
+    /// 4-byte aligned).
+    fn write_queue(&self, offset: u64, v: u32) {
+        let bad = |what: &str| {
+            crate::guest_warn!(device = %self.name, value = v, "queue register write refused: {what}");
+        };
+        let mut q = self.lock_queue();
+        match offset {
+            // Drivers write 0 when they tear a queue down; keep the size.
+            reg::QUEUE_NUM if v == 0 => {}
+            reg::QUEUE_NUM if v > u32::from(QUEUE_MAX) || !v.is_power_of_two() => {
+                bad("size not a power of two up to 256")
+            }
+            reg::QUEUE_NUM => q.set_size(v as u16),
+            reg::QUEUE_READY => q.set_ready(v == 1),
+            reg::QUEUE_DESC_LOW if v % 16 != 0 => bad("descriptor table not 16-byte aligned"),
+            reg::QUEUE_DESC_LOW => q.set_desc_table_address(Some(v), None),
+            reg::QUEUE_DESC_HIGH => q.set_desc_table_address(None, Some(v)),
+            reg::QUEUE_DRIVER_LOW if v % 2 != 0 => bad("driver area not 2-byte aligned"),
+            reg::QUEUE_DRIVER_LOW => q.set_avail_ring_address(Some(v), None),
+            reg::QUEUE_DRIVER_HIGH => q.set_avail_ring_address(None, Some(v)),
+            reg::QUEUE_DEVICE_LOW if v % 4 != 0 => bad("device area not 4-byte aligned"),
+            reg::QUEUE_DEVICE_LOW => q.set_used_ring_address(Some(v), None),
+            reg::QUEUE_DEVICE_HIGH => q.set_used_ring_address(None, Some(v)),
+            _ => {}
+        }
     }
 
     /// Serves every available request of the queue; returns how many. A
@@ -260,7 +282,10 @@ impl MmioBlock {
     /// nothing.
     pub fn process(&self, mem: &GuestMemoryMmap) -> usize {
         let mut queue = self.lock_queue();
+        // `is_valid` logs (unlimited, through `log`) why a queue is unusable;
+        // main.rs silences virtio_queue's own lines and this one is limited.
         if !queue.ready() || !queue.is_valid(mem) {
+            crate::guest_warn!(device = %self.name, "notified queue is not ready or lies outside guest memory");
             return 0;
         }
         let mut served = 0;
@@ -274,7 +299,7 @@ impl MmioBlock {
             }
             let len = self.block.handle(mem, chain);
             if queue.add_used(mem, head, len).is_err() {
-                tracing::warn!(device = %self.name, "cannot complete request {head}");
+                crate::guest_warn!(device = %self.name, "cannot complete request {head}");
                 break;
             }
             served += 1;
@@ -430,6 +455,26 @@ mod tests {
         let mut cap = [0u8; 8];
         dev.read(reg::CONFIG, &mut cap);
         assert_eq!(u64::from_le_bytes(cap), 128);
+    }
+
+    /// Bad queue register writes are refused before virtio-queue sees them
+    /// (it logs each without a limit) and logged rate-limited (issue 14 D2).
+    #[test]
+    fn bad_queue_writes_are_refused_and_logged_rate_limited() {
+        let (mem, dev) = device(true);
+        let before = crate::ratelimit::suppressed();
+        for _ in 0..10_000 {
+            dev.write(reg::QUEUE_NUM, &3u32.to_le_bytes());
+            dev.write(reg::QUEUE_NUM, &512u32.to_le_bytes());
+            dev.write(reg::QUEUE_DESC_LOW, &0x1001u32.to_le_bytes());
+            dev.write(reg::QUEUE_DRIVER_LOW, &0x1001u32.to_le_bytes());
+            dev.write(reg::QUEUE_DEVICE_LOW, &0x1002u32.to_le_bytes());
+        }
+        let suppressed = crate::ratelimit::suppressed() - before;
+        assert!(suppressed >= 50_000 - 10, "{suppressed}");
+        // The queue set up by `device` still works.
+        request(&mem, 0, 2, 1024, true);
+        assert_eq!(dev.process(&mem), 1);
     }
 
     #[test]
