@@ -229,7 +229,11 @@ impl Policy for Proportional {
         for (s, l) in self.smoothed.iter_mut().zip(load) {
             // Load is vCPUs' worth of time (≤ 64 when honest); a forged
             // timestamp cannot make it, or weight × it, infinite.
-            let l = if l.is_finite() && *l > 0.0 { l.min(MAX_LOAD) } else { 0.0 };
+            let l = if l.is_finite() && *l > 0.0 {
+                l.min(MAX_LOAD)
+            } else {
+                0.0
+            };
             *s = if self.primed {
                 a * l + (1.0 - a) * *s
             } else {
@@ -344,7 +348,10 @@ pub fn distribute(p: &[f64], mut c: usize) -> Vec<usize> {
         .collect();
     // Scale by the largest so the sum cannot overflow to infinity.
     let top = clean.iter().copied().fold(0.0, f64::max);
-    let p: Vec<f64> = clean.iter().map(|x| if top > 0.0 { x / top } else { 0.0 }).collect();
+    let p: Vec<f64> = clean
+        .iter()
+        .map(|x| if top > 0.0 { x / top } else { 0.0 })
+        .collect();
     let sum: f64 = p.iter().sum();
     let mut p: Vec<f64> = if sum > 0.0 {
         p.iter().map(|x| x / sum).collect()

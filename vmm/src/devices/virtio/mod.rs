@@ -264,13 +264,15 @@ impl MmioBlock {
             }
             reg::QUEUE_NUM => q.set_size(v as u16),
             reg::QUEUE_READY => q.set_ready(v == 1),
-            reg::QUEUE_DESC_LOW if v % 16 != 0 => bad("descriptor table not 16-byte aligned"),
+            reg::QUEUE_DESC_LOW if !v.is_multiple_of(16) => {
+                bad("descriptor table not 16-byte aligned")
+            }
             reg::QUEUE_DESC_LOW => q.set_desc_table_address(Some(v), None),
             reg::QUEUE_DESC_HIGH => q.set_desc_table_address(None, Some(v)),
-            reg::QUEUE_DRIVER_LOW if v % 2 != 0 => bad("driver area not 2-byte aligned"),
+            reg::QUEUE_DRIVER_LOW if !v.is_multiple_of(2) => bad("driver area not 2-byte aligned"),
             reg::QUEUE_DRIVER_LOW => q.set_avail_ring_address(Some(v), None),
             reg::QUEUE_DRIVER_HIGH => q.set_avail_ring_address(None, Some(v)),
-            reg::QUEUE_DEVICE_LOW if v % 4 != 0 => bad("device area not 4-byte aligned"),
+            reg::QUEUE_DEVICE_LOW if !v.is_multiple_of(4) => bad("device area not 4-byte aligned"),
             reg::QUEUE_DEVICE_LOW => q.set_used_ring_address(Some(v), None),
             reg::QUEUE_DEVICE_HIGH => q.set_used_ring_address(None, Some(v)),
             _ => {}
