@@ -103,3 +103,12 @@ impl ExitEvent {
             .clone()
     }
 }
+
+/// Debug builds only: panics the calling thread of kind `kind` when
+/// `STAGEVM_TEST_PANIC` names it, so tests can check the fail-stop (a
+/// release build has no such hook).
+pub fn test_panic_hook(kind: &str) {
+    if cfg!(debug_assertions) && std::env::var("STAGEVM_TEST_PANIC").is_ok_and(|v| v == kind) {
+        panic!("STAGEVM_TEST_PANIC={kind}");
+    }
+}

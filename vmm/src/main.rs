@@ -126,7 +126,20 @@ fn resolve_sched(cli: &Cli) -> Result<host_sched::config::Resolved, String> {
     resolve(&config, &overrides, &topo).map_err(|e| e.to_string())
 }
 
+/// Fail-stop: a panic on any thread (a vCPU, `stage-sched`, an I/O thread)
+/// ends the VMM at once with exit status 2 and the panic message, instead
+/// of leaving a VM whose other threads wait for it forever.
+fn install_fail_stop() {
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("unnamed");
+        eprintln!("stagevm: error: thread '{name}' {info}; ending the VM");
+        std::process::exit(i32::from(hypercall_abi::platform::EXIT_GUEST_FAILURE));
+    }));
+}
+
 fn main() -> ExitCode {
+    install_fail_stop();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

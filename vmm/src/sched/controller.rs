@@ -132,6 +132,7 @@ impl StageSched {
     /// Errors: the epoll or timer descriptors cannot be set up.
     pub fn run(&self, drain_period: Duration, exit: &EventFd) -> std::io::Result<()> {
         self.pinner.start_helper_thread("stage-sched");
+        crate::exit::test_panic_hook("stage-sched");
         let mut timer = TimerFd::new()?;
         timer.reset(drain_period, Some(drain_period))?;
         let mut poller = Poller::new(&[

@@ -114,6 +114,7 @@ impl Vcpu {
     /// [`ExitEvent`] request.
     pub fn run(mut self) {
         self.sched.pinner().start_vcpu_thread(self.index);
+        crate::exit::test_panic_hook("vcpu");
         let kvm_run: *mut u8 = &mut self.fd.get_kvm_run().immediate_exit;
         IMMEDIATE_EXIT.with(|p| p.set(kvm_run));
         let event = self.run_loop();
