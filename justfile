@@ -72,6 +72,10 @@ bench-boot: build
 bench-channel: build
     cargo run --release -q -p stagevm-bench --bin channel-bench -- --stagevm {{stagevm}} --kernel {{guest}}
 
+# Guest thread migration latency between vCPUs (hopper, seed 000): owned/shared cores × spinning/parked targets.
+bench-migration *ARGS: build
+    cargo run --release -q -p stagevm-bench --bin migration-bench -- --stagevm {{stagevm}} --kernel {{guest}} {{ARGS}}
+
 # The staged guest under each --policy side by side, plus re-pin latency.
 bench-policies: build
     cargo run --release -q -p stagevm-bench --bin policy-bench -- --stagevm {{stagevm}} --kernel {{guest}}

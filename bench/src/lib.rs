@@ -1,7 +1,81 @@
-//! Shared pieces of the stagevm benchmarks: what to run ([`target`]) and
-//! small statistics ([`stats`]).
+//! Shared pieces of the stagevm benchmarks: what to run ([`target`]),
+//! small statistics ([`stats`]) and the machine's background load during a
+//! run ([`load`]).
 
 pub mod target;
+
+/// How busy the rest of the machine was while a benchmark ran: busy CPU
+/// time of the whole machine (`/proc/stat`) minus this process's and its
+/// waited-for children's (`getrusage`), over the wall-clock time.
+pub mod load {
+    use std::time::Instant;
+
+    /// Background load (cores) above which a machine counts as busy: a
+    /// target must not be called met on it.
+    pub const BUSY_CORES: f64 = 0.2;
+
+    /// Busy CPU time of the whole machine so far (s), from `/proc/stat`
+    /// (user + nice + system + irq + softirq + steal, USER_HZ = 100 ticks/s).
+    pub fn machine_busy_s() -> f64 {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let ticks: u64 = stat
+            .lines()
+            .next()
+            .map(|l| {
+                l.split_whitespace()
+                    .skip(1)
+                    .enumerate()
+                    .filter(|(k, _)| matches!(k, 0 | 1 | 2 | 5 | 6 | 7))
+                    .filter_map(|(_, v)| v.parse::<u64>().ok())
+                    .sum()
+            })
+            .unwrap_or(0);
+        ticks as f64 / 100.0
+    }
+
+    /// CPU time (s) this process and its waited-for children used.
+    pub fn own_cpu_s() -> f64 {
+        let mut total = 0.0;
+        for who in [libc::RUSAGE_SELF, libc::RUSAGE_CHILDREN] {
+            // SAFETY: getrusage fills the struct we pass.
+            let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: `ru` is a valid, writable rusage.
+            if unsafe { libc::getrusage(who, &mut ru) } == 0 {
+                for tv in [ru.ru_utime, ru.ru_stime] {
+                    total += tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;
+                }
+            }
+        }
+        total
+    }
+
+    /// Measures the background load from its creation on.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Meter {
+        started: Instant,
+        busy0: f64,
+        own0: f64,
+    }
+
+    impl Meter {
+        /// Starts measuring now.
+        pub fn start() -> Self {
+            Self {
+                started: Instant::now(),
+                busy0: machine_busy_s(),
+                own0: own_cpu_s(),
+            }
+        }
+
+        /// Cores other processes used on average since [`Meter::start`]
+        /// (≥ 0; the run's own children count only once waited for).
+        pub fn others_cores(&self) -> f64 {
+            let elapsed = self.started.elapsed().as_secs_f64().max(1e-3);
+            let others = (machine_busy_s() - self.busy0) - (own_cpu_s() - self.own0);
+            others.max(0.0) / elapsed
+        }
+    }
+}
 
 /// Statistics over repeated runs.
 pub mod stats {

@@ -31,6 +31,10 @@
 //!   of data working set per thread (default 0); the thread checksums are
 //!   `stage_workload::thread_checksum`'s,
 //! * `ring=N` — stage ring entries per vCPU (power of two, default 256),
+//! * `idle_spin_us=N` — an idle vCPU that shares its host core polls its run
+//!   queue this long before it parks with WAIT (default 50),
+//! * `owned_idle_us=N` — the same for a vCPU the host says is alone on its
+//!   core (ABI minor 1; default 10000; 0 parks at once),
 //! * `abuse=1` — send bad REGISTERs and corrupt ring entries first (tests the
 //!   VMM's validation),
 //! * `virtio_mmio.device=4K@ADDR:IRQ` — added by the VMM for each `--disk`:
@@ -42,6 +46,15 @@
 //!   refuses),
 //! * `bench=1` — vCPU 0 measures `stage_enter`, a plain loop and a doorbell
 //!   exit (see `staged::bench`),
+//! * `hopper=N` — the staged phase becomes the thread-migration
+//!   micro-benchmark (seed 000's `hopper`, `staged::hopper`; `N` = 2 or 3
+//!   stages `hop0`…, 0 = off, not with `workload=footprint`): the threads
+//!   switch stage round-robin with no work, `hops=N` switches in all
+//!   (default 100000, the first 1000 dropped), each a migration to the vCPU
+//!   serving the next stage, then as many local yields; prints
+//!   `testguest: hopper …` lines (count, mean, p50, p99, max in ns and a
+//!   200 ns histogram per pass). `requests=` is ignored, and `threads=`
+//!   defaults to one thread in the whole guest (given, it is per vCPU),
 //! * `exit=N` — exit code to shut down with after the work (default 0),
 //! * `fault=1` — execute `hlt` in ring 3 after the banner: a #GP with no IDT,
 //!   i.e. a triple fault, to test the VMM's failure path.
@@ -199,10 +212,16 @@ struct Options {
     ring: u32,
     abuse: bool,
     bench: bool,
+    /// `threads=` was given (hopper's default is one thread guest-wide).
+    threads_given: bool,
+    /// Hopper's stages (0: off) and switches per pass.
+    hopper: u32,
+    hops: u64,
     /// The first virtio-mmio device (GPA, bytes), from `virtio_mmio.device=`.
     virtio: Option<(u64, usize)>,
     disk_write: bool,
     disk_chunk: usize,
+    idle: staged::IdleConfig,
 }
 
 /// `A,B,C`: exactly three unsigned integers.
@@ -229,9 +248,13 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         ring: 256,
         abuse: false,
         bench: false,
+        threads_given: false,
+        hopper: 0,
+        hops: 100_000,
         virtio: None,
         disk_write: false,
         disk_chunk: 64 * 1024,
+        idle: staged::IdleConfig::default(),
     };
     let mut fp = stage_workload::Params {
         stages: 2,
@@ -254,12 +277,25 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
             "iters" => opts.iters = value.parse().map_err(|_| word)?,
             "exit" => opts.exit = value.parse().map_err(|_| word)?,
             "fault" => opts.fault = value == "1",
-            "threads" => opts.threads = value.parse().map_err(|_| word)?,
+            "threads" => {
+                opts.threads = value.parse().map_err(|_| word)?;
+                opts.threads_given = true;
+            }
+            "hopper" => match value.parse() {
+                Ok(n @ (0 | 2 | 3)) => opts.hopper = n,
+                _ => return Err(word),
+            },
+            "hops" => match value.parse() {
+                Ok(n) if n > 0 => opts.hops = n,
+                _ => return Err(word),
+            },
             "requests" => opts.requests = value.parse().map_err(|_| word)?,
             "work" => opts.work = value.parse().map_err(|_| word)?,
             "weights" => opts.weights = parse_weights(value).ok_or(word)?,
             "phase" => opts.phase = value == "1",
             "ring" => opts.ring = value.parse().map_err(|_| word)?,
+            "idle_spin_us" => opts.idle.shared_us = value.parse().map_err(|_| word)?,
+            "owned_idle_us" => opts.idle.owned_us = value.parse().map_err(|_| word)?,
             "abuse" => opts.abuse = value == "1",
             "bench" => opts.bench = value == "1",
             "virtio_mmio.device" if opts.virtio.is_none() => {
@@ -273,6 +309,9 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         }
     }
     if let Some(word) = fp_word {
+        if opts.hopper != 0 {
+            return Err(word);
+        }
         fp.validate().map_err(|e| {
             let bad = match e {
                 stage_workload::ParamError::Stages(_) => fp_words[0],
@@ -288,6 +327,30 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         opts.footprint = Some(fp);
     }
     Ok(opts)
+}
+
+/// The staged phase's parameters on `vcpu` of `num_vcpus`, or `None` when
+/// the phase is skipped (`requests=0` without hopper). With `hopper=N` a
+/// thread's requests are its switches per pass: `hops=` shared among all
+/// threads, one thread on vCPU 0 unless `threads=` was given.
+fn staged_config(opts: &Options, vcpu: u32, num_vcpus: u32) -> Option<staged::StagedConfig> {
+    let (threads, requests) = if opts.hopper == 0 {
+        (opts.threads, opts.requests)
+    } else if opts.threads_given {
+        let per_vcpu = opts.threads.min(staged::MAX_THREADS_PER_VCPU);
+        let total = (per_vcpu as u64 * u64::from(num_vcpus)).max(1);
+        (per_vcpu, (opts.hops / total).max(1))
+    } else {
+        (usize::from(vcpu == 0), opts.hops)
+    };
+    (requests > 0).then_some(staged::StagedConfig {
+        threads,
+        requests,
+        work: opts.work,
+        weights: opts.weights,
+        phase: opts.phase,
+        idle: opts.idle,
+    })
 }
 
 /// Set once vCPU 0 has printed the banner; other vCPUs print after it.
@@ -335,6 +398,7 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
             // SAFETY: deliberately faults; the VMM ends the VM.
             unsafe { asm!("hlt") };
         }
+        staged::hopper::configure(opts.hopper, opts.hops);
         staged::setup(&info, opts.ring, opts.abuse, opts.footprint);
         if let Some(p) = opts.footprint {
             println!(
@@ -366,14 +430,7 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
         opts.iters,
         checksum
     );
-    if opts.requests > 0 {
-        let cfg = staged::StagedConfig {
-            threads: opts.threads,
-            requests: opts.requests,
-            work: opts.work,
-            weights: opts.weights,
-            phase: opts.phase,
-        };
+    if let Some(cfg) = staged_config(&opts, vcpu as u32, info.num_vcpus) {
         staged::run_vcpu(vcpu as u32, info.num_vcpus, &cfg, info.tsc_khz);
     }
     if DONE.fetch_add(1, Ordering::AcqRel) + 1 == info.num_vcpus {

@@ -112,11 +112,15 @@ pub(super) fn register(
 /// If the map changed while the thread waited and its new vCPU no longer
 /// serves the stage, it moves again: a stage only runs where the current map
 /// puts it, or as a counted fallback when no vCPU serves it.
-pub(super) fn stage_switch(t: &Thread, stage: u32) {
+/// Returns the time the thread spent migrating (TSC ticks from just before
+/// its first yield to just after it resumed on its final vCPU, summed over
+/// the moves), or `None` when it stayed on its vCPU.
+pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
     let a = agent();
     let mut cur = t.vcpu.load(Ordering::Relaxed);
     let old = t.stage.swap(stage, Ordering::Relaxed);
     let mut first = true;
+    let mut migrated: Option<u64> = None;
     loop {
         let mut target = cur;
         if let Some(map) = a.read_map() {
@@ -150,7 +154,8 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) {
         t.migrate_to.store(target, Ordering::Relaxed);
         // Time from giving up the vCPU to running on the target vCPU,
         // through its queue.
-        timed_yield(t, 1);
+        let waited = timed_yield(t, 1);
+        migrated = Some(migrated.unwrap_or(0).wrapping_add(waited));
         cur = t.vcpu.load(Ordering::Relaxed);
         match a.read_map() {
             Some(map) if map.vcpus[stage as usize] != 0 && !map.serves(stage, cur) => {
@@ -170,6 +175,7 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) {
             VIOLATIONS.fetch_add(1, Ordering::Relaxed);
         }
     }
+    migrated
 }
 
 /// `t` finished its request: reports the exit, leaves its stage and yields

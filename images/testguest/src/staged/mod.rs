@@ -34,11 +34,14 @@
 //! * [`stats`] — guest-side counters and the `testguest:` lines printed at
 //!   the end, which the end-to-end tests and benchmarks parse;
 //! * [`bench`](mod@bench) — `bench=1`: the `stage_enter` / doorbell
-//!   micro-benchmark.
+//!   micro-benchmark;
+//! * [`hopper`] — `hopper=N`: the thread-migration micro-benchmark (seed
+//!   000's `hopper`).
 
 mod abuse;
 mod agent;
 mod bench;
+pub mod hopper;
 mod runtime;
 mod stats;
 mod workload;
@@ -81,11 +84,37 @@ pub struct StagedConfig {
     pub weights: [u64; 3],
     /// Reverse the weights once half of all requests (guest-wide) are done.
     pub phase: bool,
+    /// How an idle vCPU waits for work (see [`runtime`]'s idle rule).
+    pub idle: IdleConfig,
+}
+
+/// How long an idle vCPU polls its empty run queue before it parks with
+/// WAIT: briefly when it shares its host core with other vCPUs, long when
+/// the host says it is alone on its core (ABI minor 1, `StageMap::owned`),
+/// where polling costs no other vCPU anything and saves the WAIT and WAKE
+/// exits (seed 000 §5: busy-polling idle CPUs migrate in 1.3 µs and gave
+/// +22 % TPC-C against +9 % with MWAIT).
+#[derive(Clone, Copy, Debug)]
+pub struct IdleConfig {
+    /// Polling before parking on a shared core (µs; `idle_spin_us=`).
+    pub shared_us: u64,
+    /// Polling before parking on an owned core (µs; `owned_idle_us=`).
+    pub owned_us: u64,
+}
+
+impl Default for IdleConfig {
+    fn default() -> Self {
+        Self {
+            shared_us: 50,
+            owned_us: 10_000,
+        }
+    }
 }
 
 /// vCPU 0's part before the other vCPUs start the staged phase: the free
-/// range, the workload, the area and the agent (registered with the
-/// workload's stage names). With `abuse`, bad REGISTERs come before the
+/// range, hopper's sample buffers (after [`hopper::configure`]), the
+/// workload, the area and the agent (registered with the workload's stage
+/// names). With `abuse`, bad REGISTERs come before the
 /// registration and corrupt ring entries after it.
 pub fn setup(
     info: &hypercall_abi::boot::BootInfo,
@@ -94,6 +123,7 @@ pub fn setup(
     footprint: Option<stage_workload::Params>,
 ) {
     runtime::init_free(info.free_start, info.free_end);
+    hopper::init();
     if let Some(p) = footprint {
         workload::set_footprint(&p);
     }

@@ -6,7 +6,8 @@
 //! again here or on the vCPU it asked to move to ([`Thread::migrate_to`]).
 //! [`run_vcpu`] is a vCPU's whole part of the staged phase.
 //!
-//! Idle vCPUs spin with back-off for [`IDLE_SPIN_US`], then park with the
+//! Idle vCPUs poll with back-off (PAUSE) for [`IdleConfig`]'s time — long on
+//! a core the host says the vCPU owns, short on a shared one — then park with the
 //! channel's WAIT (no lost wake-ups: `parked = 1`, re-check, WAIT; a pusher
 //! raises the target's run-queue depth, pushes, then WAKEs it if parked).
 //!
@@ -25,6 +26,7 @@ use super::stats::{
     count, END_TSC, IDLE_EVENTS, START_TSC, SWITCHES, SWITCH_CYCLES, TOTAL_REQUESTS, VCPU_COUNTS,
 };
 use super::workload::{thread_main, Job};
+use super::IdleConfig;
 use super::{num_vcpus, StagedConfig, MAX_THREADS_PER_VCPU};
 use crate::print_line;
 
@@ -90,8 +92,6 @@ const THREAD_HEADER: u64 = 256;
 const _: () = assert!(core::mem::size_of::<Thread>() as u64 <= THREAD_HEADER);
 /// Longest back-off between two checks of an empty run queue (PAUSEs).
 const IDLE_MAX_SPIN: u32 = 64;
-/// Spinning on an empty run queue before the vCPU parks (µs).
-const IDLE_SPIN_US: u64 = 50;
 /// Timeout of one WAIT of an idle vCPU (µs).
 const IDLE_WAIT_US: u32 = 1000;
 
@@ -230,12 +230,15 @@ fn yield_now(t: &Thread) {
 
 /// Yields `t` and adds the time until it runs again to the switch
 /// statistics `k` (0: through its own vCPU's queue, 1: a migration).
-pub(super) fn timed_yield(t: &Thread, k: usize) {
+/// Returns that time (TSC ticks, from just before the yield to just after
+/// the thread resumed).
+pub(super) fn timed_yield(t: &Thread, k: usize) -> u64 {
     let t0 = PortIo.tsc();
     yield_now(t);
     let waited = PortIo.tsc().wrapping_sub(t0);
     SWITCH_CYCLES[k].fetch_add(waited, Ordering::Relaxed);
     SWITCHES[k].fetch_add(1, Ordering::Relaxed);
+    waited
 }
 
 /// Marks `t` done with `checksum` and yields for good.
@@ -310,15 +313,28 @@ fn enqueue(t: &'static Thread, vcpu: u32, from: u32) {
     }
 }
 
-/// Waits for work on `vcpu`'s empty queue (or the end of the phase): spins
-/// with exponential back-off, then, with an active channel, parks the vCPU
-/// (`parked = 1`, re-check, WAIT) until a WAKE or the timeout.
-fn idle(vcpu: u32, spin_cycles: u64) {
+/// TSC ticks an idle `vcpu` polls before parking: [`IdleConfig::owned_us`]
+/// when the current map says it is alone on its host core, else
+/// [`IdleConfig::shared_us`].
+fn idle_spin_cycles(vcpu: u32, idle: &IdleConfig, tsc_khz: u64) -> u64 {
+    let owned = agent()
+        .read_map()
+        .is_some_and(|m| vcpu < 64 && m.owned & (1 << vcpu) != 0);
+    let us = if owned { idle.owned_us } else { idle.shared_us };
+    tsc_khz.saturating_mul(us) / 1000
+}
+
+/// Waits for work on `vcpu`'s empty queue (or the end of the phase): polls
+/// with exponential back-off (PAUSE), then, with an active channel, parks the
+/// vCPU (`parked = 1`, re-check, WAIT) until a WAKE or the timeout. Other
+/// vCPUs WAKE it only while it is parked.
+fn idle(vcpu: u32, idle: &IdleConfig, tsc_khz: u64) {
     let a = agent();
     let q = &RUNQ[vcpu as usize];
     // The host counts this vCPU's time as idle from here, not as the last
     // stage's (the policy's load is vCPU time per stage).
     count(a.vcpu_idle(vcpu), &IDLE_EVENTS);
+    let spin_cycles = idle_spin_cycles(vcpu, idle, tsc_khz);
     let start = PortIo.tsc();
     let mut spin = 1u32;
     while q.is_empty() && LIVE.load(Ordering::SeqCst) != 0 {
@@ -343,7 +359,7 @@ fn idle(vcpu: u32, spin_cycles: u64) {
 /// `vcpu`'s scheduler loop: runs the threads of its queue until every thread
 /// of the guest is done. A thread that yields is queued again here, or on
 /// the vCPU it asked to move to.
-fn schedule(vcpu: u32, spin_cycles: u64) {
+fn schedule(vcpu: u32, idle_cfg: &IdleConfig, tsc_khz: u64) {
     let a = agent();
     let n = num_vcpus();
     let sched_rsp = SCHED_RSP[vcpu as usize].as_ptr();
@@ -352,7 +368,7 @@ fn schedule(vcpu: u32, spin_cycles: u64) {
             if LIVE.load(Ordering::SeqCst) == 0 {
                 return;
             }
-            idle(vcpu, spin_cycles);
+            idle(vcpu, idle_cfg, tsc_khz);
             continue;
         };
         a.runq_add(vcpu, -1);
@@ -416,7 +432,7 @@ pub fn run_vcpu(vcpu: u32, num_vcpus: u32, cfg: &StagedConfig, tsc_khz: u64) {
             core::hint::spin_loop();
         }
     }
-    schedule(vcpu, tsc_khz.saturating_mul(IDLE_SPIN_US) / 1000);
+    schedule(vcpu, &cfg.idle, tsc_khz);
     for t in own.iter().flatten() {
         println!(
             "thread {}: vcpu {}, requests {}, checksum {:#018x}",

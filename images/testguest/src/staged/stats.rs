@@ -112,7 +112,7 @@ impl core::fmt::Write for LineBuf {
 
 /// Prints the guest's own per-stage counts (compared with the VMM's by the
 /// tests), per-vCPU stage counts, migrations and the staged phase's
-/// throughput.
+/// throughput, then hopper's lines when it ran (`hopper::print`).
 pub fn print_counts() {
     let a = agent();
     let layout_vcpus = a.layout().map_or(0, |l| l.num_vcpus);
@@ -190,4 +190,5 @@ pub fn print_counts() {
             rps
         );
     }
+    super::hopper::print();
 }

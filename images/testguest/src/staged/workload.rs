@@ -11,6 +11,7 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use super::agent::{stage_leave, stage_switch};
+use super::hopper;
 use super::runtime::{alloc_pages, finish, Thread};
 use super::{num_vcpus, StagedConfig, MAX_STAGES};
 use crate::print_line;
@@ -45,8 +46,12 @@ fn footprint() -> Option<stage_workload::Params> {
     })
 }
 
-/// Names of the running workload's stages, in id order.
+/// Names of the running workload's stages, in id order (hopper's with
+/// `hopper=N`).
 pub(super) fn stage_names() -> &'static [&'static str] {
+    if let Some(names) = hopper::stage_names() {
+        return names;
+    }
     match footprint() {
         Some(p) => &stage_workload::STAGE_NAMES[..p.stages],
         None => &STAGES,
@@ -210,6 +215,9 @@ fn footprint_main(t: &Thread, p: &stage_workload::Params) -> ! {
 pub(super) extern "C" fn thread_main(t: *const Thread) {
     // SAFETY: the scheduler passes a live Thread; its mutable state is atomic.
     let t = unsafe { &*t };
+    if let Some(stages) = hopper::stages() {
+        hopper::thread_main(t, stages);
+    }
     if let Some(p) = footprint() {
         footprint_main(t, &p);
     }
