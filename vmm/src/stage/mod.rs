@@ -19,7 +19,7 @@
 //! from the validated snapshot, so a guest cannot make the VMM touch memory
 //! outside its area; nothing it writes can panic the VMM.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -84,6 +84,11 @@ pub struct StageDevice {
     inner: Mutex<Inner>,
     status: Vec<AtomicU32>,
     parkers: Parkers,
+    /// WAIT, WAKE and host-wake counters: atomics, so the WAIT and WAKE
+    /// doorbells never wait for the device lock a drain holds.
+    waits: AtomicU64,
+    wakes: AtomicU64,
+    host_wakes: AtomicU64,
 }
 
 fn status_name(s: Status) -> String {
@@ -126,6 +131,9 @@ impl StageDevice {
                 .map(|_| AtomicU32::new(Status::Ok as u32))
                 .collect(),
             parkers: Parkers::new(num_vcpus),
+            waits: AtomicU64::new(0),
+            wakes: AtomicU64::new(0),
+            host_wakes: AtomicU64::new(0),
         }
     }
 
@@ -297,7 +305,7 @@ impl StageDevice {
         } else {
             timeout_us.min(WAIT_MAX_US)
         };
-        self.lock().report.waits += 1;
+        self.waits.fetch_add(1, Ordering::Relaxed);
         self.parkers
             .park(vcpu, Duration::from_micros(u64::from(us)));
         Status::Ok
@@ -307,7 +315,7 @@ impl StageDevice {
         if target >= self.num_vcpus {
             return Status::BadVcpu;
         }
-        self.lock().report.wakes += 1;
+        self.wakes.fetch_add(1, Ordering::Relaxed);
         self.parkers.unpark(target);
         Status::Ok
     }
@@ -424,7 +432,7 @@ impl StageDevice {
             let parked = word(core::mem::offset_of!(VcpuState, parked));
             let depth = word(core::mem::offset_of!(VcpuState, runq_depth));
             if parked != 0 && depth != 0 {
-                self.lock().report.host_wakes += 1;
+                self.host_wakes.fetch_add(1, Ordering::Relaxed);
                 self.parkers.unpark(vcpu);
             }
         }
@@ -437,6 +445,9 @@ impl StageDevice {
     pub fn report(&self) -> ChannelReport {
         let inner = self.lock();
         let mut r = inner.report.clone();
+        r.waits = self.waits.load(Ordering::Relaxed);
+        r.wakes = self.wakes.load(Ordering::Relaxed);
+        r.host_wakes = self.host_wakes.load(Ordering::Relaxed);
         r.requests = r.vcpus.iter().map(|v| v.exits).sum();
         r.registered = inner.area.is_some();
         r.dropped = r.vcpus.iter().map(VcpuRingStats::dropped).sum();
@@ -456,6 +467,11 @@ impl StageDevice {
 // `u64::MAX` resynchronises the ring to `head` and is counted once in
 // `bad_index`. All index arithmetic is checked or wrapping; nothing a guest
 // writes can panic this code.
+
+/// Most entries one drain takes from one ring (issue 14 D6: 64 rings of
+/// 65,536 pre-filled entries took 10.6 s of one drain and 248 MB): 64 vCPUs
+/// × 4,096 entries bound a pass to ~262k events (~6 MiB of events).
+pub const MAX_DRAIN_PER_RING: u64 = 4096;
 
 /// Offset of `tail` in a [`RingHeader`].
 const TAIL_OFFSET: u64 = core::mem::offset_of!(RingHeader, tail) as u64;
@@ -530,7 +546,10 @@ impl Ring<'_> {
             self.publish_tail(head);
             return (head, true);
         }
-        for i in 0..pending {
+        // Bounded work per drain: a guest that fills every ring at once is
+        // drained over several passes (the rest stays for the next one).
+        let take = pending.min(MAX_DRAIN_PER_RING);
+        for i in 0..take {
             let index = tail.wrapping_add(i);
             let slot = self.area_gpa + layout.slot_offset(vcpu, index);
             let Ok(Obj(ev)) = memory.read_obj::<Obj<StageEvent>>(GuestAddress(slot)) else {
@@ -571,8 +590,9 @@ impl Ring<'_> {
                 tsc: ev.tsc,
             });
         }
-        self.publish_tail(head);
-        (head, false)
+        let new_tail = tail.wrapping_add(take);
+        self.publish_tail(new_tail);
+        (new_tail, false)
     }
 }
 
