@@ -206,3 +206,37 @@ fn config_unknown_policy_and_key() {
         &["unknown field `polcy`"],
     );
 }
+
+/// A FIFO as `--kernel` used to block start-up forever (issue 14 D14); it is
+/// refused at once, before it is opened.
+#[test]
+fn fifo_as_kernel_is_refused_not_waited_on() {
+    let path = std::env::temp_dir().join(format!("stagevm-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    expect_vmm_error(
+        &["--kernel", path.to_str().unwrap()],
+        &[path.to_str().unwrap(), "not a regular file"],
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+/// `/dev/zero` as `--initramfs` or `--stages` used to be read whole, ~6 GB
+/// (issue 14 D10); both are refused unread.
+#[test]
+fn devices_as_initramfs_or_stages_are_refused_unread() {
+    let guest = guest_image();
+    expect_vmm_error(
+        &[
+            "--kernel",
+            guest.to_str().unwrap(),
+            "--initramfs",
+            "/dev/zero",
+        ],
+        &["--initramfs /dev/zero", "not a regular file"],
+    );
+    expect_vmm_error(
+        &["--kernel", guest.to_str().unwrap(), "--stages", "/dev/zero"],
+        &["--stages /dev/zero", "not a regular file"],
+    );
+}

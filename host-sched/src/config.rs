@@ -99,6 +99,10 @@ pub struct StageSection {
     pub weight: f64,
 }
 
+/// Largest `--stages` file (bytes): a configuration is a few hundred bytes;
+/// a larger "file" (say `/dev/zero` behind a link) is refused unread.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 /// Largest stage weight: far above any useful ratio, and small enough that
 /// weight × load (vCPUs, ≤ 64) stays finite.
 pub const MAX_WEIGHT: f64 = 1e6;
@@ -144,11 +148,24 @@ impl Config {
     }
 
     /// Reads and parses a file.
+    /// Errors: not a regular file, larger than [`MAX_CONFIG_BYTES`],
+    /// unreadable, or not a valid configuration.
     pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+        let read_err = |reason: String| ConfigError::Read {
             path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        let meta = std::fs::metadata(path).map_err(|e| read_err(e.to_string()))?;
+        if !meta.is_file() {
+            return Err(read_err("not a regular file".into()));
+        }
+        if meta.len() > MAX_CONFIG_BYTES {
+            return Err(read_err(format!(
+                "{} bytes is larger than {MAX_CONFIG_BYTES} bytes",
+                meta.len()
+            )));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| read_err(e.to_string()))?;
         Self::from_toml(&text, &path.display().to_string())
     }
 }

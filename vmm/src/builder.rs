@@ -34,6 +34,9 @@ const FIXED_AREA_END: u64 = hypercall_abi::boot::KERNEL_MIN_GPA;
 pub const LINUX_MIN_FREE: u64 = 32 << 20;
 /// Most vCPUs of a Linux guest: its MADT names each by an 8-bit xAPIC ID.
 pub const MAX_LINUX_VCPUS: u32 = 255;
+/// Largest `--initramfs` (bytes): it must fit in guest RAM (≤ 3 GiB) beside
+/// the kernel, and it is read whole into the VMM first.
+pub const MAX_INITRAMFS: u64 = 2 << 30;
 
 /// How the guest is started, decided from `--boot-mode` and the image.
 #[derive(Debug)]
@@ -125,6 +128,14 @@ fn open_image(config: &VmConfig) -> Result<Image, VmmError> {
             config.cpus.boot
         )));
     }
+    if let Some(initramfs) = &config.initramfs {
+        crate::config::check_input_file(initramfs, MAX_INITRAMFS).map_err(|reason| {
+            VmmError::Initramfs {
+                path: initramfs.display().to_string(),
+                reason,
+            }
+        })?;
+    }
     let initramfs = match (&config.initramfs, boot.is_linux()) {
         (None, _) => None,
         (Some(initramfs), false) => {
@@ -194,11 +205,13 @@ fn check_memory(config: &VmConfig, image: &Image) -> Result<Option<(u64, u64)>, 
     let size = config.memory.size;
     let boot = &image.boot;
     let image_end = boot.image_end().max(FIXED_AREA_END);
+    // An image header can put its end anywhere below 2^64: round with care.
+    let image_pages_end = image_end
+        .checked_next_multiple_of(layout::PAGE_SIZE)
+        .unwrap_or(u64::MAX);
     let num_vcpus = config.cpus.boot;
     if !boot.is_linux() {
-        let needed = image_end
-            .next_multiple_of(layout::PAGE_SIZE)
-            .saturating_add(u64::from(num_vcpus) * STACK_SIZE);
+        let needed = image_pages_end.saturating_add(u64::from(num_vcpus) * STACK_SIZE);
         if needed > size {
             return Err(VmmError::MemoryTooSmall {
                 size,
@@ -212,8 +225,7 @@ fn check_memory(config: &VmConfig, image: &Image) -> Result<Option<(u64, u64)>, 
         return Ok(None);
     }
     let len = image.initramfs.as_ref().map_or(0, |b| b.len() as u64);
-    let needed = image_end
-        .next_multiple_of(layout::PAGE_SIZE)
+    let needed = image_pages_end
         .saturating_add(len.next_multiple_of(layout::PAGE_SIZE))
         .saturating_add(LINUX_MIN_FREE);
     let max_end = match boot {

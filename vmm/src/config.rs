@@ -355,6 +355,25 @@ pub struct VmConfig {
     pub initramfs: Option<PathBuf>,
 }
 
+/// Checks that `path` is a regular file of at most `max` bytes before the
+/// VMM reads it whole (a FIFO, `/dev/zero` or a huge file would block or
+/// exhaust memory); returns its size. The error says why, for the caller to
+/// prefix with the option and path.
+pub fn check_input_file(path: &std::path::Path, max: u64) -> Result<u64, String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > max {
+        return Err(format!(
+            "{} bytes is larger than the {} bytes this option accepts",
+            meta.len(),
+            max
+        ));
+    }
+    Ok(meta.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

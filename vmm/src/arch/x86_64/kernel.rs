@@ -98,7 +98,9 @@ impl BzImageInfo {
     /// First GPA after everything the kernel uses while it boots: the loaded
     /// payload and the decompressed kernel's `init_size` at `pref_address`.
     pub fn end(&self) -> u64 {
-        (self.load_addr + self.payload_size).max(self.pref_address + self.init_size)
+        // Both sums are checked by `inspect_bzimage`; saturate anyway.
+        (self.load_addr.saturating_add(self.payload_size))
+            .max(self.pref_address.saturating_add(self.init_size))
     }
 }
 
@@ -148,6 +150,10 @@ const BZ_MIN_VERSION: u16 = 0x020c;
 /// (checked by [`inspect`]) or a bzImage (checked by [`inspect_bzimage`]).
 /// Anything else is [`KernelError::UnknownFormat`].
 pub fn open(path: &Path) -> Result<KernelImage, KernelError> {
+    // A FIFO or a device would block or never end: refuse it before opening.
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(KernelError::UnknownFormat("not a regular file"));
+    }
     let mut file = File::open(path)?;
     let mut head = Vec::with_capacity(BZ_HEADER_END);
     (&mut file)
@@ -216,13 +222,20 @@ pub fn inspect_bzimage(head: &[u8], file_len: u64) -> Result<BzImageInfo, Kernel
             "code32_start {load_addr:#x} is below {KERNEL_MIN_GPA:#x}"
         )));
     }
+    let pref_address = u64_at(head, BZ_PREF_ADDRESS);
+    let init_size = u64::from(u32_at(head, BZ_INIT_SIZE));
+    if pref_address.checked_add(init_size).is_none() {
+        return Err(KernelError::BzImage(format!(
+            "pref_address {pref_address:#x} + init_size {init_size:#x} overflows"
+        )));
+    }
     Ok(BzImageInfo {
         version,
         setup_size,
         load_addr,
         payload_size,
-        pref_address: u64_at(head, BZ_PREF_ADDRESS),
-        init_size: u64::from(u32_at(head, BZ_INIT_SIZE)),
+        pref_address,
+        init_size,
         initrd_addr_max: u64::from(u32_at(head, BZ_INITRD_ADDR_MAX)),
         cmdline_size: u64::from(u32_at(head, BZ_CMDLINE_SIZE)),
     })
@@ -415,5 +428,15 @@ mod tests {
         assert!(e.to_string().contains("XLF_KERNEL_64"), "{e}");
         let e = inspect_bzimage(&header(0x020f, 1), 1024).unwrap_err();
         assert!(e.to_string().contains("no payload"), "{e}");
+    }
+
+    /// A header whose end would overflow is refused with a named error
+    /// (issue 14 D8: `pref_address + init_size` overflowed in `end()`).
+    #[test]
+    fn bzimage_end_that_overflows_is_refused() {
+        let mut h = header(0x020f, 1);
+        h[BZ_PREF_ADDRESS..BZ_PREF_ADDRESS + 8].copy_from_slice(&(u64::MAX - 16).to_le_bytes());
+        let e = inspect_bzimage(&h, 8192).unwrap_err();
+        assert!(e.to_string().contains("overflows"), "{e}");
     }
 }
