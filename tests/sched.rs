@@ -139,3 +139,49 @@ fn static_does_not_move() {
     assert!(tl.iter().all(|(r, _)| *r == tl[0].0), "{tl:?}");
     assert_eq!(json.sched.map_changes, 1);
 }
+
+/// `auto`'s decisions from the timeline: (mode, decision) of every entry
+/// that says `keep …`.
+fn auto_keeps(json: &Report) -> Vec<(String, String)> {
+    json.sched
+        .timeline
+        .iter()
+        .filter_map(|t| Some((t.mode.clone()?, t.decision.clone()?)))
+        .filter(|(_, d)| d.starts_with("keep"))
+        .collect()
+}
+
+/// Two stages on two vCPUs, each vCPU alone on its core: `static` runs one
+/// stage per vCPU, `pinned` both stages on each.
+fn auto_run(cmdline: &str) -> (Run, Report) {
+    let config = "[host]\ncores = \"0-1\"\n[policy]\nname = \"auto\"\n";
+    boot(config, "boot=2", cmdline)
+}
+
+#[test]
+fn auto_stages_where_staging_is_forced_to_win() {
+    // switch_cost charges 20,000 mixing iterations whenever a vCPU changes
+    // stage: `pinned` pays it twice per request, `static` never.
+    let (run, json) = auto_run(
+        "iters=1000 threads=2 requests=25000 workload=footprint stages=2 funcs=64 calls=50 switch_cost=20000",
+    );
+    assert_eq!(json.sched.policy, "auto");
+    let keeps = auto_keeps(&json);
+    assert!(!keeps.is_empty(), "no decision: {:#?}", json.sched.timeline);
+    assert_eq!(keeps[0].0, "staged", "{keeps:?}\n{}", run.stdout);
+    assert!(keeps[0].1.contains("requests/s"), "{keeps:?}");
+}
+
+#[test]
+fn auto_steps_aside_where_staging_is_forced_to_lose() {
+    // Tiny stages, no refill cost, and idle vCPUs that park at once, so
+    // every migration costs a WAKE exit: staging only adds cost.
+    let (run, json) = auto_run(
+        "iters=1000 threads=2 requests=20000 workload=footprint stages=2 funcs=16 calls=4 owned_idle_us=0 idle_spin_us=0",
+    );
+    let keeps = auto_keeps(&json);
+    assert!(!keeps.is_empty(), "no decision: {:#?}", json.sched.timeline);
+    assert_eq!(keeps[0].0, "unstaged", "{keeps:?}\n{}", run.stdout);
+    // Every later decision agrees.
+    assert!(keeps.iter().all(|(m, _)| m == "unstaged"), "{keeps:?}");
+}

@@ -35,6 +35,9 @@
 //!   queue this long before it parks with WAIT (default 50),
 //! * `owned_idle_us=N` — the same for a vCPU the host says is alone on its
 //!   core (ABI minor 1; default 10000; 0 parks at once),
+//! * `switch_cost=N` — a synthetic i-cache refill: N mixing iterations
+//!   whenever a vCPU runs a different stage than the one it ran last (a
+//!   test fixture under which staging wins by construction; default 0),
 //! * `abuse=1` — send bad REGISTERs and corrupt ring entries first (tests the
 //!   VMM's validation),
 //! * `virtio_mmio.device=4K@ADDR:IRQ` — added by the VMM for each `--disk`:
@@ -222,6 +225,7 @@ struct Options {
     disk_write: bool,
     disk_chunk: usize,
     idle: staged::IdleConfig,
+    switch_cost: u64,
 }
 
 /// `A,B,C`: exactly three unsigned integers.
@@ -255,6 +259,7 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         disk_write: false,
         disk_chunk: 64 * 1024,
         idle: staged::IdleConfig::default(),
+        switch_cost: 0,
     };
     let mut fp = stage_workload::Params {
         stages: 2,
@@ -296,6 +301,7 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
             "ring" => opts.ring = value.parse().map_err(|_| word)?,
             "idle_spin_us" => opts.idle.shared_us = value.parse().map_err(|_| word)?,
             "owned_idle_us" => opts.idle.owned_us = value.parse().map_err(|_| word)?,
+            "switch_cost" => opts.switch_cost = value.parse().map_err(|_| word)?,
             "abuse" => opts.abuse = value == "1",
             "bench" => opts.bench = value == "1",
             "virtio_mmio.device" if opts.virtio.is_none() => {
@@ -350,6 +356,7 @@ fn staged_config(opts: &Options, vcpu: u32, num_vcpus: u32) -> Option<staged::St
         weights: opts.weights,
         phase: opts.phase,
         idle: opts.idle,
+        switch_cost: opts.switch_cost,
     })
 }
 

@@ -86,6 +86,9 @@ pub struct StagedConfig {
     pub phase: bool,
     /// How an idle vCPU waits for work (see [`runtime`]'s idle rule).
     pub idle: IdleConfig,
+    /// Mixing iterations a vCPU pays when it runs a different stage than
+    /// the one it ran last (`switch_cost=`, a synthetic i-cache refill).
+    pub switch_cost: u64,
 }
 
 /// How long an idle vCPU polls its empty run queue before it parks with

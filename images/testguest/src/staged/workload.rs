@@ -58,6 +58,28 @@ pub(super) fn stage_names() -> &'static [&'static str] {
     }
 }
 
+/// Per vCPU, the stage it ran last (`u32::MAX`: none yet), for `switch_cost`.
+static LAST_STAGE: [core::sync::atomic::AtomicU32; super::MAX_VCPUS] =
+    [const { core::sync::atomic::AtomicU32::new(u32::MAX) }; super::MAX_VCPUS];
+
+/// `switch_cost=N`: a synthetic refill cost, N iterations of the mixing
+/// loop whenever a vCPU runs a different stage than the one it ran last —
+/// what a cold instruction cache costs a core that switches stage, and what
+/// stage scheduling saves. A test fixture: it makes staging win by
+/// construction (the tests of `--policy auto` use it); 0 (default) is off.
+fn cold_start(t: &Thread, stage: u32) {
+    let cost = t.job.switch_cost;
+    let vcpu = t.vcpu.load(Ordering::Relaxed) as usize;
+    let Some(last) = LAST_STAGE.get(vcpu) else {
+        return;
+    };
+    if cost != 0 && last.swap(stage, Ordering::Relaxed) != stage {
+        let mut scratch = [u64::from(stage); 8];
+        mix::<0x2545_f491_4f6c_dd1d>(&mut scratch, cost);
+        core::hint::black_box(scratch);
+    }
+}
+
 /// What one thread runs, fixed when it is created.
 pub(super) struct Job {
     /// Requests it runs.
@@ -72,6 +94,8 @@ pub(super) struct Job {
     /// GPA of its data working set (the footprint workload's `data=` words;
     /// 0 when there is none).
     data: u64,
+    /// `switch_cost=`: mixing iterations charged when its vCPU changes stage.
+    switch_cost: u64,
 }
 
 impl Job {
@@ -102,6 +126,7 @@ impl Job {
                 u64::MAX
             },
             data,
+            switch_cost: cfg.switch_cost,
         }
     }
 }
@@ -201,6 +226,7 @@ fn footprint_main(t: &Thread, p: &stage_workload::Params) -> ! {
         let mut x = stage_workload::request_seed(t.id, r);
         for s in 0..p.stages {
             stage_switch(t, s as u32);
+            cold_start(t, s as u32);
             x = stage_workload::run_stage(s, x, p, data);
         }
         stage_leave(t);
@@ -244,10 +270,13 @@ pub(super) extern "C" fn thread_main(t: *const Thread) {
             }
         }
         stage_switch(t, 0);
+        cold_start(t, 0);
         let a = parse(&mut req, work[0]);
         stage_switch(t, 1);
+        cold_start(t, 1);
         let b = plan(&mut req, work[1]);
         stage_switch(t, 2);
+        cold_start(t, 2);
         let c = execute(&mut req, &mut table, work[2]);
         stage_leave(t);
         COMPLETED.fetch_add(1, Ordering::Relaxed);
