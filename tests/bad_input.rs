@@ -240,3 +240,66 @@ fn devices_as_initramfs_or_stages_are_refused_unread() {
         &["--stages /dev/zero", "not a regular file"],
     );
 }
+
+/// `--report` is opened before the VM boots (issue 14 D11): a bad path fails
+/// at once with status 1 and the guest never runs; a symbolic link is
+/// refused; a new report file is readable by its owner only.
+#[test]
+fn report_path_is_checked_before_boot_and_written_safely() {
+    use std::os::unix::fs::PermissionsExt;
+    let guest = guest_image();
+    let run = run(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--report",
+        "/nonexistent/dir/report.json",
+    ]);
+    assert_eq!(run.code(), i32::from(EXIT_VMM_ERROR), "{run:#?}");
+    assert!(
+        run.stderr.contains("--report /nonexistent/dir/report.json"),
+        "{run:#?}"
+    );
+    assert!(
+        !run.stdout.contains("stagevm testguest"),
+        "the guest ran: {run:#?}"
+    );
+
+    let dir = std::env::temp_dir().join(format!("stagevm-report-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    let target = dir.join("target");
+    std::fs::write(&target, "keep me").unwrap();
+    let link = dir.join("link.json");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    expect_vmm_error(
+        &[
+            "--kernel",
+            guest.to_str().unwrap(),
+            "--report",
+            link.to_str().unwrap(),
+        ],
+        &["symbolic link"],
+    );
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+
+    let fresh = dir.join("fresh.json");
+    run_ok(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--cmdline",
+        "iters=1000 requests=0",
+        "--report",
+        fresh.to_str().unwrap(),
+    ]);
+    let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert!(stagevm_report::Report::read(&fresh).is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn run_ok(args: &[&str]) -> Run {
+    let run = run(args);
+    run.assert_no_panic();
+    assert_eq!(run.code(), 0, "{run:#?}");
+    run
+}

@@ -361,6 +361,7 @@ fn attach_disks(
             .open(&disk.path)
             .and_then(|f| Ok((f.metadata()?.len(), f)))
             .map_err(|e| disk_err(e.to_string()))?;
+        lock_disk(&file, disk.readonly).map_err(disk_err)?;
         if len < virtio::block::SECTOR_SIZE {
             return Err(disk_err(format!(
                 "{len} bytes is smaller than one 512-byte sector"
@@ -385,6 +386,29 @@ fn attach_disks(
         blocks.push((Arc::new(block), ioeventfd));
     }
     Ok(blocks)
+}
+
+/// Takes an advisory lock on a disk image for as long as the VMM holds it
+/// open: shared for a read-only disk, exclusive for a writable one (as
+/// Cloud Hypervisor does), so two VMMs cannot write one image. The error
+/// says who holds it.
+fn lock_disk(file: &std::fs::File, readonly: bool) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let kind = if readonly {
+        libc::LOCK_SH
+    } else {
+        libc::LOCK_EX
+    };
+    // SAFETY: flock(2) on a descriptor we own; it touches no memory.
+    if unsafe { libc::flock(file.as_raw_fd(), kind | libc::LOCK_NB) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        "locked by another process (another VMM uses this image)".into()
+    } else {
+        format!("cannot lock: {e}")
+    })
 }
 
 fn append_word(cmdline: &mut String, word: &str) {

@@ -126,6 +126,33 @@ fn resolve_sched(cli: &Cli) -> Result<host_sched::config::Resolved, String> {
     resolve(&config, &overrides, &topo).map_err(|e| e.to_string())
 }
 
+/// Opens `--report PATH` for writing: created with mode 0600 (or
+/// truncated), refused if PATH is a symbolic link or not a regular file.
+/// The error names the option and the path.
+fn open_report(path: &std::path::Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => format!("--report {}: is a symbolic link", path.display()),
+            _ => format!("--report {}: {e}", path.display()),
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("--report {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("--report {}: not a regular file", path.display()));
+    }
+    file.set_len(0)
+        .map_err(|e| format!("--report {}: {e}", path.display()))?;
+    Ok(file)
+}
+
 /// Fail-stop: a panic on any thread (a vCPU, `stage-sched`, an I/O thread)
 /// ends the VMM at once with exit status 2 and the panic message, instead
 /// of leaving a VM whose other threads wait for it forever.
@@ -177,6 +204,16 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_VMM_ERROR);
         }
     };
+    // Open the report before boot, so a bad path fails now and not after the
+    // guest ran; never through a symbolic link, readable by the owner only.
+    let mut report_file = match cli.report.as_deref().map(open_report) {
+        Some(Err(e)) => {
+            eprintln!("stagevm: error: {e}");
+            return ExitCode::from(EXIT_VMM_ERROR);
+        }
+        Some(Ok(file)) => Some(file),
+        None => None,
+    };
     let config = VmConfig {
         kernel: cli.kernel,
         cmdline: cli.cmdline,
@@ -207,8 +244,8 @@ fn main() -> ExitCode {
             if suppressed > 0 {
                 eprintln!("stagevm: {suppressed} guest-triggered log lines suppressed (at most {} per {} s per message)", stagevm::ratelimit::BURST, stagevm::ratelimit::WINDOW_NS / 1_000_000_000);
             }
-            if let Some(path) = &cli.report {
-                if let Err(e) = outcome.report().write(path) {
+            if let (Some(path), Some(file)) = (&cli.report, report_file.as_mut()) {
+                if let Err(e) = outcome.report().write_to(file) {
                     eprintln!("stagevm: error: --report {}: {e}", path.display());
                     return ExitCode::from(EXIT_VMM_ERROR);
                 }

@@ -286,6 +286,15 @@ impl Report {
         std::fs::write(path, json + "\n").map_err(ReportError::Io)
     }
 
+    /// Writes the report as pretty JSON into `file` (opened by the caller,
+    /// e.g. before the run). Errors: serialisation or the write.
+    pub fn write_to(&self, file: &mut std::fs::File) -> Result<(), ReportError> {
+        use std::io::Write as _;
+        let json = serde_json::to_string_pretty(self).map_err(ReportError::Json)?;
+        file.write_all((json + "\n").as_bytes())
+            .map_err(ReportError::Io)
+    }
+
     /// Reads a report written by [`Report::write`]. Errors: the file cannot
     /// be read, or is not a report of this version.
     pub fn read(path: &Path) -> Result<Self, ReportError> {

@@ -136,7 +136,8 @@ impl Bus {
         if let Some(offset) = Self::serial_offset(port) {
             if let Some(&byte) = data.first() {
                 if let Err(e) = self.lock_serial().write(offset, byte) {
-                    tracing::warn!("serial output failed: {e}");
+                    // Once per byte the guest writes: rate-limited (issue 14 D13).
+                    crate::guest_warn!("serial output failed: {e}");
                 }
             }
             return PioAction::Continue;

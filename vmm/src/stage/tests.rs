@@ -118,6 +118,11 @@ fn register_refusals_and_unregister() {
         .unwrap();
     assert_eq!(register(&dev), Status::Ok);
     assert_eq!(register(&dev), Status::AlreadyRegistered);
+    // A refused REGISTER hands nothing to the scheduler (issue 14 D15).
+    let pfn = (AREA >> 12) as u32;
+    assert!(dev
+        .doorbell(0, DOORBELL_REGISTER, &pfn.to_le_bytes())
+        .is_none());
     dev.doorbell(0, DOORBELL_UNREGISTER, &[0]);
     dev.doorbell(0, DOORBELL_WAKE, &7u32.to_le_bytes());
     let mut st = [0u8; 4];
@@ -128,7 +133,7 @@ fn register_refusals_and_unregister() {
     assert_eq!(r.registrations, 1);
     assert_eq!(r.registrations_rejected["BadRange"], 3);
     assert_eq!(r.registrations_rejected["BadMagic"], 1);
-    assert_eq!(r.registrations_rejected["AlreadyRegistered"], 1);
+    assert_eq!(r.registrations_rejected["AlreadyRegistered"], 2);
 }
 
 #[test]

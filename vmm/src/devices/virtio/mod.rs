@@ -299,6 +299,18 @@ impl MmioBlock {
                 tracing::debug!(device = %self.name, "available ring names descriptor {head}");
                 continue;
             }
+            // VIRTIO_F_INDIRECT_DESC is not offered (VIRTIO 1.2 §2.7.5.3.1:
+            // the driver MUST NOT use indirect descriptors then), but
+            // virtio-queue would follow them: refuse such a chain.
+            if uses_indirect(mem, queue.desc_table(), queue.size(), head) {
+                self.block.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                crate::guest_warn!(device = %self.name, "request {head} uses indirect descriptors, which were not offered");
+                if queue.add_used(mem, head, 0).is_err() {
+                    break;
+                }
+                served += 1;
+                continue;
+            }
             let len = self.block.handle(mem, chain);
             if queue.add_used(mem, head, len).is_err() {
                 crate::guest_warn!(device = %self.name, "cannot complete request {head}");
@@ -350,6 +362,44 @@ impl MmioBlock {
             bytes_written: s.bytes_written.load(Ordering::Relaxed),
         }
     }
+}
+
+/// Descriptor flags (VIRTIO 1.2 §2.7.5): chained, indirect table.
+const DESC_F_NEXT: u16 = 1;
+const DESC_F_INDIRECT: u16 = 4;
+
+/// Whether the chain from `head` in the descriptor table at `table` (a
+/// queue of `size` entries) has a descriptor with the INDIRECT flag. Walks
+/// at most `size` descriptors (a looping chain ends); unreadable entries
+/// end the walk (virtio-queue then refuses the chain itself).
+fn uses_indirect(mem: &GuestMemoryMmap, table: u64, size: u16, head: u16) -> bool {
+    use vm_memory::Bytes;
+    let mut index = head;
+    for _ in 0..size {
+        let Some(entry) = u64::from(index)
+            .checked_mul(16)
+            .and_then(|off| table.checked_add(off))
+        else {
+            return false;
+        };
+        let Ok(flags) = mem.read_obj::<u16>(vm_memory::GuestAddress(entry + 12)) else {
+            return false;
+        };
+        if flags & DESC_F_INDIRECT != 0 {
+            return true;
+        }
+        if flags & DESC_F_NEXT == 0 {
+            return false;
+        }
+        let Ok(next) = mem.read_obj::<u16>(vm_memory::GuestAddress(entry + 14)) else {
+            return false;
+        };
+        if next >= size {
+            return false;
+        }
+        index = next;
+    }
+    false
 }
 
 /// Shared handle.
@@ -438,6 +488,21 @@ mod tests {
         );
         desc(mem, 2, DATA + 0x100, 1, 2, 0);
         offer(mem, &[0]);
+    }
+
+    /// An indirect descriptor (never offered) is refused, not followed
+    /// (issue 14 D16), and the request is completed so the driver is not
+    /// stuck.
+    #[test]
+    fn indirect_descriptors_are_refused() {
+        let (mem, dev) = device(true);
+        // The head points at an "indirect table" holding a valid request.
+        desc(&mem, 0, DATA + 0x2000, 48, DESC_F_INDIRECT, 0);
+        offer(&mem, &[0]);
+        assert_eq!(dev.process(&mem), 1);
+        assert_eq!(used_idx(&mem), 1);
+        let r = dev.report(true);
+        assert_eq!((r.ok, r.errors, r.dropped), (0, 0, 1));
     }
 
     #[test]
