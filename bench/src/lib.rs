@@ -4,6 +4,8 @@
 
 pub mod target;
 
+pub mod guest;
+
 /// How busy the rest of the machine was while a benchmark ran: busy CPU
 /// time of the whole machine (`/proc/stat`) minus this process's and its
 /// waited-for children's (`getrusage`), over the wall-clock time.

@@ -9,18 +9,16 @@
 //!   to the other core, and one that does not move it (µs).
 //! * Guest thread migration latency, if the guest reports it (ns).
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Parser;
 use host_sched::cpuset::CpuSet;
 use host_sched::topology::{gettid, set_thread_affinity, thread_affinity};
 
+use stagevm_bench::guest::{Boot, GuestRun, STAGED_CMDLINE};
 use stagevm_bench::stats::median;
 use stagevm_bench::target::Target;
-use stagevm_report::Report;
 
 /// Runs the staged guest under each policy and measures re-pin latency.
 #[derive(Parser, Debug)]
@@ -35,7 +33,7 @@ struct Args {
     #[arg(long, default_value_t = 4)]
     cpus: u32,
     /// Guest command line for the staged phase.
-    #[arg(long, default_value = "iters=1000 threads=4 requests=2000 work=200")]
+    #[arg(long, default_value = STAGED_CMDLINE)]
     cmdline: String,
     /// Policies to compare.
     #[arg(
@@ -49,73 +47,16 @@ struct Args {
     repins: usize,
 }
 
-struct Sample {
-    rps: f64,
-    migrations: u64,
-    map_changes: u64,
-    migration_ns: Option<(f64, f64)>,
-}
-
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let rest = &line[line.find(key)? + key.len()..];
-    rest.split([' ', ',']).find(|w| !w.is_empty())
-}
-
-fn run_once(args: &Args, policy: &str, report: &PathBuf) -> Result<Sample> {
-    let out = Command::new(&args.target.stagevm)
-        .arg("--kernel")
-        .arg(&args.target.kernel)
-        .args([
-            "--cpus",
-            &format!("boot={}", args.cpus),
-            "--policy",
-            policy,
-            "--report",
-        ])
-        .arg(report)
-        .arg("--cmdline")
-        .arg(&args.cmdline)
-        .output()
-        .with_context(|| format!("running {}", args.target.stagevm.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        bail!(
-            "stagevm --policy {policy} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let rps = stdout
-        .lines()
-        .find(|l| l.starts_with("testguest: staged phase"))
-        .and_then(|l| {
-            let before = l.split(" requests/s").next()?;
-            before.rsplit(' ').next()?.parse().ok()
-        })
-        .with_context(|| format!("no staged-phase line in the guest output:\n{stdout}"))?;
-    let migrations = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("testguest: migrations "))
-        .and_then(|l| l.split(',').next()?.trim().parse().ok())
-        .unwrap_or(0);
-    let migration_ns = stdout
-        .lines()
-        .find(|l| l.starts_with("testguest: migration latency"))
-        .and_then(|l| {
-            let migration = field(l, "latency ")?.parse().ok()?;
-            let local = field(l, "local switch ")?.parse().ok()?;
-            Some((migration, local))
-        });
-    let map_changes = Report::read(report)
-        .with_context(|| format!("reading {}", report.display()))?
-        .sched
-        .map_changes;
-    Ok(Sample {
-        rps,
-        migrations,
-        map_changes,
-        migration_ns,
-    })
+fn run_once(args: &Args, policy: &str) -> Result<GuestRun> {
+    let boot = Boot {
+        target: &args.target,
+        vcpus: args.cpus,
+        policy,
+        cmdline: &args.cmdline,
+        memory: None,
+        stages: None,
+    };
+    GuestRun::parse(&boot.run()?, args.cpus)
 }
 
 /// Mean µs of `sched_setaffinity` on a spinning thread: moving it between
@@ -159,8 +100,7 @@ fn main() -> Result<()> {
     if args.rounds == 0 || args.policies.is_empty() {
         bail!("--rounds and --policies must not be empty");
     }
-    let report = std::env::temp_dir().join(format!("policy-bench-{}.json", std::process::id()));
-    let mut samples: Vec<Vec<Sample>> = args.policies.iter().map(|_| Vec::new()).collect();
+    let mut samples: Vec<Vec<GuestRun>> = args.policies.iter().map(|_| Vec::new()).collect();
     for round in 0..args.rounds {
         for k in 0..args.policies.len() {
             // Rotate the order each round.
@@ -171,10 +111,9 @@ fn main() -> Result<()> {
                 args.rounds,
                 args.policies[i]
             );
-            samples[i].push(run_once(&args, &args.policies[i], &report)?);
+            samples[i].push(run_once(&args, &args.policies[i])?);
         }
     }
-    let _ = std::fs::remove_file(&report);
     let med: Vec<f64> = samples
         .iter()
         .map(|s| median(s.iter().map(|x| x.rps).collect()))

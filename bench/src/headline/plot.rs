@@ -6,14 +6,24 @@ use std::path::Path;
 use anyhow::{anyhow, Context, Result};
 use plotters::prelude::*;
 
-/// One guest line: label, vCPUs, points (footprint KiB, speed-up over `off`).
-pub type Line = (String, u32, Vec<(f64, f64)>);
+/// One guest line.
+pub struct Line {
+    /// Legend text.
+    pub label: String,
+    /// vCPUs (2 vCPUs draw thick, others thin).
+    pub vcpus: u32,
+    /// Colour index (the policy's: a policy keeps its colour across vCPU
+    /// counts).
+    pub color: usize,
+    /// (footprint KiB, median speed-up over `off`).
+    pub points: Vec<(f64, f64)>,
+}
 
 /// What to draw.
 pub struct Series {
-    /// (footprint KiB, native staged / whole).
+    /// (footprint KiB, native staged / whole, median).
     pub native: Vec<(f64, f64)>,
-    /// (label, vCPUs, points (footprint KiB, speed-up over `off`)).
+    /// The guest's lines.
     pub lines: Vec<Line>,
 }
 
@@ -35,7 +45,7 @@ pub fn write(path: &Path, series: &Series) -> Result<()> {
     let all = series
         .native
         .iter()
-        .chain(series.lines.iter().flat_map(|l| l.2.iter()));
+        .chain(series.lines.iter().flat_map(|l| l.points.iter()));
     let (mut xmin, mut xmax, mut ymin, mut ymax) = (f64::MAX, 0f64, f64::MAX, 0f64);
     for (x, y) in all {
         xmin = xmin.min(*x);
@@ -75,9 +85,10 @@ pub fn write(path: &Path, series: &Series) -> Result<()> {
         .map_err(|e| anyhow!("{e}"))?
         .label("native host reference (2 cores)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(3)));
-    for (k, (label, vcpus, pts)) in series.lines.iter().enumerate() {
-        let color = palette[k % palette.len()];
-        let style = if *vcpus == 2 {
+    for line in &series.lines {
+        let (label, pts) = (&line.label, &line.points);
+        let color = palette[line.color % palette.len()];
+        let style = if line.vcpus == 2 {
             color.stroke_width(2)
         } else {
             color.stroke_width(1)
