@@ -179,7 +179,10 @@ impl Auto {
         let gain = if u > 0.0 { s / u - 1.0 } else { 0.0 };
         let full = (self.params.epoch_periods - 1).max(1) as usize;
         let enough = staged.len() >= full && unstaged.len() >= full;
-        if !done && (!enough || gain.abs() < self.params.decisive) {
+        // Twice the decisive difference decides on one sample each: a mode
+        // that bad is not worth the rest of its epoch.
+        let glaring = gain.abs() >= 2.0 * self.params.decisive;
+        if !done && !glaring && (!enough || gain.abs() < self.params.decisive) {
             return None;
         }
         let mode = if gain > self.params.margin {
@@ -198,6 +201,17 @@ impl Auto {
                 unstaged.len()
             ),
         ))
+    }
+
+    /// Ends the trial: holds `mode` (see [`AutoParams::hold_periods`]).
+    fn hold(&mut self, mode: Mode, what: String, load: &[f64]) -> (Mode, String) {
+        self.state = State::Hold {
+            mode,
+            left: self.params.hold_periods,
+            average: shares(load),
+            reference: None,
+        };
+        (mode, what)
     }
 
     /// Advances the trial by the period that just ended; returns the next
@@ -226,8 +240,15 @@ impl Auto {
         }
         *period += 1;
         if *period < p.epoch_periods {
-            let what = format!("trial {} {}/{}", mode.name(), *period + 1, p.epoch_periods);
-            return (*mode, what);
+            let (s, u) = (staged.clone(), unstaged.clone());
+            let (current, next_period) = (*mode, *period + 1);
+            if current == Mode::Staged {
+                if let Some((next, what)) = self.verdict(&s, &u, false) {
+                    return self.hold(next, what, load);
+                }
+            }
+            let what = format!("trial {} {next_period}/{}", current.name(), p.epoch_periods);
+            return (current, what);
         }
         // Epoch over: after a staged epoch a round is complete.
         let rounds_done = (staged.len().min(unstaged.len()) as u32) / (p.epoch_periods - 1).max(1);
@@ -236,13 +257,7 @@ impl Auto {
         if finished_mode == Mode::Staged {
             let done = rounds_done >= p.rounds;
             if let Some((next, what)) = self.verdict(&s, &u, done) {
-                self.state = State::Hold {
-                    mode: next,
-                    left: p.hold_periods,
-                    average: shares(load),
-                    reference: None,
-                };
-                return (next, what);
+                return self.hold(next, what, load);
             }
         }
         let next = match finished_mode {
