@@ -171,7 +171,9 @@ impl Host {
     fn start_draining(&mut self, period: Duration) {
         let (sched, exit) = (self.sched.clone(), self.exit.clone());
         self.drainer = Some(std::thread::spawn(move || {
-            sched.run(period, &exit).unwrap();
+            sched
+                .run(period, &exit, stagevm::seccomp::SeccompMode::Off)
+                .unwrap();
         }));
     }
 

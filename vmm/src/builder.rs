@@ -551,5 +551,6 @@ pub fn build(config: &VmConfig) -> Result<Vmm, VmmError> {
         sched,
         drain_period: config.drain_period,
         assist_emulation: linux.is_some(),
+        seccomp: config.seccomp,
     })
 }

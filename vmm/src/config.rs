@@ -353,6 +353,8 @@ pub struct VmConfig {
     /// Initial RAM disk for Linux boots (`--initramfs`), loaded at the top of
     /// guest RAM.
     pub initramfs: Option<PathBuf>,
+    /// `--seccomp`: the per-thread seccomp filters' action.
+    pub seccomp: crate::seccomp::SeccompMode,
 }
 
 /// Checks that `path` is a regular file of at most `max` bytes before the

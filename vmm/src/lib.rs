@@ -13,7 +13,8 @@
 //! * [`vstate`] — the vCPU run loop, WAIT/WAKE parking, guest memory,
 //! * [`devices`] — the I/O bus, legacy devices, virtio-mmio block,
 //! * [`stage`] — the stage device: speaks the stage-channel ABI,
-//! * [`sched`] — stage scheduling: controller, pinner, the `stage-sched` loop.
+//! * [`sched`] — stage scheduling: controller, pinner, the `stage-sched` loop,
+//! * [`seccomp`] — one seccomp filter per thread kind.
 //!
 //! Data flows one way: guest ring → [`stage::StageDevice::drain`] →
 //! [`sched::Controller`] → host-sched policy → plan → stage map
@@ -31,6 +32,7 @@ pub mod exit;
 pub mod poll;
 pub mod ratelimit;
 pub mod sched;
+pub mod seccomp;
 pub mod stage;
 pub mod vmm;
 pub mod vstate;

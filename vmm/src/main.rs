@@ -77,6 +77,11 @@ struct Cli {
           value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
     drain_period_us: u64,
 
+    /// Per-thread seccomp filters: true (a forbidden syscall ends the VM
+    /// with status 2), log (allowed and logged by the kernel) or false.
+    #[arg(long, value_name = "true|false|log", default_value = "true")]
+    seccomp: stagevm::seccomp::SeccompMode,
+
     /// Stage configuration (TOML: host cores, policy, stage budgets); without it
     /// the embedded default (vmm/default-stages.toml) is used.
     #[arg(long, value_name = "PATH")]
@@ -226,6 +231,7 @@ fn main() -> ExitCode {
         disks: cli.disk.clone(),
         boot_mode: cli.boot_mode,
         initramfs: cli.initramfs,
+        seccomp: cli.seccomp,
     };
     let result = stagevm::builder::build(&config).and_then(stagevm::vmm::Vmm::run);
     match result {

@@ -25,6 +25,7 @@ use crate::error::VmmError;
 use crate::exit::{ExitEvent, VmExit};
 use crate::poll::Poller;
 use crate::sched::StageSched;
+use crate::seccomp::{SeccompMode, ThreadKind};
 use crate::vstate::vcpu::{self, Vcpu};
 
 /// How long `shutdown` waits for a kicked vCPU thread before giving up on
@@ -46,6 +47,8 @@ pub struct Vmm {
     /// Complete the kernel-mode `int3`/`fwait` KVM cannot emulate (Linux).
     pub(crate) assist_emulation: bool,
     pub(crate) exit: Arc<ExitEvent>,
+    /// `--seccomp`.
+    pub(crate) seccomp: SeccompMode,
 }
 
 /// How a VM ended and what it counted.
@@ -89,6 +92,7 @@ impl Vmm {
     /// could not be created.
     pub fn run(mut self) -> Result<RunOutcome, VmmError> {
         vcpu::install_kick_handler()?;
+        crate::seccomp::install_sigsys_handler()?;
         // SIGINT and SIGTERM go to the signalfd: block them before any
         // thread starts, so every thread inherits the mask.
         let mut mask = SigSet::empty();
@@ -102,6 +106,7 @@ impl Vmm {
         self.sched.pinner().start_helper_thread("vmm-main");
         let stop = Arc::new(AtomicBool::new(false));
         let threads = self.start_threads(&stop)?;
+        crate::seccomp::install(ThreadKind::Main, self.seccomp).map_err(std::io::Error::other)?;
         self.wait_for_exit(&signals)?;
         Ok(self.shutdown(&stop, threads))
     }
@@ -117,6 +122,7 @@ impl Vmm {
                 stop: stop.clone(),
                 exit: self.exit.clone(),
                 sched: self.sched.clone(),
+                seccomp: self.seccomp,
                 assist_emulation: self.assist_emulation,
                 assists: Default::default(),
             };
@@ -129,11 +135,12 @@ impl Vmm {
         // One helper I/O thread per block device, on housekeeping cores.
         let mut io = Vec::new();
         for block in self.bus.blocks() {
-            let (block, mem, sched, exit) = (
+            let (block, mem, sched, exit, seccomp) = (
                 block.clone(),
                 self.memory.clone(),
                 self.sched.clone(),
                 self.exit.clone(),
+                self.seccomp,
             );
             let name = format!("io-{}", block.name);
             io.push(
@@ -141,6 +148,10 @@ impl Vmm {
                     .name(name.clone())
                     .spawn(move || {
                         sched.pinner().start_helper_thread(&name);
+                        if let Err(e) = crate::seccomp::install(ThreadKind::IoBlk, seccomp) {
+                            exit.request(VmExit::ConfigError(e));
+                            return;
+                        }
                         if let Err(e) = block.serve(&mem, exit.fd()) {
                             tracing::error!(device = %block.name, "I/O thread failed: {e}");
                         }
@@ -154,14 +165,18 @@ impl Vmm {
         pinner.adopt_threads();
         let stage_sched = match self.sched.device() {
             Some(_) => {
-                let (sched, exit, period) =
-                    (self.sched.clone(), self.exit.clone(), self.drain_period);
+                let (sched, exit, period, seccomp) = (
+                    self.sched.clone(),
+                    self.exit.clone(),
+                    self.drain_period,
+                    self.seccomp,
+                );
                 Some(
                     std::thread::Builder::new()
                         .name("stage-sched".into())
                         .spawn(move || {
-                            if let Err(e) = sched.run(period, exit.fd()) {
-                                tracing::error!("stage-sched failed: {e}");
+                            if let Err(e) = sched.run(period, exit.fd(), seccomp) {
+                                exit.request(VmExit::ConfigError(format!("stage-sched: {e}")));
                             }
                         })?,
                 )

@@ -130,7 +130,12 @@ impl StageSched {
     /// REGISTER and then every policy period, and returns as soon as `exit`
     /// is readable (it is never reset: every loop of the VM sees it).
     /// Errors: the epoll or timer descriptors cannot be set up.
-    pub fn run(&self, drain_period: Duration, exit: &EventFd) -> std::io::Result<()> {
+    pub fn run(
+        &self,
+        drain_period: Duration,
+        exit: &EventFd,
+        seccomp: crate::seccomp::SeccompMode,
+    ) -> std::io::Result<()> {
         self.pinner.start_helper_thread("stage-sched");
         crate::exit::test_panic_hook("stage-sched");
         let mut timer = TimerFd::new()?;
@@ -140,6 +145,8 @@ impl StageSched {
             (timer.as_raw_fd(), TOKEN_TIMER),
             (self.registered.as_raw_fd(), TOKEN_REGISTERED),
         ])?;
+        crate::seccomp::install(crate::seccomp::ThreadKind::StageSched, seccomp)
+            .map_err(std::io::Error::other)?;
         let period = self.period();
         let mut next_period = Instant::now() + period;
         loop {

@@ -101,6 +101,8 @@ pub struct Vcpu {
     pub exit: Arc<ExitEvent>,
     /// Pins the thread at start; plans the first stage map at REGISTER.
     pub sched: Arc<StageSched>,
+    /// `--seccomp`: the vCPU filter is installed before the first KVM_RUN.
+    pub seccomp: crate::seccomp::SeccompMode,
     /// Complete a kernel-mode `int3` or `fwait` that KVM fails to emulate
     /// (see `Vcpu::assist_emulation`); on for Linux guests.
     pub assist_emulation: bool,
@@ -117,7 +119,10 @@ impl Vcpu {
         crate::exit::test_panic_hook("vcpu");
         let kvm_run: *mut u8 = &mut self.fd.get_kvm_run().immediate_exit;
         IMMEDIATE_EXIT.with(|p| p.set(kvm_run));
-        let event = self.run_loop();
+        let event = match crate::seccomp::install(crate::seccomp::ThreadKind::Vcpu, self.seccomp) {
+            Ok(()) => self.run_loop(),
+            Err(e) => Some(VmEvent::ConfigError(e)),
+        };
         IMMEDIATE_EXIT.with(|p| p.set(std::ptr::null_mut()));
         if !self.assists.is_empty() {
             let counts: Vec<String> = self
