@@ -171,7 +171,7 @@ pub fn program(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>
         .collect();
     // Rust's standard library checks, in debug builds, that a descriptor it
     // closes is open (`fcntl(fd, F_GETFD)`): allow that form everywhere.
-    if !rules.contains_key(&libc::SYS_fcntl) {
+    if let std::collections::btree_map::Entry::Vacant(slot) = rules.entry(libc::SYS_fcntl) {
         let getfd = SeccompCondition::new(
             1,
             SeccompCmpArgLen::Dword,
@@ -180,7 +180,7 @@ pub fn program(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>
         )
         .and_then(|c| SeccompRule::new(vec![c]))
         .map_err(|e| format!("seccomp rule for {kind:?}: {e}"))?;
-        rules.insert(libc::SYS_fcntl, vec![getfd]);
+        slot.insert(vec![getfd]);
     }
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, TargetArch::x86_64)
         .map_err(|e| format!("seccomp filter for {kind:?}: {e}"))?;
