@@ -101,6 +101,10 @@ bench-irq:
 bench-sim *ARGS:
     bench/stagesim/bench-sim.sh {{ARGS}}
 
+# Fuzz every guest-facing parser (fuzz/, bolero on stable): 1,000,000 cases per target in debug and release, then a table.
+fuzz *ARGS:
+    fuzz/run.sh {{ARGS}}
+
 # Formatting and lints (the workspace's [workspace.lints] and the guest's copy of them), warnings as errors.
 lint: setup
     cargo fmt --all --check

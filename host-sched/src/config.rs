@@ -133,11 +133,15 @@ impl Config {
             // toml's message spans several lines (with a source excerpt); keep
             // the key/value sentence on one line.
             let msg = e.message().replace('\n', " ");
+            // The span may fall inside a multi-byte character: take only
+            // what lies on character boundaries, and keep it on one line.
             let at = e
                 .span()
                 .map(|s| {
-                    let line = text[..s.start].lines().count().max(1);
-                    format!(" (line {line}: '{}')", text[s].trim())
+                    let before = text.get(..s.start).unwrap_or(text);
+                    let line = before.lines().count().max(1);
+                    let excerpt = text.get(s).unwrap_or("").trim();
+                    format!(" (line {line}: '{}')", excerpt.escape_debug())
                 })
                 .unwrap_or_default();
             ConfigError::Toml {
@@ -580,6 +584,11 @@ mod tests {
                 "min_cores",
             ),
             ("[polcy]\nname = \"static\"", "unknown field `polcy`"),
+            // Found by fuzzing: a span inside a multi-byte character, and a
+            // span over two lines.
+            ("é", "test.toml: "),
+            ("[host]\ncores = 1é", "test.toml: "),
+            ("[[stage]]\nmin_cores = 1", "missing field `name`"),
         ];
         for (text, needle) in cases {
             let e = resolve_text(text).unwrap_err().to_string();

@@ -76,7 +76,9 @@ pub struct VcpuRingStats {
 impl VcpuRingStats {
     /// All drops on this ring.
     pub fn dropped(&self) -> u64 {
-        self.dropped_bad_seq + self.dropped_bad_stage + self.bad_index
+        self.dropped_bad_seq
+            .saturating_add(self.dropped_bad_stage)
+            .saturating_add(self.bad_index)
     }
 }
 

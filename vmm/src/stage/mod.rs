@@ -448,10 +448,13 @@ impl StageDevice {
         r.waits = self.waits.load(Ordering::Relaxed);
         r.wakes = self.wakes.load(Ordering::Relaxed);
         r.host_wakes = self.host_wakes.load(Ordering::Relaxed);
-        r.requests = r.vcpus.iter().map(|v| v.exits).sum();
+        // `full_backoffs` are guest-written: every sum saturates.
+        let sum =
+            |f: fn(&VcpuRingStats) -> u64| r.vcpus.iter().map(f).fold(0u64, u64::saturating_add);
+        r.requests = sum(|v| v.exits);
+        r.dropped = sum(VcpuRingStats::dropped);
+        r.ring_full_backoffs = sum(|v| v.ring_full_backoffs);
         r.registered = inner.area.is_some();
-        r.dropped = r.vcpus.iter().map(VcpuRingStats::dropped).sum();
-        r.ring_full_backoffs = r.vcpus.iter().map(|v| v.ring_full_backoffs).sum();
         r
     }
 }

@@ -331,3 +331,21 @@ fn prefilled_rings_are_drained_in_bounded_passes_without_blocking_doorbells() {
     assert_eq!(dev.report().dropped, 0);
     assert!(worst < Duration::from_millis(5), "a WAKE waited {worst:?}");
 }
+
+/// Found by fuzzing: guest-written `full_backoffs` summing past `u64::MAX`
+/// overflowed the report's sum (a panic in debug builds); it saturates.
+#[test]
+fn backoff_sums_saturate() {
+    let mem = memory();
+    let layout = Layout::new(2, 2, 8).unwrap();
+    mem.write_obj(Obj(layout.header()), GuestAddress(AREA))
+        .unwrap();
+    let dev = StageDevice::new(mem.clone(), MEM, 2, 0, 0);
+    assert_eq!(register(&dev), Status::Ok);
+    for v in 0..2 {
+        let backoffs = AREA + layout.ring_offset(v) + 128;
+        mem.write_obj(1u64 << 63, GuestAddress(backoffs)).unwrap();
+    }
+    dev.drain();
+    assert_eq!(dev.report().ring_full_backoffs, u64::MAX);
+}
