@@ -58,6 +58,37 @@
 //!   `testguest: hopper …` lines (count, mean, p50, p99, max in ns and a
 //!   200 ns histogram per pass). `requests=` is ignored, and `threads=`
 //!   defaults to one thread in the whole guest (given, it is per vCPU),
+//! * `hostile=NAME[,NAME…][,forever]` — attack the VMM instead of running the
+//!   staged workload (`staged::hostile`, `hostile_virtio`; tested by
+//!   `tests/hostile.rs`): after the banner vCPU 0 runs the named attacks in
+//!   this order, prints `hostile: NAME start` and a `hostile: NAME …`
+//!   result line for each, then `hostile: done`, and shuts down with
+//!   `exit=`; with `forever` it repeats them until the VMM is killed.
+//!   Attacks:
+//!   - `register_flood` — 100,000 REGISTERs of bad PFNs (75,000 `BadRange`:
+//!     below 1 MiB, past RAM, near the top of the PFN space; 25,000
+//!     `BadMagic`: a zeroed page), then 100,000 of the registered area
+//!     (`AlreadyRegistered`);
+//!   - `wake_flood` — 100,000 WAKEs, 50,000 of valid vCPUs and 50,000 of
+//!     vCPUs out of range (`BadVcpu`);
+//!   - `ring_wrap` — vCPU 0's ring head jumps to `u64::MAX − 8`, plausible
+//!     entries run up to `u64::MAX` and across the wrap, then the head moves
+//!     behind the tail: 3 bad indices and 24 valid events per round;
+//!   - `prefill` — every ring filled completely with valid events and all
+//!     heads published at once (use `ring=65536` and many vCPUs); vCPU 1
+//!     times WAKE round trips before and during the drain and prints
+//!     `hostile: prefill wake latency …` (ns);
+//!   - `forged_tsc` — valid events whose TSC goes backwards, jumps to
+//!     `u64::MAX`, falls to 0 and stays equal (1022 on vCPU 0's ring, 500 on
+//!     vCPU 1's);
+//!   - `virtio_bad` — (needs `--disk`) queue sizes 3 and 512, misaligned
+//!     descriptor/driver/device addresses, a bad available index, a bad
+//!     head, QueueNotify floods (100,000 on a ready queue, 1,000 on a
+//!     stopped one), unoffered features; good reads in between must work;
+//!   - `virtio_chains` — (needs `--disk`) looping chains, a chain whose
+//!     next index is out of range, headers, data and status outside RAM,
+//!     overflowing and huge lengths, an indirect descriptor, and a
+//!     descriptor table outside RAM;
 //! * `exit=N` — exit code to shut down with after the work (default 0),
 //! * `fault=1` — execute `hlt` in ring 3 after the banner: a #GP with no IDT,
 //!   i.e. a triple fault, to test the VMM's failure path.
@@ -167,6 +198,7 @@ macro_rules! println {
 }
 
 mod disk;
+mod hostile_virtio;
 mod staged;
 
 /// xorshift64 (Marsaglia, "Xorshift RNGs", J. Stat. Softw. 2003; shifts 13, 7, 17).
@@ -226,6 +258,8 @@ struct Options {
     disk_chunk: usize,
     idle: staged::IdleConfig,
     switch_cost: u64,
+    /// Attacks on the VMM (`hostile=`).
+    hostile: staged::hostile::Hostile,
 }
 
 /// `A,B,C`: exactly three unsigned integers.
@@ -260,6 +294,7 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         disk_chunk: 64 * 1024,
         idle: staged::IdleConfig::default(),
         switch_cost: 0,
+        hostile: Default::default(),
     };
     let mut fp = stage_workload::Params {
         stages: 2,
@@ -303,6 +338,7 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
             "owned_idle_us" => opts.idle.owned_us = value.parse().map_err(|_| word)?,
             "switch_cost" => opts.switch_cost = value.parse().map_err(|_| word)?,
             "abuse" => opts.abuse = value == "1",
+            "hostile" => opts.hostile = staged::hostile::Hostile::parse(value).ok_or(word)?,
             "bench" => opts.bench = value == "1",
             "virtio_mmio.device" if opts.virtio.is_none() => {
                 opts.virtio = Some(disk::parse_device(value).ok_or(word)?)
@@ -420,7 +456,7 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
         if opts.bench {
             staged::bench(0, info.tsc_khz);
         }
-        if let Some((base, size)) = opts.virtio {
+        if let Some((base, size)) = opts.virtio.filter(|_| !opts.hostile.is_active()) {
             disk::run(base, size, opts.disk_chunk, opts.disk_write, info.tsc_khz);
         }
         BANNER_DONE.store(true, Ordering::Release);
@@ -437,6 +473,9 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
         opts.iters,
         checksum
     );
+    if opts.hostile.is_active() {
+        staged::hostile::run(vcpu as u32, &info, opts.hostile, opts.virtio, opts.exit);
+    }
     if let Some(cfg) = staged_config(&opts, vcpu as u32, info.num_vcpus) {
         staged::run_vcpu(vcpu as u32, info.num_vcpus, &cfg, info.tsc_khz);
     }

@@ -8,7 +8,7 @@
 use core::arch::asm;
 use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use guest_agent::{choose_from_map, Agent, Platform};
 use hypercall_abi::stage::{Layout, DOORBELL_STATUS, MAX_VCPUS, STAGE_NONE};
@@ -45,6 +45,14 @@ struct AgentCell(UnsafeCell<MaybeUninit<Agent<PortIo>>>);
 unsafe impl Sync for AgentCell {}
 static AGENT: AgentCell = AgentCell(UnsafeCell::new(MaybeUninit::uninit()));
 static READY: AtomicBool = AtomicBool::new(false);
+/// GPA (identity-mapped) of the registered area; 0 when inactive. Read by
+/// [`super::hostile`], which writes rings directly, as a hostile guest would.
+static AREA: AtomicU64 = AtomicU64::new(0);
+
+/// GPA of the registered stage-channel area (0 when the agent is inactive).
+pub(super) fn area() -> u64 {
+    AREA.load(Ordering::Acquire)
+}
 
 /// The guest's agent (inactive when the channel is not there). Panics if
 /// called before vCPU 0 published it in [`register`].
@@ -66,20 +74,22 @@ pub(super) fn register(
     ring_entries: u32,
     abuse: bool,
 ) {
+    let mut area = None;
     let agent = match Layout::new(info.num_vcpus, names.len() as u32, ring_entries) {
         Some(layout) => {
             let size = layout.area_size();
             match alloc_pages(size) {
-                Some(area) => {
+                Some(addr) => {
+                    area = Some(addr);
                     if abuse {
-                        abuse::bad_registers(info.mem_size, area, &layout);
+                        abuse::bad_registers(info.mem_size, addr, &layout);
                     }
-                    // SAFETY: `area` is `size` bytes of our own memory, page aligned.
+                    // SAFETY: `addr` is `size` bytes of our own memory, page aligned.
                     unsafe {
                         Agent::register(
                             PortIo,
-                            area as *mut u8,
-                            area,
+                            addr as *mut u8,
+                            addr,
                             size,
                             info.num_vcpus,
                             names,
@@ -99,6 +109,9 @@ pub(super) fn register(
         names.len(),
         ring_entries
     );
+    if let Some(addr) = area.filter(|_| agent.is_active()) {
+        AREA.store(addr, Ordering::Release);
+    }
     // SAFETY: only vCPU 0 writes, before READY is released.
     unsafe { (*AGENT.0.get()).write(agent) };
     READY.store(true, Ordering::Release);

@@ -36,12 +36,15 @@
 //! * [`bench`](mod@bench) — `bench=1`: the `stage_enter` / doorbell
 //!   micro-benchmark;
 //! * [`hopper`] — `hopper=N`: the thread-migration micro-benchmark (seed
-//!   000's `hopper`).
+//!   000's `hopper`);
+//! * [`hostile`] — `hostile=NAME,…`: attacks on the VMM instead of the
+//!   workload (`tests/hostile.rs`).
 
 mod abuse;
 mod agent;
 mod bench;
 pub mod hopper;
+pub mod hostile;
 mod runtime;
 mod stats;
 mod workload;
