@@ -309,19 +309,20 @@ fn prefilled_rings_are_drained_in_bounded_passes_without_blocking_doorbells() {
     let waker = {
         let (dev, done) = (dev.clone(), done.clone());
         std::thread::spawn(move || {
-            let mut worst = Duration::ZERO;
+            let mut waits = Vec::new();
             while !done.load(Ordering::Acquire) {
                 let t = std::time::Instant::now();
                 dev.doorbell(1, DOORBELL_WAKE, &0u32.to_le_bytes());
-                worst = worst.max(t.elapsed());
+                waits.push(t.elapsed());
             }
-            worst
+            waits.sort();
+            waits
         })
     };
     let first = dev.drain();
     let second = dev.drain();
     done.store(true, Ordering::Release);
-    let worst = waker.join().unwrap();
+    let waits = waker.join().unwrap();
     let per_pass = (VCPUS as u64 * MAX_DRAIN_PER_RING) as usize;
     assert_eq!(first.events.len(), per_pass);
     assert_eq!(
@@ -329,7 +330,12 @@ fn prefilled_rings_are_drained_in_bounded_passes_without_blocking_doorbells() {
         (VCPUS * ENTRIES) as usize
     );
     assert_eq!(dev.report().dropped, 0);
-    assert!(worst < Duration::from_millis(5), "a WAKE waited {worst:?}");
+    // WAKE takes no lock a drain holds: while a drain pass runs, WAKEs keep
+    // completing at once (a descheduled test thread on 2 busy cores can
+    // still stretch one; the old device lock made them wait a whole pass).
+    let median = waits[waits.len() / 2];
+    assert!(waits.len() > 100, "{} WAKEs during the drains", waits.len());
+    assert!(median < Duration::from_millis(1), "median WAKE {median:?}");
 }
 
 /// Found by fuzzing: guest-written `full_backoffs` summing past `u64::MAX`
