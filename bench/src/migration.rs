@@ -49,7 +49,7 @@ struct Args {
     stage_cores: String,
     /// Stage ring entries per vCPU: large enough that the guest never waits
     /// for the host to drain (about two events per switch).
-    #[arg(long, default_value_t = 16384)]
+    #[arg(long, default_value_t = 65536)]
     ring: u32,
 }
 
@@ -60,6 +60,11 @@ struct Config {
     stages: u32,
     /// Idle targets park at once (`owned_idle_us=0 idle_spin_us=0`).
     parked: bool,
+    /// `--drain-period-us`: how often the VMM's `stage-sched` thread wakes.
+    /// With 2 cores there is no housekeeping core, so it runs on the
+    /// vCPUs' cores; 5 ms instead of the default 1 ms interrupts fewer
+    /// hand-offs, the nearest this machine comes to a vCPU owning its core.
+    drain_us: u32,
 }
 
 impl Config {
@@ -70,33 +75,47 @@ impl Config {
             "3 vCPUs on 2 cores (shared)"
         };
         let targets = if self.parked { "parked" } else { "spinning" };
-        format!("hopper={}, {cores}, {targets} targets", self.stages)
+        format!(
+            "hopper={}, {cores}, {targets} targets, drain every {} ms",
+            self.stages,
+            self.drain_us / 1000
+        )
     }
 }
 
 /// The sweep, in the order of the first round.
-const CONFIGS: [Config; 4] = [
+const CONFIGS: [Config; 5] = [
     Config {
         stages: 2,
         parked: false,
+        drain_us: 1000,
+    },
+    Config {
+        stages: 2,
+        parked: false,
+        drain_us: 5000,
     },
     Config {
         stages: 2,
         parked: true,
+        drain_us: 1000,
     },
     Config {
         stages: 3,
         parked: false,
+        drain_us: 1000,
     },
     Config {
         stages: 3,
         parked: true,
+        drain_us: 1000,
     },
 ];
 
-/// The configuration target T4 is judged on: vCPUs that own their cores,
-/// idle targets polling (seed 000's busy-polling figure).
-const T4_CONFIG: usize = 0;
+/// The configurations target T4 is judged on: vCPUs that own their cores
+/// (among vCPUs), idle targets polling (seed 000's busy-polling figure),
+/// with the default drain period and with the quieter one.
+const T4_CONFIGS: [usize; 2] = [0, 1];
 /// T4's bound on the migration mean (ns).
 const T4_NS: f64 = 1000.0;
 
@@ -200,6 +219,7 @@ fn run_once(args: &Args, cfg: Config, stages: &Path) -> Result<Sample> {
         .args(["--cpus", &format!("boot={}", cfg.stages), "--stages"])
         .arg(stages)
         .args(["--policy", "static", "--stage-cores", &args.stage_cores])
+        .args(["--drain-period-us", &cfg.drain_us.to_string()])
         .args(["--cmdline", &cmdline])
         .output()
         .with_context(|| format!("running {}", args.target.stagevm.display()))?;
@@ -251,12 +271,12 @@ fn report(args: &Args, runs: &[Vec<Sample>], others: f64) {
             col(&|s| s.local.mean),
         );
     }
-    let t4 = &runs[T4_CONFIG];
+    let t4 = &runs[T4_CONFIGS[0]];
     if let Some(last) = t4.last() {
         let max = t4.iter().map(|s| s.migrations.max).fold(0.0, f64::max);
         println!(
             "\nMigration histogram of `{}`, last round (200 ns buckets, lower bound ns:count; worst over rounds {max:.0} ns): {}",
-            CONFIGS[T4_CONFIG].label(),
+            CONFIGS[T4_CONFIGS[0]].label(),
             last.histogram
         );
     }
@@ -269,20 +289,26 @@ fn report(args: &Args, runs: &[Vec<Sample>], others: f64) {
         "\nBackground load: other processes used {others:.2} cores on average during the runs (from /proc/stat minus this benchmark's own CPU time){}.\n",
         if busy { " — the machine was busy; targets are not judged met" } else { "" }
     );
-    let mean = median(t4.iter().map(|s| s.migrations.mean).collect());
-    let all_owned = t4
-        .iter()
-        .all(|s| s.owned & 0b11 == 0b11 && s.migrations.count > 0);
-    let verdict = if busy {
-        format!("**not met** (not judged: background load {others:.2} cores > {BUSY_CORES}; rerun on a quiet machine)")
-    } else if !all_owned {
-        "**not met** (the map did not give both vCPUs their own core)".to_string()
-    } else if mean <= T4_NS {
-        "**met**".to_string()
-    } else {
-        "**not met**".to_string()
-    };
-    println!("- T4: migration mean ≤ 1 µs between vCPUs that own their cores (seed 000: 1.3 µs): {mean:.0} ns: {verdict}");
+    for i in T4_CONFIGS {
+        let t4 = &runs[i];
+        let mean = median(t4.iter().map(|s| s.migrations.mean).collect());
+        let all_owned = t4
+            .iter()
+            .all(|s| s.owned & 0b11 == 0b11 && s.migrations.count > 0);
+        let verdict = if busy {
+            format!("**not met** (not judged: background load {others:.2} cores > {BUSY_CORES}; rerun on a quiet machine)")
+        } else if !all_owned {
+            "**not met** (the map did not give both vCPUs their own core)".to_string()
+        } else if mean <= T4_NS {
+            "**met**".to_string()
+        } else {
+            "**not met**".to_string()
+        };
+        println!(
+            "- T4: migration mean ≤ 1 µs between vCPUs that own their cores (seed 000: 1.3 µs), {}: {mean:.0} ns: {verdict}",
+            CONFIGS[i].label()
+        );
+    }
 }
 
 fn main() -> Result<()> {
