@@ -303,3 +303,37 @@ fn run_ok(args: &[&str]) -> Run {
     assert_eq!(run.code(), 0, "{run:#?}");
     run
 }
+
+/// A serial console whose writes fail (a full disk: `/dev/full`) used to
+/// log one warning per byte the guest wrote (issue 14 D13); the lines are
+/// rate-limited and the rest counted.
+#[test]
+fn failing_serial_output_is_logged_rate_limited() {
+    let guest = guest_image();
+    let _lock = vm_lock();
+    let run = run(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--serial",
+        "file=/dev/full",
+        "--cmdline",
+        "iters=1000 requests=50",
+    ]);
+    run.assert_no_panic();
+    assert_eq!(run.code(), 0, "{run:#?}");
+    let failures = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("serial output failed"))
+        .count();
+    assert!(
+        (1..=10).contains(&failures),
+        "{failures} lines: {}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("guest-triggered log lines suppressed"),
+        "{}",
+        run.stderr
+    );
+}

@@ -43,6 +43,9 @@ pub struct AutoParams {
     pub mix_settle: u32,
     /// Weight of the newest period in the moving average of the shares.
     pub mix_smoothing: f64,
+    /// Periods run unstaged before the first trial: a guest that does not
+    /// run that long never pays for a trial (do no harm on short runs).
+    pub first_trial_after: u32,
 }
 
 impl Default for AutoParams {
@@ -56,6 +59,7 @@ impl Default for AutoParams {
             mix_change: 0.3,
             mix_settle: 10,
             mix_smoothing: 0.1,
+            first_trial_after: 10,
         }
     }
 }
@@ -148,11 +152,11 @@ impl Auto {
             staged: build(PolicyKind::Static, ctx.clone()),
             unstaged: build(PolicyKind::Pinned, ctx),
             params,
-            state: State::Trial {
+            state: State::Hold {
                 mode: Mode::Unstaged,
-                period: 0,
-                staged: Vec::new(),
-                unstaged: Vec::new(),
+                left: params.first_trial_after,
+                average: Vec::new(),
+                reference: None,
             },
             rate: None,
             decision: None,

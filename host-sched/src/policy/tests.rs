@@ -215,7 +215,10 @@ fn drive_auto(p: &mut auto::Auto, periods: usize, rate: impl Fn(bool) -> f64) ->
 
 #[test]
 fn auto_keeps_staged_only_when_it_is_faster_by_the_margin() {
-    let params = auto::AutoParams::default();
+    let params = auto::AutoParams {
+        first_trial_after: 0,
+        ..Default::default()
+    };
     // Staged 20 % faster: chosen after the first round (decisive), then held.
     let mut p = auto::Auto::new(ctx(2, 2, 2), params);
     let modes = drive_auto(&mut p, 60, |s| if s { 120.0 } else { 100.0 });
@@ -238,6 +241,7 @@ fn auto_keeps_staged_only_when_it_is_faster_by_the_margin() {
 fn auto_trials_again_after_its_hold_and_records_why() {
     let params = auto::AutoParams {
         hold_periods: 10,
+        first_trial_after: 0,
         ..Default::default()
     };
     let mut p = auto::Auto::new(ctx(2, 2, 2), params);
@@ -269,7 +273,13 @@ fn auto_trials_again_after_its_hold_and_records_why() {
 
 #[test]
 fn auto_ignores_periods_without_requests() {
-    let mut p = auto::Auto::new(ctx(2, 2, 2), auto::AutoParams::default());
+    let mut p = auto::Auto::new(
+        ctx(2, 2, 2),
+        auto::AutoParams {
+            first_trial_after: 0,
+            ..Default::default()
+        },
+    );
     // No request ever completes: it never decides, it keeps trying.
     let modes = drive_auto(&mut p, 40, |_| 0.0);
     assert!(modes.iter().any(|s| *s) && modes.iter().any(|s| !*s));
@@ -304,4 +314,19 @@ proptest! {
         let plan = p.plan(&load);
         prop_assert_eq!(plan.requirement.iter().sum::<usize>(), 2);
     }
+}
+
+#[test]
+fn auto_runs_unstaged_before_its_first_trial() {
+    let params = auto::AutoParams::default();
+    let mut p = auto::Auto::new(ctx(2, 2, 2), params);
+    // Staged would win, but a run shorter than the first hold never tries it.
+    let modes = drive_auto(&mut p, params.first_trial_after as usize, |s| {
+        if s {
+            200.0
+        } else {
+            100.0
+        }
+    });
+    assert!(modes.iter().all(|s| !*s), "{modes:?}");
 }

@@ -325,37 +325,6 @@ impl StageDevice {
         self.parkers.stop();
     }
 
-    /// Publishes `masks` (per stage, the vCPUs serving it) and `owned` (the
-    /// vCPUs alone on their core) as a new map epoch, with [`ABI_MINOR`].
-    fn publish_map(&self, area: &mut Area, masks: &[u64; MAX_STAGES], owned: u64) {
-        let map = area.gpa + STAGE_MAP_OFFSET;
-        let epoch = area.epoch;
-        // Seqlock write: odd epoch, data, even epoch (release).
-        let _ = self
-            .memory
-            .store(epoch + 1, GuestAddress(map), Ordering::Release);
-        std::sync::atomic::fence(Ordering::Release);
-        for (i, mask) in masks.iter().enumerate() {
-            let _ = self.memory.store(
-                *mask,
-                GuestAddress(map + 8 + 8 * i as u64),
-                Ordering::Relaxed,
-            );
-        }
-        for (offset, word) in [
-            (core::mem::offset_of!(StageMap, owned), owned),
-            (core::mem::offset_of!(StageMap, minor), ABI_MINOR),
-        ] {
-            let _ = self
-                .memory
-                .store(word, GuestAddress(map + offset as u64), Ordering::Relaxed);
-        }
-        let _ = self
-            .memory
-            .store(epoch + 2, GuestAddress(map), Ordering::Release);
-        area.epoch = epoch + 2;
-    }
-
     /// Drains every ring once (the `stage-sched` thread's periodic work, and
     /// the final pass after the guest stopped). Empty without an area.
     pub fn drain(&self) -> Drained {
@@ -397,22 +366,40 @@ impl StageDevice {
     /// past the registered count are ignored), and `owned`, the vCPUs alone
     /// on their host core (ABI minor 1). No-op without an area.
     pub fn publish(&self, stage_vcpus: &[u64], owned: u64) {
-        let mut inner = self.lock();
-        let Some(mut area) = inner.area.take() else {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let Some(area) = inner.area.as_mut() else {
             return;
         };
-        let mut masks = [0u64; MAX_STAGES];
-        for (m, v) in masks
-            .iter_mut()
-            .zip(stage_vcpus)
-            .take(area.layout.num_stages as usize)
-        {
-            *m = *v;
+        // Stages past the registered count get no vCPU.
+        let masks = (0..MAX_STAGES).map(|s| match stage_vcpus.get(s) {
+            Some(m) if s < area.layout.num_stages as usize => *m,
+            _ => 0,
+        });
+        let map = area.gpa + STAGE_MAP_OFFSET;
+        let store = |value: u64, offset: u64, order| {
+            let _ = self.memory.store(value, GuestAddress(map + offset), order);
+        };
+        // Seqlock write: odd epoch, data, even epoch (release).
+        store(area.epoch + 1, 0, Ordering::Release);
+        std::sync::atomic::fence(Ordering::Release);
+        for (i, mask) in masks.enumerate() {
+            store(mask, 8 + 8 * i as u64, Ordering::Relaxed);
         }
-        self.publish_map(&mut area, &masks, owned);
+        store(
+            owned,
+            core::mem::offset_of!(StageMap, owned) as u64,
+            Ordering::Relaxed,
+        );
+        store(
+            ABI_MINOR,
+            core::mem::offset_of!(StageMap, minor) as u64,
+            Ordering::Relaxed,
+        );
+        area.epoch += 2;
+        store(area.epoch, 0, Ordering::Release);
         inner.report.map_epoch = area.epoch;
         inner.report.maps_published += 1;
-        inner.area = Some(area);
     }
 
     /// Wakes every vCPU that published `parked` with a non-empty run queue

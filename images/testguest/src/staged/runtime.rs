@@ -23,7 +23,8 @@ use hypercall_abi::stage::{MAX_VCPUS, STAGE_NONE};
 
 use super::agent::{agent, PortIo};
 use super::stats::{
-    count, END_TSC, IDLE_EVENTS, START_TSC, SWITCHES, SWITCH_CYCLES, TOTAL_REQUESTS, VCPU_COUNTS,
+    count, END_TSC, IDLE_EVENTS, MIGRATIONS, MIGRATIONS_IN, START_TSC, SWITCHES, SWITCH_CYCLES,
+    TOTAL_REQUESTS, VCPU_COUNTS,
 };
 use super::workload::{thread_main, Job};
 use super::IdleConfig;
@@ -183,16 +184,22 @@ impl RunQueue {
     }
 
     fn pop(&self) -> Option<&'static Thread> {
+        self.pop_if(|_| true)
+    }
+
+    /// Pops the head thread if `take` accepts it (under the queue's lock).
+    fn pop_if(&self, take: impl Fn(&Thread) -> bool) -> Option<&'static Thread> {
         if self.len.load(Ordering::Acquire) == 0 {
             return None;
         }
         self.lock();
         let head = self.head.load(Ordering::Relaxed);
-        if head.is_null() {
+        // SAFETY: threads on a queue are live and never freed.
+        if head.is_null() || !take(unsafe { &*head }) {
             self.unlock();
             return None;
         }
-        // SAFETY: threads on a queue are live and never freed.
+        // SAFETY: as above.
         let t: &'static Thread = unsafe { &*head };
         let next = t.next.load(Ordering::Relaxed);
         self.head.store(next, Ordering::Relaxed);
@@ -313,6 +320,53 @@ fn enqueue(t: &'static Thread, vcpu: u32, from: u32) {
     }
 }
 
+/// Work stealing under an unstaged map: an idle `vcpu` that serves every
+/// stage takes the first waiting thread of the busiest other run queue, as
+/// an OS balances its run queues. Without it, threads that a staged map
+/// gathered on some vCPUs stay there after the map turns unstaged
+/// (`--policy auto`'s trials) and the other vCPUs idle. Under a staged map
+/// threads move only at stage switches, as before. Returns whether it took
+/// one (counted as a migration, as the host counts it).
+fn steal(vcpu: u32) -> bool {
+    let a = agent();
+    let n = num_vcpus();
+    let map = a.read_map();
+    let unstaged = map.is_none_or(|m| {
+        m.vcpus
+            .iter()
+            .all(|mask| *mask == 0 || (vcpu < 64 && mask & (1 << vcpu) != 0))
+    });
+    if !unstaged {
+        return false;
+    }
+    let Some(victim) = (0..n)
+        .filter(|v| *v != vcpu)
+        .max_by_key(|v| RUNQ[*v as usize].len.load(Ordering::Relaxed))
+        .filter(|v| !RUNQ[*v as usize].is_empty())
+    else {
+        return false;
+    };
+    let serves = |t: &Thread| {
+        let stage = t.stage.load(Ordering::Relaxed);
+        stage == STAGE_NONE || map.is_none_or(|m| m.serves(stage, vcpu))
+    };
+    let Some(t) = RUNQ[victim as usize].pop_if(serves) else {
+        return false;
+    };
+    a.runq_add(victim, -1);
+    a.runq_add(vcpu, 1);
+    let stage = t.stage.load(Ordering::Relaxed);
+    if let Some(m) = MIGRATIONS_IN.get(stage as usize) {
+        MIGRATIONS.fetch_add(1, Ordering::Relaxed);
+        m.fetch_add(1, Ordering::Relaxed);
+    }
+    RUNQ[vcpu as usize].push(t);
+    true
+}
+
+/// Polls between two steal attempts of an idle vCPU.
+const STEAL_EVERY: u32 = 16;
+
 /// TSC ticks an idle `vcpu` polls before parking: [`IdleConfig::owned_us`]
 /// when the current map says it is alone on its host core, else
 /// [`IdleConfig::shared_us`].
@@ -335,9 +389,14 @@ fn idle(vcpu: u32, idle: &IdleConfig, tsc_khz: u64) {
     // stage's (the policy's load is vCPU time per stage).
     count(a.vcpu_idle(vcpu), &IDLE_EVENTS);
     let spin_cycles = idle_spin_cycles(vcpu, idle, tsc_khz);
+    let mut polls = 0u32;
     let start = PortIo.tsc();
     let mut spin = 1u32;
     while q.is_empty() && LIVE.load(Ordering::SeqCst) != 0 {
+        polls = polls.wrapping_add(1);
+        if polls % STEAL_EVERY == 1 && steal(vcpu) {
+            break;
+        }
         if a.is_active() && PortIo.tsc().wrapping_sub(start) >= spin_cycles {
             a.set_parked(vcpu, true);
             if q.is_empty() && LIVE.load(Ordering::SeqCst) != 0 {

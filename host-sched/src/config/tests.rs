@@ -1,0 +1,112 @@
+//! Tests of the configuration: parsing, resolution, errors naming key and value.
+
+use super::*;
+
+fn topo() -> Topology {
+    Topology {
+        allowed: CpuSet::parse("0-3").unwrap(),
+        online: CpuSet::parse("0-3").unwrap(),
+        isolated: CpuSet::new(),
+    }
+}
+
+fn resolve_text(text: &str) -> Result<Resolved, ConfigError> {
+    resolve(
+        &Config::from_toml(text, "test.toml")?,
+        &Overrides::default(),
+        &topo(),
+    )
+}
+
+#[test]
+fn defaults_use_allowed_cores_and_no_housekeeping() {
+    let r = resolve_text("").unwrap();
+    assert_eq!(r.stage_cores.to_string(), "0-3");
+    assert!(r.helpers_share_stage_cores);
+    assert_eq!(r.policy, PolicyKind::Static);
+    assert_eq!(r.period, Duration::from_millis(20));
+}
+
+#[test]
+fn housekeeping_is_the_rest() {
+    let r = resolve_text("[host]\ncores = \"1-3\"").unwrap();
+    assert_eq!(r.housekeeping.to_string(), "0");
+    assert!(!r.helpers_share_stage_cores);
+}
+
+#[test]
+fn errors_name_key_and_value() {
+    let cases = [
+        (
+            "[host]\ncores = \"0-7\"",
+            "host.cores = '0-7': CPU 4 is not online",
+        ),
+        ("[host]\ncores = \"x\"", "host.cores = 'x'"),
+        (
+            "[host]\ncores = \"0-1\"\nhousekeeping = \"1-2\"",
+            "host.housekeeping = '1-2': overlaps",
+        ),
+        (
+            "[policy]\nname = \"fast\"",
+            "policy.name = 'fast': unknown policy",
+        ),
+        ("[policy]\nperiod_ms = 0", "policy.period_ms = 0"),
+        (
+            "[[stage]]\nname = \"a\"\nmin_cores = 3\nmax_cores = 1",
+            "min_cores = 3 > max_cores = 1",
+        ),
+        (
+            "[[stage]]\nname = \"a\"\nmin_cores = 3\n[[stage]]\nname = \"b\"\nmin_cores = 2",
+            "budgets cannot fit: min_cores sum to 5",
+        ),
+        (
+            "[[stage]]\nname = \"a\"\n[[stage]]\nname = \"a\"",
+            "'a': defined twice",
+        ),
+        ("[[stage]]\nname = \"a\"\nweight = -1.0", "weight = -1"),
+        (
+            "[[stage]]\nname = \"a\"\nweight = 2e296",
+            "weight = 2e296: must be in 0..=1000000",
+        ),
+        (
+            "[[stage]]\nname = \"a\"\nmin_cores = 9223372036854775807",
+            "min_cores",
+        ),
+        ("[polcy]\nname = \"static\"", "unknown field `polcy`"),
+        // Found by fuzzing: a span inside a multi-byte character, and a
+        // span over two lines.
+        ("é", "test.toml: "),
+        ("[host]\ncores = 1é", "test.toml: "),
+        ("[[stage]]\nmin_cores = 1", "missing field `name`"),
+    ];
+    for (text, needle) in cases {
+        let e = resolve_text(text).unwrap_err().to_string();
+        assert!(e.contains(needle), "{text:?}: {e}");
+        assert!(!e.contains('\n'), "one line: {e}");
+    }
+}
+
+#[test]
+fn guest_stage_matching() {
+    let r =
+        resolve_text("[[stage]]\nname = \"parse\"\nmax_cores = 1\n[[stage]]\nname = \"commit\"")
+            .unwrap();
+    let guest = vec!["parse".to_string(), "plan".to_string()];
+    let e = r.budgets_for(&guest).unwrap_err().to_string();
+    assert!(
+        e.contains("stage 'commit': unknown stage; the guest declared parse, plan"),
+        "{e}"
+    );
+    let r = resolve_text("[[stage]]\nname = \"parse\"\nmax_cores = 1").unwrap();
+    let b = r.budgets_for(&guest).unwrap();
+    assert_eq!((b[0].max_cores, b[1].max_cores), (1, 4));
+    let r = resolve_text(
+        "[[stage]]\nname = \"parse\"\nmax_cores = 1\n[[stage]]\nname = \"plan\"\nmax_cores = 1",
+    )
+    .unwrap();
+    assert!(r
+        .budgets_for(&guest)
+        .unwrap_err()
+        .to_string()
+        .contains("max_cores sum to 2"));
+}
