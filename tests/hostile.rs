@@ -143,22 +143,9 @@ fn reap(pid: u32, deadline: Instant) -> Option<(i32, u64)> {
 /// sends SIGTERM 200 ms after the guest printed a line containing it and
 /// times the exit.
 fn attack(args: &[&str], sigterm_at: Option<&str>) -> Attacked {
-    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let guest = guest_image();
     let _lock = vm_lock();
-    let report = std::env::temp_dir().join(format!(
-        "stagevm-hostile-{}-{}.json",
-        std::process::id(),
-        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    let mut all = vec![
-        "--kernel",
-        guest.to_str().unwrap(),
-        "--report",
-        report.to_str().unwrap(),
-    ];
-    all.extend_from_slice(args);
-    let mut child = spawn(&all);
+    let report = report_path("hostile");
+    let mut child = spawn(&guest_args_with_report(&report, args));
     let pid = child.id();
     let (tx, rx) = mpsc::channel::<String>();
     let stdout = BufReader::new(child.stdout.take().unwrap());

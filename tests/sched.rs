@@ -97,7 +97,7 @@ fn timeline(json: &Report) -> Vec<(Vec<usize>, Vec<f64>)> {
 
 /// parse is 4× heavier than execute for the first half of every thread's
 /// requests, then execute is 4× heavier; plan rides along (max_cores = 0).
-const PHASE_CMDLINE: &str = "iters=1000 threads=3 requests=6000 work=2000 weights=4,1,1 phase=1";
+const PHASE_CMDLINE: &str = "iters=1000 threads=3 requests=6000 work=2000 weights=8,1,1 phase=1";
 
 fn phase_config(policy: &str) -> String {
     format!("[host]\ncores = \"0-1\"\n[policy]\nname = \"{policy}\"\n[[stage]]\nname = \"plan\"\nmax_cores = 0\n")

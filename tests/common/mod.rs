@@ -224,26 +224,35 @@ pub fn line_numbers(stdout: &str, prefix: &str) -> Vec<u64> {
     numbers(line)
 }
 
-/// Boots the test guest with `args` (after `--kernel`) plus `--report`,
-/// holding the [`VmLock`]; asserts exit 0 without a panic and returns the
-/// run and its report.
-pub fn boot_with_report(args: &[&str]) -> (Run, stagevm_report::Report) {
+/// A fresh report path in the temporary directory, `stagevm-<what>-<pid>-<n>.json`.
+pub fn report_path(what: &str) -> PathBuf {
     static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let guest = guest_image();
-    let _lock = vm_lock();
-    let report = std::env::temp_dir().join(format!(
-        "stagevm-report-{}-{}.json",
+    std::env::temp_dir().join(format!(
+        "stagevm-{what}-{}-{}.json",
         std::process::id(),
         SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
+    ))
+}
+
+/// `--kernel <test guest> --report <report>` followed by `args`.
+pub fn guest_args_with_report<'a>(report: &'a Path, args: &[&'a str]) -> Vec<&'a str> {
     let mut all = vec![
         "--kernel",
-        guest.to_str().unwrap(),
+        guest_image().to_str().unwrap(),
         "--report",
         report.to_str().unwrap(),
     ];
     all.extend_from_slice(args);
-    let run = run(&all);
+    all
+}
+
+/// Boots the test guest with `args` (after `--kernel`) plus `--report`,
+/// holding the [`VmLock`]; asserts exit 0 without a panic and returns the
+/// run and its report.
+pub fn boot_with_report(args: &[&str]) -> (Run, stagevm_report::Report) {
+    let _lock = vm_lock();
+    let report = report_path("report");
+    let run = run(&guest_args_with_report(&report, args));
     run.assert_no_panic();
     assert_eq!(run.code(), 0, "{run:#?}");
     let json = stagevm_report::Report::read(&report)
