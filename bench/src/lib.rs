@@ -93,6 +93,71 @@ pub mod stats {
         }
     }
 
+    /// Median and range of per-round values.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Spread {
+        /// Median (upper median for an even count).
+        pub med: f64,
+        /// Smallest value.
+        pub min: f64,
+        /// Largest value.
+        pub max: f64,
+        /// How many finite values there were.
+        pub n: usize,
+    }
+
+    impl Spread {
+        /// Over the finite values of `v` (all NaN when there is none).
+        pub fn of(v: &[f64]) -> Self {
+            let finite: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+            if finite.is_empty() {
+                return Self {
+                    med: f64::NAN,
+                    min: f64::NAN,
+                    max: f64::NAN,
+                    n: 0,
+                };
+            }
+            Self {
+                med: median(finite.clone()),
+                min: finite.iter().copied().fold(f64::INFINITY, f64::min),
+                max: finite.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                n: finite.len(),
+            }
+        }
+
+        /// `median (min–max)` with `digits` decimals, the median alone for a
+        /// single value, or `-`.
+        pub fn plain(&self, digits: usize) -> String {
+            match self.n {
+                0 => "-".into(),
+                1 => format!("{:.digits$}", self.med),
+                _ => format!(
+                    "{:.digits$} ({:.digits$}–{:.digits$})",
+                    self.med, self.min, self.max
+                ),
+            }
+        }
+
+        /// As a ratio: `1.040× (0.980–1.100)`, or `-`.
+        pub fn ratio(&self) -> String {
+            if self.med.is_finite() {
+                format!("{:.3}× ({:.3}–{:.3})", self.med, self.min, self.max)
+            } else {
+                "-".into()
+            }
+        }
+
+        /// As a rate: `123456 (120000–125000)`, or `-`.
+        pub fn rate(&self) -> String {
+            if self.med.is_finite() {
+                format!("{:.0} ({:.0}–{:.0})", self.med, self.min, self.max)
+            } else {
+                "-".into()
+            }
+        }
+    }
+
     #[cfg(test)]
     mod tests {
         #[test]

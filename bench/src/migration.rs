@@ -28,7 +28,7 @@ use anyhow::{bail, ensure, Context, Result};
 use clap::Parser;
 
 use stagevm_bench::load::{Meter, BUSY_CORES};
-use stagevm_bench::stats::median;
+use stagevm_bench::stats::{median, Spread};
 use stagevm_bench::target::Target;
 
 /// Measures guest thread migration latency between vCPUs (hopper).
@@ -235,18 +235,6 @@ fn run_once(args: &Args, cfg: Config, stages: &Path) -> Result<Sample> {
     parse(&stdout).with_context(|| format!("no hopper lines in the guest output:\n{stdout}"))
 }
 
-/// `median (min–max)` of `v` with `digits` decimals.
-fn spread(v: &[f64], digits: usize) -> String {
-    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let med = median(v.to_vec());
-    if v.len() > 1 {
-        format!("{med:.digits$} ({min:.digits$}–{max:.digits$})")
-    } else {
-        format!("{med:.digits$}")
-    }
-}
-
 /// Prints the results table, the T4 line and the background load.
 fn report(args: &Args, runs: &[Vec<Sample>], others: f64) {
     println!(
@@ -256,8 +244,9 @@ fn report(args: &Args, runs: &[Vec<Sample>], others: f64) {
     println!("| configuration | owned vCPUs | migrations | stayed | migration mean | migration p50 | migration p99 | local switch mean |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for (cfg, samples) in CONFIGS.iter().zip(runs) {
-        let col =
-            |f: &dyn Fn(&Sample) -> f64| spread(&samples.iter().map(f).collect::<Vec<_>>(), 0);
+        let col = |f: &dyn Fn(&Sample) -> f64| {
+            Spread::of(&samples.iter().map(f).collect::<Vec<_>>()).plain(0)
+        };
         let last = samples.last().cloned().unwrap_or_default();
         println!(
             "| {} | {:#x} | {} | {} | {} | {} | {} | {} |",

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use stagevm_bench::guest::GuestRun;
-use stagevm_bench::stats::median;
+use stagevm_bench::stats::{median, Spread};
 
 /// Which workload a cell ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -17,54 +17,6 @@ pub enum Work {
     Footprint(usize),
     /// The test guest's default staged workload (`bench-policies`).
     Staged,
-}
-
-/// Median and range of a cell's per-round values.
-#[derive(Clone, Copy, Debug)]
-pub struct Spread {
-    /// Median (upper median for an even count).
-    pub med: f64,
-    /// Smallest value.
-    pub min: f64,
-    /// Largest value.
-    pub max: f64,
-}
-
-impl Spread {
-    /// Over the finite values of `v` (all NaN when there is none).
-    pub fn of(v: &[f64]) -> Self {
-        let finite: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-        if finite.is_empty() {
-            return Self {
-                med: f64::NAN,
-                min: f64::NAN,
-                max: f64::NAN,
-            };
-        }
-        Self {
-            med: median(finite.clone()),
-            min: finite.iter().copied().fold(f64::INFINITY, f64::min),
-            max: finite.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-        }
-    }
-
-    /// As a ratio: `1.040× (0.980–1.100)`, or `-`.
-    pub fn ratio(&self) -> String {
-        if self.med.is_finite() {
-            format!("{:.3}× ({:.3}–{:.3})", self.med, self.min, self.max)
-        } else {
-            "-".into()
-        }
-    }
-
-    /// As a rate: `123456 (120000–125000)`, or `-`.
-    pub fn rate(&self) -> String {
-        if self.med.is_finite() {
-            format!("{:.0} ({:.0}–{:.0})", self.med, self.min, self.max)
-        } else {
-            "-".into()
-        }
-    }
 }
 
 /// The guest runs, keyed (workload, vCPUs, policy), one per round.

@@ -33,9 +33,10 @@ mod plot;
 mod table;
 mod targets;
 
-use cells::{Cells, Spread, Work};
+use cells::{Cells, Work};
 use stagevm_bench::guest::{Boot, GuestRun, STAGED_CMDLINE};
 use stagevm_bench::load::Meter;
+use stagevm_bench::stats::Spread;
 use stagevm_bench::target::Target;
 
 /// Sweeps code footprint × policy × vCPUs with the guest and the native

@@ -9,8 +9,9 @@ use std::time::Duration;
 use anyhow::Result;
 use stagevm_bench::load::BUSY_CORES;
 
-use crate::cells::{Cells, Spread, Work};
+use crate::cells::{Cells, Work};
 use crate::{Args, Point};
+use stagevm_bench::stats::Spread;
 
 /// The CPU model and caches (from `lscpu`).
 fn machine() -> String {
