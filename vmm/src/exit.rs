@@ -112,24 +112,3 @@ pub fn test_panic_hook(kind: &str) {
         panic!("STAGEVM_TEST_PANIC={kind}");
     }
 }
-
-/// Debug builds only: when `STAGEVM_TEST_SYSCALL` names the thread kind
-/// (`vcpu`, `stage-sched`, `io-blk`, `vmm-main`), the thread makes a syscall
-/// outside its seccomp filter (`getppid`) right after installing it
-/// (`after`), so tests can check that the filter ends the VMM.
-pub fn test_forbidden_syscall_hook(kind: crate::seccomp::ThreadKind, after: bool) {
-    use crate::seccomp::ThreadKind;
-    let name = match kind {
-        ThreadKind::Vcpu => "vcpu",
-        ThreadKind::StageSched => "stage-sched",
-        ThreadKind::IoBlk => "io-blk",
-        ThreadKind::Main => "vmm-main",
-    };
-    if after
-        && cfg!(debug_assertions)
-        && std::env::var("STAGEVM_TEST_SYSCALL").is_ok_and(|v| v == name)
-    {
-        // SAFETY: getppid(2) has no arguments and touches no memory.
-        unsafe { libc::getppid() };
-    }
-}
