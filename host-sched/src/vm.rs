@@ -70,3 +70,56 @@ pub fn build_policy(
         resolved.context(num_vcpus, budgets),
     ))
 }
+
+/// Validates a new configuration for a running VM of `num_vcpus` vCPUs
+/// whose guest declared `guest_stages` (`None` before REGISTER): resolves
+/// `config` against `topo` exactly as a `--stages` file at start, fits it
+/// to the VM ([`for_vm`]) and builds (then drops) its policy, so a change
+/// the VM could not run is refused before anything is applied.
+///
+/// Errors: every [`ConfigError`] of [`crate::config::resolve`] and of
+/// [`build_policy`], each naming key and value.
+pub fn replan(
+    config: &crate::config::Config,
+    topo: &crate::topology::Topology,
+    num_vcpus: u32,
+    guest_stages: Option<&[String]>,
+) -> Result<VmPlan, ConfigError> {
+    let resolved = crate::config::resolve(config, &Default::default(), topo)?;
+    let vm = for_vm(&resolved, num_vcpus);
+    build_policy(&vm.resolved, num_vcpus, guest_stages)?;
+    Ok(vm)
+}
+
+/// A VM's stage configuration as the operator gave it, the host it was
+/// resolved against and the result: what the VMM keeps so that a change
+/// made while the VM runs ([`replan`]) is resolved exactly as the start-up
+/// configuration was.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    /// The `--stages` file (or the embedded default) with the command-line
+    /// overrides folded in ([`crate::config::Config::with_overrides`]).
+    pub config: crate::config::Config,
+    /// The host's CPUs when the VMM started.
+    pub topology: crate::topology::Topology,
+    /// `config` resolved against `topology`.
+    pub resolved: Resolved,
+}
+
+impl Setup {
+    /// Resolves `config` with the command-line `overrides` against
+    /// `topology`. Errors: every [`ConfigError`] of
+    /// [`crate::config::resolve`], naming the option or key and its value.
+    pub fn new(
+        config: crate::config::Config,
+        overrides: &crate::config::Overrides,
+        topology: crate::topology::Topology,
+    ) -> Result<Self, ConfigError> {
+        let resolved = crate::config::resolve(&config, overrides, &topology)?;
+        Ok(Self {
+            config: config.with_overrides(overrides),
+            topology,
+            resolved,
+        })
+    }
+}

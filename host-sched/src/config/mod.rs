@@ -23,16 +23,19 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub use crate::error::ConfigError;
+pub use update::{BudgetsUpdate, PolicyUpdate};
+
+mod update;
 
 use crate::cpuset::CpuSet;
 use crate::policy::PolicyKind;
 use crate::topology::Topology;
 
 /// `[host]`.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostSection {
     /// Stage cores as a cpulist.
@@ -42,7 +45,7 @@ pub struct HostSection {
 }
 
 /// `[policy]`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicySection {
     /// Policy name.
@@ -84,7 +87,7 @@ impl Default for PolicySection {
 }
 
 /// One `[[stage]]`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StageSection {
     /// Stage name (as the guest registers it).
@@ -112,7 +115,7 @@ fn default_weight() -> f64 {
 }
 
 /// The whole file.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// `[host]`.

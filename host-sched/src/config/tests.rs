@@ -110,3 +110,83 @@ fn guest_stage_matching() {
         .to_string()
         .contains("max_cores sum to 2"));
 }
+
+#[test]
+fn overrides_folded_in_resolve_like_the_command_line() {
+    let config =
+        Config::from_toml("[host]\ncores = \"0-3\"\n[policy]\nname = \"static\"", "t").unwrap();
+    let overrides = Overrides {
+        cores: Some("1-2".into()),
+        housekeeping: Some("0".into()),
+        policy: Some("pinned".into()),
+    };
+    let with_cli = resolve(&config, &overrides, &topo()).unwrap();
+    let folded = resolve(
+        &config.with_overrides(&overrides),
+        &Overrides::default(),
+        &topo(),
+    )
+    .unwrap();
+    assert_eq!(folded.stage_cores, with_cli.stage_cores);
+    assert_eq!(folded.housekeeping, with_cli.housekeeping);
+    assert_eq!(folded.policy, PolicyKind::Pinned);
+}
+
+#[test]
+fn api_changes_are_validated_like_the_file() {
+    let guest: Vec<String> = ["parse", "plan"].map(String::from).to_vec();
+    let base = Config::from_toml("[policy]\nname = \"static\"\nperiod_ms = 20", "t").unwrap();
+    let replan = |c: &Config| crate::vm::replan(c, &topo(), 4, Some(&guest));
+    // A policy change keeps the parameters it does not name.
+    let update: PolicyUpdate =
+        serde_json::from_str(r#"{"name":"proportional","smoothing":0.5}"#).unwrap();
+    let vm = replan(&base.clone().with_policy(&update)).unwrap();
+    assert_eq!(vm.resolved.policy, PolicyKind::Proportional);
+    assert_eq!(
+        (vm.resolved.smoothing, vm.resolved.period),
+        (0.5, Duration::from_millis(20))
+    );
+    assert_eq!(update.describe(), "policy proportional, smoothing 0.5");
+    // Budgets replace [host] and every [[stage]], with the file's messages.
+    let cases = [
+        (
+            r#"{"host":{"cores":"0-9"}}"#,
+            "host.cores = '0-9': CPU 4 is not online",
+        ),
+        (
+            r#"{"stage":[{"name":"commit"}]}"#,
+            "stage 'commit': unknown stage; the guest declared parse, plan",
+        ),
+        (
+            r#"{"stage":[{"name":"parse","max_cores":1},{"name":"plan","max_cores":1}]}"#,
+            "max_cores sum to 2",
+        ),
+        (r#"{"stage":[{"name":"parse","weight":-1}]}"#, "weight = -1"),
+    ];
+    for (json, needle) in cases {
+        let update: BudgetsUpdate = serde_json::from_str(json).unwrap();
+        let e = replan(&base.clone().with_budgets(&update))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(needle), "{json}: {e}");
+    }
+    let update: BudgetsUpdate = serde_json::from_str(
+        r#"{"host":{"cores":"2-3"},"stage":[{"name":"parse","min_cores":1}]}"#,
+    )
+    .unwrap();
+    let vm = replan(&base.clone().with_budgets(&update)).unwrap();
+    assert_eq!(
+        (
+            vm.resolved.stage_cores.to_string(),
+            vm.resolved.housekeeping.to_string()
+        ),
+        ("2-3".into(), "0-1".into())
+    );
+    assert_eq!(
+        update.describe(),
+        "budgets: cores 2-3, housekeeping default, stages [parse 1..all ×1]"
+    );
+    // Unknown fields are refused, as in the file.
+    assert!(serde_json::from_str::<PolicyUpdate>(r#"{"name":"off","speed":1}"#).is_err());
+    assert!(serde_json::from_str::<BudgetsUpdate>(r#"{"policy":{}}"#).is_err());
+}

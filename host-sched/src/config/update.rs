@@ -1,0 +1,127 @@
+//! Changes to a running VM's stage configuration: the bodies of the
+//! operator API's `PUT /api/v1/stages.policy` and
+//! `PUT /api/v1/stages.budgets` (JSON), and how they are folded into a
+//! [`Config`]. The result is resolved exactly as a `--stages` file is
+//! ([`super::resolve`], then [`crate::vm::replan`]), so a change is refused
+//! with the same one-line messages naming key and value.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Config, HostSection, Overrides, StageSection};
+
+/// `PUT /api/v1/stages.policy`: the policy by name and, optionally, its
+/// parameters; a parameter left out keeps its current value.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyUpdate {
+    /// `off`, `pinned`, `static`, `proportional` or `auto` (`policy.name`).
+    pub name: String,
+    /// Policy period (ms, 1..=60000; `policy.period_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period_ms: Option<u64>,
+    /// EWMA weight of the newest load sample, in (0, 1] (`policy.smoothing`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smoothing: Option<f64>,
+    /// Cores a new allocation must gain, ≥ 0 (`policy.hysteresis`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hysteresis: Option<f64>,
+}
+
+/// `PUT /api/v1/stages.budgets`: replaces the `[host]` table (stage and
+/// housekeeping cores) and every `[[stage]]` budget, as in a `--stages`
+/// file (whose `[policy]` table is changed with [`PolicyUpdate`]). A key
+/// left out of `host` takes its default (stage cores: the isolated CPUs,
+/// else every allowed CPU; housekeeping: the rest), as in a file.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetsUpdate {
+    /// `[host]`.
+    #[serde(default)]
+    pub host: HostSection,
+    /// `[[stage]]` entries (JSON key `stage`, as in the file).
+    #[serde(default, rename = "stage")]
+    pub stages: Vec<StageSection>,
+}
+
+impl PolicyUpdate {
+    /// One line for logs and the timeline: `policy NAME` and each
+    /// parameter given.
+    pub fn describe(&self) -> String {
+        let mut s = format!("policy {}", self.name);
+        if let Some(v) = self.period_ms {
+            s += &format!(", period_ms {v}");
+        }
+        if let Some(v) = self.smoothing {
+            s += &format!(", smoothing {v}");
+        }
+        if let Some(v) = self.hysteresis {
+            s += &format!(", hysteresis {v}");
+        }
+        s
+    }
+}
+
+impl BudgetsUpdate {
+    /// One line for logs and the timeline: the cores and each stage's
+    /// budget.
+    pub fn describe(&self) -> String {
+        let or_default = |v: &Option<String>| v.clone().unwrap_or_else(|| "default".into());
+        let stages: Vec<String> = self
+            .stages
+            .iter()
+            .map(|s| {
+                let max = s.max_cores.map_or("all".into(), |m| m.to_string());
+                format!("{} {}..{} ×{}", s.name, s.min_cores, max, s.weight)
+            })
+            .collect();
+        format!(
+            "budgets: cores {}, housekeeping {}, stages [{}]",
+            or_default(&self.host.cores),
+            or_default(&self.host.housekeeping),
+            stages.join(", ")
+        )
+    }
+}
+
+impl Config {
+    /// This configuration with the command-line overrides folded in
+    /// (`--stage-cores` as `host.cores`, `--housekeeping` as
+    /// `host.housekeeping`, `--policy` as `policy.name`): resolving the
+    /// result without overrides gives what resolving `self` with them gave.
+    pub fn with_overrides(mut self, overrides: &Overrides) -> Self {
+        if let Some(cores) = &overrides.cores {
+            self.host.cores = Some(cores.clone());
+        }
+        if let Some(hk) = &overrides.housekeeping {
+            self.host.housekeeping = Some(hk.clone());
+        }
+        if let Some(policy) = &overrides.policy {
+            self.policy.name = policy.clone();
+        }
+        self
+    }
+
+    /// This configuration with `update` applied: the policy's name and each
+    /// parameter the update gives.
+    pub fn with_policy(mut self, update: &PolicyUpdate) -> Self {
+        self.policy.name = update.name.clone();
+        if let Some(v) = update.period_ms {
+            self.policy.period_ms = v;
+        }
+        if let Some(v) = update.smoothing {
+            self.policy.smoothing = v;
+        }
+        if let Some(v) = update.hysteresis {
+            self.policy.hysteresis = v;
+        }
+        self
+    }
+
+    /// This configuration with `update`'s `[host]` and `[[stage]]` in place
+    /// of its own.
+    pub fn with_budgets(mut self, update: &BudgetsUpdate) -> Self {
+        self.host = update.host.clone();
+        self.stages = update.stages.clone();
+        self
+    }
+}
