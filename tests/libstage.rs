@@ -26,7 +26,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use host_sched::config::{resolve, Config, Overrides, Resolved};
+use host_sched::config::{Config, Overrides, Resolved};
 use host_sched::cpuset::CpuSet;
 use host_sched::policy::{plan_from_assignment, Plan};
 use host_sched::topology::Topology;
@@ -136,9 +136,9 @@ impl Host {
         );
         let config = Config::from_toml(&toml, "libstage test").unwrap();
         let topo = Topology::detect().unwrap();
-        let resolved = resolve(&config, &Overrides::default(), &topo).unwrap();
-        let vm = host_sched::vm::for_vm(&resolved, vcpus);
-        let sched = StageSched::new(vm, vcpus, Some(dev.clone())).unwrap();
+        let setup = host_sched::vm::Setup::new(config, &Overrides::default(), topo).unwrap();
+        let resolved = setup.resolved.clone();
+        let sched = StageSched::new(&setup, vcpus, Some(dev.clone())).unwrap();
         Self {
             dev,
             sched,

@@ -33,11 +33,14 @@ fn every_thread_runs_under_a_seccomp_filter() {
     let disk = std::env::temp_dir().join(format!("stagevm-seccomp-{}.img", std::process::id()));
     std::fs::write(&disk, vec![0u8; 1 << 20]).unwrap();
     let disk_arg = format!("path={},readonly=on", disk.display());
+    let socket = report_path("seccomp-api").with_extension("sock");
     let mut child = stagevm(
         None,
         &[
             "--cpus",
             "boot=2",
+            "--api-socket",
+            socket.to_str().unwrap(),
             "--disk",
             &disk_arg,
             "--cmdline",
@@ -69,7 +72,7 @@ fn every_thread_runs_under_a_seccomp_filter() {
     let run = wait(child, Duration::from_secs(10));
     let _ = std::fs::remove_file(&disk);
     assert_eq!(run.code(), 143, "{run:#?}");
-    for kind in ["vcpu0", "vcpu1", "stage-sched", "io-blk0"] {
+    for kind in ["vcpu0", "vcpu1", "stage-sched", "io-blk0", "api"] {
         assert!(
             seen.iter().any(|(c, _)| c == kind),
             "{kind} missing: {seen:?}"
@@ -96,6 +99,30 @@ fn a_forbidden_syscall_ends_the_vmm_with_a_message() {
     forbidden_syscall_in("vcpu", &long);
     forbidden_syscall_in("stage-sched", &long);
     forbidden_syscall_in("vmm-main", &long);
+    let socket = report_path("seccomp-api").with_extension("sock");
+    let api = [&long[..], &["--api-socket", socket.to_str().unwrap()]].concat();
+    forbidden_syscall_in("api", &api);
+}
+
+#[test]
+fn openat_in_the_api_thread_fails_and_the_vm_goes_on() {
+    let _lock = vm_lock();
+    let socket = report_path("seccomp-openat").with_extension("sock");
+    let child = stagevm(
+        Some(("STAGEVM_TEST_SYSCALL", "api-openat")),
+        &[
+            "--api-socket",
+            socket.to_str().unwrap(),
+            "--cmdline",
+            "iters=50000000 requests=100",
+        ],
+    );
+    let run = wait(child, Duration::from_secs(10));
+    assert_eq!(run.code(), 0, "{run:#?}");
+    assert!(
+        run.stderr.contains("openat in api: Permission denied"),
+        "{run:#?}"
+    );
 }
 
 #[test]

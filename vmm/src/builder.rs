@@ -491,10 +491,6 @@ pub fn build(config: &VmConfig) -> Result<Vmm, VmmError> {
     let image = open_image(config)?;
     let kvm = open_kvm(config)?;
     let num_vcpus = config.cpus.boot;
-    let vm_plan = host_sched::vm::for_vm(&config.sched, num_vcpus);
-    for w in &vm_plan.warnings {
-        tracing::info!("{w}");
-    }
     let initramfs_at = check_memory(config, &image)?;
     let image_end = image.boot.image_end().max(FIXED_AREA_END);
     let (cmdline_max, linux_boot) = (image.cmdline_max, image.boot.is_linux());
@@ -540,7 +536,7 @@ pub fn build(config: &VmConfig) -> Result<Vmm, VmmError> {
             .register_irqfd(&fd, linux::SERIAL_GSI)
             .map_err(kvm_err("KVM_IRQFD for the serial port"))?;
     }
-    let sched = StageSched::new(vm_plan, num_vcpus, stage)?;
+    let sched = StageSched::new(&config.sched, num_vcpus, stage)?;
     Ok(Vmm {
         exit: Arc::new(ExitEvent::new(num_vcpus)?),
         _kvm: kvm,
@@ -552,5 +548,6 @@ pub fn build(config: &VmConfig) -> Result<Vmm, VmmError> {
         drain_period: config.drain_period,
         assist_emulation: linux.is_some(),
         seccomp: config.seccomp,
+        api: None,
     })
 }

@@ -344,8 +344,9 @@ pub struct VmConfig {
     pub stage_device: bool,
     /// How often the scheduler thread drains the stage rings.
     pub drain_period: std::time::Duration,
-    /// Stage scheduling: cores, budgets, policy (`--stages`, `--policy`).
-    pub sched: host_sched::config::Resolved,
+    /// Stage scheduling: cores, budgets, policy (`--stages`, `--policy`),
+    /// as given and as resolved against the host.
+    pub sched: host_sched::vm::Setup,
     /// virtio-blk disks, in order (`blk0`, `blk1`, …).
     pub disks: Vec<DiskConfig>,
     /// Boot protocol (`--boot-mode`).

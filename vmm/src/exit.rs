@@ -24,6 +24,8 @@ pub enum VmExit {
     Signal(i32),
     /// The stage configuration did not fit the guest's stages.
     ConfigError(String),
+    /// The operator shut the VM down (`PUT /api/v1/vm.shutdown`); status 0.
+    ApiShutdown,
 }
 
 impl VmExit {
@@ -36,6 +38,7 @@ impl VmExit {
             VmExit::ConfigError(_) => EXIT_VMM_ERROR,
             VmExit::Signal(libc::SIGINT) => EXIT_SIGINT,
             VmExit::Signal(_) => EXIT_SIGTERM,
+            VmExit::ApiShutdown => 0,
         }
     }
 
@@ -46,6 +49,7 @@ impl VmExit {
             VmExit::GuestFailure(why) => format!("guest failure: {why}"),
             VmExit::Signal(sig) => format!("signal {sig}"),
             VmExit::ConfigError(msg) => format!("configuration error: {msg}"),
+            VmExit::ApiShutdown => "shut down through the operator API".into(),
         }
     }
 }

@@ -23,6 +23,7 @@
 //! types in `stagevm-report`.
 
 pub mod abi;
+pub mod api;
 pub mod arch;
 pub mod builder;
 pub mod config;

@@ -103,6 +103,14 @@ struct Cli {
     #[arg(long, value_name = "PATH")]
     report: Option<PathBuf>,
 
+    /// Serve the operator API on this Unix socket while the VM runs (HTTP/1.1,
+    /// mode 0600, removed at exit; refused if a running process serves on it):
+    /// GET /api/v1/vm.info, GET /api/v1/stages, PUT /api/v1/stages.policy,
+    /// PUT /api/v1/stages.budgets, PUT /api/v1/vm.shutdown, GET /metrics.
+    /// stagevm-remote is its client.
+    #[arg(long, value_name = "PATH")]
+    api_socket: Option<PathBuf>,
+
     /// Log filter for the VMM's own messages on stderr (tracing env-filter syntax,
     /// e.g. "debug" or "stagevm=trace"); RUST_LOG overrides it.
     #[arg(long, value_name = "FILTER", default_value = "warn")]
@@ -114,8 +122,8 @@ const DEFAULT_STAGES: &str = include_str!("../default-stages.toml");
 
 /// Loads `--stages` (or the default) and resolves it against this host with
 /// the command-line overrides. The error is one line naming key and value.
-fn resolve_sched(cli: &Cli) -> Result<host_sched::config::Resolved, String> {
-    use host_sched::config::{resolve, Config, Overrides};
+fn resolve_sched(cli: &Cli) -> Result<host_sched::vm::Setup, String> {
+    use host_sched::config::{Config, Overrides};
     let config = match &cli.stages {
         Some(path) => Config::load(path),
         None => Config::from_toml(DEFAULT_STAGES, "default-stages.toml"),
@@ -128,7 +136,7 @@ fn resolve_sched(cli: &Cli) -> Result<host_sched::config::Resolved, String> {
         housekeeping: cli.housekeeping.clone(),
         policy: cli.policy.clone(),
     };
-    resolve(&config, &overrides, &topo).map_err(|e| e.to_string())
+    host_sched::vm::Setup::new(config, &overrides, topo).map_err(|e| e.to_string())
 }
 
 /// Opens `--report PATH` for writing: created with mode 0600 (or
@@ -219,6 +227,26 @@ fn main() -> ExitCode {
         Some(Ok(file)) => Some(file),
         None => None,
     };
+    // Bind the API socket before boot (a path in use fails now), while this
+    // process has one thread (the bind sets the umask).
+    let mut api_socket = match cli
+        .api_socket
+        .as_deref()
+        .map(stagevm::api::socket::ApiSocket::bind)
+    {
+        Some(Err(e)) => {
+            eprintln!("stagevm: error: {e}");
+            return ExitCode::from(EXIT_VMM_ERROR);
+        }
+        Some(Ok(socket)) => Some(socket),
+        None => None,
+    };
+    let facts = stagevm::api::VmFacts {
+        kernel: cli.kernel.display().to_string(),
+        cmdline: cli.cmdline.clone(),
+        vcpu_count: cli.cpus.boot,
+        memory_bytes: cli.memory.size,
+    };
     let config = VmConfig {
         kernel: cli.kernel,
         cmdline: cli.cmdline,
@@ -233,7 +261,14 @@ fn main() -> ExitCode {
         initramfs: cli.initramfs,
         seccomp: cli.seccomp,
     };
-    let result = stagevm::builder::build(&config).and_then(stagevm::vmm::Vmm::run);
+    let result = stagevm::builder::build(&config).and_then(|mut vmm| {
+        if let Some(listener) = api_socket.as_mut().and_then(|s| s.take_listener()) {
+            vmm.serve_api(listener, facts);
+        }
+        vmm.run()
+    });
+    // The socket's path goes as soon as the VM ended.
+    drop(api_socket);
     match result {
         Ok(outcome) => {
             if let stagevm::exit::VmExit::GuestFailure(reason) = &outcome.exit {

@@ -49,6 +49,8 @@ pub struct Vmm {
     pub(crate) exit: Arc<ExitEvent>,
     /// `--seccomp`.
     pub(crate) seccomp: SeccompMode,
+    /// `--api-socket`: the bound listener and the VM's facts it reports.
+    pub(crate) api: Option<(std::os::unix::net::UnixListener, crate::api::VmFacts)>,
 }
 
 /// How a VM ended and what it counted.
@@ -84,9 +86,21 @@ struct Threads {
     vcpus: Vec<JoinHandle<()>>,
     io: Vec<JoinHandle<()>>,
     stage_sched: Option<JoinHandle<()>>,
+    api: Option<JoinHandle<()>>,
 }
 
 impl Vmm {
+    /// Serves the operator API on `listener` while the VM runs (the `api`
+    /// helper thread, see [`crate::api`]); `facts` are reported by
+    /// `GET /api/v1/vm.info`.
+    pub fn serve_api(
+        &mut self,
+        listener: std::os::unix::net::UnixListener,
+        facts: crate::api::VmFacts,
+    ) {
+        self.api = Some((listener, facts));
+    }
+
     /// Runs the VM to its end (see the module docs) and returns how it ended
     /// with the reports. Errors: a thread, the signalfd or the epoll set
     /// could not be created.
@@ -183,11 +197,39 @@ impl Vmm {
             }
             None => None,
         };
+        let api = self.start_api()?;
         Ok(Threads {
             vcpus,
             io,
             stage_sched,
+            api,
         })
+    }
+
+    /// Starts the `api` thread when `--api-socket` was given.
+    fn start_api(&mut self) -> Result<Option<JoinHandle<()>>, VmmError> {
+        let Some((listener, vm)) = self.api.take() else {
+            return Ok(None);
+        };
+        let ctx = Arc::new(crate::api::ApiContext {
+            sched: self.sched.clone(),
+            exit: self.exit.clone(),
+            vm,
+        });
+        let (exit, seccomp) = (self.exit.clone(), self.seccomp);
+        let exit_fd = exit.fd().try_clone()?;
+        let handle = std::thread::Builder::new()
+            .name("api".into())
+            .spawn(move || {
+                ctx.sched.pinner().start_helper_thread("api");
+                let ready = || {
+                    crate::seccomp::install(ThreadKind::Api, seccomp).map_err(std::io::Error::other)
+                };
+                if let Err(e) = crate::api::server::serve(listener, ctx.clone(), exit_fd, ready) {
+                    exit.request(VmExit::ConfigError(format!("api: {e}")));
+                }
+            })?;
+        Ok(Some(handle))
     }
 
     /// The main thread's event loop: returns once the exit `EventFd` is
@@ -237,7 +279,12 @@ impl Vmm {
                 tracing::error!("a vCPU thread did not stop within {STOP_TIMEOUT:?}");
             }
         }
-        for t in threads.stage_sched.into_iter().chain(threads.io) {
+        for t in threads
+            .stage_sched
+            .into_iter()
+            .chain(threads.io)
+            .chain(threads.api)
+        {
             let _ = t.join();
         }
         let (channel, sched) = self.sched.finish();

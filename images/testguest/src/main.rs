@@ -58,6 +58,10 @@
 //!   `testguest: hopper …` lines (count, mean, p50, p99, max in ns and a
 //!   200 ns histogram per pass). `requests=` is ignored, and `threads=`
 //!   defaults to one thread in the whole guest (given, it is per vCPU),
+//! * `hold=1` — once every vCPU finished, park them all (WAIT, 1 s at a
+//!   time) instead of shutting down, after `testguest: holding until the
+//!   VMM ends the VM`: the counters then stay still for the operator API
+//!   (`tests/api.rs`) until it shuts the VM down,
 //! * `hostile=NAME[,NAME…][,forever]` — attack the VMM instead of running the
 //!   staged workload (`staged::hostile`, `hostile_virtio`; tested by
 //!   `tests/hostile.rs`): after the banner vCPU 0 runs the named attacks in
@@ -260,6 +264,8 @@ struct Options {
     switch_cost: u64,
     /// Attacks on the VMM (`hostile=`).
     hostile: staged::hostile::Hostile,
+    /// `hold=1`: park every vCPU at the end instead of shutting down.
+    hold: bool,
 }
 
 /// `A,B,C`: exactly three unsigned integers.
@@ -295,6 +301,7 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         idle: staged::IdleConfig::default(),
         switch_cost: 0,
         hostile: Default::default(),
+        hold: false,
     };
     let mut fp = stage_workload::Params {
         stages: 2,
@@ -340,6 +347,7 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
             "abuse" => opts.abuse = value == "1",
             "hostile" => opts.hostile = staged::hostile::Hostile::parse(value).ok_or(word)?,
             "bench" => opts.bench = value == "1",
+            "hold" => opts.hold = value == "1",
             "virtio_mmio.device" if opts.virtio.is_none() => {
                 opts.virtio = Some(disk::parse_device(value).ok_or(word)?)
             }
@@ -482,7 +490,14 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
     if DONE.fetch_add(1, Ordering::AcqRel) + 1 == info.num_vcpus {
         staged::print_counts();
         println!("testguest: all {} vCPUs done", info.num_vcpus);
-        shutdown(opts.exit);
+        if opts.hold {
+            println!("testguest: holding until the VMM ends the VM");
+        } else {
+            shutdown(opts.exit);
+        }
+    }
+    if opts.hold {
+        staged::hold(vcpu as u32);
     }
     stop_vcpu();
 }

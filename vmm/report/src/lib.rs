@@ -8,12 +8,15 @@
 //! * [`Report`] — `exit_code`, `exit`, `stage_channel` ([`ChannelReport`],
 //!   `null` without a stage device), `sched` ([`SchedReport`]), `disks`
 //!   ([`BlockReport`]).
+//! * [`api`] — the operator API's response bodies (`--api-socket`), built
+//!   from the same structs while the VM runs.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+pub mod api;
 mod summary;
 
 /// A string from the guest as it may be shown on an operator's terminal or
@@ -166,9 +169,14 @@ pub struct TimelineEntry {
     /// `auto` only: the mode it runs next (`staged` or `unstaged`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
-    /// `auto` only: a trial step, or a decision with the rates it compared.
+    /// `auto`'s trial step or decision with the rates it compared, or a
+    /// configuration change applied this period (then `source` says whose).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<String>,
+    /// Who made `decision` when it was not the policy: `api` for a change
+    /// made through the operator API (`--api-socket`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 /// Per stage, where it runs now.

@@ -9,19 +9,19 @@
 //! outputs are [`Plan`]s, which the caller publishes (stage map) and applies
 //! (pins). It never touches guest memory or threads itself.
 
-use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use host_sched::config::ConfigError;
+use host_sched::config::{BudgetsUpdate, Config, ConfigError, PolicyUpdate};
 use host_sched::policy::{Plan, Policy};
-use host_sched::vm::{build_policy, VmPlan};
-use hypercall_abi::stage::{IDLE_THREAD, STAGE_NONE};
-use stagevm_report::{ChannelReport, StagePlacement, StageStats, TimelineEntry};
+use host_sched::topology::Topology;
+use host_sched::vm::{build_policy, replan, Setup, VmPlan};
+use stagevm_report::{ChannelReport, StagePlacement, TimelineEntry};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
+use super::accounting::Accounting;
 use super::pinner::Pinner;
 use crate::poll::Poller;
 use crate::stage::{Drained, Registered, StageDevice};
@@ -42,16 +42,16 @@ pub struct StageSched {
 }
 
 impl StageSched {
-    /// Stage scheduling for a VM of `num_vcpus` vCPUs under `vm` (from
-    /// [`host_sched::vm::for_vm`]), driving `device`. Errors: the
-    /// "registered" `EventFd` cannot be created.
+    /// Stage scheduling for a VM of `num_vcpus` vCPUs under `setup`,
+    /// driving `device`. Errors: the "registered" `EventFd` cannot be
+    /// created.
     pub fn new(
-        vm: VmPlan,
+        setup: &Setup,
         num_vcpus: u32,
         device: Option<Arc<StageDevice>>,
     ) -> std::io::Result<Arc<Self>> {
         let tsc_khz = device.as_ref().map_or(0, |d| d.tsc_khz());
-        let controller = Controller::new(vm, num_vcpus, tsc_khz);
+        let controller = Controller::new(setup, num_vcpus, tsc_khz);
         let pinner = Pinner::new(
             controller.plan().vcpu_cores.clone(),
             controller.vm().resolved.housekeeping.clone(),
@@ -110,8 +110,17 @@ impl StageSched {
         }
     }
 
+    /// Validates an operator's change and queues it for the next policy
+    /// period (see [`Controller::propose`]); returns what will be applied.
+    /// Errors: the change does not resolve or does not fit the guest's
+    /// stages (nothing is queued).
+    pub fn propose(&self, change: &Change) -> Result<String, ConfigError> {
+        self.controller().propose(change)
+    }
+
     /// One policy period: adopt stray threads, ask the controller, publish a
-    /// changed stage map and re-pin moved vCPUs.
+    /// changed stage map, re-pin moved vCPUs and, after a change of the
+    /// housekeeping cores, the helper threads.
     fn policy_period(&self) {
         self.pinner.adopt_threads();
         let mut c = self.controller();
@@ -122,6 +131,7 @@ impl StageSched {
                 }
             }
             self.pinner.apply(&plan);
+            self.pinner.set_housekeeping(&c.vm().resolved.housekeeping);
         }
     }
 
@@ -147,8 +157,7 @@ impl StageSched {
         ])?;
         crate::seccomp::install(crate::seccomp::ThreadKind::StageSched, seccomp)
             .map_err(std::io::Error::other)?;
-        let period = self.period();
-        let mut next_period = Instant::now() + period;
+        let mut next_period = Instant::now() + self.period();
         loop {
             let mut now_registered = false;
             for token in poller.wait()? {
@@ -165,8 +174,9 @@ impl StageSched {
             }
             self.drain();
             if now_registered || Instant::now() >= next_period {
-                next_period = Instant::now() + period;
                 self.policy_period();
+                // The period may have changed (`PUT /api/v1/stages.policy`).
+                next_period = Instant::now() + self.period();
             }
         }
     }
@@ -189,6 +199,29 @@ pub struct Controller {
     period_start: Instant,
     map_changes: u64,
     timeline: Vec<TimelineEntry>,
+    /// The configuration as the operator gave it and the host it resolves
+    /// against (for [`Controller::propose`]).
+    config: Config,
+    topology: Topology,
+    /// A change accepted by [`Controller::propose`], applied at the start
+    /// of the next policy period.
+    pending: Option<Pending>,
+}
+
+/// A change the operator asks for while the VM runs (the operator API).
+#[derive(Clone, Debug)]
+pub enum Change {
+    /// `PUT /api/v1/stages.policy`.
+    Policy(PolicyUpdate),
+    /// `PUT /api/v1/stages.budgets`.
+    Budgets(BudgetsUpdate),
+}
+
+/// Changes validated and waiting for the next policy period.
+struct Pending {
+    config: Config,
+    vm: VmPlan,
+    what: Vec<String>,
 }
 
 struct Guest {
@@ -207,10 +240,15 @@ pub struct Decision {
 }
 
 impl Controller {
-    /// A controller for a VM of `num_vcpus` vCPUs under `vm`, whose guest
-    /// TSC runs at `tsc_khz` (kHz; 0 if unknown). Its first plan places the
-    /// vCPUs before the guest registers any stage.
-    pub fn new(vm: VmPlan, num_vcpus: u32, tsc_khz: u64) -> Self {
+    /// A controller for a VM of `num_vcpus` vCPUs under `setup` (fitted to
+    /// the VM by [`host_sched::vm::for_vm`]), whose guest TSC runs at
+    /// `tsc_khz` (kHz; 0 if unknown). Its first plan places the vCPUs
+    /// before the guest registers any stage.
+    pub fn new(setup: &Setup, num_vcpus: u32, tsc_khz: u64) -> Self {
+        let vm = host_sched::vm::for_vm(&setup.resolved, num_vcpus);
+        for w in &vm.warnings {
+            tracing::info!("{w}");
+        }
         // Without guest stages the policy takes no budgets: it cannot fail.
         let plan = build_policy(&vm.resolved, num_vcpus, None)
             .map(|mut p| p.plan(&[]))
@@ -225,7 +263,65 @@ impl Controller {
             period_start: Instant::now(),
             map_changes: 0,
             timeline: Vec::new(),
+            config: setup.config.clone(),
+            topology: setup.topology.clone(),
+            pending: None,
         }
+    }
+
+    /// Validates `change` exactly as a `--stages` file (host-sched's
+    /// [`replan`]: resolution against the host, the VM's vCPU count and the
+    /// guest's declared stages), starting from the configuration the VM
+    /// will run next (the current one with the changes still pending), and
+    /// queues it for the next policy period. Returns the line the timeline
+    /// will record. Errors: the [`ConfigError`] naming key and value;
+    /// nothing is queued then.
+    pub fn propose(&mut self, change: &Change) -> Result<String, ConfigError> {
+        let base = self.pending.as_ref().map_or(&self.config, |p| &p.config);
+        let (config, what) = match change {
+            Change::Policy(u) => (base.clone().with_policy(u), u.describe()),
+            Change::Budgets(u) => (base.clone().with_budgets(u), u.describe()),
+        };
+        let names = self.guest.as_ref().map(|g| g.names.as_slice());
+        let vm = replan(&config, &self.topology, self.num_vcpus, names)?;
+        let mut all = self.pending.take().map_or_else(Vec::new, |p| p.what);
+        all.push(what.clone());
+        self.pending = Some(Pending {
+            config,
+            vm,
+            what: all,
+        });
+        Ok(what)
+    }
+
+    /// The changes waiting for the next policy period, as one line.
+    pub fn pending(&self) -> Option<String> {
+        self.pending.as_ref().map(|p| p.what.join("; "))
+    }
+
+    /// Applies the pending changes, if any: the new configuration and a
+    /// policy built for it (for the guest's stages once it registered).
+    /// Returns the timeline's line: `applied …`, or `not applied …` when
+    /// the guest re-registered stages the change no longer fits.
+    fn apply_pending(&mut self) -> Option<String> {
+        let p = self.pending.take()?;
+        let what = p.what.join("; ");
+        let names = self.guest.as_ref().map(|g| g.names.as_slice());
+        let mut policy = match build_policy(&p.vm.resolved, self.num_vcpus, names) {
+            Ok(policy) => policy,
+            Err(e) => {
+                tracing::warn!("operator change not applied: {what}: {e}");
+                return Some(format!("not applied: {what}: {e}"));
+            }
+        };
+        tracing::info!("operator change applied: {what}");
+        match self.guest.as_mut() {
+            Some(g) => g.policy = policy,
+            None => self.plan = policy.plan(&[]),
+        }
+        self.vm = p.vm;
+        self.config = p.config;
+        Some(format!("applied: {what}"))
     }
 
     /// The VM's configuration (after fitting it to the vCPU count).
@@ -277,7 +373,16 @@ impl Controller {
     /// runnable threads per stage: measured here, that signal swung between
     /// stages with thread convoys every other period (docs/design.md).
     pub fn period(&mut self, now: Instant) -> Option<Decision> {
-        let g = self.guest.as_mut()?;
+        let applied = self.apply_pending();
+        let Some(g) = self.guest.as_mut() else {
+            // Before REGISTER only an operator's change makes a new plan.
+            let what = applied?;
+            self.record(now, Vec::new(), false, 0.0, None, Some(what), true);
+            return Some(Decision {
+                plan: self.plan.clone(),
+                map_changed: false,
+            });
+        };
         let period_ns = now.saturating_duration_since(self.period_start).as_nanos() as f64;
         self.period_start = now;
         let (busy, requests) = g.accounting.take_window();
@@ -297,19 +402,41 @@ impl Controller {
         if map_changed {
             self.map_changes += 1;
         }
+        let mode = decision.as_ref().map(|d| d.mode.name().to_string());
+        let from_api = applied.is_some();
+        let what = match (applied, decision) {
+            (Some(a), Some(d)) => Some(format!("{a}; auto: {}", d.what)),
+            (a, d) => a.or(d.map(|d| d.what)),
+        };
+        self.plan = plan.clone();
+        self.record(now, load, map_changed, requests_per_s, mode, what, from_api);
+        Some(Decision { plan, map_changed })
+    }
+
+    /// Appends one policy period to the timeline (up to [`MAX_TIMELINE`]).
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &mut self,
+        now: Instant,
+        load: Vec<f64>,
+        map_changed: bool,
+        requests_per_s: f64,
+        mode: Option<String>,
+        decision: Option<String>,
+        from_api: bool,
+    ) {
         if self.timeline.len() < MAX_TIMELINE {
             self.timeline.push(TimelineEntry {
                 t_ms: now.saturating_duration_since(self.start).as_secs_f64() * 1e3,
                 load,
-                requirement: plan.requirement.clone(),
+                requirement: self.plan.requirement.clone(),
                 map_changed,
                 requests_per_s,
-                mode: decision.as_ref().map(|d| d.mode.name().to_string()),
-                decision: decision.map(|d| d.what),
+                mode,
+                decision,
+                source: from_api.then(|| "api".to_string()),
             });
         }
-        self.plan = plan.clone();
-        Some(Decision { plan, map_changed })
     }
 
     /// Per stage, where it runs now (empty before REGISTER).
@@ -352,148 +479,6 @@ impl Controller {
     pub fn fill_report(&self, r: &mut ChannelReport) {
         if let Some(g) = &self.guest {
             g.accounting.fill_report(r);
-        }
-    }
-}
-
-/// Most guest threads tracked for migration counting (bounds the map a
-/// guest can grow by inventing thread ids).
-const MAX_TRACKED_THREADS: usize = 1 << 16;
-
-/// Counters per stage since REGISTER, and the load window.
-#[derive(Debug, Default)]
-pub struct Accounting {
-    /// Guest TSC frequency (kHz); 0 = unknown (occupancy in ticks).
-    tsc_khz: u64,
-    /// Per stage, its counters.
-    stages: Vec<StageStats>,
-    /// Per vCPU: (stage, tsc) of its last valid enter, for occupancy.
-    current: Vec<Option<(u32, u64)>>,
-    /// Per guest thread: (vCPU, stage or STAGE_NONE) of its last event.
-    threads: HashMap<u32, (u32, u32)>,
-    /// Threads not tracked because the map was full.
-    untracked: u64,
-    /// TSC of the first and last valid events.
-    first_tsc: Option<u64>,
-    last_tsc: u64,
-    /// Per stage, vCPU time (ns) since the last [`Accounting::take_window`].
-    window_ns: Vec<u64>,
-    /// Requests completed (valid `stage_exit` events) in the same window.
-    window_requests: u64,
-}
-
-impl Accounting {
-    /// Accounting for a guest that registered `names` on `num_vcpus` vCPUs
-    /// with TSC frequency `tsc_khz` (kHz, 0 if unknown).
-    pub fn new(names: &[String], num_vcpus: u32, tsc_khz: u64) -> Self {
-        Self {
-            tsc_khz,
-            stages: names
-                .iter()
-                .enumerate()
-                .map(|(id, name)| StageStats {
-                    id: id as u32,
-                    name: name.clone(),
-                    ..Default::default()
-                })
-                .collect(),
-            current: vec![None; num_vcpus as usize],
-            window_ns: vec![0; names.len()],
-            ..Default::default()
-        }
-    }
-
-    fn ticks_to_ns(&self, ticks: u64) -> u64 {
-        if self.tsc_khz == 0 {
-            ticks
-        } else {
-            (u128::from(ticks) * 1_000_000 / u128::from(self.tsc_khz)).min(u128::from(u64::MAX))
-                as u64
-        }
-    }
-
-    /// Folds one drain's events in. Stage ids were validated by the device
-    /// against the registered stage count; ids past this accounting's
-    /// stages (a re-registration with fewer stages) are ignored.
-    pub fn ingest(&mut self, drained: &Drained) {
-        for v in &drained.resynced {
-            if let Some(c) = self.current.get_mut(*v as usize) {
-                *c = None;
-            }
-        }
-        for ev in &drained.events {
-            let v = ev.vcpu as usize;
-            if v >= self.current.len() {
-                continue;
-            }
-            let previous = self.current[v];
-            if let Some((prev_stage, since)) = previous {
-                if let Some(ticks) = ev.tsc.checked_sub(since) {
-                    let ns = self.ticks_to_ns(ticks);
-                    if let Some(s) = self.stages.get_mut(prev_stage as usize) {
-                        s.occupancy_ns = s.occupancy_ns.saturating_add(ns);
-                        let w = &mut self.window_ns[prev_stage as usize];
-                        *w = w.saturating_add(ns);
-                    }
-                }
-            }
-            if ev.stage == STAGE_NONE {
-                self.current[v] = None;
-                if ev.thread != IDLE_THREAD {
-                    self.window_requests += 1;
-                }
-            } else if let Some(s) = self.stages.get_mut(ev.stage as usize) {
-                s.events += 1;
-                if previous.map(|(p, _)| p) != Some(ev.stage) {
-                    s.arrivals += 1;
-                }
-                self.current[v] = Some((ev.stage, ev.tsc));
-            }
-            if ev.thread != IDLE_THREAD {
-                self.track_thread(ev.vcpu, ev.thread, ev.stage, ev.tsc);
-            }
-        }
-    }
-
-    fn track_thread(&mut self, vcpu: u32, thread: u32, stage: u32, tsc: u64) {
-        self.first_tsc.get_or_insert(tsc);
-        self.last_tsc = self.last_tsc.max(tsc);
-        if self.threads.len() >= MAX_TRACKED_THREADS && !self.threads.contains_key(&thread) {
-            self.untracked += 1;
-            return;
-        }
-        let previous = self.threads.insert(thread, (vcpu, stage));
-        if let Some((prev_vcpu, prev_stage)) = previous {
-            if prev_vcpu != vcpu && stage != STAGE_NONE {
-                if let Some(s) = self.stages.get_mut(stage as usize) {
-                    s.migrations_in += 1;
-                }
-                if let Some(s) = self.stages.get_mut(prev_stage as usize) {
-                    s.migrations_out += 1;
-                }
-            }
-        }
-    }
-
-    /// vCPU time per stage (ns) and requests completed since the previous
-    /// call; starts a new window.
-    pub fn take_window(&mut self) -> (Vec<u64>, u64) {
-        let window = self.window_ns.clone();
-        self.window_ns.iter_mut().for_each(|w| *w = 0);
-        (window, std::mem::take(&mut self.window_requests))
-    }
-
-    /// Writes the per-stage part of the channel report: `stages`, `busy_ns`
-    /// (guest time from the first to the last event), `requests_per_s` (of
-    /// the `requests` the device counted) and `untracked_threads`.
-    pub fn fill_report(&self, r: &mut ChannelReport) {
-        r.stages = self.stages.clone();
-        r.untracked_threads = self.untracked;
-        if let Some(first) = self.first_tsc {
-            r.busy_ns = self.ticks_to_ns(self.last_tsc.saturating_sub(first));
-            if r.busy_ns > 0 {
-                r.requests_per_s = r.requests as f64 * 1e9 / r.busy_ns as f64;
-            }
         }
     }
 }

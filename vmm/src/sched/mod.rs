@@ -8,16 +8,20 @@
 //! the [`Pinner`]. [`StageSched`] wires these together and runs the
 //! `stage-sched` thread's loop ([`StageSched::run`]).
 //!
-//! * [`controller`] — the decisions (one place), the per-stage accounting
-//!   and load window they read, and the `stage-sched` loop,
+//! * [`controller`] — the decisions (one place): policy periods and the
+//!   operator's changes (`--api-socket`), and the `stage-sched` loop,
+//! * [`accounting`] — per-stage counters and the load window,
 //! * [`pinner`] — thread ids and affinities.
 
+pub mod accounting;
 pub mod controller;
 pub mod pinner;
 
+use stagevm_report::api::StagesView;
 use stagevm_report::{ChannelReport, SchedReport};
 
-pub use controller::{Accounting, Controller, Decision, StageSched};
+pub use accounting::Accounting;
+pub use controller::{Change, Controller, Decision, StageSched};
 pub use pinner::Pinner;
 
 impl StageSched {
@@ -32,13 +36,32 @@ impl StageSched {
             c.fill_report(&mut r);
             r
         });
-        (channel, self.report_locked(&c))
+        (channel, self.report_locked(&c, usize::MAX))
     }
 
-    fn report_locked(&self, c: &Controller) -> SchedReport {
+    /// The live report (the operator API's `GET /api/v1/stages`): the
+    /// counters of the last drain, the scheduler's state with the last
+    /// `timeline` entries, and the change waiting for the next period.
+    pub fn view(&self, timeline: usize) -> StagesView {
+        let c = self.controller();
+        let stage_channel = self.device.as_ref().map(|d| {
+            let mut r = d.report();
+            c.fill_report(&mut r);
+            r
+        });
+        StagesView {
+            stage_channel,
+            sched: self.report_locked(&c, timeline),
+            timeline_total: c.history().1.len(),
+            pending: c.pending(),
+        }
+    }
+
+    /// The scheduler's report with the last `timeline` timeline entries.
+    fn report_locked(&self, c: &Controller, timeline: usize) -> SchedReport {
         let r = &c.vm().resolved;
         let (vcpus, helpers, repins, repin_mean_us) = self.pinner.report();
-        let (map_changes, timeline) = c.history();
+        let (tail, (map_changes, timeline)) = (timeline, c.history());
         let share = r.helpers_share_stage_cores.then(|| {
             format!(
                 "no housekeeping core left: helper threads share the stage cores {}",
@@ -60,7 +83,7 @@ impl StageSched {
             map_changes,
             repins,
             repin_mean_us,
-            timeline: timeline.to_vec(),
+            timeline: timeline[timeline.len().saturating_sub(tail)..].to_vec(),
         }
     }
 }

@@ -16,6 +16,8 @@ use host_sched::topology::{gettid, set_thread_affinity, thread_affinity};
 use stagevm_report::{HelperThread, VcpuThread};
 
 struct State {
+    /// The housekeeping cores now.
+    housekeeping: CpuSet,
     /// Per vCPU, the cores it runs on now (as last applied).
     applied: Vec<CpuSet>,
     vcpus: Vec<VcpuThread>,
@@ -26,7 +28,6 @@ struct State {
 
 /// Thread ids and affinities of one VM's threads.
 pub struct Pinner {
-    housekeeping: CpuSet,
     vcpu_tids: Vec<AtomicI32>,
     state: Mutex<State>,
 }
@@ -43,9 +44,9 @@ impl Pinner {
     pub fn new(initial: Vec<CpuSet>, housekeeping: CpuSet) -> Self {
         let n = initial.len();
         Self {
-            housekeeping,
             vcpu_tids: (0..n).map(|_| AtomicI32::new(0)).collect(),
             state: Mutex::new(State {
+                housekeeping,
                 applied: initial,
                 vcpus: (0..n as u32)
                     .map(|index| VcpuThread {
@@ -84,14 +85,14 @@ impl Pinner {
     /// cores and records it under `name`.
     pub fn start_helper_thread(&self, name: &str) {
         let tid = gettid();
-        if let Err(e) = set_thread_affinity(0, &self.housekeeping) {
+        let mut st = self.lock();
+        if let Err(e) = set_thread_affinity(0, &st.housekeeping) {
             tracing::warn!(
                 thread = name,
                 "cannot pin helper thread to {}: {e}",
-                self.housekeeping
+                st.housekeeping
             );
         }
-        let mut st = self.lock();
         // `adopt_threads` may have found this thread first.
         st.helpers.retain(|h| h.tid != tid);
         st.helpers.push(HelperThread {
@@ -144,7 +145,8 @@ impl Pinner {
             let name = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
                 .map(|s| s.trim().to_string())
                 .unwrap_or_default();
-            if let Err(e) = set_thread_affinity(tid, &self.housekeeping) {
+            let housekeeping = self.lock().housekeeping.clone();
+            if let Err(e) = set_thread_affinity(tid, &housekeeping) {
                 tracing::debug!(tid, thread = %name, "cannot pin thread: {e}");
                 continue;
             }
@@ -184,6 +186,26 @@ impl Pinner {
                 *a = cores.clone();
             }
         }
+    }
+
+    /// Moves every helper thread to `housekeeping` when it differs from the
+    /// housekeeping cores now (an operator's change of `host.cores` or
+    /// `host.housekeeping`), reading each affinity back; a helper that has
+    /// ended is dropped from the list.
+    pub fn set_housekeeping(&self, housekeeping: &CpuSet) {
+        let mut st = self.lock();
+        if &st.housekeeping == housekeeping {
+            return;
+        }
+        st.housekeeping = housekeeping.clone();
+        st.helpers.retain_mut(|h| {
+            if let Err(e) = set_thread_affinity(h.tid, housekeeping) {
+                tracing::debug!(tid = h.tid, thread = %h.name, "cannot re-pin helper: {e}");
+                return false;
+            }
+            h.affinity = read_back(h.tid);
+            true
+        });
     }
 
     /// The threads, re-pin count and mean re-pin latency (µs) for the report.

@@ -55,7 +55,7 @@ use hypercall_abi::stage::MAX_VCPUS;
 
 pub use agent::PortIo;
 pub use bench::bench;
-pub use runtime::{alloc_pages, run_vcpu};
+pub use runtime::{alloc_pages, hold, run_vcpu};
 pub use stats::print_counts;
 pub use workload::set_request_source;
 

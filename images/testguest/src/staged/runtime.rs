@@ -502,3 +502,19 @@ pub fn run_vcpu(vcpu: u32, num_vcpus: u32, cfg: &StagedConfig, tsc_khz: u64) {
         );
     }
 }
+
+/// `hold=1`: once every vCPU finished, keeps `vcpu` parked (WAIT, 1 s at a
+/// time; spinning without an active channel) until the VMM ends the VM, so
+/// an operator or a test reads final counters through the operator API
+/// while nothing changes.
+pub fn hold(vcpu: u32) -> ! {
+    let a = agent();
+    loop {
+        if a.is_active() {
+            a.set_parked(vcpu, true);
+            a.wait(1_000_000);
+        } else {
+            core::hint::spin_loop();
+        }
+    }
+}

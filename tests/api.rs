@@ -1,0 +1,575 @@
+//! End-to-end: the operator API (`--api-socket`) on a running staged guest.
+//! Changes of policy and budgets are followed by the stage map and by the
+//! thread affinities read back from `/proc` within 2 policy periods and
+//! recorded in the timeline with source `api`; `/metrics` parses as
+//! Prometheus text with the client library's parser and its counters equal
+//! the final JSON report's; bad requests are answered with the right status
+//! and change nothing; `stagevm-remote` talks to the same socket.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use common::*;
+use stagevm_report::api::{StagesView, VmInfo};
+use stagevm_report::Report;
+
+/// Policy period of these tests (ms): long enough to time "within 2
+/// periods" on a loaded 2-core machine, short enough for a quick test.
+const PERIOD_MS: u64 = 100;
+
+const CONFIG: &str = "[host]\ncores = \"0-1\"\n[policy]\nname = \"static\"\nperiod_ms = 100\n\
+                      [[stage]]\nname = \"parse\"\n[[stage]]\nname = \"plan\"\n[[stage]]\nname = \"execute\"\n";
+
+/// A running `stagevm` with an API socket; killed if dropped unfinished.
+struct Vm {
+    child: Option<Child>,
+    socket: PathBuf,
+    report: PathBuf,
+    config: PathBuf,
+    _lock: VmLock,
+}
+
+impl Vm {
+    /// Boots the test guest on 2 vCPUs under [`CONFIG`] with `cmdline`
+    /// (plus `hold=1`) and waits until the socket answers.
+    fn boot(cmdline: &str) -> Self {
+        let lock = vm_lock();
+        let config = report_path("api-config").with_extension("toml");
+        std::fs::write(&config, CONFIG).unwrap();
+        let socket = report_path("api").with_extension("sock");
+        let report = report_path("api-report");
+        let cmdline = format!("{cmdline} hold=1");
+        let args = guest_args_with_report(
+            &report,
+            &[
+                "--cpus",
+                "boot=2",
+                "--stages",
+                config.to_str().unwrap(),
+                "--api-socket",
+                socket.to_str().unwrap(),
+                "--cmdline",
+                &cmdline,
+            ],
+        );
+        let child = spawn(&args);
+        let vm = Self {
+            child: Some(child),
+            socket,
+            report,
+            config,
+            _lock: lock,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while UnixStream::connect(&vm.socket).is_err() {
+            assert!(Instant::now() < deadline, "the API socket never answered");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        vm
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> T {
+        let (status, body) = http(&self.socket, "GET", path, b"");
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    }
+
+    fn stages(&self) -> StagesView {
+        self.get("/api/v1/stages?timeline=all")
+    }
+
+    /// `PUT path body`, asserting `202`; returns when it was answered.
+    fn put(&self, path: &str, body: &str) -> Instant {
+        let (status, answer) = http(&self.socket, "PUT", path, body.as_bytes());
+        assert_eq!(status, 202, "PUT {path} {body}: {answer}");
+        Instant::now()
+    }
+
+    /// Waits (at most 120 s) until the guest completed `total` requests.
+    fn wait_requests(&self, total: u64) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let done = self.stages().stage_channel.map_or(0, |c| c.requests);
+            if done >= total {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{done} of {total} requests");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `PUT /api/v1/vm.shutdown`, then the exit and the final report.
+    fn shutdown(mut self) -> (Run, Report) {
+        self.put("/api/v1/vm.shutdown", "");
+        let run = wait(self.child.take().unwrap(), Duration::from_secs(30));
+        run.assert_no_panic();
+        assert_eq!(run.code(), 0, "{run:#?}");
+        let report = Report::read(&self.report).unwrap();
+        assert!(!self.socket.exists(), "the socket outlived the VM");
+        (run, report)
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(&self.report);
+        let _ = std::fs::remove_file(&self.config);
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection (`Connection: close`): the
+/// status and body of the answer.
+fn http(socket: &Path, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    head.extend_from_slice(body);
+    raw(socket, &head)
+}
+
+/// Sends `bytes` as they are and reads the answer to EOF (10 s at most).
+fn raw(socket: &Path, bytes: &[u8]) -> (u16, String) {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // The server may answer (413) and close before it read everything.
+    let _ = s.write_all(bytes);
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    parse_answer(&String::from_utf8_lossy(&answer))
+}
+
+fn parse_answer(text: &str) -> (u16, String) {
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP status in {text:?}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+/// The affinity (`Cpus_allowed_list`) of each thread of `pid` by name, one
+/// value per name (panics if threads of one name differ).
+fn affinity_by_name(pid: u32) -> HashMap<String, String> {
+    thread_affinities(pid)
+        .into_iter()
+        .filter(|(name, _)| {
+            name.starts_with("vcpu") || ["api", "stage-sched", "stagevm"].contains(&name.as_str())
+        })
+        .map(|(name, lists)| {
+            assert!(lists.windows(2).all(|w| w[0] == w[1]), "{name}: {lists:?}");
+            (name, lists[0].clone())
+        })
+        .collect()
+}
+
+/// Polls `/proc` until `expected` (name → cpulist) holds; returns how long
+/// it took from `since`. Panics after 5 s.
+fn follow(pid: u32, since: Instant, expected: &[(&str, &str)]) -> Duration {
+    let deadline = since + Duration::from_secs(5);
+    loop {
+        let seen = affinity_by_name(pid);
+        if expected
+            .iter()
+            .all(|(n, c)| seen.get(*n).map(String::as_str) == Some(*c))
+        {
+            return since.elapsed();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "affinities never became {expected:?}: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Polls `/api/v1/stages` until every stage's vCPUs are `expected`; returns
+/// how long it took from `since`. Panics after 5 s.
+fn follow_map(vm: &Vm, since: Instant, expected: &[Vec<u32>]) -> (Duration, StagesView) {
+    let deadline = since + Duration::from_secs(5);
+    loop {
+        let view = vm.stages();
+        let vcpus: Vec<Vec<u32>> = view.sched.stages.iter().map(|s| s.vcpus.clone()).collect();
+        if vcpus == expected {
+            return (since.elapsed(), view);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "stage map never became {expected:?}: {vcpus:?}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn two_periods() -> Duration {
+    Duration::from_millis(2 * PERIOD_MS)
+}
+
+#[test]
+fn changes_follow_within_two_periods_and_metrics_equal_the_report() {
+    // 2 vCPUs × 2 threads × 40,000 requests: a few seconds of staged work.
+    let vm = Vm::boot("iters=1000 threads=2 requests=40000 work=100");
+    let pid = vm.pid();
+    let info: VmInfo = vm.get("/api/v1/vm.info");
+    assert_eq!(
+        (info.policy.as_str(), info.vcpu_count, info.state.as_str()),
+        ("static", 2, "running")
+    );
+    assert!(info.helpers.iter().any(|h| h.name == "api"), "{info:?}");
+    let mode = std::fs::metadata(&vm.socket).unwrap();
+    assert!(mode.file_type().is_socket());
+    assert_eq!(mode.permissions().mode() & 0o777, 0o600);
+
+    // static: parse on vCPU 0 (core 0), plan and execute on vCPU 1 (core 1).
+    let staged = [vec![0], vec![1], vec![1]];
+    let all = [vec![0, 1], vec![0, 1], vec![0, 1]];
+    follow_map(&vm, Instant::now(), &staged);
+    let t = vm.put("/api/v1/stages.policy", r#"{"name":"pinned"}"#);
+    let (took, view) = follow_map(&vm, t, &all);
+    assert!(took <= two_periods(), "pinned's map after {took:?}");
+    assert_eq!(view.sched.policy, "pinned");
+    let t = vm.put("/api/v1/stages.policy", r#"{"name":"static"}"#);
+    let (took, _) = follow_map(&vm, t, &staged);
+    assert!(took <= two_periods(), "static's map after {took:?}");
+    follow(pid, Instant::now(), &[("vcpu0", "0"), ("vcpu1", "1")]);
+
+    // A budget change that moves a core: stage cores 1, housekeeping 0.
+    // Every vCPU goes to core 1, every helper (the API's own thread among
+    // them) to core 0: the API thread uses no stage core.
+    let budgets = r#"{"host":{"cores":"1","housekeeping":"0"},"stage":[{"name":"parse","max_cores":1},{"name":"plan"},{"name":"execute"}]}"#;
+    let t = vm.put("/api/v1/stages.budgets", budgets);
+    let took = follow(
+        pid,
+        t,
+        &[
+            ("vcpu0", "1"),
+            ("vcpu1", "1"),
+            ("api", "0"),
+            ("stage-sched", "0"),
+            ("stagevm", "0"),
+        ],
+    );
+    assert!(took <= two_periods(), "affinities after {took:?}");
+    // And back: both cores serve stages again.
+    let t = vm.put("/api/v1/stages.budgets", r#"{"host":{"cores":"0-1"}}"#);
+    let took = follow(pid, t, &[("vcpu0", "0"), ("vcpu1", "1"), ("api", "0-1")]);
+    assert!(took <= two_periods(), "affinities after {took:?}");
+
+    vm.wait_requests(2 * 2 * 40_000);
+    // The guest holds: let the last drains land, then read the metrics.
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, text) = http(&vm.socket, "GET", "/metrics", b"");
+    assert_eq!(status, 200, "{text}");
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .unwrap_or_else(|e| panic!("not Prometheus text: {e}\n{text}"));
+    let (run, report) = vm.shutdown();
+
+    // The timeline records each change with source `api`.
+    let api: Vec<&str> = report
+        .sched
+        .timeline
+        .iter()
+        .filter(|t| t.source.as_deref() == Some("api"))
+        .filter_map(|t| t.decision.as_deref())
+        .collect();
+    assert_eq!(api.len(), 4, "{api:?}");
+    assert!(api[0].starts_with("applied: policy pinned"), "{api:?}");
+    assert!(api[1].starts_with("applied: policy static"), "{api:?}");
+    assert!(
+        api[2].starts_with("applied: budgets: cores 1, housekeeping 0"),
+        "{api:?}"
+    );
+
+    // Every counter of the scrape equals the final report's.
+    let ch = report.stage_channel.as_ref().unwrap();
+    let value = |name: &str, stage: Option<&str>| -> f64 {
+        let s = scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && stage.is_none_or(|st| s.labels.get("stage") == Some(st)))
+            .unwrap_or_else(|| panic!("no {name} {stage:?} in\n{text}"));
+        match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            ref other => panic!("{name}: {other:?}"),
+        }
+    };
+    for st in &ch.stages {
+        assert_eq!(
+            value("stagevm_stage_events_total", Some(&st.name)),
+            st.events as f64,
+            "{}",
+            st.name
+        );
+        assert_eq!(
+            value("stagevm_stage_migrations_total", Some(&st.name)),
+            st.migrations_in as f64,
+            "{}",
+            st.name
+        );
+        assert!(st.events > 0);
+    }
+    assert_eq!(value("stagevm_requests_total", None), ch.requests as f64);
+    assert_eq!(ch.requests, 2 * 2 * 40_000, "{}", run.stdout);
+    assert_eq!(value("stagevm_ring_dropped_total", None), ch.dropped as f64);
+    assert_eq!(
+        value("stagevm_ring_events_total", None),
+        ch.vcpus.iter().map(|v| v.events).sum::<u64>() as f64
+    );
+    assert_eq!(
+        value("stagevm_map_changes_total", None),
+        report.sched.map_changes as f64
+    );
+    assert_eq!(value("stagevm_map_epoch", None), ch.map_epoch as f64);
+}
+
+#[test]
+fn remote_cli_reads_and_changes_the_vm() {
+    let vm = Vm::boot("iters=1000 threads=1 requests=2000");
+    vm.wait_requests(2 * 2000);
+    let remote = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_stagevm-remote"))
+            .arg("--api-socket")
+            .arg(&vm.socket)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, _) = remote(&["stages"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("policy static"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("parse ")), "{out}");
+    let (code, out, _) = remote(&["info"]);
+    assert_eq!(code, 0);
+    assert!(serde_json::from_str::<VmInfo>(&out).is_ok(), "{out}");
+    // A refused change: exit 1 and the key and value on one line.
+    let (code, _, err) = remote(&["policy", "fastest"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("policy.name = 'fastest': unknown policy") && err.lines().count() == 1,
+        "{err}"
+    );
+    let budgets = report_path("api-budgets").with_extension("toml");
+    std::fs::write(&budgets, "[host]\ncores = \"0-7\"\n").unwrap();
+    let (code, _, err) = remote(&["budgets", budgets.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&budgets);
+    assert_eq!(code, 1);
+    assert!(err.contains("host.cores = '0-7'"), "{err}");
+    let (code, out, _) = remote(&["policy", "pinned", "--period-ms", "50"]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, r#"{"accepted":"policy pinned, period_ms 50"}"#)
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while vm.stages().sched.policy != "pinned" {
+        assert!(Instant::now() < deadline, "the change was never applied");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (code, out, _) = remote(&["metrics"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("stagevm_stage_events_total{stage=\"parse\"} 4000"),
+        "{out}"
+    );
+    // Unreachable socket: exit 2.
+    let out = Command::new(env!("CARGO_BIN_EXE_stagevm-remote"))
+        .args(["--api-socket", "/nonexistent/socket", "info"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let (code, _, _) = remote(&["shutdown"]);
+    assert_eq!(code, 0);
+    let (_, report) = {
+        let mut vm = vm;
+        let run = wait(vm.child.take().unwrap(), Duration::from_secs(30));
+        assert_eq!(run.code(), 0, "{run:#?}");
+        (run, Report::read(&vm.report).unwrap())
+    };
+    assert_eq!(report.sched.policy, "pinned");
+    assert_eq!(report.sched.period_ms, 50);
+}
+
+#[test]
+fn bad_requests_are_answered_and_change_nothing() {
+    let vm = Vm::boot("iters=1000 threads=1 requests=1000");
+    vm.wait_requests(2 * 1000);
+    let before = vm.stages();
+    let big = vec![b' '; 64 * 1024 + 1];
+    let policy = "/api/v1/stages.policy";
+    let budgets = "/api/v1/stages.budgets";
+    // (what, method, path, body, status, text the answer must contain)
+    type Case<'a> = (&'a str, &'a str, &'a str, &'a [u8], u16, &'a str);
+    let cases: Vec<Case> = vec![
+        ("malformed JSON", "PUT", policy, br#"{"name":"#, 400, "body: EOF"),
+        ("not JSON", "PUT", policy, b"hello", 400, "body: expected"),
+        ("empty body", "PUT", policy, b"", 400, "body: EOF"),
+        ("wrong type", "PUT", policy, br#"{"name":5}"#, 400, "invalid type"),
+        ("unknown field", "PUT", policy, br#"{"name":"static","speed":1}"#, 400, "unknown field `speed`"),
+        ("unknown field in a stage", "PUT", budgets, br#"{"stage":[{"name":"parse","cores":1}]}"#, 400, "unknown field `cores`"),
+        ("body over 64 KiB", "PUT", policy, &big, 413, "larger than 65536 bytes"),
+        ("no such policy", "PUT", policy, br#"{"name":"fastest"}"#, 400, "policy.name = 'fastest': unknown policy"),
+        ("period 0", "PUT", policy, br#"{"name":"static","period_ms":0}"#, 400, "policy.period_ms = 0"),
+        ("smoothing 2", "PUT", policy, br#"{"name":"proportional","smoothing":2.0}"#, 400, "policy.smoothing = 2"),
+        ("negative hysteresis", "PUT", policy, br#"{"name":"proportional","hysteresis":-1}"#, 400, "policy.hysteresis = -1"),
+        ("unknown stage", "PUT", budgets, br#"{"stage":[{"name":"nosuch"}]}"#, 400, "'nosuch'"),
+        ("cores not online", "PUT", budgets, br#"{"host":{"cores":"0-99"}}"#, 400, "host.cores = '0-99': CPU 2 is not online"),
+        ("not a cpulist", "PUT", budgets, br#"{"host":{"cores":"x"}}"#, 400, "host.cores = 'x'"),
+        ("housekeeping overlaps", "PUT", budgets, br#"{"host":{"cores":"0-1","housekeeping":"1"}}"#, 400, "host.housekeeping = '1': overlaps"),
+        ("min above max", "PUT", budgets, br#"{"stage":[{"name":"parse","min_cores":2,"max_cores":1}]}"#, 400, "min_cores = 2 > max_cores = 1"),
+        ("negative weight", "PUT", budgets, br#"{"stage":[{"name":"parse","weight":-1}]}"#, 400, "weight"),
+        ("stage twice", "PUT", budgets, br#"{"stage":[{"name":"parse"},{"name":"parse"}]}"#, 400, "defined twice"),
+        ("max cores too few", "PUT", budgets, br#"{"stage":[{"name":"parse","max_cores":0},{"name":"plan","max_cores":0},{"name":"execute","max_cores":1}]}"#, 400, "max_cores"),
+        ("GET of a PUT path", "GET", policy, b"", 405, "accepts PUT only"),
+        ("PUT of a GET path", "PUT", "/api/v1/stages", b"{}", 405, "accepts GET only"),
+        ("unknown path", "GET", "/api/v2/stages", b"", 404, "no such path"),
+        ("bad timeline count", "GET", "/api/v1/stages?timeline=x", b"", 400, "timeline = 'x'"),
+        ("unknown query", "GET", "/api/v1/stages?verbose=1", b"", 400, "unknown query parameter 'verbose=1'"),
+    ];
+    for (what, method, path, body, status, needle) in &cases {
+        let (got, answer) = http(&vm.socket, method, path, body);
+        assert_eq!(got, *status, "{what}: {answer}");
+        let error: stagevm_report::api::ApiError =
+            serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{what}: {e}: {answer}"));
+        assert!(
+            error.error.contains(needle),
+            "{what}: {:?} lacks {needle:?}",
+            error.error
+        );
+    }
+    // Over 64 KiB without Content-Length (chunked): 413 as well.
+    let mut chunked = format!("PUT {policy} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n").into_bytes();
+    for _ in 0..17 {
+        chunked.extend_from_slice(b"1000\r\n");
+        chunked.extend_from_slice(&[b' '; 0x1000]);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    assert_eq!(raw(&vm.socket, &chunked).0, 413, "chunked body over 64 KiB");
+    // Not HTTP at all.
+    assert_eq!(
+        raw(&vm.socket, b"GARBAGE\r\n\r\n").0,
+        400,
+        "a request line that is not HTTP"
+    );
+
+    // A client that connects and never sends, and one that never sends its
+    // body: both are closed by the server's time-outs, while 100 concurrent
+    // connections are all answered meanwhile.
+    let silent = UnixStream::connect(&vm.socket).unwrap();
+    let mut stalled = UnixStream::connect(&vm.socket).unwrap();
+    stalled
+        .write_all(
+            format!("PUT {policy} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{{").as_bytes(),
+        )
+        .unwrap();
+    let t0 = Instant::now();
+    let clients: Vec<_> = (0..100)
+        .map(|_| {
+            let socket = vm.socket.clone();
+            std::thread::spawn(move || http(&socket, "GET", "/api/v1/stages", b"").0)
+        })
+        .collect();
+    for c in clients {
+        assert_eq!(c.join().unwrap(), 200);
+    }
+    let closed_after = |mut s: UnixStream| {
+        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer);
+        (t0.elapsed(), String::from_utf8_lossy(&answer).into_owned())
+    };
+    let (t, answer) = closed_after(silent);
+    assert!(
+        answer.is_empty() && t < Duration::from_secs(10),
+        "silent client: {t:?} {answer:?}"
+    );
+    let (t, answer) = closed_after(stalled);
+    assert!(
+        t < Duration::from_secs(12),
+        "stalled body closed after {t:?}"
+    );
+    assert!(
+        answer.is_empty() || parse_answer(&answer).0 == 408,
+        "{answer}"
+    );
+
+    // Nothing was applied, half-way or otherwise, and the VM still runs.
+    let after = vm.stages();
+    assert_eq!(after.pending, None);
+    assert_eq!(after.sched.policy, before.sched.policy);
+    assert_eq!(after.sched.stage_cores, before.sched.stage_cores);
+    assert_eq!(after.sched.map_changes, before.sched.map_changes);
+    assert!(after.sched.timeline.iter().all(|t| t.source.is_none()));
+    let info: VmInfo = vm.get("/api/v1/vm.info");
+    assert_eq!(info.state, "running");
+    let (_, report) = vm.shutdown();
+    assert!(report.sched.timeline.iter().all(|t| t.source.is_none()));
+    assert_eq!(report.sched.policy, "static");
+    assert!(cases.len() + 4 >= 20);
+}
+
+#[test]
+fn a_socket_in_use_is_refused_and_a_stale_one_replaced() {
+    let vm = Vm::boot("iters=1000 threads=1 requests=10");
+    let args = [
+        "--kernel",
+        guest_image().to_str().unwrap(),
+        "--api-socket",
+        vm.socket.to_str().unwrap(),
+    ];
+    // A second VMM on the same path is refused before boot (exit 1)...
+    expect_vmm_error(&args, &["--api-socket", "in use by a running process"]);
+    drop(vm);
+    // ...a regular file is not replaced...
+    let file = report_path("api-file").with_extension("sock");
+    std::fs::write(&file, "x").unwrap();
+    let args = [
+        "--kernel",
+        guest_image().to_str().unwrap(),
+        "--api-socket",
+        file.to_str().unwrap(),
+    ];
+    expect_vmm_error(&args, &["exists and is not a socket"]);
+    let _ = std::fs::remove_file(&file);
+    // ...and a socket nobody serves (a VMM that was killed) is.
+    let stale = report_path("api-stale").with_extension("sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let _lock = vm_lock();
+    let run = run(&[
+        "--kernel",
+        guest_image().to_str().unwrap(),
+        "--api-socket",
+        stale.to_str().unwrap(),
+        "--cmdline",
+        "iters=1000 requests=10",
+    ]);
+    assert_eq!(run.code(), 0, "{run:#?}");
+    assert!(!stale.exists());
+}

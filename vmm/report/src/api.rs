@@ -1,0 +1,93 @@
+//! Response bodies of the operator API (`stagevm --api-socket PATH`,
+//! HTTP/1.1 on a Unix socket), shared by the VMM, `stagevm-remote` and the
+//! tests. The request bodies are host-sched's
+//! (`host_sched::config::{PolicyUpdate, BudgetsUpdate}`), validated by the
+//! code that validates a `--stages` file.
+//!
+//! | method and path | body | answer |
+//! |---|---|---|
+//! | `GET /api/v1/vm.info` | — | [`VmInfo`] |
+//! | `GET /api/v1/stages[?timeline=N]` | — | [`StagesView`] |
+//! | `PUT /api/v1/stages.policy` | `PolicyUpdate` | `202` [`Accepted`] |
+//! | `PUT /api/v1/stages.budgets` | `BudgetsUpdate` | `202` [`Accepted`] |
+//! | `PUT /api/v1/vm.shutdown` | — | `202` [`Accepted`] |
+//! | `GET /metrics` | — | Prometheus text exposition 0.0.4 |
+//!
+//! Errors are answered with a 4xx or 5xx status and an [`ApiError`] body.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ChannelReport, HelperThread, SchedReport, VcpuThread};
+
+/// The API's path prefix (version 1).
+pub const PREFIX: &str = "/api/v1";
+
+/// Largest request body (bytes); a larger one is answered `413`.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// Timeline entries `GET /api/v1/stages` returns without `?timeline=N`.
+pub const DEFAULT_TIMELINE: usize = 20;
+
+/// `GET /api/v1/vm.info`: the VM's configuration, state and threads.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VmInfo {
+    /// `stagevm`'s version.
+    pub version: String,
+    /// The VMM's process id.
+    pub pid: u32,
+    /// `running`, or `stopping` once the VM's end was requested.
+    pub state: String,
+    /// Guest kernel path.
+    pub kernel: String,
+    /// Kernel command line.
+    pub cmdline: String,
+    /// vCPUs.
+    pub vcpu_count: u32,
+    /// Guest RAM (bytes).
+    pub memory_bytes: u64,
+    /// Whether the VM has the stage device.
+    pub stage_device: bool,
+    /// Policy name now.
+    pub policy: String,
+    /// Policy period now (ms).
+    pub period_ms: u64,
+    /// Stage cores now (cpulist).
+    pub stage_cores: String,
+    /// Housekeeping cores now (cpulist).
+    pub housekeeping: String,
+    /// Per vCPU thread: id and affinity (read back after the last pin).
+    pub vcpus: Vec<VcpuThread>,
+    /// Helper threads (this API's thread among them) and their affinities.
+    pub helpers: Vec<HelperThread>,
+}
+
+/// `GET /api/v1/stages`: the live report, as the final one would be now.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StagesView {
+    /// The stage channel's counters (`null` without a stage device); its
+    /// `map_epoch` is the epoch of the stage map the guest reads now.
+    pub stage_channel: Option<ChannelReport>,
+    /// The scheduler: policy, placements, threads and the last timeline
+    /// entries (`?timeline=N`, default [`DEFAULT_TIMELINE`]).
+    pub sched: SchedReport,
+    /// Timeline entries in all (the view holds the last ones).
+    pub timeline_total: usize,
+    /// A configuration change accepted and waiting for the next policy
+    /// period, if any.
+    pub pending: Option<String>,
+}
+
+/// `202 Accepted`: a change was validated and is applied at the next
+/// policy period.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Accepted {
+    /// What will be applied, as recorded in the timeline.
+    pub accepted: String,
+}
+
+/// The body of every error answer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ApiError {
+    /// One line: what was wrong, naming the key and value.
+    pub error: String,
+}

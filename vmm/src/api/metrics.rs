@@ -1,0 +1,197 @@
+//! `GET /metrics`: the live report ([`StagesView`]) in Prometheus' text
+//! exposition format 0.0.4, encoded by the `prometheus` crate (a fresh
+//! registry per scrape, filled from one view, so every counter equals the
+//! JSON report's field of the same moment).
+//!
+//! | metric | type | labels | report field |
+//! |---|---|---|---|
+//! | `stagevm_stage_events_total` | counter | `stage` | `stages[].events` |
+//! | `stagevm_stage_migrations_total` | counter | `stage` | `stages[].migrations_in` |
+//! | `stagevm_stage_occupancy_seconds_total` | counter | `stage` | `stages[].occupancy_ns` / 1e9 |
+//! | `stagevm_stage_occupancy_ratio` | gauge | `stage` | `occupancy_ns` / (`busy_ns` × vCPUs) |
+//! | `stagevm_stage_vcpus` | gauge | `stage` | `sched.stages[].vcpus` (count) |
+//! | `stagevm_vcpu_core` | gauge (1) | `vcpu`, `core` | `sched.vcpus[].affinity` |
+//! | `stagevm_ring_events_total` | counter | — | `vcpus[].events` summed |
+//! | `stagevm_ring_dropped_total` | counter | — | `dropped` |
+//! | `stagevm_requests_total` | counter | — | `requests` |
+//! | `stagevm_waits_total`, `stagevm_wakes_total` | counter | — | `waits`, `wakes` |
+//! | `stagevm_map_changes_total` | counter | — | `sched.map_changes` |
+//! | `stagevm_map_epoch` | gauge | — | `map_epoch` |
+//! | `stagevm_repins_total` | counter | — | `sched.repins` |
+//! | `stagevm_policy_info` | gauge (1) | `policy` | `sched.policy` |
+//! | `stagevm_log_lines_suppressed_total` | counter | — | `log_lines_suppressed` |
+
+use host_sched::cpuset::CpuSet;
+use prometheus::{
+    Encoder, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+use stagevm_report::api::StagesView;
+
+/// `Content-Type` of the exposition.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+struct Builder {
+    registry: Registry,
+}
+
+impl Builder {
+    fn counter(&self, name: &str, help: &str, value: u64) -> prometheus::Result<()> {
+        let c = IntCounter::new(name, help)?;
+        c.inc_by(value);
+        self.registry.register(Box::new(c))
+    }
+
+    fn gauge(&self, name: &str, help: &str, value: i64) -> prometheus::Result<()> {
+        let g = IntGauge::new(name, help)?;
+        g.set(value);
+        self.registry.register(Box::new(g))
+    }
+
+    fn counter_vec(
+        &self,
+        name: &str,
+        help: &str,
+        label: &str,
+    ) -> prometheus::Result<IntCounterVec> {
+        let c = IntCounterVec::new(Opts::new(name, help), &[label])?;
+        self.registry.register(Box::new(c.clone()))?;
+        Ok(c)
+    }
+
+    fn gauge_vec(&self, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<GaugeVec> {
+        let g = GaugeVec::new(Opts::new(name, help), labels)?;
+        self.registry.register(Box::new(g.clone()))?;
+        Ok(g)
+    }
+}
+
+/// Renders `view` (and the count of suppressed guest-triggered log lines)
+/// as Prometheus text. Errors: the `prometheus` crate refused a metric (a
+/// defect) or the encoding failed.
+pub fn render(view: &StagesView, log_lines_suppressed: u64) -> prometheus::Result<String> {
+    let b = Builder {
+        registry: Registry::new(),
+    };
+    let s = &view.sched;
+    if let Some(ch) = &view.stage_channel {
+        stage_metrics(&b, view)?;
+        let ring_events = ch.vcpus.iter().map(|v| v.events).sum();
+        b.counter(
+            "stagevm_ring_events_total",
+            "Ring entries drained from the guest's rings",
+            ring_events,
+        )?;
+        b.counter(
+            "stagevm_ring_dropped_total",
+            "Ring entries dropped by validation (bad sequence, stage or index)",
+            ch.dropped,
+        )?;
+        b.counter(
+            "stagevm_requests_total",
+            "Requests the guest completed (valid stage_exit events)",
+            ch.requests,
+        )?;
+        b.counter(
+            "stagevm_waits_total",
+            "WAIT doorbells (vCPUs parked)",
+            ch.waits,
+        )?;
+        b.counter("stagevm_wakes_total", "WAKE doorbells", ch.wakes)?;
+        b.gauge(
+            "stagevm_map_epoch",
+            "Epoch of the stage map the guest reads now",
+            ch.map_epoch as i64,
+        )?;
+    }
+    b.counter(
+        "stagevm_map_changes_total",
+        "Stage-map changes the policy made (the first map included)",
+        s.map_changes,
+    )?;
+    b.counter(
+        "stagevm_repins_total",
+        "vCPU thread re-pins after start",
+        s.repins,
+    )?;
+    b.counter(
+        "stagevm_log_lines_suppressed_total",
+        "Guest-triggered log lines suppressed by rate limiting",
+        log_lines_suppressed,
+    )?;
+    let policy = IntGaugeVec::new(
+        Opts::new("stagevm_policy_info", "The scheduling policy now (value 1)"),
+        &["policy"],
+    )?;
+    policy.with_label_values(&[&s.policy]).set(1);
+    b.registry.register(Box::new(policy))?;
+    let core = b.gauge_vec(
+        "stagevm_vcpu_core",
+        "1 for each core a vCPU thread may run on (its affinity)",
+        &["vcpu", "core"],
+    )?;
+    for v in &s.vcpus {
+        let cores = CpuSet::parse(&v.affinity).unwrap_or_default();
+        for c in cores.iter() {
+            core.with_label_values(&[&v.index.to_string(), &c.to_string()])
+                .set(1.0);
+        }
+    }
+    let mut out = Vec::new();
+    TextEncoder::new().encode(&b.registry.gather(), &mut out)?;
+    String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
+}
+
+fn stage_metrics(b: &Builder, view: &StagesView) -> prometheus::Result<()> {
+    let Some(ch) = &view.stage_channel else {
+        return Ok(());
+    };
+    let events = b.counter_vec(
+        "stagevm_stage_events_total",
+        "Stage-enter events per stage",
+        "stage",
+    )?;
+    let migrations = b.counter_vec(
+        "stagevm_stage_migrations_total",
+        "Guest threads that entered the stage on another vCPU than their previous event's",
+        "stage",
+    )?;
+    let seconds = prometheus::CounterVec::new(
+        Opts::new(
+            "stagevm_stage_occupancy_seconds_total",
+            "vCPU time spent in the stage (s)",
+        ),
+        &["stage"],
+    )?;
+    b.registry.register(Box::new(seconds.clone()))?;
+    let ratio = b.gauge_vec(
+        "stagevm_stage_occupancy_ratio",
+        "Share of all vCPUs' time spent in the stage since REGISTER",
+        &["stage"],
+    )?;
+    let vcpus = b.gauge_vec(
+        "stagevm_stage_vcpus",
+        "vCPUs serving the stage in the current stage map",
+        &["stage"],
+    )?;
+    let vcpu_time = ch.busy_ns as f64 * view.sched.vcpus.len().max(1) as f64;
+    for st in &ch.stages {
+        let l = [st.name.as_str()];
+        events.with_label_values(&l).inc_by(st.events);
+        migrations.with_label_values(&l).inc_by(st.migrations_in);
+        seconds
+            .with_label_values(&l)
+            .inc_by(st.occupancy_ns as f64 / 1e9);
+        if vcpu_time > 0.0 {
+            ratio
+                .with_label_values(&l)
+                .set(st.occupancy_ns as f64 / vcpu_time);
+        }
+    }
+    for p in &view.sched.stages {
+        vcpus
+            .with_label_values(&[p.name.as_str()])
+            .set(p.vcpus.len() as f64);
+    }
+    Ok(())
+}

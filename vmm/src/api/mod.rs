@@ -1,0 +1,246 @@
+//! The operator API (`stagevm --api-socket PATH`): HTTP/1.1 on a Unix
+//! socket, in the style of Cloud Hypervisor's `--api-socket` and
+//! Firecracker's API socket, to watch the stages live and change the policy
+//! and budgets without a restart.
+//!
+//! * [`socket`] — binding the socket (mode 0600, refused when a live server
+//!   holds the path, removed at exit);
+//! * [`server`] — the `api` helper thread: hyper on a current-thread tokio
+//!   runtime, with the limits a hostile client meets (body size, header and
+//!   body time-outs, concurrent connections);
+//! * [`metrics`] — the Prometheus text exposition of a [`StagesView`];
+//! * [`handle`] (here) — the routes, independent of the HTTP library.
+//!
+//! Changes (`PUT /api/v1/stages.policy`, `PUT /api/v1/stages.budgets`) are
+//! validated by host-sched exactly as a `--stages` file
+//! ([`crate::sched::StageSched::propose`]), answered `400` with the same
+//! one-line message naming key and value and nothing queued when invalid,
+//! and `202` when valid; the `stage-sched` thread applies them at its next
+//! policy period and records them in the timeline with `source = "api"`.
+//! The routes and bodies are listed in [`stagevm_report::api`].
+
+pub mod metrics;
+pub mod server;
+pub mod socket;
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use stagevm_report::api::{Accepted, ApiError, VmInfo, DEFAULT_TIMELINE, PREFIX};
+
+use crate::exit::{ExitEvent, VmExit};
+use crate::sched::{Change, StageSched};
+
+/// What the API serves: the VM's scheduler, its exit and its fixed facts.
+pub struct ApiContext {
+    /// The VM's stage scheduling.
+    pub sched: Arc<StageSched>,
+    /// The VM's exit (`PUT /api/v1/vm.shutdown` requests it).
+    pub exit: Arc<ExitEvent>,
+    /// Kernel path, command line, vCPUs, RAM (bytes), stage device.
+    pub vm: VmFacts,
+}
+
+/// The VM's configuration that does not change while it runs.
+#[derive(Clone, Debug)]
+pub struct VmFacts {
+    /// Guest kernel path.
+    pub kernel: String,
+    /// Kernel command line as given.
+    pub cmdline: String,
+    /// vCPUs.
+    pub vcpu_count: u32,
+    /// Guest RAM (bytes).
+    pub memory_bytes: u64,
+}
+
+/// One answer: HTTP status, content type and body.
+#[derive(Debug)]
+pub struct Response {
+    /// HTTP status code.
+    pub status: u16,
+    /// `Content-Type`.
+    pub content_type: &'static str,
+    /// The body (JSON, or Prometheus text for `/metrics`).
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    fn json<T: Serialize>(status: u16, value: &T) -> Self {
+        match serde_json::to_vec(value) {
+            Ok(body) => Self {
+                status,
+                content_type: "application/json",
+                body,
+            },
+            Err(e) => Self::error(500, format!("encoding the answer: {e}")),
+        }
+    }
+
+    /// An error answer: `status` with an [`ApiError`] body.
+    pub fn error(status: u16, error: impl Into<String>) -> Self {
+        let body = ApiError {
+            error: error.into(),
+        };
+        Self {
+            status,
+            content_type: "application/json",
+            body: serde_json::to_vec(&body).unwrap_or_default(),
+        }
+    }
+}
+
+/// The routes: `(method, path)` → handler; `Some(methods)` names the
+/// methods a known path accepts (for `405`).
+fn allowed_methods(path: &str) -> Option<&'static str> {
+    match path.strip_prefix(PREFIX) {
+        Some("/vm.info" | "/stages") => Some("GET"),
+        Some("/stages.policy" | "/stages.budgets" | "/vm.shutdown") => Some("PUT"),
+        _ if path == "/metrics" => Some("GET"),
+        _ => None,
+    }
+}
+
+/// Answers one request: `method`, `path` and `query` of its URI and its
+/// `body` (at most [`stagevm_report::api::MAX_BODY_BYTES`]; the server
+/// refuses larger ones). Never panics on any input: every bad request gets
+/// a 4xx answer naming what was wrong.
+pub fn handle(
+    ctx: &ApiContext,
+    method: &str,
+    path: &str,
+    query: Option<&str>,
+    body: &[u8],
+) -> Response {
+    let Some(allowed) = allowed_methods(path) else {
+        return Response::error(404, format!("no such path '{}'", path.escape_debug()));
+    };
+    if method != allowed {
+        return Response::error(
+            405,
+            format!(
+                "{} {}: this path accepts {allowed} only",
+                method.escape_debug(),
+                path
+            ),
+        );
+    }
+    match path.strip_prefix(PREFIX).unwrap_or(path) {
+        "/vm.info" => Response::json(200, &info(ctx)),
+        "/stages" => match timeline_query(query) {
+            Ok(n) => Response::json(200, &ctx.sched.view(n)),
+            Err(e) => Response::error(400, e),
+        },
+        "/metrics" => {
+            let view = ctx.sched.view(0);
+            match metrics::render(&view, crate::ratelimit::suppressed()) {
+                Ok(text) => Response {
+                    status: 200,
+                    content_type: metrics::CONTENT_TYPE,
+                    body: text.into_bytes(),
+                },
+                Err(e) => Response::error(500, format!("encoding the metrics: {e}")),
+            }
+        }
+        "/vm.shutdown" => {
+            if ctx.exit.reason().is_none() {
+                tracing::info!("shutdown requested through the operator API");
+            }
+            ctx.exit.request(VmExit::ApiShutdown);
+            Response::json(
+                202,
+                &Accepted {
+                    accepted: "vm.shutdown".into(),
+                },
+            )
+        }
+        "/stages.policy" => change(ctx, body, Change::Policy),
+        _ => change(ctx, body, Change::Budgets),
+    }
+}
+
+/// `?timeline=N` or `?timeline=all`: how many timeline entries to return.
+fn timeline_query(query: Option<&str>) -> Result<usize, String> {
+    let mut n = DEFAULT_TIMELINE;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("timeline", "all")) => n = usize::MAX,
+            Some(("timeline", v)) => {
+                n = v.parse().map_err(|_| {
+                    format!(
+                        "timeline = '{}': expected a count or 'all'",
+                        v.escape_debug()
+                    )
+                })?
+            }
+            _ => {
+                return Err(format!(
+                    "unknown query parameter '{}' (expected timeline=N|all)",
+                    pair.escape_debug()
+                ))
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// A `PUT` of a change: the body parsed into `T` (unknown fields refused),
+/// validated and queued by the controller.
+fn change<T: serde::de::DeserializeOwned>(
+    ctx: &ApiContext,
+    body: &[u8],
+    wrap: fn(T) -> Change,
+) -> Response {
+    if ctx.exit.reason().is_some() {
+        return Response::error(409, "the VM is stopping");
+    }
+    if ctx.sched.device().is_none() {
+        return Response::error(
+            409,
+            "the VM runs without the stage device (--no-stage-device): there is no stage scheduling to change",
+        );
+    }
+    let update: T = match serde_json::from_slice(body) {
+        Ok(u) => u,
+        Err(e) => return Response::error(400, format!("body: {e}")),
+    };
+    match ctx.sched.propose(&wrap(update)) {
+        Ok(what) => {
+            tracing::info!("operator API: accepted {what}");
+            Response::json(202, &Accepted { accepted: what })
+        }
+        Err(e) => Response::error(400, e.to_string()),
+    }
+}
+
+fn info(ctx: &ApiContext) -> VmInfo {
+    let view = ctx.sched.view(0);
+    let s = view.sched;
+    VmInfo {
+        version: env!("CARGO_PKG_VERSION").into(),
+        pid: std::process::id(),
+        state: if ctx.exit.reason().is_some() {
+            "stopping"
+        } else {
+            "running"
+        }
+        .into(),
+        kernel: ctx.vm.kernel.clone(),
+        cmdline: ctx.vm.cmdline.clone(),
+        vcpu_count: ctx.vm.vcpu_count,
+        memory_bytes: ctx.vm.memory_bytes,
+        stage_device: ctx.sched.device().is_some(),
+        policy: s.policy,
+        period_ms: s.period_ms,
+        stage_cores: s.stage_cores,
+        housekeeping: s.housekeeping,
+        vcpus: s.vcpus,
+        helpers: s.helpers,
+    }
+}
+
+/// The request body types (host-sched's), re-exported for
+/// `stagevm-remote` and the tests.
+pub mod body {
+    pub use host_sched::config::{BudgetsUpdate, PolicyUpdate};
+}

@@ -1,0 +1,252 @@
+//! `stagevm-remote`: the operator API's command-line client (as Cloud
+//! Hypervisor's `ch-remote`). One request per command over the VMM's
+//! `--api-socket`; the answer's JSON on stdout (`stages` prints a table
+//! unless `--json`).
+//!
+//! Exit status: 0 on success; 1 when the VMM refused the request (its
+//! one-line error on stderr, e.g. a budget naming key and value); 2 when
+//! the socket cannot be reached, the command line or a file is bad, or the
+//! answer cannot be read.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{anyhow, Context};
+use clap::{Parser, Subcommand};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use stagevm::api::body::{BudgetsUpdate, PolicyUpdate};
+use stagevm_report::api::{ApiError, StagesView, PREFIX};
+
+/// Watches and steers a running stagevm through its --api-socket.
+#[derive(Parser, Debug)]
+#[command(name = "stagevm-remote", version, about, long_about)]
+struct Cli {
+    /// The VMM's API socket (stagevm --api-socket PATH).
+    #[arg(long, value_name = "PATH")]
+    api_socket: PathBuf,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// The VM's configuration, state, vCPU threads and their affinities (JSON).
+    Info,
+    /// The live stage report: a table per stage, or the raw JSON.
+    Stages {
+        /// Print the JSON answer instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Timeline entries to include (JSON; the table shows the last 5).
+        #[arg(long, value_name = "N", default_value_t = 5)]
+        timeline: usize,
+    },
+    /// Changes the scheduling policy at the next policy period.
+    Policy {
+        /// off, pinned, static, proportional or auto.
+        name: String,
+        /// Policy period (ms, 1..=60000).
+        #[arg(long, value_name = "MS")]
+        period_ms: Option<u64>,
+        /// EWMA weight of the newest load sample, in (0, 1].
+        #[arg(long, value_name = "W")]
+        smoothing: Option<f64>,
+        /// Cores a new allocation must gain (≥ 0).
+        #[arg(long, value_name = "CORES")]
+        hysteresis: Option<f64>,
+    },
+    /// Replaces [host] cores and the [[stage]] budgets from a stages file
+    /// (its [policy] table, if any, is not sent: use `policy`).
+    Budgets {
+        /// A --stages TOML file.
+        file: PathBuf,
+    },
+    /// Ends the VM (exit status 0).
+    Shutdown,
+    /// The Prometheus metrics (text).
+    Metrics,
+}
+
+/// A request's outcome: the HTTP status and body.
+struct Answer {
+    status: u16,
+    body: Bytes,
+}
+
+async fn request(socket: &Path, method: &str, path: &str, body: Vec<u8>) -> anyhow::Result<Answer> {
+    let stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .with_context(|| format!("--api-socket {}", socket.display()))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .context("HTTP handshake")?;
+    tokio::spawn(conn);
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(hyper::header::HOST, "localhost")
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))?;
+    let res = sender
+        .send_request(req)
+        .await
+        .context("sending the request")?;
+    let status = res.status().as_u16();
+    let body = res
+        .into_body()
+        .collect()
+        .await
+        .context("reading the answer")?
+        .to_bytes();
+    Ok(Answer { status, body })
+}
+
+fn budgets_body(file: &Path) -> anyhow::Result<Vec<u8>> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("{}", file.display()))?;
+    let origin = file.display().to_string();
+    let config = host_sched::config::Config::from_toml(&text, &origin)?;
+    if text.lines().any(|l| l.trim_start().starts_with("[policy]")) {
+        eprintln!("stagevm-remote: {origin}: its [policy] table is not part of a budget change and is not sent (use `policy`)");
+    }
+    let update = BudgetsUpdate {
+        host: config.host,
+        stages: config.stages,
+    };
+    Ok(serde_json::to_vec(&update)?)
+}
+
+/// The stage table: one line per stage, then the policy, epoch and the last
+/// timeline entries.
+fn print_table(view: &StagesView) {
+    let s = &view.sched;
+    println!(
+        "policy {} · period {} ms · stage cores {} · housekeeping {} · map changes {}{}",
+        s.policy,
+        s.period_ms,
+        s.stage_cores,
+        s.housekeeping,
+        s.map_changes,
+        view.stage_channel
+            .as_ref()
+            .map(|c| format!(
+                " · epoch {} · requests {} · dropped {}",
+                c.map_epoch, c.requests, c.dropped
+            ))
+            .unwrap_or_default()
+    );
+    if let Some(p) = &view.pending {
+        println!("pending: {p}");
+    }
+    println!(
+        "{:<16} {:>12} {:>12} {:>12}  {:<10} cores",
+        "stage", "events", "migrations", "occupancy ms", "vCPUs"
+    );
+    let stats = view
+        .stage_channel
+        .as_ref()
+        .map(|c| c.stages.as_slice())
+        .unwrap_or_default();
+    for p in &s.stages {
+        let st = stats.iter().find(|st| st.name == p.name);
+        let vcpus: Vec<String> = p.vcpus.iter().map(u32::to_string).collect();
+        println!(
+            "{:<16} {:>12} {:>12} {:>12.1}  {:<10} {}",
+            stagevm_report::escape(&p.name),
+            st.map_or(0, |st| st.events),
+            st.map_or(0, |st| st.migrations_in),
+            st.map_or(0.0, |st| st.occupancy_ns as f64 / 1e6),
+            vcpus.join(","),
+            p.cores
+        );
+    }
+    for t in s.timeline.iter().filter(|t| t.decision.is_some()) {
+        println!(
+            "t={:.0} ms{}: {}",
+            t.t_ms,
+            t.source
+                .as_ref()
+                .map(|s| format!(" [{s}]"))
+                .unwrap_or_default(),
+            t.decision.as_deref().unwrap_or_default()
+        );
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), (u8, String)> {
+    let usage = |e: anyhow::Error| (2, format!("{e:#}"));
+    let (method, path, body) = match &cli.command {
+        Command::Info => ("GET", format!("{PREFIX}/vm.info"), Vec::new()),
+        Command::Stages { timeline, .. } => (
+            "GET",
+            format!("{PREFIX}/stages?timeline={timeline}"),
+            Vec::new(),
+        ),
+        Command::Policy {
+            name,
+            period_ms,
+            smoothing,
+            hysteresis,
+        } => {
+            let update = PolicyUpdate {
+                name: name.clone(),
+                period_ms: *period_ms,
+                smoothing: *smoothing,
+                hysteresis: *hysteresis,
+            };
+            (
+                "PUT",
+                format!("{PREFIX}/stages.policy"),
+                serde_json::to_vec(&update).map_err(|e| usage(e.into()))?,
+            )
+        }
+        Command::Budgets { file } => (
+            "PUT",
+            format!("{PREFIX}/stages.budgets"),
+            budgets_body(file).map_err(usage)?,
+        ),
+        Command::Shutdown => ("PUT", format!("{PREFIX}/vm.shutdown"), Vec::new()),
+        Command::Metrics => ("GET", "/metrics".to_string(), Vec::new()),
+    };
+    let answer = request(&cli.api_socket, method, &path, body)
+        .await
+        .map_err(usage)?;
+    if answer.status >= 400 {
+        let msg = serde_json::from_slice::<ApiError>(&answer.body)
+            .map(|e| e.error)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&answer.body).into_owned());
+        return Err((1, format!("{} {path}: {} {msg}", method, answer.status)));
+    }
+    match cli.command {
+        Command::Stages { json: false, .. } => {
+            let view: StagesView = serde_json::from_slice(&answer.body)
+                .map_err(|e| usage(anyhow!("reading the answer: {e}")))?;
+            print_table(&view);
+        }
+        _ => println!("{}", String::from_utf8_lossy(&answer.body).trim_end()),
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("stagevm-remote: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((code, msg)) => {
+            eprintln!("stagevm-remote: error: {msg}");
+            ExitCode::from(code)
+        }
+    }
+}
