@@ -76,6 +76,10 @@ bench-channel: build
 bench-migration *ARGS: build
     cargo run --release -q -p stagevm-bench --bin migration-bench -- --stagevm {{stagevm}} --kernel {{guest}} {{ARGS}}
 
+# The operator API's cost: GET /api/v1/stages latency and the VMM's CPU with a client polling at 10 Hz, against nobody polling.
+bench-api *ARGS: build
+    cargo run --release -q -p stagevm-bench --bin api-bench -- --stagevm {{stagevm}} --kernel {{guest}} {{ARGS}}
+
 # The staged guest under each --policy side by side, plus re-pin latency.
 bench-policies: build
     cargo run --release -q -p stagevm-bench --bin policy-bench -- --stagevm {{stagevm}} --kernel {{guest}}

@@ -248,10 +248,18 @@ fn changes_follow_within_two_periods_and_metrics_equal_the_report() {
     let t = vm.put("/api/v1/stages.policy", r#"{"name":"pinned"}"#);
     let (took, view) = follow_map(&vm, t, &all);
     assert!(took <= two_periods(), "pinned's map after {took:?}");
+    eprintln!(
+        "api: stage map, static -> pinned followed in {took:?} (bound {:?})",
+        two_periods()
+    );
     assert_eq!(view.sched.policy, "pinned");
     let t = vm.put("/api/v1/stages.policy", r#"{"name":"static"}"#);
     let (took, _) = follow_map(&vm, t, &staged);
     assert!(took <= two_periods(), "static's map after {took:?}");
+    eprintln!(
+        "api: stage map, pinned -> static followed in {took:?} (bound {:?})",
+        two_periods()
+    );
     follow(pid, Instant::now(), &[("vcpu0", "0"), ("vcpu1", "1")]);
 
     // A budget change that moves a core: stage cores 1, housekeeping 0.
@@ -271,10 +279,18 @@ fn changes_follow_within_two_periods_and_metrics_equal_the_report() {
         ],
     );
     assert!(took <= two_periods(), "affinities after {took:?}");
+    eprintln!(
+        "api: affinities, budgets cores 1 / housekeeping 0 followed in {took:?} (bound {:?})",
+        two_periods()
+    );
     // And back: both cores serve stages again.
     let t = vm.put("/api/v1/stages.budgets", r#"{"host":{"cores":"0-1"}}"#);
     let took = follow(pid, t, &[("vcpu0", "0"), ("vcpu1", "1"), ("api", "0-1")]);
     assert!(took <= two_periods(), "affinities after {took:?}");
+    eprintln!(
+        "api: affinities, budgets back to cores 0-1 followed in {took:?} (bound {:?})",
+        two_periods()
+    );
 
     vm.wait_requests(2 * 2 * 40_000);
     // The guest holds: let the last drains land, then read the metrics.
@@ -392,6 +408,13 @@ fn remote_cli_reads_and_changes_the_vm() {
         assert!(Instant::now() < deadline, "the change was never applied");
         std::thread::sleep(Duration::from_millis(10));
     }
+    let (code, out, _) = remote(&["stages"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("policy pinned · period 50 ms"), "{out}");
+    assert!(
+        out.contains("[api]: applied: policy pinned, period_ms 50"),
+        "{out}"
+    );
     let (code, out, _) = remote(&["metrics"]);
     assert_eq!(code, 0);
     assert!(

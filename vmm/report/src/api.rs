@@ -7,7 +7,7 @@
 //! | method and path | body | answer |
 //! |---|---|---|
 //! | `GET /api/v1/vm.info` | — | [`VmInfo`] |
-//! | `GET /api/v1/stages[?timeline=N]` | — | [`StagesView`] |
+//! | `GET /api/v1/stages[?timeline=N][&decisions=N]` | — | [`StagesView`] |
 //! | `PUT /api/v1/stages.policy` | `PolicyUpdate` | `202` [`Accepted`] |
 //! | `PUT /api/v1/stages.budgets` | `BudgetsUpdate` | `202` [`Accepted`] |
 //! | `PUT /api/v1/vm.shutdown` | — | `202` [`Accepted`] |
@@ -27,6 +27,9 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// Timeline entries `GET /api/v1/stages` returns without `?timeline=N`.
 pub const DEFAULT_TIMELINE: usize = 20;
+
+/// Decisions `GET /api/v1/stages` returns without `?decisions=N`.
+pub const DEFAULT_DECISIONS: usize = 10;
 
 /// `GET /api/v1/vm.info`: the VM's configuration, state and threads.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -72,6 +75,10 @@ pub struct StagesView {
     pub sched: SchedReport,
     /// Timeline entries in all (the view holds the last ones).
     pub timeline_total: usize,
+    /// The last timeline entries that carry a decision (`auto`'s trials and
+    /// choices, operator changes with `source = "api"`), oldest first
+    /// (`?decisions=N`, default [`DEFAULT_DECISIONS`]).
+    pub decisions: Vec<crate::TimelineEntry>,
     /// A configuration change accepted and waiting for the next policy
     /// period, if any.
     pub pending: Option<String>,

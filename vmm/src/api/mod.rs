@@ -8,6 +8,7 @@
 //! * [`server`] — the `api` helper thread: hyper on a current-thread tokio
 //!   runtime, with the limits a hostile client meets (body size, header and
 //!   body time-outs, concurrent connections);
+//! * [`client`] — the client `stagevm-remote` and the benchmark use;
 //! * [`metrics`] — the Prometheus text exposition of a [`StagesView`];
 //! * [`handle`] (here) — the routes, independent of the HTTP library.
 //!
@@ -19,6 +20,7 @@
 //! policy period and records them in the timeline with `source = "api"`.
 //! The routes and bodies are listed in [`stagevm_report::api`].
 
+pub mod client;
 pub mod metrics;
 pub mod server;
 pub mod socket;
@@ -26,7 +28,9 @@ pub mod socket;
 use std::sync::Arc;
 
 use serde::Serialize;
-use stagevm_report::api::{Accepted, ApiError, VmInfo, DEFAULT_TIMELINE, PREFIX};
+use stagevm_report::api::{
+    Accepted, ApiError, VmInfo, DEFAULT_DECISIONS, DEFAULT_TIMELINE, PREFIX,
+};
 
 use crate::exit::{ExitEvent, VmExit};
 use crate::sched::{Change, StageSched};
@@ -127,12 +131,12 @@ pub fn handle(
     }
     match path.strip_prefix(PREFIX).unwrap_or(path) {
         "/vm.info" => Response::json(200, &info(ctx)),
-        "/stages" => match timeline_query(query) {
-            Ok(n) => Response::json(200, &ctx.sched.view(n)),
+        "/stages" => match stages_query(query) {
+            Ok((timeline, decisions)) => Response::json(200, &ctx.sched.view(timeline, decisions)),
             Err(e) => Response::error(400, e),
         },
         "/metrics" => {
-            let view = ctx.sched.view(0);
+            let view = ctx.sched.view(0, 0);
             match metrics::render(&view, crate::ratelimit::suppressed()) {
                 Ok(text) => Response {
                     status: 200,
@@ -159,29 +163,30 @@ pub fn handle(
     }
 }
 
-/// `?timeline=N` or `?timeline=all`: how many timeline entries to return.
-fn timeline_query(query: Option<&str>) -> Result<usize, String> {
-    let mut n = DEFAULT_TIMELINE;
+/// `?timeline=N|all&decisions=N|all`: how many timeline entries and
+/// decisions to return.
+fn stages_query(query: Option<&str>) -> Result<(usize, usize), String> {
+    let (mut timeline, mut decisions) = (DEFAULT_TIMELINE, DEFAULT_DECISIONS);
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("timeline", "all")) => n = usize::MAX,
-            Some(("timeline", v)) => {
-                n = v.parse().map_err(|_| {
-                    format!(
-                        "timeline = '{}': expected a count or 'all'",
-                        v.escape_debug()
-                    )
-                })?
-            }
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let slot = match key {
+            "timeline" => &mut timeline,
+            "decisions" => &mut decisions,
             _ => {
                 return Err(format!(
-                    "unknown query parameter '{}' (expected timeline=N|all)",
+                    "unknown query parameter '{}' (expected timeline=N|all, decisions=N|all)",
                     pair.escape_debug()
                 ))
             }
-        }
+        };
+        *slot = match value {
+            "all" => usize::MAX,
+            v => v.parse().map_err(|_| {
+                format!("{key} = '{}': expected a count or 'all'", v.escape_debug())
+            })?,
+        };
     }
-    Ok(n)
+    Ok((timeline, decisions))
 }
 
 /// A `PUT` of a change: the body parsed into `T` (unknown fields refused),
@@ -214,7 +219,7 @@ fn change<T: serde::de::DeserializeOwned>(
 }
 
 fn info(ctx: &ApiContext) -> VmInfo {
-    let view = ctx.sched.view(0);
+    let view = ctx.sched.view(0, 0);
     let s = view.sched;
     VmInfo {
         version: env!("CARGO_PKG_VERSION").into(),

@@ -13,10 +13,8 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, Context};
 use clap::{Parser, Subcommand};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use stagevm::api::body::{BudgetsUpdate, PolicyUpdate};
+use stagevm::api::client::Client;
 use stagevm_report::api::{ApiError, StagesView, PREFIX};
 
 /// Watches and steers a running stagevm through its --api-socket.
@@ -40,9 +38,12 @@ enum Command {
         /// Print the JSON answer instead of the table.
         #[arg(long)]
         json: bool,
-        /// Timeline entries to include (JSON; the table shows the last 5).
+        /// Timeline entries to include (in the JSON).
         #[arg(long, value_name = "N", default_value_t = 5)]
         timeline: usize,
+        /// The policy's last decisions and operator changes to include.
+        #[arg(long, value_name = "N", default_value_t = 5)]
+        decisions: usize,
     },
     /// Changes the scheduling policy at the next policy period.
     Policy {
@@ -70,40 +71,6 @@ enum Command {
     Metrics,
 }
 
-/// A request's outcome: the HTTP status and body.
-struct Answer {
-    status: u16,
-    body: Bytes,
-}
-
-async fn request(socket: &Path, method: &str, path: &str, body: Vec<u8>) -> anyhow::Result<Answer> {
-    let stream = tokio::net::UnixStream::connect(socket)
-        .await
-        .with_context(|| format!("--api-socket {}", socket.display()))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .context("HTTP handshake")?;
-    tokio::spawn(conn);
-    let req = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header(hyper::header::HOST, "localhost")
-        .header(hyper::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))?;
-    let res = sender
-        .send_request(req)
-        .await
-        .context("sending the request")?;
-    let status = res.status().as_u16();
-    let body = res
-        .into_body()
-        .collect()
-        .await
-        .context("reading the answer")?
-        .to_bytes();
-    Ok(Answer { status, body })
-}
-
 fn budgets_body(file: &Path) -> anyhow::Result<Vec<u8>> {
     let text = std::fs::read_to_string(file).with_context(|| format!("{}", file.display()))?;
     let origin = file.display().to_string();
@@ -118,8 +85,8 @@ fn budgets_body(file: &Path) -> anyhow::Result<Vec<u8>> {
     Ok(serde_json::to_vec(&update)?)
 }
 
-/// The stage table: one line per stage, then the policy, epoch and the last
-/// timeline entries.
+/// The stage table: the policy, cores and epoch, one line per stage, then
+/// the last decisions.
 fn print_table(view: &StagesView) {
     let s = &view.sched;
     println!(
@@ -162,7 +129,7 @@ fn print_table(view: &StagesView) {
             p.cores
         );
     }
-    for t in s.timeline.iter().filter(|t| t.decision.is_some()) {
+    for t in &view.decisions {
         println!(
             "t={:.0} ms{}: {}",
             t.t_ms,
@@ -175,13 +142,17 @@ fn print_table(view: &StagesView) {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), (u8, String)> {
+fn run(cli: Cli) -> Result<(), (u8, String)> {
     let usage = |e: anyhow::Error| (2, format!("{e:#}"));
     let (method, path, body) = match &cli.command {
         Command::Info => ("GET", format!("{PREFIX}/vm.info"), Vec::new()),
-        Command::Stages { timeline, .. } => (
+        Command::Stages {
+            timeline,
+            decisions,
+            ..
+        } => (
             "GET",
-            format!("{PREFIX}/stages?timeline={timeline}"),
+            format!("{PREFIX}/stages?timeline={timeline}&decisions={decisions}"),
             Vec::new(),
         ),
         Command::Policy {
@@ -210,9 +181,10 @@ async fn run(cli: Cli) -> Result<(), (u8, String)> {
         Command::Shutdown => ("PUT", format!("{PREFIX}/vm.shutdown"), Vec::new()),
         Command::Metrics => ("GET", "/metrics".to_string(), Vec::new()),
     };
-    let answer = request(&cli.api_socket, method, &path, body)
-        .await
-        .map_err(usage)?;
+    let client = Client::new(&cli.api_socket).map_err(|e| usage(e.into()))?;
+    let answer = client
+        .request(method, &path, body)
+        .map_err(|e| usage(e.into()))?;
     if answer.status >= 400 {
         let msg = serde_json::from_slice::<ApiError>(&answer.body)
             .map(|e| e.error)
@@ -231,18 +203,7 @@ async fn run(cli: Cli) -> Result<(), (u8, String)> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("stagevm-remote: error: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match runtime.block_on(run(cli)) {
+    match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err((code, msg)) => {
             eprintln!("stagevm-remote: error: {msg}");

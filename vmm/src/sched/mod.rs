@@ -41,8 +41,9 @@ impl StageSched {
 
     /// The live report (the operator API's `GET /api/v1/stages`): the
     /// counters of the last drain, the scheduler's state with the last
-    /// `timeline` entries, and the change waiting for the next period.
-    pub fn view(&self, timeline: usize) -> StagesView {
+    /// `timeline` entries, the last `decisions` entries that carry a
+    /// decision, and the change waiting for the next period.
+    pub fn view(&self, timeline: usize, decisions: usize) -> StagesView {
         let c = self.controller();
         let stage_channel = self.device.as_ref().map(|d| {
             let mut r = d.report();
@@ -53,6 +54,12 @@ impl StageSched {
             stage_channel,
             sched: self.report_locked(&c, timeline),
             timeline_total: c.history().1.len(),
+            decisions: {
+                let all = c.history().1.iter().rev().filter(|t| t.decision.is_some());
+                let mut last: Vec<_> = all.take(decisions).cloned().collect();
+                last.reverse();
+                last
+            },
             pending: c.pending(),
         }
     }
