@@ -222,8 +222,12 @@ fn follow_map(vm: &Vm, since: Instant, expected: &[Vec<u32>]) -> (Duration, Stag
     }
 }
 
-fn two_periods() -> Duration {
-    Duration::from_millis(2 * PERIOD_MS)
+/// Asserts a change was followed within 2 policy periods and prints the
+/// time it took.
+fn within_two_periods(took: Duration, what: &str) {
+    let bound = Duration::from_millis(2 * PERIOD_MS);
+    eprintln!("api: {what} followed in {took:?} (bound {bound:?})");
+    assert!(took <= bound, "{what}: after {took:?}");
 }
 
 #[test]
@@ -247,20 +251,19 @@ fn changes_follow_within_two_periods_and_metrics_equal_the_report() {
     follow_map(&vm, Instant::now(), &staged);
     let t = vm.put("/api/v1/stages.policy", r#"{"name":"pinned"}"#);
     let (took, view) = follow_map(&vm, t, &all);
-    assert!(took <= two_periods(), "pinned's map after {took:?}");
-    eprintln!(
-        "api: stage map, static -> pinned followed in {took:?} (bound {:?})",
-        two_periods()
-    );
+    within_two_periods(took, "stage map, static -> pinned");
     assert_eq!(view.sched.policy, "pinned");
     let t = vm.put("/api/v1/stages.policy", r#"{"name":"static"}"#);
     let (took, _) = follow_map(&vm, t, &staged);
-    assert!(took <= two_periods(), "static's map after {took:?}");
-    eprintln!(
-        "api: stage map, pinned -> static followed in {took:?} (bound {:?})",
-        two_periods()
-    );
+    within_two_periods(took, "stage map, pinned -> static");
     follow(pid, Instant::now(), &[("vcpu0", "0"), ("vcpu1", "1")]);
+    // static and pinned pin vCPU v to core v; off lets both float.
+    let t = vm.put("/api/v1/stages.policy", r#"{"name":"off"}"#);
+    let took = follow(pid, t, &[("vcpu0", "0-1"), ("vcpu1", "0-1")]);
+    within_two_periods(took, "affinities, static -> off");
+    let t = vm.put("/api/v1/stages.policy", r#"{"name":"static"}"#);
+    let took = follow(pid, t, &[("vcpu0", "0"), ("vcpu1", "1")]);
+    within_two_periods(took, "affinities, off -> static");
 
     // A budget change that moves a core: stage cores 1, housekeeping 0.
     // Every vCPU goes to core 1, every helper (the API's own thread among
@@ -278,19 +281,11 @@ fn changes_follow_within_two_periods_and_metrics_equal_the_report() {
             ("stagevm", "0"),
         ],
     );
-    assert!(took <= two_periods(), "affinities after {took:?}");
-    eprintln!(
-        "api: affinities, budgets cores 1 / housekeeping 0 followed in {took:?} (bound {:?})",
-        two_periods()
-    );
+    within_two_periods(took, "affinities, budgets cores 1 / housekeeping 0");
     // And back: both cores serve stages again.
     let t = vm.put("/api/v1/stages.budgets", r#"{"host":{"cores":"0-1"}}"#);
     let took = follow(pid, t, &[("vcpu0", "0"), ("vcpu1", "1"), ("api", "0-1")]);
-    assert!(took <= two_periods(), "affinities after {took:?}");
-    eprintln!(
-        "api: affinities, budgets back to cores 0-1 followed in {took:?} (bound {:?})",
-        two_periods()
-    );
+    within_two_periods(took, "affinities, budgets back to cores 0-1");
 
     vm.wait_requests(2 * 2 * 40_000);
     // The guest holds: let the last drains land, then read the metrics.
@@ -309,13 +304,18 @@ fn changes_follow_within_two_periods_and_metrics_equal_the_report() {
         .filter(|t| t.source.as_deref() == Some("api"))
         .filter_map(|t| t.decision.as_deref())
         .collect();
-    assert_eq!(api.len(), 4, "{api:?}");
-    assert!(api[0].starts_with("applied: policy pinned"), "{api:?}");
-    assert!(api[1].starts_with("applied: policy static"), "{api:?}");
-    assert!(
-        api[2].starts_with("applied: budgets: cores 1, housekeeping 0"),
-        "{api:?}"
-    );
+    let expected = [
+        "applied: policy pinned",
+        "applied: policy static",
+        "applied: policy off",
+        "applied: policy static",
+        "applied: budgets: cores 1, housekeeping 0",
+        "applied: budgets: cores 0-1",
+    ];
+    assert_eq!(api.len(), expected.len(), "{api:?}");
+    for (got, want) in api.iter().zip(expected) {
+        assert!(got.starts_with(want), "{api:?}");
+    }
 
     // Every counter of the scrape equals the final report's.
     let ch = report.stage_channel.as_ref().unwrap();
