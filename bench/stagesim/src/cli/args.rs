@@ -17,8 +17,8 @@ pub struct ReplayArgs {
     /// Simulated core counts (1..=64), comma-separated.
     #[arg(long, default_value = "2,4,8,16", value_parser = list::<usize>)]
     pub cores: std::vec::Vec<usize>,
-    /// Scheduling models: baseline, pinned, static, proportional.
-    #[arg(long, default_value = "baseline,pinned,static,proportional")]
+    /// Scheduling models: baseline, pinned, static, proportional, auto.
+    #[arg(long, default_value = "baseline,pinned,static,proportional,auto")]
     pub policy: String,
     /// Time slices in instructions, comma-separated.
     #[arg(long, default_value = "10000,100000,1000000", value_parser = list::<u64>)]
@@ -65,6 +65,22 @@ pub struct ReplayArgs {
     /// Hysteresis in cores (proportional).
     #[arg(long, default_value_t = 0.1)]
     pub hysteresis: f64,
+    /// OS-like scheduling: every slice is drawn from `slice × [1 − J, 1 + J]`
+    /// (0 = fixed slices, in which identical threads stay in lockstep).
+    #[arg(long, default_value_t = 0.5)]
+    pub slice_jitter: f64,
+    /// Threads block for their client when they enter this stage (the request
+    /// marker; MariaDB's `net_read`) and run again after a think time; `-` = never.
+    /// A trace without the stage never blocks (a note says so).
+    #[arg(long, default_value = "net_read")]
+    pub block_at: String,
+    /// Mean think time of a blocked thread, cycles (each drawn from ×[0.5, 1.5]);
+    /// 100000 ≈ 40 µs at 2.5 GHz, an assumed loopback round trip of a sysbench client.
+    #[arg(long, default_value_t = 100_000)]
+    pub think_cycles: u64,
+    /// Seed of the slice jitter and think times.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
     #[command(flatten)]
     pub model: ModelArgs,
     /// Write the full report (per core, per stage) as JSON.

@@ -12,7 +12,7 @@ use host_sched::config::{Budget, Config};
 
 use stagesim::groups::StageGroups;
 use stagesim::report::{self, Report};
-use stagesim::sim::{self, default_budgets, SimConfig, SimPolicy, SimResult, VisitRule};
+use stagesim::sim::{self, default_budgets, BlockRule, SimConfig, SimPolicy, SimResult, VisitRule};
 use stagesim::stream::Trace;
 
 use super::{load, progress_bar, write_file};
@@ -66,6 +66,8 @@ struct Plan {
     groupings: Vec<StageGroups>,
     weight_modes: Vec<bool>,
     steal_modes: Vec<bool>,
+    /// The trace stage threads block at (`--block-at`), if it has it.
+    block_stage: Option<usize>,
 }
 
 /// Checks the options of `a` and loads the trace.
@@ -75,7 +77,7 @@ fn plan(a: &ReplayArgs) -> anyhow::Result<Plan> {
         .split(',')
         .map(|p| {
             SimPolicy::parse(p.trim()).with_context(|| {
-                format!("--policy '{p}': unknown (baseline, pinned, static, proportional)")
+                format!("--policy '{p}': unknown (baseline, pinned, static, proportional, auto)")
             })
         })
         .collect::<anyhow::Result<_>>()?;
@@ -96,6 +98,24 @@ fn plan(a: &ReplayArgs) -> anyhow::Result<Plan> {
     anyhow::ensure!(trace.instrs > 0, "{}: no instructions", a.trace.display());
     let visit_rule = VisitRule::parse(&a.visit_rule)
         .with_context(|| format!("--visit-rule '{}': oracle or history", a.visit_rule))?;
+    anyhow::ensure!(
+        (0.0..1.0).contains(&a.slice_jitter),
+        "--slice-jitter {}: must be in [0, 1)",
+        a.slice_jitter
+    );
+    let block_stage = match a.block_at.as_str() {
+        "-" => None,
+        name => {
+            let s = trace.stages.iter().position(|s| s.name == name);
+            if s.is_none() {
+                eprintln!(
+                    "stagesim: note: {} has no stage '{name}' (--block-at): its threads never block",
+                    a.trace.display()
+                );
+            }
+            s
+        }
+    };
     let groupings: Vec<StageGroups> = a
         .stage_groups
         .iter()
@@ -108,6 +128,7 @@ fn plan(a: &ReplayArgs) -> anyhow::Result<Plan> {
         groupings,
         weight_modes: modes("static-weights", &a.static_weights, "equal", "load")?,
         steal_modes: modes("steal", &a.steal, "off", "on")?,
+        block_stage,
         trace,
     })
 }
@@ -144,6 +165,12 @@ fn configs(a: &ReplayArgs, p: &Plan) -> anyhow::Result<Vec<SimConfig>> {
                     c.hysteresis = a.hysteresis;
                     c.visit_rule = p.visit_rule;
                     c.limit = a.instrs;
+                    c.slice_jitter = a.slice_jitter;
+                    c.seed = a.seed;
+                    c.block = p.block_stage.map(|s| BlockRule {
+                        group: g.group_of(s),
+                        think_cycles: a.think_cycles,
+                    });
                     c.groups = Some(g.clone());
                     if let Some(b) = &p.budget_cfg {
                         c.budgets = Some(budgets_for(b, g, n)?);

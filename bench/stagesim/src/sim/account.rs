@@ -152,6 +152,9 @@ impl Account {
             min_visit: cfg.min_visit,
             cores: n,
             slice: cfg.slice,
+            slice_jitter: cfg.slice_jitter,
+            think_cycles: cfg.block.map_or(0, |b| b.think_cycles),
+            blocks: 0,
             threads,
             warmup_instrs: self.warmup_instrs,
             utilization: if window > 0.0 {
@@ -172,6 +175,7 @@ impl Account {
             plan_changes: plans.map_or(0, |p| p.changes),
             final_requirement: plans.map_or_else(Vec::new, |p| p.requirement.clone()),
             plan_history: plans.map_or_else(Vec::new, |p| p.history.clone()),
+            auto_decisions: plans.map_or_else(Vec::new, |p| p.decisions.clone()),
             replay_seconds: secs,
             replay_mips: self.executed as f64 / secs.max(1e-9) / 1e6,
         }

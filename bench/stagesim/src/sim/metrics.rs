@@ -183,6 +183,15 @@ pub struct SimResult {
     pub cores: usize,
     /// Time slice, instructions.
     pub slice: u64,
+    /// Slice jitter (slices drawn from `slice × [1 − j, 1 + j]`; 0 = fixed).
+    #[serde(default)]
+    pub slice_jitter: f64,
+    /// Mean think time of a blocking thread (cycles; 0 = threads never block).
+    #[serde(default)]
+    pub think_cycles: u64,
+    /// Times threads blocked for their client.
+    #[serde(default)]
+    pub blocks: u64,
     /// Threads in the trace.
     pub threads: usize,
     /// Instructions replayed before statistics started.
@@ -210,6 +219,10 @@ pub struct SimResult {
     /// replayed so far, warm-up included; `Plan::requirement`). The first
     /// entry is the initial plan. Empty for baseline and pinned.
     pub plan_history: Vec<(u64, Vec<usize>)>,
+    /// `auto` only: its trial steps and decisions (instructions replayed,
+    /// `mode: what`, with the modelled rates it compared).
+    #[serde(default)]
+    pub auto_decisions: Vec<(u64, String)>,
     /// Wall-clock seconds of the replay.
     pub replay_seconds: f64,
     /// Replay speed, million instructions per second (single thread).

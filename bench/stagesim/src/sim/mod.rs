@@ -92,6 +92,9 @@ pub use metrics::{Counters, CycleModel, Metrics, SimResult, StageResult};
 pub use plans::{default_budget, default_budgets};
 pub use replay::simulate;
 
+#[cfg(test)]
+mod tests;
+
 /// Which scheduling model a replay uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -104,24 +107,29 @@ pub enum SimPolicy {
     Static,
     /// host-sched `proportional`.
     Proportional,
+    /// host-sched `auto`: trials of `static` and unstaged (every core
+    /// serves every stage) on the modelled throughput, keeps the faster.
+    Auto,
 }
 
 impl SimPolicy {
     /// Every model, in table order.
-    pub const ALL: [SimPolicy; 4] = [
+    pub const ALL: [SimPolicy; 5] = [
         Self::Baseline,
         Self::Pinned,
         Self::Static,
         Self::Proportional,
+        Self::Auto,
     ];
 
-    /// Parses `baseline`, `pinned`, `static` or `proportional`.
+    /// Parses `baseline`, `pinned`, `static`, `proportional` or `auto`.
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "baseline" => Self::Baseline,
             "pinned" => Self::Pinned,
             "static" => Self::Static,
             "proportional" => Self::Proportional,
+            "auto" => Self::Auto,
             _ => return None,
         })
     }
@@ -133,6 +141,7 @@ impl SimPolicy {
             Self::Pinned => "pinned",
             Self::Static => "static",
             Self::Proportional => "proportional",
+            Self::Auto => "auto",
         }
     }
 
@@ -141,6 +150,7 @@ impl SimPolicy {
         match self {
             Self::Static => Some(PolicyKind::Static),
             Self::Proportional => Some(PolicyKind::Proportional),
+            Self::Auto => Some(PolicyKind::Auto),
             _ => None,
         }
     }
@@ -241,6 +251,31 @@ pub struct SimConfig {
     /// Replay only the first `limit` instructions (in replay order, warm-up
     /// included; the warm-up is `warmup_pct` of them); `None`: the whole trace.
     pub limit: Option<u64>,
+    /// Randomised time slices: each slice is drawn uniformly from
+    /// `slice × [1 − j, 1 + j]` (`j` in [0, 1); 0 = every slice exactly
+    /// `slice`), as an OS scheduler's slices vary with wake-ups, ticks and
+    /// vruntime. Without it identical threads started together stay in
+    /// lockstep and keep reusing each other's code in L2 (issue 16).
+    pub slice_jitter: f64,
+    /// Seed of the replay's random numbers (slice jitter, think times).
+    pub seed: u64,
+    /// Threads that block: see [`BlockRule`]; `None`: threads never block.
+    #[serde(skip)]
+    pub block: Option<BlockRule>,
+}
+
+/// Threads that block: a connection thread entering stage group `group`
+/// (MariaDB's `net_read`: reading the next command from its client) waits
+/// for its client — it leaves its core and becomes runnable again after a
+/// think time drawn uniformly from `think_cycles × [0.5, 1.5]` — as a
+/// server's threads do between requests, which breaks the convoys of
+/// threads running the same code in step.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct BlockRule {
+    /// Dense stage-group index at whose entry a thread blocks.
+    pub group: usize,
+    /// Mean think time (cycles).
+    pub think_cycles: u64,
 }
 
 impl SimConfig {
@@ -265,6 +300,9 @@ impl SimConfig {
             thread_prefix: None,
             load_weights: false,
             steal: false,
+            slice_jitter: 0.0,
+            seed: 1,
+            block: None,
         }
     }
 

@@ -1,13 +1,22 @@
-//! The staged policies' side of a replay (`static`, `proportional`): the
-//! real host-sched policy, its periods and the plan in force — which cores
-//! serve which stage (group), both as per-stage masks and as the guest
-//! agent's stage map ([`guest_agent::MapSnapshot`]).
+//! The staged policies' side of a replay (`static`, `proportional`,
+//! `auto`): the real host-sched policy, its periods and the plan in force —
+//! which cores serve which stage (group), both as per-stage masks and as
+//! the guest agent's stage map ([`guest_agent::MapSnapshot`]). `auto` gets,
+//! before each plan, the period's modelled throughput as its rate
+//! (instructions per wall-clock second at [`CLOCK_HZ`]), as the VMM gives it
+//! the guest's requests per second: it compares its staged and unstaged
+//! trials on it and keeps the faster.
 
 use guest_agent::MapSnapshot;
 use host_sched::config::Budget;
 use host_sched::policy::{self, Policy, PolicyKind};
 
 use super::SimConfig;
+
+/// Clock rate the modelled cycles are turned into seconds with (2.5 GHz,
+/// the cycle model's machine); only `auto`'s rates use it, and it compares
+/// them with each other, so the value does not change its decisions.
+pub const CLOCK_HZ: f64 = 2.5e9;
 
 /// The default budget of a stage (group) on `cores` cores: min 0, max all
 /// cores, weight 1 (host-sched without a budgets file).
@@ -48,6 +57,11 @@ pub(super) struct Plans {
     pub periods: u64,
     /// Periods whose plan differed from the previous one.
     pub changes: u64,
+    /// The replay clock (cycles of the core that ended the previous
+    /// period) when the current period began.
+    period_start: f64,
+    /// `auto`: its decisions (instructions replayed, what it decided).
+    pub decisions: Vec<(u64, String)>,
 }
 
 impl Plans {
@@ -101,6 +115,8 @@ impl Plans {
             load: vec![0; stages + 1],
             periods: 0,
             changes: 0,
+            period_start: 0.0,
+            decisions: Vec::new(),
         };
         p.set_serve(&plan.stage_vcpus);
         p.history.push((0, p.requirement.clone()));
@@ -114,13 +130,17 @@ impl Plans {
         self.map.epoch = 2 * self.changes;
     }
 
-    /// Ends the period if `executed` reached it: passes the period's load
-    /// (cores' worth of work: instructions / `period`) to the policy and
+    /// Ends the period if `executed` reached it, at replay time `now`
+    /// (cycles of the core running): passes the period's rate (`auto`) and
+    /// load (cores' worth of work: instructions / `period`) to the policy and
     /// applies its plan.
-    pub fn tick(&mut self, executed: u64, period: u64) {
+    pub fn tick(&mut self, executed: u64, period: u64, now: f64) {
         if executed < self.next_period {
             return;
         }
+        let instrs: u64 = self.load.iter().sum();
+        let seconds = (now - self.period_start).max(1.0) / CLOCK_HZ;
+        self.period_start = now;
         self.next_period = executed + self.period_total;
         self.periods += 1;
         let load: Vec<f64> = self.load[..self.stages]
@@ -128,7 +148,12 @@ impl Plans {
             .map(|l| *l as f64 / period as f64)
             .collect();
         self.load.fill(0);
+        self.policy.observe_rate(instrs as f64 / seconds);
         let plan = self.policy.plan(&load);
+        if let Some(d) = self.policy.decision() {
+            self.decisions
+                .push((executed, format!("{}: {}", d.mode.name(), d.what)));
+        }
         if plan.stage_vcpus[..] != self.serve[..self.stages] {
             self.changes += 1;
             self.set_serve(&plan.stage_vcpus);

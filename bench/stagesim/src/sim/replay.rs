@@ -26,14 +26,16 @@ pub fn simulate(
     let started = Instant::now();
     let mut r = Replay::new(trace, cfg)?;
     r.run(progress);
-    Ok(r.acct.finish(
+    let mut result = r.acct.finish(
         cfg,
         &r.groups,
         trace.threads.len(),
         &r.sched.cores,
         r.plans.as_ref(),
         started,
-    ))
+    );
+    result.blocks = r.blocks;
+    Ok(result)
 }
 
 /// Checks `cfg`'s parameters.
@@ -100,7 +102,7 @@ fn stream_ends(trace: &Trace, cfg: &SimConfig) -> (Vec<usize>, u64) {
 }
 
 /// The state of one replay.
-struct Replay<'a> {
+pub(super) struct Replay<'a> {
     trace: &'a Trace,
     cfg: &'a SimConfig,
     groups: StageGroups,
@@ -121,10 +123,17 @@ struct Replay<'a> {
     acct: Account,
     /// Min-visit variant, history rule: per group, the weighted mean visit.
     visit_mean: Vec<Option<f64>>,
+    /// xorshift64 state (slice jitter, think times).
+    rng: u64,
+    /// Times a thread blocked ([`super::BlockRule`]).
+    blocks: u64,
+    /// Tests: per thread, the event positions where its slices ended.
+    #[cfg(test)]
+    pub(super) slice_ends: Vec<Vec<usize>>,
 }
 
 impl<'a> Replay<'a> {
-    fn new(trace: &'a Trace, cfg: &'a SimConfig) -> anyhow::Result<Self> {
+    pub(super) fn new(trace: &'a Trace, cfg: &'a SimConfig) -> anyhow::Result<Self> {
         validate(cfg)?;
         let n = cfg.cores;
         let groups = grouping(trace, cfg)?;
@@ -159,11 +168,38 @@ impl<'a> Replay<'a> {
             acct: Account::new(n, ns, total, cfg.warmup_pct),
             visit_mean: vec![None; ns],
             groups,
+            // xorshift64 needs a non-zero state.
+            rng: cfg.seed.max(1),
+            blocks: 0,
+            #[cfg(test)]
+            slice_ends: vec![Vec::new(); trace.threads.len()],
         })
     }
 
+    /// A uniform random number in [0, 1) (xorshift64: Marsaglia, "Xorshift
+    /// RNGs", J. Stat. Softw. 2003; shifts 13, 7, 17).
+    fn uniform(&mut self) -> f64 {
+        let mut x = self.rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng = x;
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// The next slice's length: `slice`, or drawn from
+    /// `slice × [1 − j, 1 + j]` with `slice_jitter` j > 0 (≥ 1).
+    pub(super) fn slice_len(&mut self) -> u64 {
+        let j = self.cfg.slice_jitter;
+        if j <= 0.0 {
+            return self.cfg.slice;
+        }
+        let f = 1.0 - j + 2.0 * j * self.uniform();
+        ((self.cfg.slice as f64 * f).round() as u64).max(1)
+    }
+
     /// The replay loop: one slice of the next core's thread at a time.
-    fn run(&mut self, progress: &mut dyn FnMut(u64)) {
+    pub(super) fn run(&mut self, progress: &mut dyn FnMut(u64)) {
         loop {
             let serve = match &self.plans {
                 Some(p) if self.steal => Some(&p.serve[..]),
@@ -186,6 +222,8 @@ impl<'a> Replay<'a> {
                 self.sched.cores[k].clock += cost as f64;
             }
             let end = self.run_slice(k, t, progress);
+            #[cfg(test)]
+            self.slice_ends[t].push(self.sched.threads[t].pos);
             self.sched.end_slice(k, t, end);
         }
         self.acct.flush_progress(progress);
@@ -196,7 +234,7 @@ impl<'a> Replay<'a> {
     fn run_slice(&mut self, k: usize, t: usize, progress: &mut dyn FnMut(u64)) -> SliceEnd {
         let trace = self.trace;
         let events = &trace.threads[t].events[..self.ends[t]];
-        let mut budget = self.cfg.slice;
+        let mut budget = self.slice_len();
         while budget > 0 {
             let mut lim = self.acct.limit(budget);
             if let Some(p) = &self.plans {
@@ -222,7 +260,11 @@ impl<'a> Replay<'a> {
             self.acct.pass_warmup(&self.sched.cores);
             if let Some(p) = &mut self.plans {
                 p.load[stage] += done;
-                p.tick(self.acct.executed, self.cfg.period);
+                p.tick(
+                    self.acct.executed,
+                    self.cfg.period,
+                    self.sched.cores[k].clock,
+                );
             }
             if self.acct.executed >= self.acct.total {
                 // A prefix replay ends here (the thread keeps its core).
@@ -262,6 +304,7 @@ impl<'a> Replay<'a> {
             th.visit = 0;
         }
         th.stage = s;
+        let mut migrate = None;
         if s != old && s != self.none {
             if let Some(p) = &self.plans {
                 if let Some(target) = self.sched.migration_target(&p.map, s, k) {
@@ -273,12 +316,25 @@ impl<'a> Replay<'a> {
                         st.migrations += 1;
                         st.migration_cycles += cost;
                         self.sched.cores[k].clock += cost as f64;
-                        return Some(SliceEnd::Migrate(target));
+                        migrate = Some(target);
                     }
                 }
             }
         }
-        (self.sched.threads[t].pos >= events.len()).then_some(SliceEnd::Done)
+        if self.sched.threads[t].pos >= events.len() {
+            return Some(SliceEnd::Done);
+        }
+        match self.cfg.block {
+            Some(b) if s != old && s == b.group => {
+                self.blocks += 1;
+                let delay = b.think_cycles as f64 * (0.5 + self.uniform());
+                Some(SliceEnd::Block {
+                    delay,
+                    target: migrate,
+                })
+            }
+            _ => migrate.map(SliceEnd::Migrate),
+        }
     }
 
     /// The min-visit variant: whether the visit of group `s` starting at

@@ -46,7 +46,7 @@ pub(super) enum Source {
 }
 
 /// How a thread's slice ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum SliceEnd {
     /// The slice was used up (or the replay ended): the thread yields only
     /// if another has arrived.
@@ -55,6 +55,15 @@ pub(super) enum SliceEnd {
     Done,
     /// The thread migrates to this core.
     Migrate(usize),
+    /// The thread blocks (waits for its client) for `delay` cycles, then
+    /// is queued on core `target` (its own core when `None`; the global
+    /// queue under `baseline`).
+    Block {
+        /// Cycles until it is runnable again.
+        delay: f64,
+        /// Where it is queued (a migration decided at the same marker).
+        target: Option<usize>,
+    },
 }
 
 /// The queued thread that arrived first (position, arrival); ties: the
@@ -227,6 +236,15 @@ impl Sched {
                 core.current = None;
                 self.threads[t].ready_at = core.clock;
                 self.cores[target].queue.push_back(t);
+            }
+            SliceEnd::Block { delay, target } => {
+                core.current = None;
+                self.threads[t].ready_at = core.clock + delay;
+                match target {
+                    _ if self.baseline => self.global.push_back(t),
+                    Some(j) => self.cores[j].queue.push_back(t),
+                    None => self.cores[k].queue.push_back(t),
+                }
             }
             SliceEnd::Used => {
                 // Only threads that have arrived by now compete for the core.

@@ -1,0 +1,182 @@
+//! Tests of the scheduling model's OS-like baseline: randomised slices and
+//! threads that block.
+
+use super::replay::Replay;
+use super::{BlockRule, SimConfig, SimPolicy};
+use crate::stream::{pack_fetch, pack_stage, StageInfo, ThreadStream, Trace};
+
+/// `threads` identical threads of `blocks` basic blocks (4 instructions,
+/// 16 bytes each, sequential code); with `stage_every`, a `net_read` marker
+/// (stage 0) before every `stage_every`-th block and `work` (stage 1) after.
+fn trace(threads: u32, blocks: u64, stage_every: Option<u64>) -> Trace {
+    let mut events = Vec::new();
+    let mut instrs = 0;
+    for b in 0..blocks {
+        if let Some(n) = stage_every {
+            if b % n == 0 {
+                events.push(pack_stage(0));
+            }
+            if b % n == 1 {
+                events.push(pack_stage(1));
+            }
+        }
+        events.push(pack_fetch(0x40_0000 + (b % 4096) * 16, 16, 4));
+        instrs += 4;
+    }
+    Trace {
+        threads: (0..threads)
+            .map(|tid| ThreadStream {
+                tid,
+                events: events.clone(),
+                instrs,
+            })
+            .collect(),
+        stages: ["net_read", "work"]
+            .iter()
+            .enumerate()
+            .map(|(id, name)| StageInfo {
+                id: id as u16,
+                name: name.to_string(),
+            })
+            .collect(),
+        instrs: instrs * u64::from(threads),
+        ..Default::default()
+    }
+}
+
+/// Per thread, the event positions where its slices ended.
+fn slice_ends(trace: &Trace, cfg: &SimConfig) -> Vec<Vec<usize>> {
+    let mut r = Replay::new(trace, cfg).unwrap();
+    r.run(&mut |_| {});
+    r.slice_ends
+}
+
+#[test]
+fn identical_threads_leave_lockstep_with_randomised_slices() {
+    let t = trace(2, 20_000, None);
+    for cores in [1, 2] {
+        let mut cfg = SimConfig::new(SimPolicy::Baseline, cores, 1000);
+        let fixed = slice_ends(&t, &cfg);
+        assert_eq!(
+            fixed[0], fixed[1],
+            "fixed slices: the threads run in lockstep"
+        );
+        cfg.slice_jitter = 0.5;
+        let jittered = slice_ends(&t, &cfg);
+        assert_ne!(
+            jittered[0], jittered[1],
+            "{cores} cores: slice boundaries should differ"
+        );
+        // The same seed replays the same schedule; another seed another.
+        assert_eq!(slice_ends(&t, &cfg), jittered);
+        cfg.seed = 2;
+        assert_ne!(slice_ends(&t, &cfg), jittered);
+    }
+}
+
+#[test]
+fn jittered_slices_stay_within_their_range() {
+    let t = trace(1, 1, None);
+    let mut cfg = SimConfig::new(SimPolicy::Baseline, 1, 1000);
+    cfg.slice_jitter = 0.5;
+    let mut r = Replay::new(&t, &cfg).unwrap();
+    let lens: Vec<u64> = (0..10_000).map(|_| r.slice_len()).collect();
+    assert!(
+        lens.iter().all(|l| (500..=1500).contains(l)),
+        "{:?}",
+        &lens[..10]
+    );
+    let mean = lens.iter().sum::<u64>() as f64 / lens.len() as f64;
+    assert!((mean - 1000.0).abs() < 20.0, "mean {mean}");
+}
+
+#[test]
+fn threads_block_at_their_request_marker_and_cores_wait() {
+    // One thread, a net_read marker every 100 blocks: 200 requests.
+    let t = trace(1, 20_000, Some(100));
+    let mut cfg = SimConfig::new(SimPolicy::Baseline, 1, 1_000_000);
+    cfg.warmup_pct = 0.0;
+    let free = super::simulate(&t, &cfg, &mut |_| {}).unwrap();
+    cfg.block = Some(BlockRule {
+        group: 0,
+        think_cycles: 10_000,
+    });
+    let blocked = super::simulate(&t, &cfg, &mut |_| {}).unwrap();
+    assert_eq!((free.blocks, blocked.blocks), (0, 200));
+    // The core waits for the client: ~200 × 10,000 idle cycles more.
+    let idle = blocked.window_cycles - free.window_cycles;
+    assert!((1.0e6..3.0e6).contains(&idle), "idle {idle}");
+    assert!(blocked.utilization < free.utilization);
+    // Every instruction still runs.
+    assert_eq!(blocked.total.counters.instrs, free.total.counters.instrs);
+}
+
+/// Two stages of `kib` KiB of code each (distinct addresses), visited in
+/// turn for `visit` blocks by each of `threads` threads, `requests` times.
+fn two_stage_trace(threads: u32, requests: u64, visit: u64, kib: u64) -> Trace {
+    let lines = kib * 1024 / 16;
+    let mut events = Vec::new();
+    let mut instrs = 0;
+    let mut at = [0u64; 2];
+    for _ in 0..requests {
+        for s in 0..2u16 {
+            events.push(pack_stage(s));
+            for _ in 0..visit {
+                let i = s as usize;
+                events.push(pack_fetch(
+                    0x100_0000 * (u64::from(s) + 1) + at[i] * 16,
+                    16,
+                    4,
+                ));
+                at[i] = (at[i] + 1) % lines;
+                instrs += 4;
+            }
+        }
+    }
+    Trace {
+        threads: (0..threads)
+            .map(|tid| ThreadStream {
+                tid,
+                events: events.clone(),
+                instrs,
+            })
+            .collect(),
+        stages: ["a", "b"]
+            .iter()
+            .enumerate()
+            .map(|(id, name)| StageInfo {
+                id: id as u16,
+                name: name.to_string(),
+            })
+            .collect(),
+        instrs: instrs * u64::from(threads),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn auto_runs_host_sched_trials_and_decides() {
+    // Stages of 384 KiB each: both fit one 512 KiB L2 apart, not together,
+    // so staging pays when migrations are cheap and not when they are dear.
+    let t = two_stage_trace(4, 400, 400, 384);
+    let mut decided = Vec::new();
+    for cost in [100, 1_000_000] {
+        let mut cfg = SimConfig::new(SimPolicy::Auto, 2, 100_000);
+        cfg.period = 100_000;
+        cfg.migration_cycles = cost;
+        cfg.warmup_pct = 0.0;
+        let r = super::simulate(&t, &cfg, &mut |_| {}).unwrap();
+        let last = r
+            .auto_decisions
+            .iter()
+            .rev()
+            .find(|(_, d)| d.contains("keep"))
+            .unwrap_or_else(|| panic!("no decision at cost {cost}: {:?}", r.auto_decisions));
+        decided.push(last.1.clone());
+    }
+    assert!(decided[0].starts_with("staged: keep staged"), "{decided:?}");
+    assert!(
+        decided[1].starts_with("unstaged: keep unstaged"),
+        "{decided:?}"
+    );
+}
