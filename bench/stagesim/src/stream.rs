@@ -10,9 +10,16 @@
 //!
 //! A FETCH record larger than 255 bytes or 63 instructions becomes several
 //! consecutive fetch events over consecutive byte ranges with the
-//! instructions spread evenly (the instruction total and the lines touched
-//! are unchanged). Addresses keep their low 48 bits, sign-extended: exact for
-//! canonical x86-64 addresses. So ~8 bytes per basic block or data access:
+//! instructions spread evenly (the instruction and byte totals are
+//! unchanged). The ranges are cut only at multiples of [`SPLIT_ALIGN`]
+//! (128) bytes, so with lines of up to 128 bytes no line is shared by two
+//! pieces and a replay fetches (and counts) each line of the record once.
+//! Only a record with more instructions than 128-byte pieces can hold (over
+//! 63 per piece) is cut finer; then, and with lines larger than 128 bytes,
+//! the line at a cut is fetched by both pieces (the second fetch hits, so
+//! miss counts are the same either way). Addresses keep their low 48 bits,
+//! sign-extended: exact for canonical x86-64 addresses. So ~8 bytes per
+//! basic block or data access:
 //! a 300 M-instruction trace with ~6 instructions per block and ~0.5 data
 //! accesses per instruction needs ~1.6 GB.
 
@@ -34,6 +41,10 @@ const ADDR_MASK: u64 = (1 << 48) - 1;
 pub const MAX_EV_INSTRS: u64 = 63;
 /// Most bytes one fetch event holds.
 pub const MAX_EV_BYTES: u64 = 255;
+/// A FETCH record too large for one event is cut only at addresses that
+/// are multiples of this (a power of two ≤ [`MAX_EV_BYTES`]), so that no
+/// cache line of up to this size is split between two events.
+pub const SPLIT_ALIGN: u64 = 128;
 
 /// Packs a fetch event (`instrs` ≤ 63, `bytes` ≤ 255).
 #[inline]
@@ -243,24 +254,66 @@ impl Trace {
     }
 }
 
-/// Appends one FETCH record as one or more fetch events.
+/// Appends one FETCH record as one or more fetch events (see the module
+/// documentation for how a large record is cut).
 fn push_fetch(out: &mut Vec<u64>, addr: u64, bytes: u64, instrs: u64) {
     if bytes <= MAX_EV_BYTES && instrs <= MAX_EV_INSTRS {
         out.push(pack_fetch(addr, bytes, instrs));
         return;
     }
-    let n = bytes
-        .div_ceil(MAX_EV_BYTES)
-        .max(instrs.div_ceil(MAX_EV_INSTRS))
-        .max(1);
+    let ends = split_ends(addr, bytes, instrs);
+    let n = ends.len() as u64;
     let (mut b0, mut i0) = (0u64, 0u64);
-    for k in 1..=n {
-        let b1 = bytes * k / n;
+    for (k, &b1) in (1..=n).zip(&ends) {
         let i1 = instrs * k / n;
         out.push(pack_fetch(addr.wrapping_add(b0), b1 - b0, i1 - i0));
         b0 = b1;
         i0 = i1;
     }
+}
+
+/// Where a FETCH record of `bytes` bytes at `addr` with `instrs`
+/// instructions, too large for one event, is cut: the end offset (from
+/// `addr`) of every piece, ascending, the last one `bytes`. Every piece has
+/// at most [`MAX_EV_BYTES`] bytes, and there are at least
+/// `instrs / MAX_EV_INSTRS` (rounded up) pieces so that spreading the
+/// instructions evenly gives none more than [`MAX_EV_INSTRS`].
+///
+/// Cuts fall on multiples of [`SPLIT_ALIGN`], as few as the byte limit
+/// allows; when the instructions need more pieces, on every multiple of the
+/// largest power of two ≤ [`SPLIT_ALIGN`] that gives enough; when even
+/// 1-byte pieces are too few (more instructions than bytes, not x86), the
+/// bytes are spread evenly over zero- and one-byte pieces.
+fn split_ends(addr: u64, bytes: u64, instrs: u64) -> Vec<u64> {
+    let need = instrs.div_ceil(MAX_EV_INSTRS).max(1);
+    // As few pieces as the byte limit allows: each piece ends at the last
+    // multiple of SPLIT_ALIGN within MAX_EV_BYTES of its start (≥ 128 bytes on).
+    let mut ends = Vec::with_capacity(bytes.div_ceil(SPLIT_ALIGN) as usize + 1);
+    let mut o = 0u64;
+    while bytes - o > MAX_EV_BYTES {
+        o += MAX_EV_BYTES - (addr.wrapping_add(o + MAX_EV_BYTES) & (SPLIT_ALIGN - 1));
+        ends.push(o);
+    }
+    ends.push(bytes);
+    if ends.len() as u64 >= need {
+        return ends;
+    }
+    // More pieces for the instructions: cut at every multiple of g.
+    let mut g = SPLIT_ALIGN;
+    while g >= 1 && bytes > 0 {
+        let blocks = ((addr & (g - 1)) + bytes).div_ceil(g);
+        if blocks >= need {
+            ends.clear();
+            let mut o = 0u64;
+            while o < bytes {
+                o = (o + g - (addr.wrapping_add(o) & (g - 1))).min(bytes);
+                ends.push(o);
+            }
+            return ends;
+        }
+        g /= 2;
+    }
+    (1..=need).map(|k| bytes * k / need).collect()
 }
 
 #[cfg(test)]
@@ -287,11 +340,101 @@ mod tests {
     fn big_fetches_split_without_losing_instructions_or_bytes() {
         let mut v = Vec::new();
         push_fetch(&mut v, 0x1000, 1000, 200);
-        assert_eq!(v.len(), 4);
+        // cut at multiples of 128: six 128-byte pieces from the aligned
+        // start, then the last 232 bytes (≤ 255) in one
+        assert_eq!(v.len(), 7);
+        assert_eq!(ev_bytes(v[6]), 232);
         assert_eq!(v.iter().map(|e| ev_instrs(*e)).sum::<u64>(), 200);
         assert_eq!(v.iter().map(|e| ev_bytes(*e)).sum::<u64>(), 1000);
         assert_eq!(ev_addr(v[0]), 0x1000);
         assert_eq!(ev_addr(v[1]), 0x1000 + ev_bytes(v[0]));
+    }
+
+    /// Lines a replay fetches for `events` (fetch events only) with lines of
+    /// `1 << shift` bytes, counted as the replay counts them: every line of
+    /// every event's `[addr, addr + max(bytes, 1))`.
+    fn lines_fetched(events: &[u64], shift: u32) -> u64 {
+        events
+            .iter()
+            .map(|&e| {
+                let a = ev_addr(e);
+                let last = a.wrapping_add(ev_bytes(e).max(1) - 1) >> shift;
+                last - (a >> shift) + 1
+            })
+            .sum()
+    }
+
+    /// Distinct lines of `[addr, addr + bytes)`: the in-line offset of the
+    /// start plus the bytes, over the line size, rounded up.
+    fn lines_of(addr: u64, bytes: u64, shift: u32) -> u64 {
+        ((addr & ((1 << shift) - 1)) + bytes).div_ceil(1 << shift)
+    }
+
+    #[test]
+    fn split_fetch_counts_each_line_once() {
+        // 300 bytes: the old even split cut at byte 150 = 0x1096, inside the
+        // 64-byte line 0x1080..0x10c0, which both pieces then fetched.
+        let (addr, bytes) = (0x1000u64, 300u64);
+        assert_ne!((addr + bytes / 2) % 64, 0);
+        let mut v = Vec::new();
+        push_fetch(&mut v, addr, bytes, 60);
+        assert!(v.len() > 1, "a fetch over 255 bytes is split");
+        assert_eq!(lines_fetched(&v, 6), bytes.div_ceil(64)); // 5 lines
+        assert_eq!(lines_fetched(&v, 6), 5);
+        assert_eq!(v.iter().map(|e| ev_bytes(*e)).sum::<u64>(), bytes);
+        assert_eq!(v.iter().map(|e| ev_instrs(*e)).sum::<u64>(), 60);
+    }
+
+    #[test]
+    fn split_fetches_stay_contiguous_within_limits_and_count_lines_once() {
+        for off in [0u64, 1, 2, 31, 63, 64, 100, 127, 128, 200, 255] {
+            // also in the kernel half (sign-extended addresses)
+            for base in [0x40_0000u64, 0xffff_ffff_fff0_0000] {
+                let addr = base + off;
+                for bytes in [256u64, 257, 300, 383, 384, 511, 1000, 4096, 65535] {
+                    for instrs in [0u64, 1, 63, 64, 130, bytes / 4, bytes / 2, bytes] {
+                        let mut v = Vec::new();
+                        push_fetch(&mut v, addr, bytes, instrs);
+                        let ctx = format!("addr {addr:#x} bytes {bytes} instrs {instrs}");
+                        let mut next = addr;
+                        for &e in &v {
+                            assert_eq!(e >> 62, EV_FETCH, "{ctx}");
+                            assert_eq!(ev_addr(e), next, "{ctx}");
+                            assert!(ev_bytes(e) >= 1, "{ctx}");
+                            next = next.wrapping_add(ev_bytes(e));
+                        }
+                        assert_eq!(next, addr + bytes, "{ctx}");
+                        assert_eq!(
+                            v.iter().map(|e| ev_instrs(*e)).sum::<u64>(),
+                            instrs,
+                            "{ctx}"
+                        );
+                        // lines up to 128 bytes unless the instructions force
+                        // finer cuts; up to 32 bytes whenever instrs ≤ bytes
+                        let max_shift = if instrs <= bytes / 4 { 7 } else { 5 };
+                        for shift in 1..=max_shift {
+                            assert_eq!(
+                                lines_fetched(&v, shift),
+                                lines_of(addr, bytes, shift),
+                                "{ctx} line {}",
+                                1 << shift
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fetches_with_more_instructions_than_bytes_still_fit() {
+        for (bytes, instrs) in [(0u64, 64u64), (0, 1000), (10, 700), (100, 65535)] {
+            let mut v = Vec::new();
+            push_fetch(&mut v, 0x2000, bytes, instrs);
+            assert!(v.iter().all(|e| ev_instrs(*e) <= MAX_EV_INSTRS));
+            assert_eq!(v.iter().map(|e| ev_instrs(*e)).sum::<u64>(), instrs);
+            assert_eq!(v.iter().map(|e| ev_bytes(*e)).sum::<u64>(), bytes);
+        }
     }
 
     #[test]
