@@ -125,6 +125,12 @@ pub struct Trace {
     pub stages: Vec<StageInfo>,
     /// Instructions over all threads.
     pub instrs: u64,
+    /// The schedule as captured: the trace's records in file order as
+    /// segments `(thread index, end)`: thread `thread` ran its events up to
+    /// position `end` (exclusive) before the traced run switched to the
+    /// next segment's thread (a THREAD record). The `captured` model
+    /// replays it.
+    pub schedule: Vec<(u32, usize)>,
     /// Records read (END included).
     pub records: u64,
     /// Decompressed bytes read.
@@ -193,6 +199,9 @@ impl Trace {
                             ..Default::default()
                         });
                     }
+                    if let Some(c) = cur.filter(|c| *c != i) {
+                        t.end_segment(c);
+                    }
                     cur = Some(i);
                 }
                 Record::Fetch {
@@ -230,6 +239,9 @@ impl Trace {
                 Record::End => {}
             }
         }
+        if let Some(c) = cur {
+            t.end_segment(c);
+        }
         t.raw_bytes = reader.offset();
         let none = t.stages.len() as u16;
         for th in &mut t.threads {
@@ -241,6 +253,21 @@ impl Trace {
             th.events.shrink_to_fit();
         }
         Ok(t)
+    }
+
+    /// Closes thread `c`'s current segment of [`Trace::schedule`] (nothing
+    /// when it added no event since its previous segment).
+    fn end_segment(&mut self, c: usize) {
+        let end = self.threads[c].events.len();
+        let previous = self
+            .schedule
+            .iter()
+            .rev()
+            .find(|(t, _)| *t as usize == c)
+            .map_or(0, |(_, e)| *e);
+        if end > previous {
+            self.schedule.push((c as u32, end));
+        }
     }
 
     /// Dense index meaning "no stage" (= number of stages).
@@ -483,5 +510,8 @@ mod tests {
         // thread 0: fetch, no stage (index 2), load
         assert_eq!(t.threads[0].events[1], pack_stage(2));
         assert_eq!(t.threads[0].events[2] >> 62, EV_DATA);
+        // The captured schedule: thread 0's fetch, thread 5's first two
+        // events, thread 0's next two, thread 5's marker.
+        assert_eq!(t.schedule, [(0, 1), (1, 2), (0, 3), (1, 3)]);
     }
 }

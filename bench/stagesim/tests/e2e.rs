@@ -343,3 +343,78 @@ fn discovery_merges_down_to_one_group() {
         assert_eq!(g.len(), s.k);
     }
 }
+
+/// The `captured` model against an independent simulator of the same order
+/// (`bench/capture/cachesim.c`, C, timestamp LRU): every MPKI agrees.
+#[test]
+fn captured_order_agrees_with_the_independent_simulator() {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let exe = tmp("cachesim");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../capture/cachesim.c");
+    let built = std::process::Command::new(&cc)
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .status();
+    if !built.is_ok_and(|s| s.success())
+        || std::process::Command::new("zstd")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        assert!(std::env::var("CI").is_err(), "cc or zstd missing under CI");
+        eprintln!("skipped: needs a C compiler ({cc}) and zstd");
+        return;
+    }
+    let cfg = SynthConfig {
+        threads: 4,
+        stages: 3,
+        stage_kib: 200,
+        common_kib: 16,
+        requests: 6,
+        visit_instrs: 30_000,
+        ..SynthConfig::default()
+    };
+    let path = tmp("captured.stz");
+    synth::write(&path, &cfg).unwrap();
+    let t = Trace::load(&path).unwrap();
+    assert!(
+        t.schedule.len() > t.threads.len(),
+        "the synthetic trace switches threads"
+    );
+    let r = simulate(
+        &t,
+        &SimConfig::new(SimPolicy::Captured, 1, 100_000),
+        &mut |_| {},
+    )
+    .unwrap();
+    let out = std::process::Command::new(&exe)
+        .arg("--json")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let _ = std::fs::remove_file(stagesim::trace::Sidecar::path_for(&path));
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&exe);
+    let m = &r.total;
+    for (name, ours) in [
+        ("l1i_mpki", m.l1i_mpki),
+        ("l2i_mpki", m.l2i_mpki),
+        ("l1d_mpki", m.l1d_mpki),
+        ("l2d_mpki", m.l2d_mpki),
+    ] {
+        let theirs = c[name].as_f64().unwrap();
+        eprintln!("{name}: stagesim captured {ours:.4}, cachesim {theirs:.4}");
+        assert!(theirs > 0.0, "{name}: {c}");
+        assert!(
+            (ours / theirs - 1.0).abs() < 0.005,
+            "{name}: stagesim {ours} vs cachesim {theirs}"
+        );
+    }
+}

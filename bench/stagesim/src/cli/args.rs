@@ -17,8 +17,9 @@ pub struct ReplayArgs {
     /// Simulated core counts (1..=64), comma-separated.
     #[arg(long, default_value = "2,4,8,16", value_parser = list::<usize>)]
     pub cores: std::vec::Vec<usize>,
-    /// Scheduling models: baseline, pinned, static, proportional, auto.
-    #[arg(long, default_value = "baseline,pinned,static,proportional,auto")]
+    /// Scheduling models: baseline, captured (the traced schedule, on 1 core, once), pinned,
+    /// static, proportional, auto.
+    #[arg(long, default_value = "baseline,captured,pinned,static,proportional,auto")]
     pub policy: String,
     /// Time slices in instructions, comma-separated.
     #[arg(long, default_value = "10000,100000,1000000", value_parser = list::<u64>)]
@@ -32,8 +33,11 @@ pub struct ReplayArgs {
     /// Replay only this many instructions (a prefix in replay order; the warm-up is --warmup-pct of it).
     #[arg(long)]
     pub instrs: Option<u64>,
-    /// Cost of one thread migration, cycles; a comma-separated list sweeps it (staged policies only).
-    #[arg(long, default_value = "4000", value_parser = list::<u64>)]
+    /// Cost of one thread migration, cycles; a comma-separated list sweeps it (staged policies
+    /// only). Default: 1700 — 677 ns, the mean `just bench-migration` measured between vCPUs that
+    /// own their cores (bench/RESULTS.md, migration microbenchmark), at 2.5 GHz — and 4250, seed
+    /// 000's 1.7 µs IPI propagation.
+    #[arg(long, default_value = "1700,4250", value_parser = list::<u64>)]
     pub migration_cycles: std::vec::Vec<u64>,
     /// Merge stages into coarser groups for the staged policies, e.g.
     /// `front=net_read,dispatch,parse;plan=open_lock,optimize;exec=execute,innodb;finish=commit,send`;

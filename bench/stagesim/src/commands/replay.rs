@@ -77,7 +77,7 @@ fn plan(a: &ReplayArgs) -> anyhow::Result<Plan> {
         .split(',')
         .map(|p| {
             SimPolicy::parse(p.trim()).with_context(|| {
-                format!("--policy '{p}': unknown (baseline, pinned, static, proportional, auto)")
+                format!("--policy '{p}': unknown (baseline, captured, pinned, static, proportional, auto)")
             })
         })
         .collect::<anyhow::Result<_>>()?;
@@ -177,6 +177,18 @@ fn configs(a: &ReplayArgs, p: &Plan) -> anyhow::Result<Vec<SimConfig>> {
                     }
                     Ok(c)
                 };
+                if pol == SimPolicy::Captured {
+                    // The captured schedule: one replay on one core, whatever
+                    // the core counts and slices asked for.
+                    if n == a.cores[0] && slice == a.slice[0] {
+                        let mut c = base(&p.groupings[0])?;
+                        c.cores = 1;
+                        c.migration_cycles = 0;
+                        c.block = None;
+                        configs.push(c);
+                    }
+                    continue;
+                }
                 if pol.host_sched_kind().is_none() {
                     // baseline and pinned never migrate: one replay whatever
                     // the grouping, migration cost, min-visit or steal.

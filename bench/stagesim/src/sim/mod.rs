@@ -19,9 +19,24 @@
 //! * `baseline` — the OS model without stage affinity: one global FIFO run
 //!   queue shared by all cores; a thread whose slice ended goes to the tail
 //!   and the next core to become free takes the head, so threads drift over
-//!   the cores (when no thread waits, a thread keeps its core).
+//!   the cores (when no thread waits, a thread keeps its core). As an OS
+//!   scheduler on real threads: slices are randomised around `slice`
+//!   ([`SimConfig::slice_jitter`]) and connection threads block for their
+//!   client at the request marker ([`BlockRule`]); with neither, identical
+//!   threads started together run in lockstep and understate L2
+//!   instruction misses (issue 16).
+//! * `captured` — the schedule the traced run had: one core (Valgrind ran
+//!   one thread at a time) executing the records in file order, switching
+//!   threads where the trace switched. The reference the baseline is
+//!   validated against (`bench/capture/cachesim.c` simulates the same order
+//!   independently).
 //! * `pinned` — thread *i* (in order of first appearance in the trace) stays
 //!   on core *i* mod N; each core round-robins its threads.
+//! * `auto` — host-sched's `auto`: unstaged (every core serves every
+//!   stage) first, then trials of the `static` plan and the unstaged plan,
+//!   compared on the modelled throughput of each period (instructions per
+//!   second at 2.5 GHz, given as the VMM gives the guest's requests/s); it
+//!   keeps the faster. Its trial steps and decisions are in the result.
 //! * `static`, `proportional` — the real `host-sched` policies
 //!   ([`host_sched::policy::build`]): simulated core *k* is vCPU *k* (one vCPU
 //!   per core, `Context.cores = 0..N`). Threads start as in `pinned`. Every
@@ -101,6 +116,10 @@ mod tests;
 pub enum SimPolicy {
     /// Global round-robin run queue, no affinity (the OS model).
     Baseline,
+    /// The schedule as captured: one core (the traced run's threads were
+    /// serialised by Valgrind) switching threads where the traced run did
+    /// ([`crate::stream::Trace::schedule`]).
+    Captured,
     /// Thread i stays on core i mod N.
     Pinned,
     /// host-sched `static`.
@@ -114,18 +133,21 @@ pub enum SimPolicy {
 
 impl SimPolicy {
     /// Every model, in table order.
-    pub const ALL: [SimPolicy; 5] = [
+    pub const ALL: [SimPolicy; 6] = [
         Self::Baseline,
+        Self::Captured,
         Self::Pinned,
         Self::Static,
         Self::Proportional,
         Self::Auto,
     ];
 
-    /// Parses `baseline`, `pinned`, `static`, `proportional` or `auto`.
+    /// Parses `baseline`, `captured`, `pinned`, `static`, `proportional` or
+    /// `auto`.
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "baseline" => Self::Baseline,
+            "captured" => Self::Captured,
             "pinned" => Self::Pinned,
             "static" => Self::Static,
             "proportional" => Self::Proportional,
@@ -138,6 +160,7 @@ impl SimPolicy {
     pub fn name(self) -> &'static str {
         match self {
             Self::Baseline => "baseline",
+            Self::Captured => "captured",
             Self::Pinned => "pinned",
             Self::Static => "static",
             Self::Proportional => "proportional",
@@ -209,9 +232,11 @@ pub struct SimConfig {
     pub warmup_pct: f64,
     /// Policy period in instructions per core (staged policies).
     pub period: u64,
-    /// Cost of one thread migration in cycles (default 4000 ≈ 1.6 µs at
-    /// 2.5 GHz: about the 1700 ns bare-metal IPI propagation seed 000 cites
-    /// as the lower bound of IPI-based migration).
+    /// Cost of one thread migration in cycles (default 1700: 677 ns at
+    /// 2.5 GHz, the mean migration between vCPUs that own their cores that
+    /// `just bench-migration` measured — bench/RESULTS.md, migration
+    /// microbenchmark; seed 000's 1.7 µs bare-metal IPI propagation, the
+    /// lower bound of IPI-based migration it cites, is 4250).
     pub migration_cycles: u64,
     /// Cache geometry.
     pub caches: Hierarchy,
@@ -287,7 +312,7 @@ impl SimConfig {
             slice,
             warmup_pct: 10.0,
             period: 1_000_000,
-            migration_cycles: 4000,
+            migration_cycles: 1700,
             caches: Hierarchy::default(),
             model: CycleModel::default(),
             smoothing: 0.7,

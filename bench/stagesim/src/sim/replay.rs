@@ -42,6 +42,10 @@ pub fn simulate(
 fn validate(cfg: &SimConfig) -> anyhow::Result<()> {
     let n = cfg.cores;
     anyhow::ensure!((1..=64).contains(&n), "cores = {n}: must be 1..=64");
+    anyhow::ensure!(
+        cfg.policy != SimPolicy::Captured || n == 1,
+        "cores = {n}: the captured schedule runs on 1 core (the traced run's)"
+    );
     anyhow::ensure!(cfg.slice >= 1, "slice = 0: must be ≥ 1 instruction");
     anyhow::ensure!(
         (0.0..100.0).contains(&cfg.warmup_pct),
@@ -198,8 +202,14 @@ impl<'a> Replay<'a> {
         ((self.cfg.slice as f64 * f).round() as u64).max(1)
     }
 
-    /// The replay loop: one slice of the next core's thread at a time.
+    /// The replay loop: one slice of the next core's thread at a time (the
+    /// captured schedule: [`Replay::run_captured`]).
     pub(super) fn run(&mut self, progress: &mut dyn FnMut(u64)) {
+        if self.cfg.policy == SimPolicy::Captured {
+            self.run_captured(progress);
+            self.acct.flush_progress(progress);
+            return;
+        }
         loop {
             let serve = match &self.plans {
                 Some(p) if self.steal => Some(&p.serve[..]),
@@ -227,6 +237,43 @@ impl<'a> Replay<'a> {
             self.sched.end_slice(k, t, end);
         }
         self.acct.flush_progress(progress);
+    }
+
+    /// The `captured` model: core 0 runs the trace's segments in file order
+    /// (each thread up to where the traced run switched away), with no
+    /// slices, migrations or blocking.
+    fn run_captured(&mut self, progress: &mut dyn FnMut(u64)) {
+        let trace = self.trace;
+        for &(t, end) in &trace.schedule {
+            let t = t as usize;
+            let end = end.min(self.ends[t]);
+            let events = &trace.threads[t].events[..end];
+            self.sched.cores[0].current = Some(t);
+            while self.sched.threads[t].pos < end {
+                if self.acct.executed >= self.acct.total {
+                    return;
+                }
+                let lim = self.acct.limit(u64::MAX);
+                let mut delta = Counters::default();
+                let thread = &mut self.sched.threads[t];
+                let stage = thread.stage;
+                let stop = run_chunk(
+                    events,
+                    &mut thread.pos,
+                    lim,
+                    &mut self.sched.cores[0].caches,
+                    self.l3.as_mut(),
+                    self.shift,
+                    &mut delta,
+                );
+                self.sched.cores[0].clock += self.cfg.model.cycles(&delta);
+                self.acct.record(0, stage, &delta, progress);
+                self.acct.pass_warmup(&self.sched.cores);
+                if let Stop::Stage(raw) = stop {
+                    thread.stage = self.lookup[raw.min(self.lookup.len() - 1)];
+                }
+            }
+        }
     }
 
     /// Runs thread `t` on core `k` for up to one slice, in chunks that end
