@@ -4,19 +4,20 @@
 #   1. a synthetic trace (sanity check of the model),
 #   2. the traces in target/traces/ (captured by bench/capture/capture.sh once,
 #      then reused; STAGESIM_CAPTURE=0 skips even trying to capture):
-#      every trace: baseline, pinned, static, proportional × 2/4/8/16 cores ×
-#      slices 10 000/100 000/1 000 000 (the acceptance rows are 4 and 8 cores,
-#      slice 100 000), plus plots;
-#      footprint-host also a migration-cost sweep up to sched_setaffinity's cost;
-#      MariaDB traces also: stage-visit statistics, automatic stage discovery
-#      (stagesim discover), a migration-cost × stage-grouping sweep, the seeds'
-#      256 KiB L2; the read-only trace also the model variants (load weights,
-#      idle stealing, min-visit),
+#      footprint-host: every model × 2/4/8/16 cores × slices 10 000/100 000/
+#      1 000 000 and a migration-cost sweep up to sched_setaffinity's cost;
+#      MariaDB traces (issue 16): automatic stage discovery (stagesim
+#      discover), stage-visit statistics, then every model (baseline,
+#      captured, pinned, static, proportional, auto) at 2/4/8 cores, slice
+#      100 000, the hand map and the discovered 4 groups, 1700 (measured) and
+#      4250 (seed) cycles per migration, with 512 and 256 KiB L2; the baseline
+#      with 4 more seeds and as it was before issue 16 (lockstep); the
+#      independent simulation of the captured order (bench/capture/cachesim.c);
+#      a migration-cost × grouping sweep at 4 cores,
 #   3. the stagesim section of bench/RESULTS.md (stagesim results), and copies
 #      of the key plots to bench/stagesim/plots/.
 #
-# Replays run one at a time (--jobs ${STAGESIM_JOBS:-1}); ~20 minutes on a
-# 2-core AMD EPYC. While a `headline-bench` process runs, it waits before each
+# Replays run one at a time (--jobs ${STAGESIM_JOBS:-1}). While a `headline-bench` process runs, it waits before each
 # replay so the two benchmarks do not share the machine. Extra arguments go to
 # the main `stagesim replay` of every trace (e.g. --cores 4,8).
 set -euo pipefail
@@ -25,6 +26,8 @@ cd "$(dirname "$0")/../.."
 cargo build --release -q -p stagesim
 sim=target/release/stagesim
 out=target/stagesim
+mkdir -p "$out"
+cc -O2 -o "$out/cachesim" bench/capture/cachesim.c
 jobs="${STAGESIM_JOBS:-1}"
 mkdir -p "$out/plots" bench/stagesim/plots
 : >"$out/commands.txt"
@@ -38,6 +41,14 @@ quiet() {
         echo "bench-sim: headline-bench is running; waiting 30 s" >&2
         sleep 30
     done
+}
+# Runs a command with its stdout to file $1, and logs it.
+run_to() {
+    local file=$1
+    shift
+    quiet
+    echo "$* > ${file#"$PWD"/}" >>"$out/commands.txt"
+    "$@" >"$file"
 }
 # Runs a command and logs it (for the RESULTS.md section).
 run() {
@@ -77,13 +88,14 @@ for t in target/traces/mariadb-*.strace.zst target/traces/footprint-host.strace.
     if [ ! -f "$t.stages.toml" ] && [ -f "target/traces/$name.stages.toml" ]; then
         side=(--sidecar "target/traces/$name.stages.toml")
     fi
-    run "$sim" replay --trace "$t" "${side[@]}" --json "$out/$name.json" --jobs "$jobs" "$@"
-    run "$sim" plot --json "$out/$name.json" --out-dir "$out/plots"
     if [ "$name" = footprint-host ]; then
+        run "$sim" replay --trace "$t" "${side[@]}" --json "$out/$name.json" --jobs "$jobs" "$@"
+        run "$sim" plot --json "$out/$name.json" --out-dir "$out/plots"
         # The workload built for staging: which migration costs does it tolerate?
         run "$sim" replay --trace "$t" "${side[@]}" --cores 2,4 --slice 100000 --policy baseline,static,proportional \
-            --migration-cycles 0,4000,35000,100000,300000 --jobs "$jobs" --json "$out/$name-sweep.json"
+            --migration-cycles 0,1700,4250,35000,100000,300000 --jobs "$jobs" --json "$out/$name-sweep.json"
         run "$sim" plot --sweep --json "$out/$name-sweep.json" --out-dir "$out/plots"
+        continue
     fi
     case "$name" in mariadb-*) ;; *) continue ;; esac
 
@@ -92,26 +104,36 @@ for t in target/traces/mariadb-*.strace.zst target/traces/footprint-host.strace.
     run "$sim" discover --trace "$t" --cores 4 --migration-cycles 0 --prefix-pct 20 \
         --out "$out/$name-discover.txt" --json "$out/$name-discover.json"
     D4=$(awk -F'\t' '$1 == 4 { print $2 }' "$out/$name-discover.txt")
-    groups=(--stage-groups - --stage-groups "$G4")
+    groups=(--stage-groups -)
     [ -n "$D4" ] && groups+=(--stage-groups "$D4")
+    run "$sim" stats --trace "$t" "${groups[@]}" --stage-groups "$G4" --json "$out/$name-stats.json" >/dev/null
 
-    run "$sim" stats --trace "$t" "${groups[@]}" --json "$out/$name-stats.json" >/dev/null
-    run "$sim" replay --trace "$t" --cores 4,8 --slice 100000 --policy baseline,static,proportional \
-        --migration-cycles 0,500,1000,4000,35000 "${groups[@]}" --jobs "$jobs" --json "$out/$name-sweep.json"
+    # Issue 16: every model at 2/4/8 cores, both L2 sizes, both groupings,
+    # the measured and the seed's migration cost.
+    matrix=(--cores 2,4,8 --slice 100000 --policy baseline,captured,pinned,static,proportional,auto
+        --migration-cycles 1700,4250 "${groups[@]}" --jobs "$jobs")
+    run "$sim" replay --trace "$t" "${matrix[@]}" --json "$out/$name.json" "$@"
+    run "$sim" replay --trace "$t" "${matrix[@]}" --l2 256:8 --json "$out/$name-l2-256.json" "$@"
+    run "$sim" plot --json "$out/$name.json" --out-dir "$out/plots"
+    # The baseline is random: 4 more seeds; and as it was (fixed slices, no blocking).
+    for seed in 2 3 4 5; do
+        run "$sim" replay --trace "$t" --cores 2,4,8 --slice 100000 --policy baseline --seed "$seed" \
+            --jobs "$jobs" --json "$out/$name-seed$seed.json"
+        run "$sim" replay --trace "$t" --cores 2,4,8 --slice 100000 --policy baseline --seed "$seed" \
+            --l2 256:8 --jobs "$jobs" --json "$out/$name-seed$seed-256.json"
+    done
+    run "$sim" replay --trace "$t" --cores 2,4,8 --slice 100000 --policy baseline --slice-jitter 0 --block-at - \
+        --jobs "$jobs" --json "$out/$name-lockstep.json"
+    run "$sim" replay --trace "$t" --cores 2,4,8 --slice 100000 --policy baseline --slice-jitter 0 --block-at - \
+        --l2 256:8 --jobs "$jobs" --json "$out/$name-lockstep-256.json"
+    # The independent simulation of the captured order.
+    run_to "$out/$name-cachesim.json" "$out/cachesim" --json "$t"
+    run_to "$out/$name-cachesim-256.json" "$out/cachesim" --l2 256:8 --json "$t"
+    # Migration cost × grouping at 4 cores.
+    run "$sim" replay --trace "$t" --cores 4 --slice 100000 --policy baseline,static,proportional,auto \
+        --migration-cycles 0,500,1700,4250,35000 "${groups[@]}" --stage-groups "$G4" --jobs "$jobs" \
+        --json "$out/$name-sweep.json"
     run "$sim" plot --sweep --json "$out/$name-sweep.json" --out-dir "$out/plots"
-    run "$sim" replay --trace "$t" --cores 4 --slice 100000 --l2 256:8 --migration-cycles 0,4000 \
-        --stage-groups - --stage-groups "$G4" --jobs "$jobs" --json "$out/$name-l2-256.json"
-    if [ "$name" = mariadb-oltp_read_only ]; then
-        run "$sim" replay --trace "$t" --cores 4 --slice 100000 --policy baseline,static,proportional \
-            --static-weights equal,load --steal off,on --migration-cycles 0,4000 \
-            --stage-groups - --stage-groups "$G4" --jobs "$jobs" --json "$out/$name-variants.json"
-        run "$sim" replay --trace "$t" --cores 4 --slice 100000 --policy baseline,static,proportional \
-            --min-visit 2000,10000 --visit-rule oracle --migration-cycles 4000 \
-            --stage-groups - --stage-groups "$G4" --jobs "$jobs" --json "$out/$name-variants-oracle.json"
-        run "$sim" replay --trace "$t" --cores 4 --slice 100000 --policy baseline,static,proportional \
-            --min-visit 2000,10000 --visit-rule history --migration-cycles 4000 \
-            --stage-groups - --stage-groups "$G4" --jobs "$jobs" --json "$out/$name-variants-history.json"
-    fi
 done
 
 # Key plots, small enough to commit.

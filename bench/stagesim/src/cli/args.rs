@@ -19,7 +19,10 @@ pub struct ReplayArgs {
     pub cores: std::vec::Vec<usize>,
     /// Scheduling models: baseline, captured (the traced schedule, on 1 core, once), pinned,
     /// static, proportional, auto.
-    #[arg(long, default_value = "baseline,captured,pinned,static,proportional,auto")]
+    #[arg(
+        long,
+        default_value = "baseline,captured,pinned,static,proportional,auto"
+    )]
     pub policy: String,
     /// Time slices in instructions, comma-separated.
     #[arg(long, default_value = "10000,100000,1000000", value_parser = list::<u64>)]
@@ -78,8 +81,9 @@ pub struct ReplayArgs {
     /// A trace without the stage never blocks (a note says so).
     #[arg(long, default_value = "net_read")]
     pub block_at: String,
-    /// Mean think time of a blocked thread, cycles (each drawn from ×[0.5, 1.5]);
-    /// 100000 ≈ 40 µs at 2.5 GHz, an assumed loopback round trip of a sysbench client.
+    /// Mean think time of a blocked thread, cycles (each drawn from an exponential
+    /// distribution); 100000 ≈ 40 µs at 2.5 GHz, an assumed loopback round trip of a
+    /// sysbench client.
     #[arg(long, default_value_t = 100_000)]
     pub think_cycles: u64,
     /// Seed of the slice jitter and think times.

@@ -11,11 +11,13 @@
 //! `commands.txt` (the commands the recipe ran) and `env.txt` (machine).
 //!
 //! Files: `mod.rs` — the markers, the splice and [`section`], which calls
-//! one writer per part: `overview.rs` (traces, replay speed, model, the
-//! acceptance table and the comparison with the seeds), `sweep.rs`
+//! one writer per part: `overview.rs` (traces, replay speed, model),
+//! `policies.rs` (issue 16: the baseline against the independent
+//! simulation, every model at 2/4/8 cores with both L2 sizes, groupings and
+//! migration costs, `auto`'s choice, the acceptance lines), `sweep.rs`
 //! (migration cost × grouping, stage visits), `tables.rs` (model variants,
-//! the seeds' L2, footprint-host, time slices), `discovery.rs` (stage
-//! discovery), `input.rs` (the typed JSON inputs and shared helpers).
+//! footprint-host), `discovery.rs` (stage discovery), `input.rs` (the typed
+//! JSON inputs and shared helpers).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -27,6 +29,7 @@ use crate::report::Report;
 mod discovery;
 mod input;
 mod overview;
+mod policies;
 mod sweep;
 mod tables;
 
@@ -124,13 +127,12 @@ pub fn section(
             .collect(),
     };
     overview::write(&mut o, &ctx);
+    policies::write(&mut o, &ctx);
     sweep::write_sweep(&mut o, &ctx);
     sweep::write_visits(&mut o, &ctx);
     tables::write_variants(&mut o, &ctx);
-    tables::write_l2(&mut o, &ctx);
     discovery::write(&mut o, &ctx);
     tables::write_footprint(&mut o, &ctx);
-    tables::write_slices(&mut o, &ctx);
 
     // Plots.
     let _ = writeln!(o, "### Plots\n");

@@ -14,7 +14,7 @@ pub(super) fn write_sweep(o: &mut String, ctx: &Ctx) {
     let _ = writeln!(o, "\n### Migration cost and stage granularity\n");
     let _ = writeln!(
         o,
-        "Cost in cycles at ~2.5 GHz: 500 ≈ 0.2 µs; 4000 ≈ 1.6 µs ≈ seed 000's fast migration (≈ 1.7 µs, the bare-metal IPI propagation it cites); 35 000 ≈ 14 µs ≈ the queue hand-off our test guest measures between vCPUs on this machine (README: \"migration latency 13889 ns\"); libstage's `sched_setaffinity` path in a Linux guest costs 35–115 µs ≈ 90 000–290 000 cycles (guest-agent/linux/README.md; the footprint-host sweep goes that far). *Break-even* is the cost at which ×base CPU falls to 1 (linear between the measured costs); \"none\" means the policy is below baseline even with free migrations.\n"
+        "Cost in cycles at ~2.5 GHz: 500 ≈ 0.2 µs; 1700 ≈ 0.68 µs, the mean migration `just bench-migration` measured between vCPUs that own their cores (this project's own mechanism on this machine); 4250 ≈ 1.7 µs, seed 000's fast migration (the bare-metal IPI propagation it cites); 35 000 ≈ 14 µs ≈ the queue hand-off our test guest measures between vCPUs on this machine (README: \"migration latency 13889 ns\"); libstage's `sched_setaffinity` path in a Linux guest costs 35–115 µs ≈ 90 000–290 000 cycles (guest-agent/linux/README.md; the footprint-host sweep goes that far). *Break-even* is the cost at which ×base CPU falls to 1 (linear between the measured costs); \"none\" means the policy is below baseline even with free migrations.\n"
     );
     for t in ctx.traces {
         let Some(v) = input::load::<Report>(ctx.dir, &format!("{t}-sweep.json")) else {

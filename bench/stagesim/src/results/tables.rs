@@ -1,6 +1,6 @@
 //! Row tables of replay results in the results section: the model variants
-//! (`<trace>-variants*.json`), the seeds' 256 KiB L2 (`<trace>-l2-256.json`),
-//! footprint-host, and the time-slice table of `baseline`.
+//! (`<trace>-variants*.json`) and footprint-host (the seeds' 256 KiB L2 is
+//! in `policies.rs`).
 
 use std::fmt::Write as _;
 
@@ -68,46 +68,6 @@ pub(super) fn write_variants(o: &mut String, ctx: &Ctx) {
     }
 }
 
-/// The table with the seeds' L2 (256 KiB).
-pub(super) fn write_l2(o: &mut String, ctx: &Ctx) {
-    let mut wrote_l2 = false;
-    for t in ctx.traces {
-        let Some(v) = input::load::<Report>(ctx.dir, &format!("{t}-l2-256.json")) else {
-            continue;
-        };
-        let gn = GroupNames::new(ctx.dir, t);
-        if !wrote_l2 {
-            let _ = writeln!(o, "### With the seeds' L2 (256 KiB, 8-way, as on seed 000's Xeon E5-2618L v3 and seed 004's E5-2620 v4)\n");
-            let _ = writeln!(o, "| trace | cores | model | stages | migr. cycles | L1i MPKI | ΔL1i | L2i MPKI | ΔL2i | L2d MPKI | util | ×base sim | ×base CPU |\n|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-            wrote_l2 = true;
-        }
-        let all = &v.results;
-        for r in all {
-            let Some(b) = baseline(all, r) else { continue };
-            let (tt, bt) = (&r.total, &b.total);
-            let (sim, cpu) = ratios(r, b);
-            let _ = writeln!(
-                o,
-                "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
-                short_trace(t),
-                r.cores,
-                r.label,
-                gn.short(&r.group_spec),
-                r.migration_cycles,
-                mpki_delta(tt.l1i_mpki, bt.l1i_mpki),
-                mpki_delta(tt.l2i_mpki, bt.l2i_mpki),
-                tt.l2d_mpki,
-                r.utilization,
-                sim,
-                cpu
-            );
-        }
-    }
-    if wrote_l2 {
-        let _ = writeln!(o);
-    }
-}
-
 /// The tables of the traces that are not MariaDB (footprint-host).
 pub(super) fn write_footprint(o: &mut String, ctx: &Ctx) {
     for (t, v) in &ctx.mains {
@@ -142,32 +102,4 @@ pub(super) fn write_footprint(o: &mut String, ctx: &Ctx) {
         }
         let _ = writeln!(o);
     }
-}
-
-/// MPKI of `baseline` per time slice.
-pub(super) fn write_slices(o: &mut String, ctx: &Ctx) {
-    let _ = writeln!(o, "### Time slice (baseline)\n");
-    let _ = writeln!(o, "| trace | cores | slice | L1i MPKI | L2i MPKI | L1d MPKI | L2d MPKI | IPC |\n|---|---:|---:|---:|---:|---:|---:|---:|");
-    for (t, v) in &ctx.mains {
-        for r in v
-            .results
-            .iter()
-            .filter(|r| r.policy == "baseline" && [4, 8].contains(&r.cores))
-        {
-            let tt = &r.total;
-            let _ = writeln!(
-                o,
-                "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
-                short_trace(t),
-                r.cores,
-                r.slice,
-                tt.l1i_mpki,
-                tt.l2i_mpki,
-                tt.l1d_mpki,
-                tt.l2d_mpki,
-                tt.ipc
-            );
-        }
-    }
-    let _ = writeln!(o, "\nThe traces have a fixed number of connections (16), so the thread count is not varied here; `stagesim synth --threads N` varies it on synthetic traces.\n");
 }

@@ -292,9 +292,12 @@ pub struct SimConfig {
 /// Threads that block: a connection thread entering stage group `group`
 /// (MariaDB's `net_read`: reading the next command from its client) waits
 /// for its client — it leaves its core and becomes runnable again after a
-/// think time drawn uniformly from `think_cycles × [0.5, 1.5]` — as a
-/// server's threads do between requests, which breaks the convoys of
-/// threads running the same code in step.
+/// think time drawn from an exponential distribution of mean
+/// `think_cycles` (memoryless client delays, the usual model of a closed
+/// system's clients; TPC-C draws its think times from a negative
+/// exponential, clause 5.2.5.4) — as a server's threads do between
+/// requests, which breaks the convoys of threads running the same code in
+/// step.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct BlockRule {
     /// Dense stage-group index at whose entry a thread blocks.

@@ -374,7 +374,7 @@ impl<'a> Replay<'a> {
         match self.cfg.block {
             Some(b) if s != old && s == b.group => {
                 self.blocks += 1;
-                let delay = b.think_cycles as f64 * (0.5 + self.uniform());
+                let delay = -(b.think_cycles as f64) * (1.0 - self.uniform()).ln();
                 Some(SliceEnd::Block {
                     delay,
                     target: migrate,
