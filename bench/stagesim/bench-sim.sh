@@ -11,8 +11,9 @@
 #      captured, pinned, static, proportional, auto) at 2/4/8 cores, slice
 #      100 000, the hand map and the discovered 4 groups, 1700 (measured) and
 #      4250 (seed) cycles per migration, with 512 and 256 KiB L2; the baseline
-#      with 4 more seeds and as it was before issue 16 (lockstep); the
-#      independent simulation of the captured order (bench/capture/cachesim.c);
+#      with 4 more seeds and as it was before issue 16 (lockstep); baseline
+#      and auto over 8 laps of the trace; the independent simulation of the
+#      captured order (bench/capture/cachesim.c);
 #      a migration-cost × grouping sweep at 4 cores,
 #   3. the stagesim section of bench/RESULTS.md (stagesim results), and copies
 #      of the key plots to bench/stagesim/plots/.
@@ -126,6 +127,13 @@ for t in target/traces/mariadb-*.strace.zst target/traces/footprint-host.strace.
         --jobs "$jobs" --json "$out/$name-lockstep.json"
     run "$sim" replay --trace "$t" --cores 2,4,8 --slice 100000 --policy baseline --slice-jitter 0 --block-at - \
         --l2 256:8 --jobs "$jobs" --json "$out/$name-lockstep-256.json"
+    # auto over 8 laps of the trace (its trials take a fixed number of policy
+    # periods, which one 100-transaction window cannot amortize), with the
+    # baseline of the same run.
+    autorun=(--cores 2,4,8 --slice 100000 --policy baseline,auto --repeat 8 --migration-cycles 1700,4250
+        "${groups[@]}" --jobs "$jobs")
+    run "$sim" replay --trace "$t" "${autorun[@]}" --json "$out/$name-auto.json"
+    run "$sim" replay --trace "$t" "${autorun[@]}" --l2 256:8 --json "$out/$name-auto-256.json"
     # The independent simulation of the captured order.
     run_to "$out/$name-cachesim.json" "$out/cachesim" --json "$t"
     run_to "$out/$name-cachesim-256.json" "$out/cachesim" --l2 256:8 --json "$t"

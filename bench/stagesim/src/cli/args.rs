@@ -89,6 +89,11 @@ pub struct ReplayArgs {
     /// Seed of the slice jitter and think times.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Replay every thread's stream N times in a row: a longer run of the same transactions
+    /// (auto's trials take a fixed number of policy periods, which one short window cannot
+    /// amortize). Not for `captured`, which is replayed once.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
     #[command(flatten)]
     pub model: ModelArgs,
     /// Write the full report (per core, per stage) as JSON.

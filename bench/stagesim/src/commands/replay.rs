@@ -167,6 +167,7 @@ fn configs(a: &ReplayArgs, p: &Plan) -> anyhow::Result<Vec<SimConfig>> {
                     c.limit = a.instrs;
                     c.slice_jitter = a.slice_jitter;
                     c.seed = a.seed;
+                    c.repeat = a.repeat;
                     c.block = p.block_stage.map(|s| BlockRule {
                         group: g.group_of(s),
                         think_cycles: a.think_cycles,
@@ -185,6 +186,7 @@ fn configs(a: &ReplayArgs, p: &Plan) -> anyhow::Result<Vec<SimConfig>> {
                         c.cores = 1;
                         c.migration_cycles = 0;
                         c.block = None;
+                        c.repeat = 1;
                         configs.push(c);
                     }
                     continue;

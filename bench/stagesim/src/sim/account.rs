@@ -155,6 +155,7 @@ impl Account {
             slice_jitter: cfg.slice_jitter,
             think_cycles: cfg.block.map_or(0, |b| b.think_cycles),
             blocks: 0,
+            repeat: cfg.repeat,
             threads,
             warmup_instrs: self.warmup_instrs,
             utilization: if window > 0.0 {

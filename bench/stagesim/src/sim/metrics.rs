@@ -192,6 +192,9 @@ pub struct SimResult {
     /// Times threads blocked for their client.
     #[serde(default)]
     pub blocks: u64,
+    /// Laps over every thread's stream ([`super::SimConfig::repeat`]).
+    #[serde(default = "one")]
+    pub repeat: u32,
     /// Threads in the trace.
     pub threads: usize,
     /// Instructions replayed before statistics started.
@@ -227,4 +230,9 @@ pub struct SimResult {
     pub replay_seconds: f64,
     /// Replay speed, million instructions per second (single thread).
     pub replay_mips: f64,
+}
+
+/// The default of [`SimResult::repeat`] in older JSON files.
+fn one() -> u32 {
+    1
 }

@@ -37,6 +37,10 @@
 //!   compared on the modelled throughput of each period (instructions per
 //!   second at 2.5 GHz, given as the VMM gives the guest's requests/s); it
 //!   keeps the faster. Its trial steps and decisions are in the result.
+//!   Under an unstaged plan an idle core takes queued threads from other
+//!   cores (`steal`, whatever [`SimConfig::steal`] says), as the test
+//!   guest's runtime steals work under an unstaged map: the threads a
+//!   staged trial gathered spread out again.
 //! * `static`, `proportional` — the real `host-sched` policies
 //!   ([`host_sched::policy::build`]): simulated core *k* is vCPU *k* (one vCPU
 //!   per core, `Context.cores = 0..N`). Threads start as in `pinned`. Every
@@ -287,6 +291,11 @@ pub struct SimConfig {
     /// Threads that block: see [`BlockRule`]; `None`: threads never block.
     #[serde(skip)]
     pub block: Option<BlockRule>,
+    /// Replays every thread's stream this many times in a row (≥ 1): a
+    /// longer run of the same transactions, e.g. for `auto`, whose trials
+    /// take a fixed number of policy periods that one short trace window
+    /// cannot amortize (not with the `captured` model).
+    pub repeat: u32,
 }
 
 /// Threads that block: a connection thread entering stage group `group`
@@ -331,6 +340,7 @@ impl SimConfig {
             slice_jitter: 0.0,
             seed: 1,
             block: None,
+            repeat: 1,
         }
     }
 

@@ -62,6 +62,8 @@ pub(super) struct Plans {
     period_start: f64,
     /// `auto`: its decisions (instructions replayed, what it decided).
     pub decisions: Vec<(u64, String)>,
+    /// The mask of every core.
+    all: u64,
 }
 
 impl Plans {
@@ -117,10 +119,18 @@ impl Plans {
             changes: 0,
             period_start: 0.0,
             decisions: Vec::new(),
+            all: if n >= 64 { u64::MAX } else { (1u64 << n) - 1 },
         };
         p.set_serve(&plan.stage_vcpus);
         p.history.push((0, p.requirement.clone()));
         Ok(p)
+    }
+
+    /// Whether every core serves every stage (an unstaged plan).
+    pub fn unstaged(&self) -> bool {
+        self.serve[..self.stages]
+            .iter()
+            .all(|m| m & self.all == self.all)
     }
 
     fn set_serve(&mut self, stage_vcpus: &[u64]) {

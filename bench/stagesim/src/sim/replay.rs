@@ -46,6 +46,12 @@ fn validate(cfg: &SimConfig) -> anyhow::Result<()> {
         cfg.policy != SimPolicy::Captured || n == 1,
         "cores = {n}: the captured schedule runs on 1 core (the traced run's)"
     );
+    anyhow::ensure!(cfg.repeat >= 1, "repeat = 0: must be ≥ 1");
+    anyhow::ensure!(
+        cfg.policy != SimPolicy::Captured || cfg.repeat == 1,
+        "repeat = {}: the captured schedule is replayed once",
+        cfg.repeat
+    );
     anyhow::ensure!(cfg.slice >= 1, "slice = 0: must be ≥ 1 instruction");
     anyhow::ensure!(
         (0.0..100.0).contains(&cfg.warmup_pct),
@@ -102,7 +108,7 @@ fn stream_ends(trace: &Trace, cfg: &SimConfig) -> (Vec<usize>, u64) {
             .sum(),
         None => trace.instrs,
     };
-    (ends, instrs)
+    (ends, instrs.saturating_mul(u64::from(cfg.repeat.max(1))))
 }
 
 /// The state of one replay.
@@ -211,8 +217,10 @@ impl<'a> Replay<'a> {
             return;
         }
         loop {
+            // `auto` under an unstaged plan steals, as the guest runtime does.
+            let auto_unstaged = self.cfg.policy == SimPolicy::Auto;
             let serve = match &self.plans {
-                Some(p) if self.steal => Some(&p.serve[..]),
+                Some(p) if self.steal || (auto_unstaged && p.unstaged()) => Some(&p.serve[..]),
                 _ => None,
             };
             let Some((k, src)) = self.sched.next(serve) else {
@@ -319,6 +327,7 @@ impl<'a> Replay<'a> {
             }
             match stop {
                 Stop::Limit => {}
+                Stop::Done if self.next_lap(t) => {}
                 Stop::Done => return SliceEnd::Done,
                 Stop::Stage(raw) => {
                     if let Some(end) = self.stage_marker(k, t, raw, events) {
@@ -368,7 +377,7 @@ impl<'a> Replay<'a> {
                 }
             }
         }
-        if self.sched.threads[t].pos >= events.len() {
+        if self.sched.threads[t].pos >= events.len() && !self.next_lap(t) {
             return Some(SliceEnd::Done);
         }
         match self.cfg.block {
@@ -382,6 +391,18 @@ impl<'a> Replay<'a> {
             }
             _ => migrate.map(SliceEnd::Migrate),
         }
+    }
+
+    /// Thread `t`'s stream ended: starts it again from the beginning if it
+    /// has laps left ([`SimConfig::repeat`]); whether it did.
+    fn next_lap(&mut self, t: usize) -> bool {
+        let th = &mut self.sched.threads[t];
+        if th.laps + 1 >= self.cfg.repeat {
+            return false;
+        }
+        th.laps += 1;
+        th.pos = 0;
+        true
     }
 
     /// The min-visit variant: whether the visit of group `s` starting at

@@ -30,6 +30,9 @@ pub(super) struct ThreadState {
     pub ready_at: f64,
     /// Instructions since the thread entered its current stage (group).
     pub visit: u64,
+    /// Times its stream was replayed from the start again
+    /// ([`super::SimConfig::repeat`]).
+    pub laps: u32,
 }
 
 /// Where a core's next chunk comes from.
@@ -118,6 +121,7 @@ impl Sched {
                 stage: none,
                 ready_at: 0.0,
                 visit: 0,
+                laps: 0,
             })
             .collect();
         let mut global = VecDeque::new();

@@ -180,3 +180,22 @@ fn auto_runs_host_sched_trials_and_decides() {
         "{decided:?}"
     );
 }
+
+#[test]
+fn repeated_streams_run_every_lap() {
+    let t = trace(2, 5_000, None);
+    let mut cfg = SimConfig::new(SimPolicy::Baseline, 2, 1000);
+    cfg.warmup_pct = 0.0;
+    let once = super::simulate(&t, &cfg, &mut |_| {}).unwrap();
+    cfg.repeat = 3;
+    let thrice = super::simulate(&t, &cfg, &mut |_| {}).unwrap();
+    assert_eq!(thrice.total.counters.instrs, 3 * once.total.counters.instrs);
+    // The code is warm after the first lap: fewer misses per instruction.
+    assert!(thrice.total.l1i_mpki < once.total.l1i_mpki);
+    cfg.policy = SimPolicy::Captured;
+    cfg.cores = 1;
+    assert!(
+        super::simulate(&t, &cfg, &mut |_| {}).is_err(),
+        "captured is replayed once"
+    );
+}
