@@ -169,7 +169,7 @@ fn configs(a: &ReplayArgs, p: &Plan) -> anyhow::Result<Vec<SimConfig>> {
                     c.seed = a.seed;
                     c.repeat = a.repeat;
                     c.block = p.block_stage.map(|s| BlockRule {
-                        group: g.group_of(s),
+                        stage: s,
                         think_cycles: a.think_cycles,
                     });
                     c.groups = Some(g.clone());

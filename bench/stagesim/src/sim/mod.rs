@@ -298,8 +298,9 @@ pub struct SimConfig {
     pub repeat: u32,
 }
 
-/// Threads that block: a connection thread entering stage group `group`
-/// (MariaDB's `net_read`: reading the next command from its client) waits
+/// Threads that block: a connection thread entering trace stage `stage`
+/// (MariaDB's `net_read`: reading the next command from its client; the
+/// trace's own stage, whatever the grouping merges it with) waits
 /// for its client — it leaves its core and becomes runnable again after a
 /// think time drawn from an exponential distribution of mean
 /// `think_cycles` (memoryless client delays, the usual model of a closed
@@ -309,8 +310,9 @@ pub struct SimConfig {
 /// step.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct BlockRule {
-    /// Dense stage-group index at whose entry a thread blocks.
-    pub group: usize,
+    /// Dense trace-stage index ([`crate::stream::Trace::stages`] order) at
+    /// whose markers a thread blocks.
+    pub stage: usize,
     /// Mean think time (cycles).
     pub think_cycles: u64,
 }

@@ -381,7 +381,9 @@ impl<'a> Replay<'a> {
             return Some(SliceEnd::Done);
         }
         match self.cfg.block {
-            Some(b) if s != old && s == b.group => {
+            // Every marker of the trace stage is an entry into it (the
+            // capture writes one at each stage change).
+            Some(b) if raw == b.stage => {
                 self.blocks += 1;
                 let delay = -(b.think_cycles as f64) * (1.0 - self.uniform()).ln();
                 Some(SliceEnd::Block {

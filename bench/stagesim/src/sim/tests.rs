@@ -98,7 +98,7 @@ fn threads_block_at_their_request_marker_and_cores_wait() {
     cfg.warmup_pct = 0.0;
     let free = super::simulate(&t, &cfg, &mut |_| {}).unwrap();
     cfg.block = Some(BlockRule {
-        group: 0,
+        stage: 0,
         think_cycles: 10_000,
     });
     let blocked = super::simulate(&t, &cfg, &mut |_| {}).unwrap();
@@ -109,6 +109,11 @@ fn threads_block_at_their_request_marker_and_cores_wait() {
     assert!(blocked.utilization < free.utilization);
     // Every instruction still runs.
     assert_eq!(blocked.total.counters.instrs, free.total.counters.instrs);
+    // The request marker is the trace's stage: merging it with others in a
+    // group does not make threads block at the other stages' entries.
+    cfg.groups = Some(crate::groups::StageGroups::parse("all=net_read,work", &t.stages).unwrap());
+    let grouped = super::simulate(&t, &cfg, &mut |_| {}).unwrap();
+    assert_eq!(grouped.blocks, 200);
 }
 
 /// Two stages of `kib` KiB of code each (distinct addresses), visited in
