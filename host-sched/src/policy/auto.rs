@@ -46,6 +46,13 @@ pub struct AutoParams {
     /// Periods run unstaged before the first trial: a guest that does not
     /// run that long never pays for a trial (do no harm on short runs).
     pub first_trial_after: u32,
+    /// Weight of the newest period in the moving average of the rate while
+    /// staged is held. Once the hold settled (`mix_settle` periods), staged
+    /// falling below the unstaged rate its trial measured (by the margin)
+    /// ends the hold unstaged: a trial's few periods can catch a staged
+    /// transient (every core busy, caches warm, before threads queue at the
+    /// busiest stage's cores) that the sustained rate does not keep.
+    pub fall_back_smoothing: f64,
 }
 
 impl Default for AutoParams {
@@ -60,6 +67,7 @@ impl Default for AutoParams {
             mix_settle: 10,
             mix_smoothing: 0.1,
             first_trial_after: 10,
+            fall_back_smoothing: 0.25,
         }
     }
 }
@@ -110,6 +118,9 @@ enum State {
         left: u32,
         average: Vec<f64>,
         reference: Option<Vec<f64>>,
+        /// Staged holds: the unstaged rate the trial measured and the
+        /// moving average of the rate since.
+        guard: Option<(f64, Option<f64>)>,
     },
 }
 
@@ -157,6 +168,7 @@ impl Auto {
                 left: params.first_trial_after,
                 average: Vec::new(),
                 reference: None,
+                guard: None,
             },
             rate: None,
             decision: None,
@@ -207,13 +219,22 @@ impl Auto {
         ))
     }
 
-    /// Ends the trial: holds `mode` (see [`AutoParams::hold_periods`]).
-    fn hold(&mut self, mode: Mode, what: String, load: &[f64]) -> (Mode, String) {
+    /// Ends the trial: holds `mode` (see [`AutoParams::hold_periods`]);
+    /// `unstaged_rate` is the unstaged rate the trial measured (a staged
+    /// hold falls back when it drops below it).
+    fn hold(
+        &mut self,
+        mode: Mode,
+        what: String,
+        load: &[f64],
+        unstaged_rate: f64,
+    ) -> (Mode, String) {
         self.state = State::Hold {
             mode,
             left: self.params.hold_periods,
             average: shares(load),
             reference: None,
+            guard: (mode == Mode::Staged).then_some((unstaged_rate, None)),
         };
         (mode, what)
     }
@@ -248,7 +269,7 @@ impl Auto {
             let (current, next_period) = (*mode, *period + 1);
             if current == Mode::Staged {
                 if let Some((next, what)) = self.verdict(&s, &u, false) {
-                    return self.hold(next, what, load);
+                    return self.hold(next, what, load, mean(&u));
                 }
             }
             let what = format!("trial {} {next_period}/{}", current.name(), p.epoch_periods);
@@ -261,7 +282,7 @@ impl Auto {
         if finished_mode == Mode::Staged {
             let done = rounds_done >= p.rounds;
             if let Some((next, what)) = self.verdict(&s, &u, done) {
-                return self.hold(next, what, load);
+                return self.hold(next, what, load, mean(&u));
             }
         }
         let next = match finished_mode {
@@ -277,19 +298,35 @@ impl Auto {
 
     fn step(&mut self, load: &[f64]) -> (Mode, String) {
         let p = self.params;
+        let rate = self.rate.take();
         if let State::Hold {
             mode,
             left,
             average,
             reference,
+            guard,
         } = &mut self.state
         {
+            let settled = p.hold_periods.saturating_sub(*left) >= p.mix_settle;
+            if let (Some((unstaged, avg)), Some(r)) =
+                (guard.as_mut(), rate.filter(|r| r.is_finite() && *r > 0.0))
+            {
+                let a = avg.map_or(r, |a| a + p.fall_back_smoothing * (r - a));
+                *avg = Some(a);
+                if settled && a < *unstaged * (1.0 - p.margin) {
+                    let what = format!(
+                        "keep unstaged: staged fell to {a:.0} requests/s in its hold, below the {:.0} unstaged ran at in the trial",
+                        *unstaged
+                    );
+                    return self.hold(Mode::Unstaged, what, load, 0.0);
+                }
+            }
             if load.iter().any(|l| *l > 0.0) {
                 for (a, s) in average.iter_mut().zip(shares(load)) {
                     *a += p.mix_smoothing * (s - *a);
                 }
             }
-            if reference.is_none() && p.hold_periods - *left >= p.mix_settle {
+            if reference.is_none() && settled {
                 *reference = Some(average.clone());
             }
             let moved: f64 = reference.as_ref().map_or(0.0, |r| {
@@ -308,9 +345,9 @@ impl Auto {
                 return (mode, format!("{why}: trial {}", mode.name()));
             }
             *left -= 1;
-            self.rate = None;
             return (*mode, String::new());
         }
+        self.rate = rate;
         self.step_trial(load)
     }
 }

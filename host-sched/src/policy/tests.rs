@@ -200,7 +200,7 @@ fn a_vcpu_owns_its_core_only_when_alone_on_it() {
 
 /// Drives `auto` for `periods` periods, reporting `rate(mode)` requests/s
 /// for the mode of each period; returns the modes it ran.
-fn drive_auto(p: &mut auto::Auto, periods: usize, rate: impl Fn(bool) -> f64) -> Vec<bool> {
+fn drive_auto(p: &mut auto::Auto, periods: usize, mut rate: impl FnMut(bool) -> f64) -> Vec<bool> {
     let static_plan = build(PolicyKind::Static, ctx(2, 2, 2)).plan(&[]);
     let mut modes = Vec::new();
     let mut staged = false;
@@ -329,4 +329,38 @@ fn auto_runs_unstaged_before_its_first_trial() {
         }
     });
     assert!(modes.iter().all(|s| !*s), "{modes:?}");
+}
+
+#[test]
+fn auto_falls_back_when_held_staged_drops_below_the_trial_unstaged_rate() {
+    let params = auto::AutoParams {
+        first_trial_after: 0,
+        ..Default::default()
+    };
+    // The trial sees staged 40 % faster (a transient); held, staged runs at
+    // 60 % of unstaged: back to unstaged once the hold settled.
+    let mut p = auto::Auto::new(ctx(2, 2, 2), params);
+    let mut periods_staged = 0;
+    let modes = drive_auto(&mut p, 80, |s| {
+        if !s {
+            return 100.0;
+        }
+        periods_staged += 1;
+        if periods_staged <= 3 {
+            140.0
+        } else {
+            60.0
+        }
+    });
+    let first_staged = modes.iter().position(|s| *s).expect("staged was tried");
+    let last_staged = modes.iter().rposition(|s| *s).unwrap();
+    assert!(
+        last_staged < first_staged + 3 + 2 * params.mix_settle as usize,
+        "{modes:?}"
+    );
+    assert!(modes[last_staged + 1..].iter().all(|s| !*s), "{modes:?}");
+    // Staged that keeps its rate is kept.
+    let mut p = auto::Auto::new(ctx(2, 2, 2), params);
+    let modes = drive_auto(&mut p, 80, |s| if s { 140.0 } else { 100.0 });
+    assert!(modes[20..].iter().all(|s| *s), "{modes:?}");
 }
