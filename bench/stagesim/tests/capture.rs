@@ -24,7 +24,10 @@ fn a_missing_stage_symbol_is_an_error_that_names_it() {
         .status();
     let python = Command::new("python3").arg("--version").output();
     if !built.is_ok_and(|s| s.success()) || python.is_err() {
-        assert!(std::env::var("CI").is_err(), "cc or python3 missing under CI");
+        assert!(
+            std::env::var("CI").is_err(),
+            "cc or python3 missing under CI"
+        );
         eprintln!("skipped: needs a C compiler ({cc}) and python3");
         return;
     }
@@ -40,7 +43,11 @@ fn a_missing_stage_symbol_is_an_error_that_names_it() {
             .arg(dir.join(format!("{map}.json")))
             .output()
             .unwrap();
-        (out.status, String::from_utf8_lossy(&out.stderr).into_owned(), table.exists())
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            table.exists(),
+        )
     };
     let (status, err, table) = resolve("missing-stages.toml");
     assert!(!status.success(), "exit {status}: {err}");
