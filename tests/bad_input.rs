@@ -148,13 +148,46 @@ fn expect_config_error(config: &str, extra: &[&str], needles: &[&str]) {
     }
 }
 
+/// A `[[stage]]` the guest does not declare does not end the VM: stage
+/// names are the untrusted guest's own, known only at its REGISTER. The
+/// budget is left out with a warning naming it (log and report), the
+/// configured policy serves the guest's stages, and the guest runs to its
+/// end (exit 0).
 #[test]
-fn config_unknown_stage() {
-    expect_config_error(
-        "[[stage]]\nname = \"commit\"\n",
-        &[],
-        &["stage 'commit'", "unknown stage", "parse, plan, execute"],
+fn config_stage_the_guest_does_not_declare() {
+    let guest = guest_image();
+    let _lock = vm_lock();
+    let path = std::env::temp_dir().join(format!("stagevm-undeclared-{}.toml", std::process::id()));
+    let report = path.with_extension("json");
+    std::fs::write(&path, "[policy]\nname = \"static\"\n[[stage]]\nname = \"commit\"\n").unwrap();
+    let run = run(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--cpus",
+        "boot=2",
+        "--stages",
+        path.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    let _ = std::fs::remove_file(&path);
+    run.assert_no_panic();
+    assert_eq!(run.code(), 0, "{run:#?}");
+    let warning = "stage 'commit': unknown stage; the guest declared parse, plan, execute: the [[stage]] budgets of commit are left out";
+    assert!(run.stderr.contains(warning), "{}", run.stderr);
+    let text = std::fs::read_to_string(&report).unwrap();
+    let _ = std::fs::remove_file(&report);
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let sched = &json["sched"];
+    assert_eq!(sched["policy"], "static", "{sched}");
+    assert!(
+        sched["warnings"].as_array().unwrap().iter().any(|w| w.as_str() == Some(warning)),
+        "{sched}"
     );
+    // The guest's stages were served: events counted for each of them.
+    let stages = json["stage_channel"]["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 3, "{text}");
+    assert!(stages.iter().all(|s| s["events"].as_u64().unwrap() > 0), "{text}");
 }
 
 #[test]

@@ -159,7 +159,7 @@ impl Host {
         let pfn = (AREA_GPA >> 12) as u32;
         if let Some(registered) = self.dev.doorbell(0, DOORBELL_REGISTER, &pfn.to_le_bytes()) {
             assert_eq!(registered.names, STAGES);
-            self.sched.on_register(&registered).unwrap();
+            self.sched.on_register(&registered);
         }
         let mut st = [0u8; 4];
         self.dev.read_status(0, DOORBELL_STATUS, &mut st);

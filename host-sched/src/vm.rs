@@ -71,6 +71,57 @@ pub fn build_policy(
     ))
 }
 
+/// The policy for the stages a guest declared at REGISTER, which never
+/// fails: the guest is untrusted and its stage names are its own, so a
+/// configuration that does not fit them must not end the VM.
+///
+/// * `[[stage]]` budgets for stages the guest did not declare are left out
+///   (the guest's other stages keep theirs; undeclared-by-config guest
+///   stages get the defaults of [`Resolved::budgets_for`]);
+/// * if the rest still does not fit (e.g. the maximum budgets cannot use
+///   every stage core), the guest is served by `off` (every vCPU floats
+///   over all stage cores, stage-blind).
+///
+/// Returns the policy and one line per adjustment (empty when the
+/// configuration fitted as it is), for the VMM's log and report.
+pub fn guest_policy(
+    resolved: &Resolved,
+    num_vcpus: u32,
+    guest_stages: &[String],
+) -> (Box<dyn Policy>, Vec<String>) {
+    let mut warnings = Vec::new();
+    let first = match build_policy(resolved, num_vcpus, Some(guest_stages)) {
+        Ok(p) => return (p, warnings),
+        Err(e) => e,
+    };
+    let mut kept = resolved.clone();
+    kept.budgets.retain(|b| guest_stages.contains(&b.name));
+    if kept.budgets.len() < resolved.budgets.len() {
+        let left_out: Vec<&str> = resolved
+            .budgets
+            .iter()
+            .filter(|b| !guest_stages.contains(&b.name))
+            .map(|b| b.name.as_str())
+            .collect();
+        warnings.push(format!(
+            "{first}: the [[stage]] budgets of {} are left out",
+            left_out.join(", ")
+        ));
+        match build_policy(&kept, num_vcpus, Some(guest_stages)) {
+            Ok(p) => return (p, warnings),
+            Err(e) => warnings.push(format!("{e}: the guest's stages are served by policy off")),
+        }
+    } else {
+        warnings.push(format!("{first}: the guest's stages are served by policy off"));
+    }
+    // Default budgets (min 0, max every stage core, weight 1) always fit.
+    kept.policy = PolicyKind::Off;
+    kept.budgets.clear();
+    let budgets = kept.budgets_for(guest_stages).unwrap_or_default();
+    let off = policy::build(PolicyKind::Off, kept.context(num_vcpus, budgets));
+    (off, warnings)
+}
+
 /// Validates a new configuration for a running VM of `num_vcpus` vCPUs
 /// whose guest declared `guest_stages` (`None` before REGISTER): resolves
 /// `config` against `topo` exactly as a `--stages` file at start, fits it

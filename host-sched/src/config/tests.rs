@@ -111,6 +111,42 @@ fn guest_stage_matching() {
         .contains("max_cores sum to 2"));
 }
 
+/// A REGISTER never fails on the configuration: budgets for stages the
+/// guest did not declare are left out, and what still does not fit is
+/// served by `off` (host_sched::vm::guest_policy).
+#[test]
+fn guest_policy_never_fails_on_guest_stage_names() {
+    use crate::vm::guest_policy;
+    let guest = vec!["parse".to_string(), "plan".to_string()];
+    // Fits: no warning, the configured policy.
+    let r = resolve_text("[policy]\nname = \"static\"\n[[stage]]\nname = \"parse\"").unwrap();
+    let (p, w) = guest_policy(&r, 4, &guest);
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(p.kind(), PolicyKind::Static);
+    // A stage the guest did not declare: left out, still static.
+    let r = resolve_text(
+        "[policy]\nname = \"static\"\n[[stage]]\nname = \"parse\"\nmax_cores = 1\n[[stage]]\nname = \"commit\"",
+    )
+    .unwrap();
+    let (p, w) = guest_policy(&r, 4, &guest);
+    assert_eq!(p.kind(), PolicyKind::Static);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].contains("stage 'commit': unknown stage") && w[0].contains("budgets of commit are left out"), "{w:?}");
+    // Still does not fit after that (max budgets use 2 of 4 cores): off.
+    let r = resolve_text(
+        "[policy]\nname = \"static\"\n[[stage]]\nname = \"parse\"\nmax_cores = 1\n[[stage]]\nname = \"plan\"\nmax_cores = 1",
+    )
+    .unwrap();
+    let (p, w) = guest_policy(&r, 4, &guest);
+    assert_eq!(p.kind(), PolicyKind::Off);
+    assert!(w[0].contains("served by policy off"), "{w:?}");
+    // An untrusted guest's names: none matches, every budget left out.
+    let hostile = vec!["\u{1b}[31m".to_string()];
+    let (p, w) = guest_policy(&r, 4, &hostile);
+    assert_eq!(p.kind(), PolicyKind::Static);
+    assert!(w[0].contains("budgets of parse, plan are left out"), "{w:?}");
+}
+
 #[test]
 fn overrides_folded_in_resolve_like_the_command_line() {
     let config =

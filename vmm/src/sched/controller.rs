@@ -86,18 +86,16 @@ impl StageSched {
     /// A REGISTER succeeded (called on the vCPU thread that rang it, before
     /// the guest resumes): the controller plans the first stage map for the
     /// declared stages, which is published and applied at once, so the guest
-    /// never sees a map the policy did not make. Errors: the configuration
-    /// does not fit the guest's stages (the VM then ends).
-    pub fn on_register(&self, registered: &Registered) -> Result<(), ConfigError> {
+    /// never sees a map the policy did not make.
+    pub fn on_register(&self, registered: &Registered) {
         let mut c = self.controller();
-        let plan = c.register(&registered.names)?;
+        let plan = c.register(&registered.names);
         if let Some(device) = &self.device {
             device.publish(&plan.stage_vcpus, plan.owned_vcpus());
         }
         self.pinner.apply(plan);
         drop(c);
         let _ = self.registered.write(1);
-        Ok(())
     }
 
     /// One drain: validated events to the controller, parked vCPUs with
@@ -199,6 +197,9 @@ pub struct Controller {
     period_start: Instant,
     map_changes: u64,
     timeline: Vec<TimelineEntry>,
+    /// What a REGISTER's stages made host-sched adjust (for the report;
+    /// bounded: one registration's lines, the latest).
+    guest_warnings: Vec<String>,
     /// The configuration as the operator gave it and the host it resolves
     /// against (for [`Controller::propose`]).
     config: Config,
@@ -263,6 +264,7 @@ impl Controller {
             period_start: Instant::now(),
             map_changes: 0,
             timeline: Vec::new(),
+            guest_warnings: Vec::new(),
             config: setup.config.clone(),
             topology: setup.topology.clone(),
             pending: None,
@@ -337,12 +339,22 @@ impl Controller {
     /// The guest registered `names`: builds the policy for them (kept if the
     /// names are those of the previous registration), starts a new
     /// accounting and returns the first plan, whose stage map the caller
-    /// publishes before the guest resumes. Errors: a configured stage the
-    /// guest did not declare, budgets that cannot use every stage core.
-    pub fn register(&mut self, names: &[String]) -> Result<&Plan, ConfigError> {
+    /// publishes before the guest resumes. Never fails: stage names are the
+    /// untrusted guest's, and a configuration that does not fit them is
+    /// adjusted by [`host_sched::vm::guest_policy`] (logged, and in the
+    /// report's warnings) rather than ending the VM.
+    pub fn register(&mut self, names: &[String]) -> &Plan {
         let policy = match self.guest.take() {
             Some(g) if g.names == names => g.policy,
-            _ => build_policy(&self.vm.resolved, self.num_vcpus, Some(names))?,
+            _ => {
+                let (policy, warnings) =
+                    host_sched::vm::guest_policy(&self.vm.resolved, self.num_vcpus, names);
+                for w in &warnings {
+                    tracing::warn!("REGISTER: {w}");
+                }
+                self.guest_warnings = warnings;
+                policy
+            }
         };
         let mut policy = policy;
         self.plan = policy.plan(&vec![0.0; names.len()]);
@@ -353,7 +365,12 @@ impl Controller {
         });
         self.map_changes += 1;
         self.period_start = Instant::now();
-        Ok(&self.plan)
+        &self.plan
+    }
+
+    /// The adjustments the last REGISTER needed (see [`Self::register`]).
+    pub fn guest_warnings(&self) -> &[String] {
+        &self.guest_warnings
     }
 
     /// Folds one drain's validated events into the accounting (ignored

@@ -83,6 +83,7 @@ impl StageSched {
             warnings: share
                 .into_iter()
                 .chain(c.vm().warnings.iter().cloned())
+                .chain(c.guest_warnings().iter().cloned())
                 .collect(),
             stages: c.placements(),
             vcpus,

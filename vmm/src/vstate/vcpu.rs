@@ -212,11 +212,7 @@ impl Vcpu {
                     tracing::debug!(vcpu = index, "vCPU stopped by the guest");
                     return Some(VmEvent::VcpuStopped);
                 }
-                PioAction::StageRegistered(registered) => {
-                    if let Err(e) = self.sched.on_register(&registered) {
-                        return Some(VmEvent::ConfigError(e.to_string()));
-                    }
-                }
+                PioAction::StageRegistered(registered) => self.sched.on_register(&registered),
             }
         }
         None
