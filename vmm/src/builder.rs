@@ -341,12 +341,17 @@ fn create_vcpus(
 }
 
 /// Step 7: opens every `--disk`, binds its queue notification to an
-/// ioeventfd (else MMIO exits) and describes it on `cmdline`. Returns each
-/// device with whether the ioeventfd was bound.
+/// ioeventfd (else MMIO exits) and, for a Linux guest, its used-buffer
+/// interrupt to GSI [`virtio::FIRST_IRQ`] + index through an irqfd. The
+/// device is described in the DSDT when `acpi` (a Linux guest with ACPI
+/// tables), else on `cmdline`. Returns each device with whether the
+/// ioeventfd was bound.
 fn attach_disks(
     vm_fd: &VmFd,
     config: &VmConfig,
     cmdline: &mut String,
+    linux_boot: bool,
+    acpi: bool,
 ) -> Result<Vec<(SharedBlock, bool)>, VmmError> {
     let mut blocks = Vec::new();
     for (i, disk) in config.disks.iter().enumerate() {
@@ -368,13 +373,23 @@ fn attach_disks(
             )));
         }
         let base = virtio::MMIO_BASE + i as u64 * virtio::MMIO_SIZE;
-        let block = virtio::MmioBlock::new(
+        let mut block = virtio::MmioBlock::new(
             format!("blk{i}"),
             path.clone(),
             base,
             virtio::block::Block::new(file, len, disk.readonly),
         )?;
-        append_word(cmdline, &block.cmdline_word(virtio::FIRST_IRQ + i as u32));
+        let gsi = virtio::FIRST_IRQ + i as u32;
+        if linux_boot {
+            let irq = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK)?;
+            vm_fd
+                .register_irqfd(&irq, gsi)
+                .map_err(kvm_err("KVM_IRQFD for a virtio-blk device"))?;
+            block.set_irq(irq);
+        }
+        if !acpi {
+            append_word(cmdline, &block.cmdline_word(gsi));
+        }
         let ioeventfd = vm_fd
             .register_ioevent(
                 &block.notify,
@@ -451,7 +466,17 @@ fn write_boot_structures(
         return Ok(());
     };
     linux::write_common(memory, cmdline).map_err(memory_err)?;
-    let rsdp = crate::arch::x86_64::acpi::write_tables(memory, num_vcpus).map_err(memory_err)?;
+    let devices = crate::arch::x86_64::acpi::Devices {
+        serial: Some((hypercall_abi::platform::SERIAL_PORT_BASE, linux::SERIAL_GSI)),
+        virtio_mmio: (0..config.disks.len() as u64)
+            .map(|i| {
+                let base = virtio::MMIO_BASE + i * virtio::MMIO_SIZE;
+                (base, virtio::MMIO_SIZE as u32, virtio::FIRST_IRQ + i as u32)
+            })
+            .collect(),
+    };
+    let rsdp = crate::arch::x86_64::acpi::write_tables(memory, num_vcpus, &devices)
+        .map_err(memory_err)?;
     match boot.setup_header {
         Some(hdr) => {
             linux::write_bzimage(memory, size, hdr, cmdline.len(), boot.initramfs_at, rsdp)
@@ -459,11 +484,6 @@ fn write_boot_structures(
         None => linux::write_pvh(memory, size, boot.initramfs_at, rsdp),
     }
     .map_err(memory_err)?;
-    if !config.disks.is_empty() {
-        tracing::warn!(
-            "virtio-blk devices raise no interrupts yet: a Linux driver will wait for completions in vain"
-        );
-    }
     tracing::info!(
         kernel = %config.kernel.display(),
         entry = ?linux_entry,
@@ -500,7 +520,10 @@ pub fn build(config: &VmConfig) -> Result<Vmm, VmmError> {
     let vcpus = create_vcpus(&kvm, &vm_fd, config, entry, linux)?;
     let tsc_khz = vcpus[0].get_tsc_khz().map(u64::from).unwrap_or(0);
     let mut cmdline = config.cmdline.clone();
-    let blocks = attach_disks(&vm_fd, config, &mut cmdline)?;
+    // A Linux guest reads its devices' interrupts from the DSDT unless ACPI
+    // is off (then from the command line, with the legacy PIC routing them).
+    let acpi = linux.is_some() && !cmdline.split_whitespace().any(|w| w == "acpi=off");
+    let blocks = attach_disks(&vm_fd, config, &mut cmdline, linux.is_some(), acpi)?;
     if linux.is_some() && tsc_khz != 0 && !cmdline.contains("tsc_early_khz=") {
         // The kernel calibrates its TSC against the PIT, which fails when
         // its kernel mode is emulated: tell it KVM's TSC rate.

@@ -1,9 +1,18 @@
 //! Minimal ACPI tables for Linux guests, so a kernel without MP-table support
 //! (Debian's cloud kernel has no `CONFIG_X86_MPPARSE`) finds its CPUs and the
 //! I/O APIC: RSDP → XSDT → FADT (hardware-reduced, with a reset register)
-//! → empty DSDT, and a MADT with one local APIC per vCPU (APIC ID = vCPU
+//! → DSDT, and a MADT with one local APIC per vCPU (APIC ID = vCPU
 //! index, as [`crate::arch::x86_64::regs::vcpu_cpuid`] reports) and KVM's in-kernel I/O
-//! APIC. rust-vmm's `acpi_tables` crate encodes the tables (headers, lengths,
+//! APIC.
+//!
+//! The DSDT describes the devices with interrupts ([`Devices`]): COM1
+//! (`PNP0501`) and each virtio-mmio device (`LNRO0005`, the ID Linux's
+//! `virtio_mmio` driver matches), each with its I/O or MMIO range and an
+//! edge-triggered, active-high GSI, as Cloud Hypervisor and Firecracker
+//! describe theirs. A hardware-reduced FADT means no legacy PIC in Linux
+//! (`acpi_generic_reduced_hw_init`), so no ISA IRQ is routed by default: a
+//! device the DSDT does not list gets no interrupt (seen here: user-space
+//! output to ttyS0 was lost and virtio-blk failed to probe with -22). rust-vmm's `acpi_tables` crate encodes the tables (headers, lengths,
 //! checksums, the RSDP, XSDT and FADT layouts, the MADT's local APIC and
 //! I/O APIC structures), as in Cloud Hypervisor; the few fields and
 //! structures it has no API for are written into its table bytes here, each
@@ -21,7 +30,7 @@ use acpi_tables::madt::{EnabledStatus, IoApic, ProcessorLocalApic};
 use acpi_tables::rsdp::Rsdp;
 use acpi_tables::sdt::Sdt;
 use acpi_tables::xsdt::XSDT;
-use acpi_tables::Aml;
+use acpi_tables::{aml, Aml};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
 
 /// GPA of the RSDP.
@@ -61,16 +70,64 @@ fn bytes(table: &dyn Aml) -> Vec<u8> {
     v
 }
 
-fn dsdt() -> Vec<u8> {
-    // No AML: no devices beyond what the FADT and MADT describe.
-    bytes(&Sdt::new(
-        *b"DSDT",
-        36,
-        2,
-        OEM_ID,
-        OEM_TABLE_ID,
-        OEM_REVISION,
+/// The devices the DSDT describes (all interrupts: edge, active high, GSIs
+/// of KVM's in-kernel I/O APIC, which the VMM raises through irqfds).
+#[derive(Debug, Clone, Default)]
+pub struct Devices {
+    /// A 16550 UART: I/O port base (8 ports) and GSI.
+    pub serial: Option<(u16, u32)>,
+    /// virtio-mmio devices: GPA of the 4 KiB register window, its size in
+    /// bytes, and the GSI.
+    pub virtio_mmio: Vec<(u64, u32, u32)>,
+}
+
+/// `Device(name) { _HID, _UID, _CRS }` in AML.
+fn device(name: &str, hid: &dyn Aml, uid: u32, resources: &[&dyn Aml]) -> Vec<u8> {
+    let crs = aml::ResourceTemplate::new(resources.to_vec());
+    bytes(&aml::Device::new(
+        name.into(),
+        vec![
+            &aml::Name::new("_HID".into(), hid),
+            &aml::Name::new("_UID".into(), &uid),
+            &aml::Name::new("_CRS".into(), &crs),
+        ],
     ))
+}
+
+fn dsdt(devices: &Devices) -> Vec<u8> {
+    let mut body = Vec::new();
+    if let Some((port, gsi)) = devices.serial {
+        let hid = aml::EISAName::new("PNP0501");
+        // Interrupt(consumer, edge, active high, exclusive); IO(port, 8 ports).
+        let irq = aml::Interrupt::new(true, true, false, false, gsi);
+        let io = aml::IO::new(port, port, 1, 8);
+        body.extend(device("COM1", &hid, 0, &[&io, &irq]));
+    }
+    for (i, &(base, size, gsi)) in devices.virtio_mmio.iter().enumerate() {
+        // MMIO windows lie below 4 GiB (virtio::MMIO_BASE): 32-bit fixed.
+        let Ok(base) = u32::try_from(base) else {
+            continue;
+        };
+        let mem = aml::Memory32Fixed::new(true, base, size);
+        let irq = aml::Interrupt::new(true, true, false, false, gsi);
+        let name = format!("VR{i:02X}");
+        body.extend(device(&name, &"LNRO0005", i as u32, &[&mem, &irq]));
+    }
+    let mut dsdt = Sdt::new(*b"DSDT", 36, 2, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
+    if !body.is_empty() {
+        let devices = RawAml(&body);
+        dsdt.append_slice(&bytes(&aml::Scope::new("\\_SB_".into(), vec![&devices])));
+    }
+    dsdt.as_slice().to_vec()
+}
+
+/// Bytes that are AML already (the devices, encoded one by one).
+struct RawAml<'a>(&'a [u8]);
+
+impl Aml for RawAml<'_> {
+    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
+        sink.vec(self.0);
+    }
 }
 
 fn fadt(dsdt_gpa: u64) -> Vec<u8> {
@@ -129,10 +186,15 @@ fn rsdp(xsdt_gpa: u64) -> Vec<u8> {
     bytes(&Rsdp::new(OEM_ID, xsdt_gpa))
 }
 
-/// Writes the tables for `num_vcpus` vCPUs; returns the RSDP's GPA. Errors:
-/// guest RAM does not reach the BIOS area (it always does: Linux boots need
-/// far more than 1 MiB), or the MADT of this many vCPUs does not fit.
-pub fn write_tables(mem: &GuestMemoryMmap, num_vcpus: u32) -> Result<u64, GuestMemoryError> {
+/// Writes the tables for `num_vcpus` vCPUs and `devices`; returns the RSDP's
+/// GPA. Errors: guest RAM does not reach the BIOS area (it always does:
+/// Linux boots need far more than 1 MiB), or the MADT of this many vCPUs
+/// does not fit.
+pub fn write_tables(
+    mem: &GuestMemoryMmap,
+    num_vcpus: u32,
+    devices: &Devices,
+) -> Result<u64, GuestMemoryError> {
     let mut at = XSDT_GPA + 0x40; // room for an XSDT of a few entries
     let mut place = |table: Vec<u8>| -> Result<u64, GuestMemoryError> {
         let gpa = at;
@@ -143,7 +205,7 @@ pub fn write_tables(mem: &GuestMemoryMmap, num_vcpus: u32) -> Result<u64, GuestM
         at = (gpa + table.len() as u64).next_multiple_of(16);
         Ok(gpa)
     };
-    let dsdt_gpa = place(dsdt())?;
+    let dsdt_gpa = place(dsdt(devices))?;
     let fadt_gpa = place(fadt(dsdt_gpa))?;
     let madt_gpa = place(madt(num_vcpus))?;
     mem.write_slice(&xsdt(&[fadt_gpa, madt_gpa]), GuestAddress(XSDT_GPA))?;
@@ -263,7 +325,7 @@ mod tests {
     #[test]
     fn tables_link_up_and_check_out() {
         let mem = guest_mem();
-        let rsdp_gpa = write_tables(&mem, 3).unwrap();
+        let rsdp_gpa = write_tables(&mem, 3, &Devices::default()).unwrap();
         assert_eq!(rsdp_gpa, RSDP_GPA);
         let rsdp = read(&mem, rsdp_gpa, 36);
         assert_eq!(&rsdp[..8], b"RSD PTR ");
@@ -350,7 +412,7 @@ mod tests {
                 }
             }
         };
-        same_but_creator(dsdt(), hand::dsdt());
+        same_but_creator(dsdt(&Devices::default()), hand::dsdt());
         same_but_creator(fadt(0xe_0120), hand::fadt(0xe_0120));
         for n in [1, 3, 255] {
             same_but_creator(madt(n), hand::madt(n));
@@ -366,9 +428,48 @@ mod tests {
     #[test]
     fn tables_stay_in_the_bios_area() {
         // A MADT this large would run past 1 MiB.
-        assert!(write_tables(&guest_mem(), 100_000).is_err());
+        assert!(write_tables(&guest_mem(), 100_000, &Devices::default()).is_err());
         // Guest RAM that does not reach the BIOS area.
         let small = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 512 << 10)]).unwrap();
-        assert!(write_tables(&small, 1).is_err());
+        assert!(write_tables(&small, 1, &Devices::default()).is_err());
+    }
+
+    /// COM1 and a virtio-mmio device in the DSDT, as Linux's ACPI namespace
+    /// reads them: `\_SB_.COM1` with `_HID` EISA ID PNP0501 (compressed:
+    /// `41 d0 05 01`), an I/O descriptor for 8 ports at 0x3f8 and an
+    /// extended interrupt descriptor for GSI 4 (edge, active high, consumer:
+    /// flags 0x03); `\_SB_.VR00` with `_HID` "LNRO0005", a 32-bit fixed
+    /// memory descriptor (read-write) for its window and GSI 5.
+    #[test]
+    fn dsdt_describes_serial_and_virtio_mmio() {
+        let devices = Devices {
+            serial: Some((0x3f8, 4)),
+            virtio_mmio: vec![(0xd000_0000, 0x1000, 5)],
+        };
+        let t = dsdt(&devices);
+        assert_eq!(sum(&t), 0);
+        assert_eq!(u32_at(&t, 4) as usize, t.len());
+        let find = |needle: &[u8]| t.windows(needle.len()).position(|w| w == needle);
+        let scope = find(b"_SB_").expect("\\_SB_ scope");
+        let com1 = find(b"COM1").expect("COM1");
+        let vr00 = find(b"VR00").expect("VR00");
+        assert!(scope < com1 && com1 < vr00);
+        // _HID: DWordPrefix (0x0c) and PNP0501 compressed.
+        assert!(find(&[b'_', b'H', b'I', b'D', 0x0c, 0x41, 0xd0, 0x05, 0x01]).is_some());
+        // IO descriptor (0x47): 16-bit decode, 0x3f8..0x3f8, align 1, 8 ports.
+        assert!(find(&[0x47, 0x01, 0xf8, 0x03, 0xf8, 0x03, 0x01, 0x08]).is_some());
+        // Extended interrupt descriptors (0x89, length 6, flags 3, 1 GSI).
+        assert!(find(&[0x89, 6, 0, 0x03, 1, 4, 0, 0, 0]).is_some());
+        assert!(find(&[0x89, 6, 0, 0x03, 1, 5, 0, 0, 0]).is_some());
+        assert!(find(b"LNRO0005\0").is_some());
+        // Memory32Fixed (0x86, length 9, read-write): base and length.
+        let mut mem = vec![0x86, 9, 0, 1];
+        mem.extend_from_slice(&0xd000_0000u32.to_le_bytes());
+        mem.extend_from_slice(&0x1000u32.to_le_bytes());
+        assert!(find(&mem).is_some());
+        // Only the devices asked for.
+        assert!(dsdt(&Devices::default()).len() == 36);
+        let only_serial = dsdt(&Devices { serial: Some((0x3f8, 4)), virtio_mmio: vec![] });
+        assert!(!only_serial.windows(4).any(|w| w == b"VR00"));
     }
 }

@@ -4,7 +4,8 @@
 //! Placement: device `i` occupies 4 KiB at [`MMIO_BASE`] + `i` × 4 KiB, above
 //! the largest guest RAM (3 GiB); the VMM maps that window user-accessible in
 //! the guest's page tables and describes each device on the kernel command
-//! line in Linux's format, `virtio_mmio.device=4K@0xd0000000:5`.
+//! line in Linux's format, `virtio_mmio.device=4K@0xd0000000:5` (for a
+//! Linux guest with ACPI: in the DSDT instead, `LNRO0005`).
 //!
 //! Notification: the driver's `QueueNotify` write is bound to an `EventFd`
 //! with KVM's `ioeventfd` (no exit to user space on the vCPU thread); if KVM
@@ -21,8 +22,9 @@
 //! code in the guest, and the guest's blocking driver calls wait for the
 //! completion anyway; so the test guest runs with interrupts off and polls
 //! (`virtio-drivers`' blocking calls do exactly that), and the device only
-//! sets `InterruptStatus`. No irqchip or irqfd is involved; a guest that
-//! sleeps while I/O is in flight would want them.
+//! sets `InterruptStatus`. A Linux guest sleeps while its I/O is in flight:
+//! for it the device also raises a GSI of the in-kernel I/O APIC through an
+//! irqfd (described in the DSDT, [`crate::arch::x86_64::acpi`]).
 
 pub mod block;
 
@@ -111,6 +113,9 @@ pub struct MmioBlock {
     /// Written by the guest's `QueueNotify` (through ioeventfd or the MMIO
     /// exit fallback).
     pub notify: EventFd,
+    /// The used-buffer interrupt: an irqfd on the in-kernel irqchip (Linux
+    /// guests); `None` for the ring-3 guest, which polls.
+    irq: Option<EventFd>,
 }
 
 impl MmioBlock {
@@ -135,7 +140,14 @@ impl MmioBlock {
             ),
             interrupt_status: AtomicU32::new(0),
             notify: EventFd::new(libc::EFD_NONBLOCK)?,
+            irq: None,
         })
+    }
+
+    /// Raises `irq` (an irqfd) after each batch of completions, with the
+    /// used-buffer bit in `InterruptStatus` (VIRTIO 1.2 §4.2.3.4).
+    pub fn set_irq(&mut self, irq: EventFd) {
+        self.irq = Some(irq);
     }
 
     /// The backend.
@@ -319,8 +331,14 @@ impl MmioBlock {
             served += 1;
         }
         if served > 0 {
-            // Used-buffer notification (polled by the guest, see module docs).
+            // Used-buffer notification: the bit the ring-3 guest polls, and
+            // the interrupt of a Linux guest (see module docs).
             self.interrupt_status.fetch_or(1, Ordering::AcqRel);
+            if let Some(irq) = &self.irq {
+                if let Err(e) = irq.write(1) {
+                    tracing::warn!(device = %self.name, "cannot raise the interrupt: {e}");
+                }
+            }
         }
         served
     }
