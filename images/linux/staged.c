@@ -1,0 +1,272 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * staged: the staged C test program of the Linux test image
+ * (images/linux/README.md). Linked with libstage, run by /init after
+ * `insmod stagevm_agent.ko`.
+ *
+ *   staged THREADS ITERS WORK_US
+ *
+ * Registers three stages (parse, plan, execute) through /dev/stagevm, then
+ * runs two phases of THREADS threads x ITERS requests; a request enters each
+ * stage in turn and spins WORK_US microseconds of user-mode work in it.
+ *   1. "static": the VM starts under --policy static;
+ *   2. "off": after phase 1 the program prints "staged: waiting for policy
+ *      off" and waits (up to 60 s) for a stage map in which every vCPU serves
+ *      every stage: the test harness switches the policy through the VMM's
+ *      API socket when it reads that line.
+ * Each stage_enter's vCPU is checked against the stage map (re-read when the
+ * epoch moved): a stage run on a vCPU the map did not give it is a violation.
+ * Per phase it prints one "staged: phase ..." line with the counters' deltas;
+ * at the end "staged: total ..." (per-stage enter events, exits, drops; to be
+ * compared with the VMM's report) and the costs measured in the guest: a
+ * getppid() round trip (a system call: emulated guest kernel mode) and
+ * stage_enter() without migration (user-mode stores only).
+ *
+ * Exit status: 0 when both phases ran with no violation and no drop, 1
+ * otherwise, 2 when the channel could not be set up.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "stage.h"
+
+#define NSTAGES 3
+#define MAX_THREADS 64
+static const char *const names[NSTAGES] = { "parse", "plan", "execute" };
+
+static unsigned iters;
+static uint64_t work_ns;
+
+struct worker {
+	pthread_t tid;
+	uint64_t violations;
+	uint64_t enter_errors;
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void spin(uint64_t ns)
+{
+	uint64_t end = now_ns() + ns;
+
+	while (now_ns() < end)
+		;
+}
+
+/* True when `vcpu` serves `stage` in `map` (a map with no vCPU for the
+ * stage lets it run anywhere, as libstage does). */
+static int serves(const struct stage_map_view *map, unsigned stage, int vcpu)
+{
+	uint64_t mask = map->vcpus[stage];
+
+	return mask == 0 || (vcpu >= 0 && vcpu < 64 && (mask >> vcpu) & 1);
+}
+
+static void *run(void *arg)
+{
+	struct worker *w = arg;
+	struct stage_map_view map;
+
+	stage_map(&map);
+	for (unsigned i = 0; i < iters; i++) {
+		for (unsigned s = 0; s < NSTAGES; s++) {
+			int vcpu = stage_enter(s);
+
+			if (vcpu < 0) {
+				w->enter_errors++;
+				continue;
+			}
+			if (!serves(&map, s, vcpu)) {
+				stage_map(&map); /* the map may have moved */
+				if (!serves(&map, s, vcpu))
+					w->violations++;
+			}
+			spin(work_ns);
+		}
+		stage_exit();
+	}
+	stage_detach();
+	return NULL;
+}
+
+/* Runs one phase; prints its line; returns its violations + errors. */
+static uint64_t phase(const char *name, unsigned threads)
+{
+	struct worker w[MAX_THREADS] = { 0 };
+	struct stage_stats before, after;
+	struct stage_map_view map;
+	uint64_t t0, bad = 0, errors = 0;
+
+	stage_get_stats(&before);
+	stage_map(&map);
+	t0 = now_ns();
+	for (unsigned t = 0; t < threads; t++)
+		if (pthread_create(&w[t].tid, NULL, run, &w[t]) != 0) {
+			fprintf(stderr, "staged: pthread_create failed\n");
+			exit(2);
+		}
+	for (unsigned t = 0; t < threads; t++) {
+		pthread_join(w[t].tid, NULL);
+		bad += w[t].violations;
+		errors += w[t].enter_errors;
+	}
+	stage_get_stats(&after);
+	printf("staged: phase %s: epoch %llu map", name, (unsigned long long)map.epoch);
+	for (unsigned s = 0; s < NSTAGES; s++)
+		printf(" %s=%#llx", names[s], (unsigned long long)map.vcpus[s]);
+	printf("; %.1f ms; enters", (double)(now_ns() - t0) / 1e6);
+	for (unsigned s = 0; s < NSTAGES; s++)
+		printf(" %s=%llu", names[s],
+		       (unsigned long long)(after.enters[s] - before.enters[s]));
+	printf("; affinity_calls %llu cpu_changes %llu dropped %llu violations %llu errors %llu\n",
+	       (unsigned long long)(after.affinity_calls - before.affinity_calls),
+	       (unsigned long long)(after.cpu_changes - before.cpu_changes),
+	       (unsigned long long)(after.dropped - before.dropped),
+	       (unsigned long long)bad, (unsigned long long)errors);
+	fflush(stdout);
+	return bad + errors + (after.dropped - before.dropped);
+}
+
+/* Waits until every vCPU serves every stage (the policy is off). */
+static int wait_for_off(unsigned vcpus, unsigned timeout_s)
+{
+	uint64_t all = vcpus >= 64 ? ~0ull : (1ull << vcpus) - 1;
+	uint64_t end = now_ns() + (uint64_t)timeout_s * 1000000000ull;
+	struct stage_map_view map;
+
+	while (now_ns() < end) {
+		int every = 1;
+
+		stage_map(&map);
+		for (unsigned s = 0; s < NSTAGES; s++)
+			every &= (map.vcpus[s] & all) == all;
+		if (every)
+			return 0;
+		usleep(20000);
+	}
+	return -1;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Median of `n` timed calls of getppid() (a real system call every time:
+ * syscall(2), so no libc caching), in ns. */
+static uint64_t syscall_ns(unsigned n)
+{
+	uint64_t t[256];
+
+	if (n > 256)
+		n = 256;
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t a = now_ns();
+
+		syscall(SYS_getppid);
+		t[i] = now_ns() - a;
+	}
+	qsort(t, n, sizeof(t[0]), cmp_u64);
+	return t[n / 2];
+}
+
+/* stage_enter() of a stage this vCPU serves (no migration), ns per call:
+ * the median of 9 batches of `n` (fewer than a ring's entries, with a pause
+ * between batches for the VMM to drain: a full ring would make it wait). */
+static double stage_enter_ns(unsigned n)
+{
+	uint64_t t[9];
+	int vcpu = stage_cpu();
+	struct stage_map_view map;
+	unsigned s = 0;
+
+	stage_map(&map);
+	while (s < NSTAGES && !serves(&map, s, vcpu))
+		s++;
+	if (s == NSTAGES)
+		return -1;
+	for (unsigned b = 0; b < 9; b++) {
+		uint64_t a = now_ns();
+
+		for (unsigned i = 0; i < n; i++)
+			stage_enter(s);
+		t[b] = now_ns() - a;
+		usleep(50000);
+	}
+	stage_exit();
+	qsort(t, 9, sizeof(t[0]), cmp_u64);
+	return (double)t[4] / n;
+}
+
+int main(int argc, char **argv)
+{
+	unsigned threads, vcpus;
+	struct stage_stats total;
+	struct stage_map_view map;
+	uint64_t bad = 0;
+	int err;
+
+	if (argc != 4) {
+		fprintf(stderr, "usage: staged THREADS ITERS WORK_US\n");
+		return 2;
+	}
+	threads = (unsigned)strtoul(argv[1], NULL, 0);
+	iters = (unsigned)strtoul(argv[2], NULL, 0);
+	work_ns = strtoull(argv[3], NULL, 0) * 1000ull;
+	if (threads == 0 || threads > MAX_THREADS) {
+		fprintf(stderr, "staged: THREADS = %u is not in 1-%d\n", threads, MAX_THREADS);
+		return 2;
+	}
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if ((err = stage_init()) < 0) {
+		fprintf(stderr, "staged: stage_init: %s\n", strerror(-err));
+		return 2;
+	}
+	for (unsigned s = 0; s < NSTAGES; s++)
+		stage_name(s, names[s]);
+	if ((err = stage_register()) < 0) {
+		fprintf(stderr, "staged: stage_register: %s\n", strerror(-err));
+		return 2;
+	}
+	stage_map(&map);
+	vcpus = map.num_vcpus;
+	printf("staged: registered %d stages on %u vCPUs, transport %s\n", NSTAGES, vcpus,
+	       stage_transport());
+
+	bad += phase("static", threads);
+	printf("staged: waiting for policy off\n");
+	if (wait_for_off(vcpus, 60) != 0) {
+		printf("staged: the stage map did not become 'off' in 60 s\n");
+		return 1;
+	}
+	bad += phase("off", threads);
+
+	printf("staged: getppid round trip %.1f us (median of 64)\n", (double)syscall_ns(64) / 1e3);
+	printf("staged: stage_enter without migration %.1f ns (median of 9 x 128)\n",
+	       stage_enter_ns(128));
+	stage_get_stats(&total);
+	printf("staged: total enters");
+	for (unsigned s = 0; s < NSTAGES; s++)
+		printf(" %s=%llu", names[s], (unsigned long long)total.enters[s]);
+	printf(" exits=%llu dropped=%llu\n", (unsigned long long)total.exits,
+	       (unsigned long long)total.dropped);
+	stage_shutdown();
+	return bad ? 1 : 0;
+}

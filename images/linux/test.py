@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""`just test-linux`: boots the Linux test image (images/linux/build.sh) under
+stagevm and checks what images/linux/README.md lists, printing one line per
+check and the time of each step.
+
+    images/linux/test.py [--boots N] [--timeout S]
+
+The VM runs with 2 vCPUs, 128 MiB, a 64 KiB virtio-blk disk of random bytes,
+`--policy static` with budgets for the staged program's stages (parse, plan,
+execute) and an API socket. When the guest prints "staged: waiting for
+policy off", the harness switches the policy with `stagevm-remote policy
+off`. At the end it compares the guest's counts with stagevm's report.
+
+--boots N first measures N boots to user space (`stagevm.test=boot`: /init
+shuts down as soon as it runs) and prints their median against the target
+of 60 s (met / not met: a measurement, run alone; `just bench-linux-boot`).
+
+Exit status: 0 when every check held; 1 when one failed; 2 when the image or
+stagevm is missing.
+"""
+import argparse
+import hashlib
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+OUT = os.environ.get("OUT", os.path.join(REPO, "target", "linux-image"))
+BIN = os.path.join(REPO, "target", "release")
+STAGES = ["parse", "plan", "execute"]
+
+
+def log(msg):
+    print(f"test-linux: {msg}", flush=True)
+
+
+def boot(extra_cmdline, timeout, on_line=None, args=(), tag=""):
+    """Starts stagevm on the image; calls on_line(line, t) for each new serial
+    line (t: seconds since start); returns (exit code, {marker: t}, serial
+    text, stagevm's output). Logs: OUT/serial{tag}.log, serial{tag}-times.log
+    (each line with its wall-clock second), stagevm{tag}.log."""
+    serial = os.path.join(OUT, f"serial{tag}.log")
+    for f in (serial,):
+        if os.path.exists(f):
+            os.remove(f)
+    cmdline = open(os.path.join(OUT, "cmdline")).read().strip() + " " + extra_cmdline
+    cmd = [
+        os.path.join(BIN, "stagevm"),
+        "--kernel", os.path.join(OUT, "vmlinux"),
+        "--initramfs", os.path.join(OUT, "initramfs.cpio"),
+        "--cmdline", cmdline.strip(),
+        "--cpus", "boot=2",
+        "--memory", "size=128M",
+        "--serial", f"file={serial}",
+        "--log-level", "stagevm=info",
+        *args,
+    ]
+    vmmlog = open(os.path.join(OUT, f"stagevm{tag}.log"), "w")
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=vmmlog, stderr=subprocess.STDOUT)
+    seen = 0
+    times = {}
+    text = ""
+    stamped = open(os.path.join(OUT, f"serial{tag}-times.log"), "w")
+    while True:
+        done = proc.poll() is not None
+        t = time.monotonic() - start
+        try:
+            with open(serial, "rb") as f:
+                text = f.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            text = ""
+        lines = text.split("\n")
+        complete = lines if done else lines[:-1]
+        for line in complete[seen:]:
+            line = line.rstrip("\r")
+            m = re.match(r"stagevm-linux: (user space reached|module loaded|staged start|staged done|module unloaded|done)", line)
+            if m and m.group(1) not in times:
+                times[m.group(1)] = t
+            stamped.write(f"{t:7.1f} {line}\n")
+            if on_line:
+                on_line(line, t)
+        seen = len(complete)
+        if done:
+            break
+        if t > timeout:
+            log(f"time limit of {timeout} s: stopping the VM")
+            proc.terminate()
+            proc.wait()
+            break
+        time.sleep(0.2)
+    vmmlog.close()
+    stamped.close()
+    return proc.returncode, times, text, open(os.path.join(OUT, f"stagevm{tag}.log")).read()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--boots", type=int, default=0, help="boots to user space to time first")
+    ap.add_argument("--only-boots", action="store_true", help="time the boots only (just bench-linux-boot)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per boot")
+    opts = ap.parse_args()
+    for f in ("vmlinux", "initramfs.cpio", "cmdline"):
+        if not os.path.exists(os.path.join(OUT, f)):
+            log(f"{OUT}/{f} is missing: run images/linux/build.sh")
+            return 2
+    for b in ("stagevm", "stagevm-remote"):
+        if not os.path.exists(os.path.join(BIN, b)):
+            log(f"{BIN}/{b} is missing: cargo build --release -p stagevm")
+            return 2
+
+    failed = []
+
+    def check(ok, what):
+        print(f"  {'ok  ' if ok else 'FAIL'} {what}", flush=True)
+        if not ok:
+            failed.append(what)
+
+    boot_times = []
+    for i in range(opts.boots):
+        code, times, _, _ = boot("stagevm.test=boot", opts.timeout, tag=f"-boot{i + 1}")
+        t = times.get("user space reached")
+        log(f"boot {i + 1}/{opts.boots}: user space after {t:.1f} s, exit {code}" if t else f"boot {i + 1}: user space not reached (exit {code})")
+        if t is not None and code == 0:
+            boot_times.append(t)
+    if opts.boots:
+        # A measurement, not a check: timing depends on the machine's load.
+        med = statistics.median(boot_times) if boot_times else float("nan")
+        met = "met" if len(boot_times) == opts.boots and med <= 60 else "not met"
+        log(f"boot to user space: median {med:.1f} s of {len(boot_times)} boot(s) "
+            f"({', '.join(f'{t:.1f}' for t in boot_times)}); target <= 60 s: {met}; "
+            f"background load {os.getloadavg()[0]:.2f} at the end")
+        if len(boot_times) < opts.boots:
+            check(False, f"{opts.boots - len(boot_times)} boot(s) did not reach user space")
+        if opts.only_boots:
+            return 1 if failed else 0
+
+    disk = os.path.join(OUT, "disk.img")
+    with open(disk, "wb") as f:
+        f.write(os.urandom(64 << 10))
+    disk_sha = hashlib.sha256(open(disk, "rb").read()).hexdigest()
+    stages_toml = os.path.join(OUT, "stages.toml")
+    with open(stages_toml, "w") as f:
+        f.write('[policy]\nname = "static"\n' + "".join(f'[[stage]]\nname = "{s}"\n' for s in STAGES))
+    sock = os.path.join(OUT, "api.sock")
+    report_path = os.path.join(OUT, "report.json")
+    for p in (report_path,):
+        if os.path.exists(p):
+            os.remove(p)
+    switched = {}
+
+    def on_line(line, t):
+        if line.startswith(("stagevm-linux:", "staged:", "hostile:")):
+            print(f"  [{t:6.1f} s] {line}", flush=True)
+        if "staged: waiting for policy off" in line and not switched:
+            r = subprocess.run([os.path.join(BIN, "stagevm-remote"), "--api-socket", sock, "policy", "off"],
+                               capture_output=True, text=True)
+            switched["t"] = t
+            switched["out"] = (r.returncode, r.stdout.strip() + r.stderr.strip())
+            print(f"  [{t:6.1f} s] stagevm-remote policy off: exit {r.returncode} {r.stdout.strip()}{r.stderr.strip()}", flush=True)
+
+    log("booting the test image: 2 vCPUs, --policy static, a 64 KiB disk, API socket")
+    code, times, serial, vmm = boot("", opts.timeout, on_line, [
+        "--disk", f"path={disk},readonly=on",
+        "--stages", stages_toml,
+        "--api-socket", sock,
+        "--report", report_path,
+    ])
+    report = json.load(open(report_path)) if os.path.exists(report_path) else {}
+
+    print("checks:")
+    check("user space reached" in times, "user space reached")
+    check(re.search(r"^stagevm-linux: user space reached", serial, re.M) is not None,
+          "user-space output on the serial console (ACPI on, 2 vCPUs)")
+    m = re.search(r"disk /dev/vda sha256 ([0-9a-f]{64})", serial)
+    check(m is not None and m.group(1) == disk_sha, f"the guest read its virtio-blk disk (sha256 {disk_sha[:16]}...)")
+    check("module loaded" in times and "/dev/stagevm present" in serial, "module loaded, /dev/stagevm present")
+    hostile = re.findall(r"^hostile: (.*): (ok|FAILED) ", serial, re.M) + re.findall(r"^hostile: (a process exiting mid-stage): (ok|FAILED)", serial, re.M)
+    check(len(hostile) >= 15 and all(r == "ok" for _, r in hostile),
+          f"hostile sequence: {sum(r == 'ok' for _, r in hostile)}/{len(hostile)} cases held")
+    m = re.search(r"kernel log: (\d+) oops/BUG/WARNING lines", serial)
+    check(m is not None and m.group(1) == "0", "no oops, BUG or WARNING in the kernel log")
+    check("REGISTER: stage 'parse': unknown stage; the guest declared hostile-a, hostile-b" in vmm,
+          "a guest registering stage names the config does not list keeps running (warning logged)")
+    check(re.search(r"^staged: registered 3 stages", serial, re.M) is not None, "REGISTER accepted")
+    phases = {}
+    for m in re.finditer(r"^staged: phase (\w+): .*?; enters (.*?); affinity_calls (\d+) cpu_changes (\d+) dropped (\d+) violations (\d+) errors (\d+)", serial, re.M):
+        enters = dict(kv.split("=") for kv in m.group(2).split())
+        phases[m.group(1)] = dict(enters={k: int(v) for k, v in enters.items()}, affinity=int(m.group(3)),
+                                  cpu_changes=int(m.group(4)), dropped=int(m.group(5)),
+                                  violations=int(m.group(6)), errors=int(m.group(7)))
+    st, off = phases.get("static"), phases.get("off")
+    check(st is not None and st["affinity"] > 0, f"migrations under static: {st and st['affinity']} affinity calls, {st and st['cpu_changes']} vCPU changes")
+    check(off is not None and off["affinity"] == 0, f"no staging migrations under off: {off and off['affinity']} affinity calls ({off and off['cpu_changes']} vCPU changes by the guest's own scheduler)")
+    check(bool(st and off) and st["violations"] == 0 and off["violations"] == 0 and st["errors"] == 0 and off["errors"] == 0,
+          "every stage ran only on vCPUs the stage map gave it (0 violations)")
+    check("out" in switched and switched["out"][0] == 0, "policy switched to off through the API socket")
+    timeline = report.get("sched", {}).get("timeline", [])
+    check(any(e.get("source") == "api" and "policy off" in (e.get("decision") or "") for e in timeline),
+          "the timeline records the change with source api")
+    # Guest counts against the VMM's report.
+    m = re.search(r"^staged: total enters (.*) exits=(\d+) dropped=(\d+)", serial, re.M)
+    guest = {}
+    if m:
+        guest = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+        guest_dropped = int(m.group(3))
+    channel = report.get("stage_channel") or {}
+    host = {s["name"]: s["events"] for s in channel.get("stages", [])}
+    print("  stage        guest enters   VMM events")
+    for s in STAGES:
+        print(f"  {s:<12} {guest.get(s, '-'):>12} {host.get(s, '-'):>12}")
+    check(bool(guest) and all(guest.get(s) == host.get(s) for s in STAGES) and guest_dropped == 0 and channel.get("dropped") == 0,
+          f"guest per-stage counts equal the VMM's report, 0 drops (VMM dropped {channel.get('dropped')})")
+    check("module unloaded" in times, "module unloaded")
+    check(code == 0, f"exit status 0 (got {code})")
+
+    def step(a, b):
+        return f"{times[b] - times[a]:.1f} s" if a in times and b in times else "-"
+    bt = open(os.path.join(OUT, "build-times")).read().strip() if os.path.exists(os.path.join(OUT, "build-times")) else ""
+    print("steps:")
+    print(f"  build (this run)      {bt}")
+    print(f"  boot to user space    {times['user space reached']:.1f} s" if "user space reached" in times else "  boot to user space    -")
+    print(f"  to module loaded      {step('user space reached', 'module loaded')}")
+    print(f"  staged run            {step('staged start', 'staged done')}")
+    print(f"  whole VM              {times.get('done', float('nan')):.1f} s")
+    for line in re.findall(r"^staged: (getppid.*|stage_enter.*)$", serial, re.M):
+        print(f"  guest: {line}")
+    if failed:
+        log(f"{len(failed)} check(s) failed; serial log {OUT}/serial.log, stagevm log {OUT}/stagevm.log")
+        return 1
+    log("all checks held")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
