@@ -188,7 +188,8 @@ pub fn plot_report(report: &Report, out_dir: &Path, prefix: &str) -> anyhow::Res
     let mut written = Vec::new();
     for (suffix, label, get) in METRICS {
         let path = out_dir.join(format!("{prefix}-{suffix}.png"));
-        let width = 60 + 420 * slices.len() as u32;
+        // At least 960 px: the title names the metric and the trace file.
+        let width = (60 + 420 * slices.len() as u32).max(960);
         let title = format!("{label} — {trace_name}");
         render_png(&path, (width, 480), &title, slices.len(), |i, panel| {
             draw_panel(panel, rows, &cores, slices[i], &policies, get)
@@ -384,7 +385,7 @@ pub fn plot_sweep(report: &Report, out_dir: &Path, prefix: &str) -> anyhow::Resu
             .filter_map(|r| sweep.value(r, cpu))
             .fold(1.0f64, f64::max)
             * 1.1;
-        let width = 60 + 520 * cores.len() as u32;
+        let width = (60 + 520 * cores.len() as u32).max(960);
         let title = format!("{what} relative to baseline vs migration cost — {trace_name}");
         render_png(&path, (width, 520), &title, cores.len(), |i, panel| {
             sweep.draw_panel(panel, cores[i], cpu, ymax)
