@@ -3,14 +3,13 @@
 # target/linux-image):
 #   vmlinux          the minimal kernel of kernel.sh (cached by source version,
 #                    config fragment and patches)
-#   initramfs.cpio   uncompressed newc cpio: busybox-static, /init, and the
-#                    guest agent built against that kernel: stagevm_agent.ko
-#                    and stagevm-tools, one static binary (multicall.c) that is
-#                    the staged test program and the hostile sequence (linked
-#                    with libstage), stagevm-exit and stagectl
+#   initramfs.cpio   uncompressed newc cpio: the guest agent built against
+#                    that kernel: stagevm_agent.ko and stagevm-tools, one
+#                    static binary (multicall.c) that is /init (init.c), the
+#                    staged test program and the hostile sequence (linked with
+#                    libstage), stagevm-exit and stagectl
 #   cmdline          the kernel command line (README.md says why each word)
-# Prints the step times. Needs apt (busybox-static is downloaded, not
-# installed), gcc with static glibc, cpio.
+# Prints the step times. Needs gcc with static glibc and cpio.
 #
 # Environment: OUT=dir, STAGED_ARGS="THREADS ITERS WORK_US" (default
 # "2 100 100": the staged program's threads, requests per phase and µs of
@@ -54,7 +53,7 @@ make -s -C "$repo/guest-agent/linux/libstage" BUILD="$agent/libstage" all >/dev/
 inc=(-I"$repo/guest-agent/linux/libstage" -I"$repo/guest-agent/linux/include" -I"$repo/hypercall-abi/include")
 cflags=(-O2 -pthread -Wall -Wextra -Werror "${inc[@]}")
 objs=()
-for src in "$here/staged.c" "$here/hostile.c" "$here/stagevm-exit.c" "$repo/guest-agent/linux/stagectl/stagectl.c" "$here/multicall.c"; do
+for src in "$here/init.c" "$here/staged.c" "$here/hostile.c" "$here/stagevm-exit.c" "$repo/guest-agent/linux/stagectl/stagectl.c" "$here/multicall.c"; do
     name="$(basename "$src" .c)"
     def=()
     [ "$name" = multicall ] || def=(-Dmain="${name//-/_}_main")
@@ -65,31 +64,23 @@ gcc -static -pthread -o "$agent/stagevm-tools" "${objs[@]}" "$agent/libstage/lib
 agent_s=$(($(date +%s) - t1))
 
 # --- initramfs ---------------------------------------------------------------
-(
-    cd "$out/debs"
-    ls busybox-static_*.deb >/dev/null 2>&1 || {
-        log "apt-get download busybox-static"
-        apt-get download -q busybox-static 2>&1 | grep -v '^W: Download is performed unsandboxed' >&2 || true
-    }
-    ls busybox-static_*.deb >/dev/null 2>&1 || { log "download of busybox-static failed"; exit 1; }
-)
+# Only stagevm-tools and the module: /init is init.c (no busybox: every byte
+# is unpacked by emulated kernel code, and every shell fork is emulated too).
 root="$out/initramfs"
 rm -rf "$root"
-mkdir -p "$root"/{bin,dev,proc,sys,tmp,lib/stagevm}
-dpkg-deb --fsys-tarfile "$out"/debs/busybox-static_*.deb | tar -x -C "$out" ./bin/busybox
-mv "$out/bin/busybox" "$root/bin/busybox" && rmdir "$out/bin"
-install -m 755 "$here/init" "$root/init"
-install -m 644 "$agent/module/stagevm_agent.ko" "$root/lib/stagevm/"
+mkdir -p "$root"/{bin,dev,proc,sys,lib/stagevm}
 install -m 755 "$agent/stagevm-tools" "$root/bin/"
 strip "$root/bin/stagevm-tools"
 for prog in staged hostile stagevm-exit stagectl; do ln -s stagevm-tools "$root/bin/$prog"; done
+ln -s bin/stagevm-tools "$root/init"
+install -m 644 "$agent/module/stagevm_agent.ko" "$root/lib/stagevm/"
 strip --strip-debug "$root/lib/stagevm/stagevm_agent.ko"
 echo "${STAGED_ARGS:-2 100 100}" > "$root/lib/stagevm/staged-args"
 (cd "$root" && find . -print0 | sort -z | cpio --null -o -H newc --owner=0:0 --quiet) > "$out/initramfs.cpio"
 
 # --- command line ------------------------------------------------------------
 # Every word and why: images/linux/README.md.
-echo "console=ttyS0 earlyprintk=serial,ttyS0,115200 noxsave clearcpuid=151,308 pci=off io_delay=none tsc=reliable no_timer_check nowatchdog rcupdate.rcu_cpu_stall_suppress=1 8250.nr_uarts=1 rdinit=/init" > "$out/cmdline"
+echo "console=ttyS0 earlyprintk=serial,ttyS0,115200 noxsave clearcpuid=151,308 pci=off io_delay=none tsc=reliable no_timer_check nowatchdog rcupdate.rcu_cpu_stall_suppress=1 8250.nr_uarts=1 quiet rdinit=/init" > "$out/cmdline"
 
 log "kernel $(basename "$kdir") (${kernel_s} s), agent (${agent_s} s): vmlinux $(stat -c %s "$out/vmlinux") bytes, initramfs $(stat -c %s "$out/initramfs.cpio") bytes (uncompressed: decompression would be emulated kernel code)"
 echo "kernel_s=$kernel_s agent_s=$agent_s" > "$out/build-times"

@@ -4,8 +4,9 @@
 #   vmlinux          the kernel (ELF with the PVH entry note stagevm boots)
 #   linux/           the configured and built tree (KDIR for the agent module)
 #   build.log        make's output
-# <key> is a hash of the source version, images/linux/kernel/stagevm.config
-# and images/linux/kernel/*.patch: a change to any of them builds anew (and
+# <key> is a hash of the source version, the settings of
+# images/linux/kernel/stagevm.config (not its comments) and
+# images/linux/kernel/*.patch: a change to any of them builds anew (and
 # removes the older trees); otherwise nothing is done. Prints the tree's path
 # on stdout.
 #
@@ -37,7 +38,8 @@ version="$(dpkg-query -W -f '${Version}' "$pkg")"
 tarball="$(dpkg -L "$pkg" | grep -E '/usr/src/linux-source-[^/]*\.tar\.(xz|bz2|gz)$' | head -n 1)"
 [ -f "$tarball" ] || { log "$pkg has no source tarball in /usr/src"; exit 1; }
 
-key="$( { echo "$pkg $version"; cat "$fragment"; cat "$here"/kernel/*.patch; } | sha256sum | cut -c1-12)"
+# The fragment's settings (not its comments) and the patches make the key.
+key="$( { echo "$pkg $version"; grep -E '^CONFIG_|^# CONFIG_.* is not set' "$fragment"; cat "$here"/kernel/*.patch; } | sha256sum | cut -c1-12)"
 dir="$out/$version-$key"
 if [ -f "$dir/vmlinux" ]; then
     log "cached: $dir/vmlinux ($pkg $version, config and patches $key)"

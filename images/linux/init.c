@@ -1,0 +1,217 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * /init of the stagevm Linux test image (images/linux/build.sh links it into
+ * stagevm-tools, multicall.c). A C program rather than a busybox script: the
+ * initramfs then holds no busybox (2 MB the kernel would unpack with emulated
+ * instructions, ~8 s per MB here) and no shell forks.
+ *
+ * Reports each step on the serial console as "stagevm-linux: ... (uptime
+ * S s)" lines, read by images/linux/test.py, and ends the VM through
+ * stagevm's shutdown port with a status: 0 when every step held.
+ *
+ * Kernel command line: stagevm.test=boot stops after user space is reached
+ * (the boot-time measurement); otherwise the whole sequence runs: a CRC-32
+ * of /dev/vda, insmod, the hostile sequence, the staged program (static,
+ * then off: the harness switches the policy through the API socket), rmmod,
+ * the kernel log's oops count.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/klog.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MODULE_PATH "/lib/stagevm/stagevm_agent.ko"
+#define STAGED_ARGS "/lib/stagevm/staged-args"
+
+int stagevm_exit_main(int argc, char **argv);
+
+static int status;
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+	char up[32] = "?";
+	int fd = open("/proc/uptime", O_RDONLY);
+	va_list ap;
+
+	if (fd >= 0) {
+		ssize_t n = read(fd, up, sizeof(up) - 1);
+
+		up[n > 0 ? n : 0] = 0;
+		up[strcspn(up, " \n")] = 0;
+		close(fd);
+	}
+	printf("stagevm-linux: ");
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf(" (uptime %s s)\n", up);
+	fflush(stdout);
+}
+
+static void fail(const char *what)
+{
+	say("FAILED: %s", what);
+	status = 1;
+}
+
+/* Runs /bin/NAME with `argv` (the multi-call binary under that name);
+ * returns its exit status, 128 + signal when killed. */
+static int run(const char *name, char *const argv[])
+{
+	char path[64];
+	pid_t pid;
+	int st;
+
+	snprintf(path, sizeof(path), "/bin/%s", name);
+	pid = fork();
+	if (pid == 0) {
+		execv(path, argv);
+		_exit(127);
+	}
+	if (pid < 0 || waitpid(pid, &st, 0) != pid)
+		return 127;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* CRC-32 (IEEE 802.3, as zlib's crc32) of the whole file, or -1. */
+static int64_t crc32_file(const char *path)
+{
+	static unsigned char buf[65536];
+	uint32_t crc = 0xffffffff;
+	int fd = open(path, O_RDONLY);
+	ssize_t n;
+
+	if (fd < 0)
+		return -1;
+	while ((n = read(fd, buf, sizeof(buf))) > 0)
+		for (ssize_t i = 0; i < n; i++) {
+			crc ^= buf[i];
+			for (int b = 0; b < 8; b++)
+				crc = (crc >> 1) ^ (0xedb88320u & -(crc & 1));
+		}
+	close(fd);
+	return n < 0 ? -1 : (int64_t)(crc ^ 0xffffffff);
+}
+
+/* Lines of the kernel log that report an oops, BUG, WARNING or trace. */
+static int kernel_log_problems(void)
+{
+	static char log[1 << 17];
+	const char *pat[] = { "Oops", "BUG:", "WARNING:", "general protection", "Call Trace" };
+	int n = klogctl(3 /* SYSLOG_ACTION_READ_ALL */, log, sizeof(log) - 1), count = 0;
+
+	if (n < 0)
+		return -1;
+	log[n] = 0;
+	for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n"))
+		for (size_t i = 0; i < sizeof(pat) / sizeof(pat[0]); i++)
+			if (strstr(line, pat[i])) {
+				count++;
+				break;
+			}
+	return count;
+}
+
+static int cmdline_has(const char *word)
+{
+	char line[4096], *tok;
+	int fd = open("/proc/cmdline", O_RDONLY);
+	ssize_t n = fd >= 0 ? read(fd, line, sizeof(line) - 1) : -1;
+
+	if (fd >= 0)
+		close(fd);
+	line[n > 0 ? n : 0] = 0;
+	for (tok = strtok(line, " \n"); tok; tok = strtok(NULL, " \n"))
+		if (!strcmp(tok, word))
+			return 1;
+	return 0;
+}
+
+static void shut_down(void)
+{
+	char code[8];
+	char *argv[] = { "stagevm-exit", code, NULL };
+
+	snprintf(code, sizeof(code), "%d", status);
+	say("done, exit %d", status);
+	stagevm_exit_main(2, argv);
+	/* Not reached under stagevm; PID 1 must not exit. */
+	for (;;)
+		pause();
+}
+
+int init_main(void)
+{
+	char args[128] = "2 100 100", *staged_argv[8] = { "staged" };
+	int fd, argc = 1;
+	int64_t crc;
+
+	mount("proc", "/proc", "proc", 0, NULL);
+	mount("sysfs", "/sys", "sysfs", 0, NULL);
+	mount("devtmpfs", "/dev", "devtmpfs", 0, NULL);
+	if (fcntl(1, F_GETFD) < 0 && (fd = open("/dev/console", O_RDWR)) >= 0) {
+		dup2(fd, 0), dup2(fd, 1), dup2(fd, 2);
+		if (fd > 2)
+			close(fd);
+	}
+	say("user space reached");
+	say("%ld CPUs", sysconf(_SC_NPROCESSORS_ONLN));
+	if (cmdline_has("stagevm.test=boot"))
+		shut_down();
+
+	crc = crc32_file("/dev/vda");
+	if (crc < 0)
+		fail("cannot read /dev/vda");
+	else
+		say("disk /dev/vda crc32 %08llx", (unsigned long long)crc);
+
+	fd = open(MODULE_PATH, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0 && syscall(SYS_finit_module, fd, "", 0) == 0)
+		say("module loaded");
+	else
+		fail("insmod stagevm_agent.ko");
+	if (fd >= 0)
+		close(fd);
+	if (access("/dev/stagevm", F_OK) == 0)
+		say("/dev/stagevm present");
+	else
+		fail("no /dev/stagevm");
+
+	if (run("hostile", (char *const[]){ "hostile", NULL }) != 0)
+		fail("hostile sequence");
+	say("hostile done");
+
+	fd = open(STAGED_ARGS, O_RDONLY);
+	if (fd >= 0) {
+		ssize_t n = read(fd, args, sizeof(args) - 1);
+
+		args[n > 0 ? n : 0] = 0;
+		close(fd);
+	}
+	for (char *tok = strtok(args, " \n"); tok && argc < 7; tok = strtok(NULL, " \n"))
+		staged_argv[argc++] = tok;
+	staged_argv[argc] = NULL;
+	say("staged start");
+	if (run("staged", staged_argv) != 0)
+		fail("staged");
+	say("staged done");
+
+	if (syscall(SYS_delete_module, "stagevm_agent", O_NONBLOCK) == 0)
+		say("module unloaded");
+	else
+		fail("rmmod stagevm_agent");
+	say("kernel log: %d oops/BUG/WARNING lines", kernel_log_problems());
+	shut_down();
+	return 0;
+}
