@@ -159,7 +159,11 @@ fn config_stage_the_guest_does_not_declare() {
     let _lock = vm_lock();
     let path = std::env::temp_dir().join(format!("stagevm-undeclared-{}.toml", std::process::id()));
     let report = path.with_extension("json");
-    std::fs::write(&path, "[policy]\nname = \"static\"\n[[stage]]\nname = \"commit\"\n").unwrap();
+    std::fs::write(
+        &path,
+        "[policy]\nname = \"static\"\n[[stage]]\nname = \"commit\"\n",
+    )
+    .unwrap();
     let run = run(&[
         "--kernel",
         guest.to_str().unwrap(),
@@ -181,13 +185,20 @@ fn config_stage_the_guest_does_not_declare() {
     let sched = &json["sched"];
     assert_eq!(sched["policy"], "static", "{sched}");
     assert!(
-        sched["warnings"].as_array().unwrap().iter().any(|w| w.as_str() == Some(warning)),
+        sched["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str() == Some(warning)),
         "{sched}"
     );
     // The guest's stages were served: events counted for each of them.
     let stages = json["stage_channel"]["stages"].as_array().unwrap();
     assert_eq!(stages.len(), 3, "{text}");
-    assert!(stages.iter().all(|s| s["events"].as_u64().unwrap() > 0), "{text}");
+    assert!(
+        stages.iter().all(|s| s["events"].as_u64().unwrap() > 0),
+        "{text}"
+    );
 }
 
 #[test]

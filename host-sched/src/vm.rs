@@ -112,7 +112,9 @@ pub fn guest_policy(
             Err(e) => warnings.push(format!("{e}: the guest's stages are served by policy off")),
         }
     } else {
-        warnings.push(format!("{first}: the guest's stages are served by policy off"));
+        warnings.push(format!(
+            "{first}: the guest's stages are served by policy off"
+        ));
     }
     // Default budgets (min 0, max every stage core, weight 1) always fit.
     kept.policy = PolicyKind::Off;

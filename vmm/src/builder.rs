@@ -475,8 +475,8 @@ fn write_boot_structures(
             })
             .collect(),
     };
-    let rsdp = crate::arch::x86_64::acpi::write_tables(memory, num_vcpus, &devices)
-        .map_err(memory_err)?;
+    let rsdp =
+        crate::arch::x86_64::acpi::write_tables(memory, num_vcpus, &devices).map_err(memory_err)?;
     match boot.setup_header {
         Some(hdr) => {
             linux::write_bzimage(memory, size, hdr, cmdline.len(), boot.initramfs_at, rsdp)

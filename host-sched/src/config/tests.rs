@@ -131,7 +131,11 @@ fn guest_policy_never_fails_on_guest_stage_names() {
     let (p, w) = guest_policy(&r, 4, &guest);
     assert_eq!(p.kind(), PolicyKind::Static);
     assert_eq!(w.len(), 1, "{w:?}");
-    assert!(w[0].contains("stage 'commit': unknown stage") && w[0].contains("budgets of commit are left out"), "{w:?}");
+    assert!(
+        w[0].contains("stage 'commit': unknown stage")
+            && w[0].contains("budgets of commit are left out"),
+        "{w:?}"
+    );
     // Still does not fit after that (max budgets use 2 of 4 cores): off.
     let r = resolve_text(
         "[policy]\nname = \"static\"\n[[stage]]\nname = \"parse\"\nmax_cores = 1\n[[stage]]\nname = \"plan\"\nmax_cores = 1",
@@ -144,7 +148,10 @@ fn guest_policy_never_fails_on_guest_stage_names() {
     let hostile = vec!["\u{1b}[31m".to_string()];
     let (p, w) = guest_policy(&r, 4, &hostile);
     assert_eq!(p.kind(), PolicyKind::Static);
-    assert!(w[0].contains("budgets of parse, plan are left out"), "{w:?}");
+    assert!(
+        w[0].contains("budgets of parse, plan are left out"),
+        "{w:?}"
+    );
 }
 
 #[test]

@@ -469,7 +469,10 @@ mod tests {
         assert!(find(&mem).is_some());
         // Only the devices asked for.
         assert!(dsdt(&Devices::default()).len() == 36);
-        let only_serial = dsdt(&Devices { serial: Some((0x3f8, 4)), virtio_mmio: vec![] });
+        let only_serial = dsdt(&Devices {
+            serial: Some((0x3f8, 4)),
+            virtio_mmio: vec![],
+        });
         assert!(!only_serial.windows(4).any(|w| w == b"VR00"));
     }
 }
