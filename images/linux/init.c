@@ -28,6 +28,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #define MODULE_PATH "/lib/stagevm/stagevm_agent.ko"
@@ -145,6 +146,9 @@ static void shut_down(void)
 
 	snprintf(code, sizeof(code), "%d", status);
 	say("done, exit %d", status);
+	/* The console may still hold the last lines: send them before the VM
+	 * ends (a write returns once the tty has the bytes, not the UART). */
+	tcdrain(1);
 	stagevm_exit_main(2, argv);
 	/* Not reached under stagevm; PID 1 must not exit. */
 	for (;;)

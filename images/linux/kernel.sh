@@ -28,11 +28,18 @@ jobs="${JOBS:-$(nproc)}"
 fragment="$here/kernel/stagevm.config"
 log() { echo "linux-kernel: $*" >&2; }
 
-if ! dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed'; then
-    log "installing $pkg and the kernel's build dependencies"
+# The source package and what building a kernel needs, each checked.
+deps=()
+dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || deps+=("$pkg")
+for tool in gcc:build-essential make:build-essential bc:bc bison:bison flex:flex xz:xz-utils python3:python3; do
+    command -v "${tool%%:*}" >/dev/null 2>&1 || deps+=("${tool#*:}")
+done
+[ -f /usr/include/gelf.h ] || deps+=(libelf-dev)
+[ -f /usr/include/openssl/opensslv.h ] || deps+=(libssl-dev)
+if [ ${#deps[@]} -gt 0 ]; then
+    log "installing ${deps[*]}"
     apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-        "$pkg" build-essential bc bison flex libelf-dev libssl-dev xz-utils python3 >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${deps[@]}" >/dev/null
 fi
 version="$(dpkg-query -W -f '${Version}' "$pkg")"
 tarball="$(dpkg -L "$pkg" | grep -E '/usr/src/linux-source-[^/]*\.tar\.(xz|bz2|gz)$' | head -n 1)"
@@ -81,7 +88,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     exit 1
 fi
 
-log "building vmlinux with $jobs jobs (about 3 minutes on 2 cores; log: $dir/build.log)"
+log "building vmlinux with $jobs jobs (about 5 minutes on 2 cores; log: $dir/build.log)"
 if ! make -C "$tree" -j"$jobs" vmlinux modules > "$dir/build.log" 2>&1; then
     tail -n 30 "$dir/build.log" >&2
     log "build failed: $dir/build.log"

@@ -247,8 +247,8 @@ int main(int argc, char **argv)
 	}
 	stage_map(&map);
 	vcpus = map.num_vcpus;
-	printf("staged: registered %d stages on %u vCPUs, transport %s\n", NSTAGES, vcpus,
-	       stage_transport());
+	printf("staged: registered %d stages on %u vCPUs (stage map epoch %llu)\n", NSTAGES, vcpus,
+	       (unsigned long long)map.epoch);
 
 	bad += phase("static", threads);
 	printf("staged: waiting for policy off\n");
