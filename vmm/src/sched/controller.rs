@@ -349,8 +349,9 @@ impl Controller {
             _ => {
                 let (policy, warnings) =
                     host_sched::vm::guest_policy(&self.vm.resolved, self.num_vcpus, names);
+                // A guest may REGISTER in a loop: rate-limited.
                 for w in &warnings {
-                    tracing::warn!("REGISTER: {w}");
+                    crate::guest_warn!("REGISTER: {w}");
                 }
                 self.guest_warnings = warnings;
                 policy
