@@ -183,9 +183,23 @@ fn tool(name: &str, args: &[&str], dir: &Path) {
     );
 }
 
+/// The PVH guest, built once per test binary: the tests run in parallel
+/// and share the scratch directory, so building it per test raced (one
+/// test read `pvh.elf` while another rewrote it: "no ELF magic").
+fn pvh_guest() -> PathBuf {
+    static GUEST: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    GUEST.get_or_init(build_pvh_guest).clone()
+}
+
+/// The bzImage guest, built once per test binary (see [`pvh_guest`]).
+fn bzimage_guest() -> PathBuf {
+    static GUEST: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    GUEST.get_or_init(build_bzimage_guest).clone()
+}
+
 /// Assembles and links the PVH guest: an ELF64 with a PVH note, loaded at
 /// 1 MiB.
-fn pvh_guest() -> PathBuf {
+fn build_pvh_guest() -> PathBuf {
     let dir = scratch();
     let source = PVH_GUEST.replace("SERIAL", &serial_helpers("%esi", "%ecx"));
     std::fs::write(dir.join("pvh.S"), source).unwrap();
@@ -214,7 +228,7 @@ fn pvh_guest() -> PathBuf {
 
 /// Builds a bzImage: one 512-byte setup sector after the boot sector with a
 /// 2.15 setup header (LOADED_HIGH, XLF_KERNEL_64), then the payload.
-fn bzimage_guest() -> PathBuf {
+fn build_bzimage_guest() -> PathBuf {
     let dir = scratch();
     let source = BZIMAGE_GUEST.replace("SERIAL", &serial_helpers("%rsi", "%rcx"));
     std::fs::write(dir.join("bz.S"), source).unwrap();
