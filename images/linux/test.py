@@ -121,6 +121,9 @@ def main():
         if not ok:
             failed.append(what)
 
+    # The 1-minute load before any VM of ours runs: a benchmark means
+    # nothing while something else runs.
+    load_before = os.getloadavg()[0]
     boot_times = []
     for i in range(opts.boots):
         code, times, _, _ = boot("stagevm.test=boot", opts.timeout, tag=f"-boot{i + 1}")
@@ -134,7 +137,7 @@ def main():
         met = "met" if len(boot_times) == opts.boots and med <= 60 else "not met"
         log(f"boot to user space: median {med:.1f} s of {len(boot_times)} boot(s) "
             f"({', '.join(f'{t:.1f}' for t in boot_times)}); target <= 60 s: {met}; "
-            f"background load {os.getloadavg()[0]:.2f} at the end")
+            f"background load before the boots {load_before:.2f}")
         if len(boot_times) < opts.boots:
             check(False, f"{opts.boots - len(boot_times)} boot(s) did not reach user space")
         if opts.only_boots:
