@@ -262,26 +262,41 @@ impl<'a> Replay<'a> {
                     return;
                 }
                 let lim = self.acct.limit(u64::MAX);
-                let mut delta = Counters::default();
-                let thread = &mut self.sched.threads[t];
-                let stage = thread.stage;
-                let stop = run_chunk(
-                    events,
-                    &mut thread.pos,
-                    lim,
-                    &mut self.sched.cores[0].caches,
-                    self.l3.as_mut(),
-                    self.shift,
-                    &mut delta,
-                );
-                self.sched.cores[0].clock += self.cfg.model.cycles(&delta);
-                self.acct.record(0, stage, &delta, progress);
-                self.acct.pass_warmup(&self.sched.cores);
-                if let Stop::Stage(raw) = stop {
-                    thread.stage = self.lookup[raw.min(self.lookup.len() - 1)];
+                if let (Stop::Stage(raw), _, _) = self.run_step(0, t, events, lim, progress) {
+                    self.sched.threads[t].stage = self.lookup[raw.min(self.lookup.len() - 1)];
                 }
             }
         }
+    }
+
+    /// Runs one chunk of thread `t`'s `events` on core `k`, at most `lim`
+    /// instructions (up to its next stage marker), and charges it: the
+    /// core's clock and the accounting (warm-up included). Returns where the
+    /// chunk stopped, its counters and the stage it ran in.
+    fn run_step(
+        &mut self,
+        k: usize,
+        t: usize,
+        events: &[u64],
+        lim: u64,
+        progress: &mut dyn FnMut(u64),
+    ) -> (Stop, Counters, usize) {
+        let mut delta = Counters::default();
+        let thread = &mut self.sched.threads[t];
+        let stage = thread.stage;
+        let stop = run_chunk(
+            events,
+            &mut thread.pos,
+            lim,
+            &mut self.sched.cores[k].caches,
+            self.l3.as_mut(),
+            self.shift,
+            &mut delta,
+        );
+        self.sched.cores[k].clock += self.cfg.model.cycles(&delta);
+        self.acct.record(k, stage, &delta, progress);
+        self.acct.pass_warmup(&self.sched.cores);
+        (stop, delta, stage)
     }
 
     /// Runs thread `t` on core `k` for up to one slice, in chunks that end
@@ -295,24 +310,10 @@ impl<'a> Replay<'a> {
             if let Some(p) = &self.plans {
                 lim = lim.min(p.next_period.saturating_sub(self.acct.executed).max(1));
             }
-            let mut delta = Counters::default();
-            let thread = &mut self.sched.threads[t];
-            let stage = thread.stage;
-            let stop = run_chunk(
-                events,
-                &mut thread.pos,
-                lim,
-                &mut self.sched.cores[k].caches,
-                self.l3.as_mut(),
-                self.shift,
-                &mut delta,
-            );
+            let (stop, delta, stage) = self.run_step(k, t, events, lim, progress);
             let done = delta.instrs;
-            thread.visit += done;
+            self.sched.threads[t].visit += done;
             budget = budget.saturating_sub(done);
-            self.sched.cores[k].clock += self.cfg.model.cycles(&delta);
-            self.acct.record(k, stage, &delta, progress);
-            self.acct.pass_warmup(&self.sched.cores);
             if let Some(p) = &mut self.plans {
                 p.load[stage] += done;
                 p.tick(
