@@ -372,14 +372,13 @@ fn attach_disks(
                 "{len} bytes is smaller than one 512-byte sector"
             )));
         }
-        let base = virtio::MMIO_BASE + i as u64 * virtio::MMIO_SIZE;
+        let (base, gsi) = virtio::slot(i);
         let mut block = virtio::MmioBlock::new(
             format!("blk{i}"),
             path.clone(),
             base,
             virtio::block::Block::new(file, len, disk.readonly),
         )?;
-        let gsi = virtio::FIRST_IRQ + i as u32;
         if linux_boot {
             let irq = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK)?;
             vm_fd
@@ -468,10 +467,10 @@ fn write_boot_structures(
     linux::write_common(memory, cmdline).map_err(memory_err)?;
     let devices = crate::arch::x86_64::acpi::Devices {
         serial: Some((hypercall_abi::platform::SERIAL_PORT_BASE, linux::SERIAL_GSI)),
-        virtio_mmio: (0..config.disks.len() as u64)
+        virtio_mmio: (0..config.disks.len())
             .map(|i| {
-                let base = virtio::MMIO_BASE + i * virtio::MMIO_SIZE;
-                (base, virtio::MMIO_SIZE as u32, virtio::FIRST_IRQ + i as u32)
+                let (base, gsi) = virtio::slot(i);
+                (base, virtio::MMIO_SIZE as u32, gsi)
             })
             .collect(),
     };

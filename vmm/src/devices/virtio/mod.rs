@@ -44,6 +44,17 @@ pub const MMIO_BASE: u64 = 0xd000_0000;
 pub const MMIO_SIZE: u64 = 0x1000;
 /// First (nominal) interrupt line announced on the command line.
 pub const FIRST_IRQ: u32 = 5;
+/// Where device `index` lives: the GPA of its register window
+/// ([`MMIO_BASE`] + `index` × [`MMIO_SIZE`]) and its interrupt line
+/// ([`FIRST_IRQ`] + `index`). The one place both are computed (the device,
+/// the command line and the DSDT use it).
+pub fn slot(index: usize) -> (u64, u32) {
+    (
+        MMIO_BASE + index as u64 * MMIO_SIZE,
+        FIRST_IRQ + index as u32,
+    )
+}
+
 /// Largest queue the device offers (`QueueNumMax`).
 pub const QUEUE_MAX: u16 = 256;
 
