@@ -60,6 +60,8 @@ const BP_VECTOR: u8 = 3;
 /// The `fwait` opcode and the x87 status word's exception-summary bit.
 const FWAIT: u8 = 0x9b;
 const FSW_ES: u16 = 1 << 7;
+/// RFLAGS.IF: maskable interrupts enabled (Intel SDM vol. 1, §3.4.3).
+const RFLAGS_IF: u64 = 1 << 9;
 
 /// How a vCPU's run loop ended.
 #[derive(Debug)]
@@ -137,7 +139,7 @@ impl Vcpu {
             );
         }
         match event {
-            None => {}
+            None => self.log_stopped_state(),
             Some(VmEvent::Shutdown { vcpu, code }) => {
                 let clamped = u8::try_from(code).unwrap_or_else(|_| {
                     tracing::warn!(vcpu, code, "guest exit code above 255, using 255");
@@ -327,20 +329,55 @@ impl Vcpu {
         )
     }
 
+    /// Logs where a vCPU the VMM stopped was (RIP, CPL, whether it was halted
+    /// waiting for an interrupt and whether interrupts were enabled): at
+    /// `info` when a signal ended the VM, the case of a harness's time limit,
+    /// where it tells a guest waiting for a lost interrupt (halted, IF set,
+    /// on every vCPU) from one spinning; at `debug` otherwise.
+    fn log_stopped_state(&self) {
+        let signal = matches!(self.exit.reason(), Some(VmExit::Signal(_)));
+        if !signal && !tracing::enabled!(tracing::Level::DEBUG) {
+            return;
+        }
+        let mp_state = match self.fd.get_mp_state().map(|m| m.mp_state) {
+            Ok(kvm_bindings::KVM_MP_STATE_RUNNABLE) => "runnable".to_string(),
+            Ok(kvm_bindings::KVM_MP_STATE_HALTED) => "halted".to_string(),
+            Ok(other) => format!("mp_state {other}"),
+            Err(e) => format!("mp_state unreadable: {e}"),
+        };
+        let interrupts = match self.fd.get_regs() {
+            Ok(regs) if regs.rflags & RFLAGS_IF != 0 => "interrupts enabled",
+            Ok(_) => "interrupts disabled",
+            Err(_) => "RFLAGS unreadable",
+        };
+        let state = format!("{}, {mp_state}, {interrupts}", self.registers());
+        if signal {
+            tracing::info!(vcpu = self.index, "vCPU stopped by the VMM at {state}");
+        } else {
+            tracing::debug!(vcpu = self.index, "vCPU stopped by the VMM at {state}");
+        }
+    }
+
+    /// "RIP … (CPL, RSP, paging mode)", or why the registers are unreadable.
+    fn registers(&self) -> String {
+        match (self.fd.get_regs(), self.fd.get_sregs()) {
+            (Ok(regs), Ok(sregs)) => format!(
+                "RIP {:#x} (CPL {}, RSP {:#x}, {})",
+                regs.rip,
+                sregs.cs.selector & 3,
+                regs.rsp,
+                crate::arch::x86_64::gva::Paging::from_sregs(&sregs).describe()
+            ),
+            (Err(e), _) | (_, Err(e)) => format!("registers unreadable: {e}"),
+        }
+    }
+
     /// Builds a failure event with the vCPU's RIP, CPL, paging mode and the
     /// instruction bytes at RIP, read from guest memory through the guest's
     /// own page tables (see [`crate::arch::x86_64::gva`]).
     fn failure(&self, what: &str) -> VmEvent {
-        let mut reason = what.to_string();
+        let mut reason = format!("{what} at {}", self.registers());
         if let (Ok(regs), Ok(sregs)) = (self.fd.get_regs(), self.fd.get_sregs()) {
-            let paging = crate::arch::x86_64::gva::Paging::from_sregs(&sregs);
-            reason += &format!(
-                " at RIP {:#x} (CPL {}, RSP {:#x}, {})",
-                regs.rip,
-                sregs.cs.selector & 3,
-                regs.rsp,
-                paging.describe()
-            );
             let mut bytes = [0u8; CODE_BYTES];
             match crate::arch::x86_64::gva::read_code(&self.memory, &sregs, regs.rip, &mut bytes) {
                 Ok((gpa, n)) => {
