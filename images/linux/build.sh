@@ -71,7 +71,7 @@ rm -rf "$root"
 mkdir -p "$root"/{bin,dev,proc,sys,lib/stagevm}
 install -m 755 "$agent/stagevm-tools" "$root/bin/"
 strip "$root/bin/stagevm-tools"
-for prog in staged hostile stagevm-exit stagectl; do ln -s stagevm-tools "$root/bin/$prog"; done
+for prog in staged hostile stagevm-exit stagectl tlsprobe; do ln -s stagevm-tools "$root/bin/$prog"; done
 ln -s bin/stagevm-tools "$root/init"
 install -m 644 "$agent/module/stagevm_agent.ko" "$root/lib/stagevm/"
 strip --strip-debug "$root/lib/stagevm/stagevm_agent.ko"

@@ -10,7 +10,8 @@
  * stagevm's shutdown port with a status: 0 when every step held.
  *
  * Kernel command line: stagevm.test=boot stops after user space is reached
- * (the boot-time measurement); otherwise the whole sequence runs: a CRC-32
+ * (the boot-time measurement); stagevm.test=exec runs the exec probe
+ * (exec_probe); otherwise the whole sequence runs: a CRC-32
  * of /dev/vda, insmod, the hostile sequence, the staged program (static,
  * then off: the harness switches the policy through the API socket), rmmod,
  * the kernel log's oops count.
@@ -29,12 +30,21 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MODULE_PATH "/lib/stagevm/stagevm_agent.ko"
 #define STAGED_ARGS "/lib/stagevm/staged-args"
 
 int stagevm_exit_main(int argc, char **argv);
+int staged_main(int argc, char **argv);
+int hostile_main(void);
+
+static int hostile_entry(int argc, char **argv)
+{
+	(void)argc, (void)argv;
+	return hostile_main();
+}
 
 static int status;
 
@@ -66,23 +76,92 @@ static void fail(const char *what)
 	status = 1;
 }
 
-/* Runs /bin/NAME with `argv` (the multi-call binary under that name);
- * returns its exit status, 128 + signal when killed. */
-static int run(const char *name, char *const argv[])
+/* The whole kernel log, NUL-terminated, in a static buffer; NULL when it
+ * cannot be read. Each call reads it anew (and the caller may cut it up). */
+static char *read_kernel_log(void)
+{
+	static char log[1 << 17];
+	int n = klogctl(3 /* SYSLOG_ACTION_READ_ALL */, log, sizeof(log) - 1);
+
+	if (n < 0)
+		return NULL;
+	log[n] = 0;
+	return log;
+}
+
+/* The kernel log's last line containing `word` (the kernel prints a
+ * process's segfault at a level `quiet` keeps off the console), copied into
+ * `buf`; "-" when there is none. */
+static const char *last_kernel_line(const char *word, char *buf, size_t size)
+{
+	char *log = read_kernel_log();
+	const char *found = NULL;
+
+	snprintf(buf, size, "-");
+	if (!log)
+		return buf;
+	for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n"))
+		if (strstr(line, word))
+			found = line;
+	if (found)
+		snprintf(buf, size, "%s", found);
+	return buf;
+}
+
+/* Lines of the kernel log that report an oops, BUG, WARNING or trace. */
+static int kernel_log_problems(void)
+{
+	const char *pat[] = { "Oops", "BUG:", "WARNING:", "general protection", "Call Trace" };
+	char *log = read_kernel_log();
+	int count = 0;
+
+	if (!log)
+		return -1;
+	for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n"))
+		for (size_t i = 0; i < sizeof(pat) / sizeof(pat[0]); i++)
+			if (strstr(line, pat[i])) {
+				count++;
+				break;
+			}
+	return count;
+}
+
+/* Runs NAME with `argv` in a child and waits for it: `entry` called in a
+ * forked copy of init when given (the programs are all in this multi-call
+ * binary), /bin/NAME executed otherwise. Returns its exit status, 128 +
+ * signal when killed, and says which when it is not 0. The test's programs
+ * run without an exec: each process start is a chance of the zeroed TLS
+ * block this machine's KVM causes (images/linux/README.md). */
+static int run(const char *name, int (*entry)(int, char **), char *const argv[])
 {
 	char path[64];
 	pid_t pid;
-	int st;
+	int st, argc = 0;
 
+	while (argv[argc])
+		argc++;
 	snprintf(path, sizeof(path), "/bin/%s", name);
 	pid = fork();
 	if (pid == 0) {
+		if (entry)
+			exit(entry(argc, (char **)argv));
 		execv(path, argv);
 		_exit(127);
 	}
-	if (pid < 0 || waitpid(pid, &st, 0) != pid)
+	if (pid < 0 || waitpid(pid, &st, 0) != pid) {
+		say("%s: could not run it", name);
 		return 127;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	}
+	if (WIFSIGNALED(st)) {
+		char why[256];
+
+		say("%s: killed by signal %d; kernel: %s", name, WTERMSIG(st),
+		    last_kernel_line("segfault", why, sizeof(why)));
+		return 128 + WTERMSIG(st);
+	}
+	if (WEXITSTATUS(st))
+		say("%s: exit status %d", name, WEXITSTATUS(st));
+	return WEXITSTATUS(st);
 }
 
 /* CRC-32 (IEEE 802.3, as zlib's crc32) of the whole file, or -1. */
@@ -105,25 +184,6 @@ static int64_t crc32_file(const char *path)
 	return n < 0 ? -1 : (int64_t)(crc ^ 0xffffffff);
 }
 
-/* Lines of the kernel log that report an oops, BUG, WARNING or trace. */
-static int kernel_log_problems(void)
-{
-	static char log[1 << 17];
-	const char *pat[] = { "Oops", "BUG:", "WARNING:", "general protection", "Call Trace" };
-	int n = klogctl(3 /* SYSLOG_ACTION_READ_ALL */, log, sizeof(log) - 1), count = 0;
-
-	if (n < 0)
-		return -1;
-	log[n] = 0;
-	for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n"))
-		for (size_t i = 0; i < sizeof(pat) / sizeof(pat[0]); i++)
-			if (strstr(line, pat[i])) {
-				count++;
-				break;
-			}
-	return count;
-}
-
 static int cmdline_has(const char *word)
 {
 	char line[4096], *tok;
@@ -137,6 +197,55 @@ static int cmdline_has(const char *word)
 		if (!strcmp(tok, word))
 			return 1;
 	return 0;
+}
+
+/* stagevm.test=exec: EXEC_PROBE_WORKERS children of init each run
+ * /bin/tlsprobe (multicall.c) again and again for EXEC_PROBE_S seconds;
+ * reports how many process starts found their TLS wrong, with a status of
+ * 1 when any did. Each start is an exec's burst of page faults and system
+ * calls in emulated kernel mode (images/linux/README.md). */
+#define EXEC_PROBE_S 180
+#define EXEC_PROBE_WORKERS 2
+static void exec_probe(void)
+{
+	char *const argv[] = { "tlsprobe", NULL };
+	int runs = 0, failed = 0, fds[2];
+
+	if (pipe(fds) < 0) {
+		fail("exec probe: pipe");
+		return;
+	}
+	for (int w = 0; w < EXEC_PROBE_WORKERS; w++) {
+		if (fork() == 0) {
+			struct timespec start, now;
+			int counts[2] = { 0, 0 };
+
+			clock_gettime(CLOCK_MONOTONIC, &start);
+			do {
+				if (run("tlsprobe", NULL, argv) != 0)
+					counts[1]++;
+				counts[0]++;
+				clock_gettime(CLOCK_MONOTONIC, &now);
+			} while (now.tv_sec - start.tv_sec < EXEC_PROBE_S);
+			_exit(write(fds[1], counts, sizeof(counts)) == sizeof(counts) ? 0 : 1);
+		}
+	}
+	close(fds[1]);
+	for (int w = 0; w < EXEC_PROBE_WORKERS; w++) {
+		int counts[2];
+
+		if (read(fds[0], counts, sizeof(counts)) == sizeof(counts)) {
+			runs += counts[0];
+			failed += counts[1];
+		} else {
+			fail("exec probe: a worker died");
+		}
+	}
+	while (wait(NULL) > 0)
+		;
+	say("exec probe: %d process starts, %d with a wrong TLS", runs, failed);
+	if (failed)
+		status = 1;
 }
 
 static void shut_down(void)
@@ -173,6 +282,10 @@ int init_main(void)
 	say("%ld CPUs", sysconf(_SC_NPROCESSORS_ONLN));
 	if (cmdline_has("stagevm.test=boot"))
 		shut_down();
+	if (cmdline_has("stagevm.test=exec")) {
+		exec_probe();
+		shut_down();
+	}
 
 	crc = crc32_file("/dev/vda");
 	if (crc < 0)
@@ -192,7 +305,7 @@ int init_main(void)
 	else
 		fail("no /dev/stagevm");
 
-	if (run("hostile", (char *const[]){ "hostile", NULL }) != 0)
+	if (run("hostile", hostile_entry, (char *const[]){ "hostile", NULL }) != 0)
 		fail("hostile sequence");
 	say("hostile done");
 
@@ -207,7 +320,7 @@ int init_main(void)
 		staged_argv[argc++] = tok;
 	staged_argv[argc] = NULL;
 	say("staged start");
-	if (run("staged", staged_argv) != 0)
+	if (run("staged", staged_main, staged_argv) != 0)
 		fail("staged");
 	say("staged done");
 

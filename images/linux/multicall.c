@@ -7,7 +7,10 @@
  * the initramfs small: the kernel unpacks it with emulated instructions,
  * ~8 s per MB here.
  */
+#define _GNU_SOURCE
+#include <locale.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int init_main(void);
@@ -15,6 +18,17 @@ int staged_main(int argc, char **argv);
 int hostile_main(void);
 int stagevm_exit_main(int argc, char **argv);
 int stagectl_main(int argc, char **argv);
+
+/* tlsprobe (init's `stagevm.test=exec` loop, images/linux/README.md): exits
+ * 0 when the C library's static TLS block holds its initial values (its
+ * locale pointer, copied from the binary's .tdata at startup, is not NULL)
+ * and strtoul works; 3 when the pointer is NULL, 4 when strtoul fails. */
+static int tlsprobe_main(void)
+{
+	if (uselocale((locale_t)0) == (locale_t)0)
+		return 3;
+	return strtoul("12", NULL, 10) == 12 ? 0 : 4;
+}
 
 int main(int argc, char **argv)
 {
@@ -31,7 +45,9 @@ int main(int argc, char **argv)
 		return stagevm_exit_main(argc, argv);
 	if (!strcmp(name, "stagectl"))
 		return stagectl_main(argc, argv);
-	fprintf(stderr, "stagevm-tools: run as init, staged, hostile, stagevm-exit or stagectl, not '%s'\n",
+	if (!strcmp(name, "tlsprobe"))
+		return tlsprobe_main();
+	fprintf(stderr, "stagevm-tools: run as init, staged, hostile, stagevm-exit, stagectl or tlsprobe, not '%s'\n",
 		name);
 	return 2;
 }

@@ -11,6 +11,12 @@ execute) and an API socket. When the guest prints "staged: waiting for
 policy off", the harness switches the policy with `stagevm-remote policy
 off`. At the end it compares the guest's counts with stagevm's report.
 
+A guest kernel panic stops the VM at once (not at the time limit). Only when
+a boot met this machine's zeroed-TLS defect (zeroed_tls, images/linux/
+README.md) is the image booted a second time, saying so; every other failure
+fails the first time. On failure the last lines of the serial and stagevm
+logs are printed (CI keeps only this output).
+
 --boots N first measures N boots to user space (`stagevm.test=boot`: /init
 shuts down as soon as it runs) and prints their median against the target
 of 60 s (met / not met: a measurement, run alone; `just bench-linux-boot`).
@@ -33,6 +39,13 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 OUT = os.environ.get("OUT", os.path.join(REPO, "target", "linux-image"))
 BIN = os.path.join(REPO, "target", "release")
 STAGES = ["parse", "plan", "execute"]
+# Lines of each log printed when a check fails.
+TAIL_LINES = 30
+# Seconds the VM keeps running after a kernel panic (its last lines).
+PANIC_GRACE_S = 2
+# Boots of the test image: a second one only when the first met the
+# machine's zeroed-TLS defect (zeroed_tls), never for any other failure.
+ATTEMPTS = 2
 
 
 def log(msg):
@@ -64,6 +77,7 @@ def boot(extra_cmdline, timeout, on_line=None, args=(), tag=""):
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=vmmlog, stderr=subprocess.STDOUT)
     seen = 0
+    panic_at = None
     times = {}
     text = ""
     stamped = open(os.path.join(OUT, f"serial{tag}-times.log"), "w")
@@ -85,8 +99,17 @@ def boot(extra_cmdline, timeout, on_line=None, args=(), tag=""):
             stamped.write(f"{t:7.1f} {line}\n")
             if on_line:
                 on_line(line, t)
+            if "Kernel panic - not syncing" in line and panic_at is None:
+                log(f"the guest kernel panicked after {t:.1f} s: {line.strip()}")
+                panic_at = t
         seen = len(complete)
         if done:
+            break
+        if panic_at is not None and t > panic_at + PANIC_GRACE_S:
+            # A panicked kernel never shuts down: stop now, not at the limit.
+            log("stopping the VM after the panic")
+            proc.terminate()
+            proc.wait()
             break
         if t > timeout:
             log(f"time limit of {timeout} s: stopping the VM")
@@ -97,6 +120,17 @@ def boot(extra_cmdline, timeout, on_line=None, args=(), tag=""):
     vmmlog.close()
     stamped.close()
     return proc.returncode, times, text, open(os.path.join(OUT, f"stagevm{tag}.log")).read()
+
+
+def zeroed_tls(serial):
+    """The serial log's line showing this machine's zeroed-TLS defect
+    (images/linux/README.md): a program of stagevm-tools killed by a fault at
+    address 0 or 8, the C library's NULL TLS pointer dereferenced, in init
+    (the kernel panics) or in a child (init prints the kernel's line); None
+    when there is none."""
+    m = re.search(r"^(?:init\[1\]|stagevm-linux: \w+: killed by signal 11; kernel: \S+\[\d+\]): "
+                  r"segfault at [08] ip [0-9a-f]+ sp [0-9a-f]+ error \d+ in stagevm-tools\[.*$", serial, re.M)
+    return m.group(0).strip() if m else None
 
 
 def main():
@@ -167,14 +201,28 @@ def main():
             switched["out"] = (r.returncode, r.stdout.strip() + r.stderr.strip())
             print(f"  [{t:6.1f} s] stagevm-remote policy off: exit {r.returncode} {r.stdout.strip()}{r.stderr.strip()}", flush=True)
 
-    log("booting the test image: 2 vCPUs, --policy static, a 64 KiB disk, API socket")
-    code, times, serial, vmm = boot("", opts.timeout, on_line, [
-        "--disk", f"path={disk},readonly=on",
-        "--stages", stages_toml,
-        "--api-socket", sock,
-        "--report", report_path,
-    ])
+    lost = []
+    for attempt in range(1, ATTEMPTS + 1):
+        log(f"booting the test image (attempt {attempt} of at most {ATTEMPTS}): 2 vCPUs, --policy static, "
+            f"a 64 KiB disk, API socket; 1-minute load average {os.getloadavg()[0]:.2f}")
+        switched.clear()
+        if os.path.exists(report_path):
+            os.remove(report_path)
+        code, times, serial, vmm = boot("", opts.timeout, on_line, [
+            "--disk", f"path={disk},readonly=on",
+            "--stages", stages_toml,
+            "--api-socket", sock,
+            "--report", report_path,
+        ])
+        defect = zeroed_tls(serial)
+        if not defect or attempt == ATTEMPTS:
+            break
+        lost.append(defect)
+        log(f"attempt {attempt} met this machine's zeroed-TLS defect, not a stagevm failure "
+            f"(images/linux/README.md): '{defect}'; booting again")
     report = json.load(open(report_path)) if os.path.exists(report_path) else {}
+    if lost:
+        log(f"{len(lost)} attempt(s) lost to the zeroed-TLS defect: " + "; ".join(lost))
 
     print("checks:")
     check("user space reached" in times, "user space reached")
@@ -235,6 +283,12 @@ def main():
     for line in re.findall(r"^staged: (getppid.*|stage_enter.*)$", serial, re.M):
         print(f"  guest: {line}")
     if failed:
+        # CI keeps only this output: show where the guest and the VMM were.
+        for name, text in (("serial.log", serial), ("stagevm.log", vmm)):
+            tail = text.rstrip("\n").split("\n")[-TAIL_LINES:]
+            print(f"last {len(tail)} lines of {name}:")
+            for line in tail:
+                print(f"  | {line.rstrip()}")
         log(f"{len(failed)} check(s) failed; serial log {OUT}/serial.log, stagevm log {OUT}/stagevm.log")
         return 1
     log("all checks held")
