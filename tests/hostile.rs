@@ -223,7 +223,14 @@ fn sigterm_during(name: &str, vcpus: u32, cmdline_extra: &str) {
     let cmdline = format!("iters=1000 hostile={name},forever {cmdline_extra}");
     let marker = format!("hostile: {name} start");
     let a = attack(
-        &["--cpus", &cpus, "--cmdline", &cmdline],
+        &[
+            "--cpus",
+            &cpus,
+            "--cmdline",
+            &cmdline,
+            "--log-level",
+            "stagevm=info",
+        ],
         Some(marker.as_str()),
     );
     a.assert_contained(name, i32::from(EXIT_SIGTERM));
@@ -231,6 +238,26 @@ fn sigterm_during(name: &str, vcpus: u32, cmdline_extra: &str) {
     eprintln!("{name}: SIGTERM during the attack: exit 143 after {took:?}");
     assert!(took <= SIGTERM_BOUND, "{name}: {took:?} after SIGTERM");
     assert_eq!(a.report().exit, "signal 15");
+    // Each vCPU still running says where the signal found it (the test
+    // guest runs at CPL 3; vCPUs the guest stopped itself say nothing).
+    let stops: Vec<&str> = a
+        .stderr
+        .lines()
+        .filter(|l| l.contains("vCPU stopped by the VMM at RIP"))
+        .collect();
+    assert!(
+        (1..=vcpus as usize).contains(&stops.len()),
+        "{name}: {} stop lines for {vcpus} vCPUs: {}",
+        stops.len(),
+        a.stderr
+    );
+    for line in stops {
+        assert!(line.contains("(CPL 3,"), "{line}");
+        assert!(
+            line.contains("runnable") || line.contains("halted"),
+            "{line}"
+        );
+    }
 }
 
 #[test]
