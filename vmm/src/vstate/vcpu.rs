@@ -14,6 +14,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use kvm_bindings::{kvm_regs, kvm_sregs};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vm_memory::GuestMemoryMmap;
 
@@ -241,7 +242,7 @@ impl Vcpu {
         if internal.suberror != kvm_bindings::KVM_INTERNAL_ERROR_EMULATION {
             return false;
         }
-        let (Ok(mut regs), Ok(sregs)) = (self.fd.get_regs(), self.fd.get_sregs()) else {
+        let Ok((mut regs, sregs)) = self.registers() else {
             return false;
         };
         let mut byte = [0u8; 1];
@@ -345,12 +346,18 @@ impl Vcpu {
             Ok(other) => format!("mp_state {other}"),
             Err(e) => format!("mp_state unreadable: {e}"),
         };
-        let interrupts = match self.fd.get_regs() {
-            Ok(regs) if regs.rflags & RFLAGS_IF != 0 => "interrupts enabled",
-            Ok(_) => "interrupts disabled",
-            Err(_) => "RFLAGS unreadable",
+        let (place, interrupts) = match self.registers() {
+            Ok((regs, sregs)) => (
+                describe_registers(&regs, &sregs),
+                if regs.rflags & RFLAGS_IF != 0 {
+                    "interrupts enabled"
+                } else {
+                    "interrupts disabled"
+                },
+            ),
+            Err(e) => (format!("registers unreadable: {e}"), "RFLAGS unreadable"),
         };
-        let state = format!("{}, {mp_state}, {interrupts}", self.registers());
+        let state = format!("{place}, {mp_state}, {interrupts}");
         if signal {
             tracing::info!(vcpu = self.index, "vCPU stopped by the VMM at {state}");
         } else {
@@ -358,38 +365,51 @@ impl Vcpu {
         }
     }
 
-    /// "RIP … (CPL, RSP, paging mode)", or why the registers are unreadable.
-    fn registers(&self) -> String {
-        match (self.fd.get_regs(), self.fd.get_sregs()) {
-            (Ok(regs), Ok(sregs)) => format!(
-                "RIP {:#x} (CPL {}, RSP {:#x}, {})",
-                regs.rip,
-                sregs.cs.selector & 3,
-                regs.rsp,
-                crate::arch::x86_64::gva::Paging::from_sregs(&sregs).describe()
-            ),
-            (Err(e), _) | (_, Err(e)) => format!("registers unreadable: {e}"),
-        }
+    /// The vCPU's general and segment registers (one `KVM_GET_REGS` and one
+    /// `KVM_GET_SREGS`). Errors: either ioctl failed.
+    fn registers(&self) -> Result<(kvm_regs, kvm_sregs), kvm_ioctls::Error> {
+        Ok((self.fd.get_regs()?, self.fd.get_sregs()?))
     }
 
     /// Builds a failure event with the vCPU's RIP, CPL, paging mode and the
     /// instruction bytes at RIP, read from guest memory through the guest's
     /// own page tables (see [`crate::arch::x86_64::gva`]).
     fn failure(&self, what: &str) -> VmEvent {
-        let mut reason = format!("{what} at {}", self.registers());
-        if let (Ok(regs), Ok(sregs)) = (self.fd.get_regs(), self.fd.get_sregs()) {
-            let mut bytes = [0u8; CODE_BYTES];
-            match crate::arch::x86_64::gva::read_code(&self.memory, &sregs, regs.rip, &mut bytes) {
-                Ok((gpa, n)) => {
-                    let hex: Vec<String> = bytes[..n].iter().map(|b| format!("{b:02x}")).collect();
-                    reason += &format!(", code: {} (GPA {gpa:#x})", hex.join(" "));
+        let reason = match self.registers() {
+            Ok((regs, sregs)) => {
+                let mut reason = format!("{what} at {}", describe_registers(&regs, &sregs));
+                let mut bytes = [0u8; CODE_BYTES];
+                match crate::arch::x86_64::gva::read_code(
+                    &self.memory,
+                    &sregs,
+                    regs.rip,
+                    &mut bytes,
+                ) {
+                    Ok((gpa, n)) => {
+                        let hex: Vec<String> =
+                            bytes[..n].iter().map(|b| format!("{b:02x}")).collect();
+                        reason += &format!(", code: {} (GPA {gpa:#x})", hex.join(" "));
+                    }
+                    Err(e) => reason += &format!(", code bytes unreadable: {e}"),
                 }
-                Err(e) => reason += &format!(", code bytes unreadable: {e}"),
+                reason
             }
-        }
+            Err(e) => format!("{what} at registers unreadable: {e}"),
+        };
         VmEvent::GuestFailure {
             vcpu: self.index,
             reason,
         }
     }
+}
+
+/// "RIP … (CPL, RSP, paging mode)" of a vCPU's registers.
+fn describe_registers(regs: &kvm_regs, sregs: &kvm_sregs) -> String {
+    format!(
+        "RIP {:#x} (CPL {}, RSP {:#x}, {})",
+        regs.rip,
+        sregs.cs.selector & 3,
+        regs.rsp,
+        crate::arch::x86_64::gva::Paging::from_sregs(sregs).describe()
+    )
 }
