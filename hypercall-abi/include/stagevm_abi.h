@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * stagevm stage channel ABI v1, for C guest agents (the Linux module and
+ * stagevm stage channel ABI v1 (minor 2), for C guest agents (the Linux module and
  * libstage). Mirrors hypercall-abi/src/stage.rs; tests/c_header.rs compiles
  * this header and checks every size and offset against the Rust side.
  */
@@ -11,7 +11,8 @@
 
 #define STAGEVM_AREA_MAGIC 0x314e414843475453ULL /* "STGCHAN1" little endian */
 #define STAGEVM_ABI_VERSION 1u
-#define STAGEVM_ABI_MINOR 1ull /* stage map: owned, minor */
+#define STAGEVM_ABI_MINOR 2ull /* 1: map owned, minor; 2: counters, lossy trace rings */
+#define STAGEVM_AREA_FLAG_COUNTERS 1u /* header flags: counter blocks follow the rings */
 #define STAGEVM_MAX_STAGES 16u
 #define STAGEVM_MAX_VCPUS 64u
 #define STAGEVM_MAX_RING_ENTRIES 65536u
@@ -49,7 +50,8 @@ struct stagevm_area_header {
 	uint32_t ring_entries;
 	uint32_t flags;
 	uint64_t tsc_khz;
-	uint64_t reserved[2];
+	uint64_t register_tsc; /* minor 2: guest TSC just before REGISTER (0: unknown) */
+	uint64_t reserved;
 };
 
 struct stagevm_stage_desc {
@@ -61,7 +63,8 @@ struct stagevm_stage_map {
 	uint64_t vcpus[STAGEVM_MAX_STAGES];
 	uint64_t owned; /* minor 1: vCPUs alone on their host core */
 	uint64_t minor; /* the host's STAGEVM_ABI_MINOR; 0 from a v1.0 host */
-	uint64_t reserved[5];
+	uint64_t trace_every; /* minor 2, host-written: 0 no trace, N every Nth event */
+	uint64_t reserved[4];
 };
 
 struct stagevm_vcpu_state {
@@ -78,7 +81,8 @@ struct stagevm_ring_header {
 	uint64_t tail;
 	uint64_t pad1[7];
 	uint64_t full_backoffs;
-	uint64_t pad2[7];
+	uint64_t trace_dropped; /* minor 2: trace events dropped on a full ring */
+	uint64_t pad2[6];
 };
 
 struct stagevm_stage_event {
@@ -87,6 +91,36 @@ struct stagevm_stage_event {
 	uint32_t stage;
 	uint32_t thread;
 	uint64_t reserved;
+};
+
+/* Minor 2: per-vCPU counters (hypercall-abi/src/stage/counters.rs). The
+ * state word is (TSC & ~STATE_LOW_MASK) | timed flag | code; codes index
+ * cycles[], timed[] and counts[]: 0 none (requests completed), 1 idle,
+ * 2 + s stage s. One transition in STAGEVM_TIMED_EVERY starts a timed
+ * visit; idle visits are always timed. */
+#define STAGEVM_STATE_CODE_BITS 5u
+#define STAGEVM_STATE_CODE_MASK 31ull
+#define STAGEVM_STATE_TIMED 32ull
+#define STAGEVM_STATE_LOW_MASK 63ull
+#define STAGEVM_CODE_NONE 0u
+#define STAGEVM_CODE_IDLE 1u
+#define STAGEVM_CODE_FIRST_STAGE 2u
+#define STAGEVM_NUM_CODES (STAGEVM_CODE_FIRST_STAGE + STAGEVM_MAX_STAGES)
+#define STAGEVM_TIMED_EVERY 61u
+#define STAGEVM_TIMED_INTERVAL_NS 16000u
+#define STAGEVM_TIMED_STRIDE_MAX 1021u
+#define STAGEVM_COUNTERS_ALIGN 128u /* the first block: after the rings, rounded up */
+
+struct stagevm_vcpu_counters {
+	uint64_t state;
+	uint64_t countdown; /* guest-private */
+	uint64_t cycles[STAGEVM_NUM_CODES];
+	uint64_t timed[STAGEVM_NUM_CODES];
+	uint64_t counts[STAGEVM_NUM_CODES];
+	uint64_t migrations_in[STAGEVM_MAX_STAGES];
+	uint64_t migrations_out[STAGEVM_MAX_STAGES];
+	uint64_t agent[2]; /* guest-private */
+	uint64_t reserved[6];
 };
 
 #define STAGEVM_STAGE_DESCS_OFFSET 64u

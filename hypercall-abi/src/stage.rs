@@ -1,5 +1,5 @@
-//! Stage channel ABI v1: the shared area, per-vCPU event rings, the stage map
-//! and the doorbell.
+//! Stage channel ABI v1: the shared area, per-vCPU stage counters (minor 2),
+//! per-vCPU event rings, the stage map and the doorbell.
 //!
 //! The design follows KVM's steal-time MSR (a guest-chosen, registered area
 //! updated under an odd/even version) with a port-I/O doorbell instead of an
@@ -13,6 +13,8 @@
 //! STAGE_MAP_OFFSET (576)         StageMap (192)            host
 //! VCPU_STATES_OFFSET (768)       VcpuState (64) × MAX_VCPUS guest
 //! RINGS_OFFSET (4864)            per vCPU: RingHeader (192) + StageEvent × ring_entries
+//! Layout::counters_offset(0)     minor 2, with AREA_FLAG_COUNTERS:
+//!                                VcpuCounters (768) × num_vcpus   guest
 //! ```
 //!
 //! Protocol:
@@ -21,12 +23,19 @@
 //!    [`DOORBELL_REGISTER`] and reads the [`Status`] from [`DOORBELL_STATUS`]
 //!    (an `in` of 4 bytes). With no stage device the read gives
 //!    [`Status::NoDevice`] (open bus, all ones).
-//! 2. Per vCPU, a single-producer ring: the guest writes
-//!    `slot[head % ring_entries]` with `seq = head`, then publishes `head + 1`
-//!    with release ordering. It never overwrites unread slots: when
-//!    `head - tail == ring_entries` it counts a back-off in
+//! 2. Minor 2 (the guest set [`AREA_FLAG_COUNTERS`] and the host's map says
+//!    `minor` ≥ 2): every stage switch updates the vCPU's [`VcpuCounters`]
+//!    in a few plain stores — the load signal, which the host reads once per
+//!    policy period. The rings carry an event trace only when the host asks
+//!    for one ([`StageMap::trace_every`]), and a full ring drops the event
+//!    and counts it ([`RingHeader::trace_dropped`]); nothing ever waits.
+//! 3. Without counters (a v1.0/v1.1 guest, or a newer guest on an older
+//!    host), per vCPU, a single-producer ring carries every switch: the
+//!    guest writes `slot[head % ring_entries]` with `seq = head`, then
+//!    publishes `head + 1` with release ordering. It never overwrites unread
+//!    slots: when `head - tail == ring_entries` it counts a back-off in
 //!    [`RingHeader::full_backoffs`] and waits for the host to advance `tail`.
-//! 3. The host polls every ring's `head` (no exit), validates each event,
+//!    The host polls every ring's `head` (no exit), validates each event,
 //!    counts it or drops it, and publishes `tail` with release ordering.
 //! 4. The host writes the [`StageMap`] under a seqlock: `epoch` is odd while it
 //!    writes and even when stable; readers retry on odd or changed epochs.
@@ -45,7 +54,17 @@ pub const ABI_VERSION: u32 = 1;
 /// newer guest falls back on a v1.0 host (it reads `minor` = 0).
 ///
 /// * 1 — [`StageMap::owned`]: the vCPUs that are alone on their core.
-pub const ABI_MINOR: u64 = 1;
+/// * 2 — per-vCPU stage counters ([`VcpuCounters`], [`AREA_FLAG_COUNTERS`]),
+///   lossy trace rings ([`StageMap::trace_every`],
+///   [`RingHeader::trace_dropped`]) and [`AreaHeader::register_tsc`].
+pub const ABI_MINOR: u64 = 2;
+/// [`AreaHeader::flags`] bit (minor 2): the guest laid out one
+/// [`VcpuCounters`] block per vCPU after the rings
+/// ([`Layout::counters_offset`]) and, once the host's map says `minor` ≥ 2,
+/// keeps the stage load there instead of in the rings. A host that does not
+/// know the flag ignores it (it never checked `flags`), and the guest, which
+/// then reads `minor` < 2, reports through the rings as before.
+pub const AREA_FLAG_COUNTERS: u32 = 1;
 /// Largest number of stages (stage ids are `0..num_stages`).
 pub const MAX_STAGES: usize = 16;
 /// Largest number of vCPUs (the stage map holds one 64-bit vCPU mask per stage).
@@ -145,12 +164,19 @@ pub struct AreaHeader {
     pub num_stages: u32,
     /// Entries per ring, a power of two, 2..=[`MAX_RING_ENTRIES`].
     pub ring_entries: u32,
-    /// Reserved, 0.
+    /// Bit flags: [`AREA_FLAG_COUNTERS`]; other bits are reserved (0) and
+    /// ignored by the host.
     pub flags: u32,
     /// Guest TSC frequency in kHz, written by the host at REGISTER (0 if unknown).
     pub tsc_khz: u64,
+    /// Minor 2: the guest's TSC read just before it rings REGISTER (0 if it
+    /// does not say). The host pairs it with its own clock at the REGISTER
+    /// exit to estimate the guest's TSC "now" when it reads the counters
+    /// (an open stage visit is charged up to then); untrusted, only ever a
+    /// hint (docs/stage-protocol.md §9).
+    pub register_tsc: u64,
     /// Reserved, 0.
-    pub reserved: [u64; 2],
+    pub reserved: u64,
 }
 
 /// A stage's descriptor (32 bytes), written by the guest: its name, NUL-padded
@@ -178,8 +204,14 @@ pub struct StageMap {
     pub owned: u64,
     /// The host's [`ABI_MINOR`] (0 from a v1.0 host, which never writes it).
     pub minor: u64,
+    /// Minor 2: the event trace the host asks for, written by the host at
+    /// any time (one word, outside the seqlock): 0 = no trace (the rings
+    /// stay empty), N ≥ 1 = every Nth event of each kind per vCPU goes to
+    /// the vCPU's ring too (1 = every event). Only read by a guest that uses
+    /// counters.
+    pub trace_every: u64,
     /// Reserved, 0.
-    pub reserved: [u64; 5],
+    pub reserved: [u64; 4],
 }
 
 /// Per-ring control block (192 bytes, three 64-byte cache lines so guest and
@@ -199,10 +231,13 @@ pub struct RingHeader {
     /// Reserved, pads `tail` to a cache line.
     pub pad1: [u64; 7],
     /// Times the guest found this ring full and backed off (guest-written,
-    /// informational).
+    /// informational; rings-only mode).
     pub full_backoffs: u64,
+    /// Minor 2: trace events the guest dropped because this ring was full
+    /// (guest-written, informational; a traced guest never waits).
+    pub trace_dropped: u64,
     /// Reserved.
-    pub pad2: [u64; 7],
+    pub pad2: [u64; 6],
 }
 
 /// One stage event (32 bytes), guest → host.
@@ -249,6 +284,11 @@ pub struct VcpuState {
     pub reserved: [u32; 5],
 }
 
+/// Alignment of the first counter block (bytes): a pair of cache lines, the
+/// unit the adjacent-line prefetcher moves, so two vCPUs' blocks never share
+/// one (each block is a multiple of 128 bytes).
+pub const COUNTERS_ALIGN: u64 = 128;
+
 /// Offset of the stage descriptors (bytes).
 pub const STAGE_DESCS_OFFSET: u64 = 64;
 /// Offset of the stage map (bytes).
@@ -269,6 +309,9 @@ const _: () = assert!(core::mem::offset_of!(StageMap, vcpus) == 8);
 const _: () = assert!(core::mem::size_of::<RingHeader>() == 192);
 const _: () = assert!(core::mem::offset_of!(RingHeader, tail) == 64);
 const _: () = assert!(core::mem::offset_of!(RingHeader, full_backoffs) == 128);
+const _: () = assert!(core::mem::offset_of!(RingHeader, trace_dropped) == 136);
+const _: () = assert!(core::mem::offset_of!(AreaHeader, register_tsc) == 48);
+const _: () = assert!(core::mem::offset_of!(StageMap, trace_every) == 152);
 const _: () = assert!(core::mem::size_of::<StageEvent>() == 32);
 const _: () = assert!(core::mem::offset_of!(StageEvent, stage) == 16);
 const _: () = assert!(core::mem::offset_of!(StageEvent, thread) == 20);
@@ -286,10 +329,14 @@ pub struct Layout {
     pub num_stages: u32,
     /// Entries per ring.
     pub ring_entries: u32,
+    /// Whether per-vCPU [`VcpuCounters`] follow the rings (minor 2,
+    /// [`AREA_FLAG_COUNTERS`]).
+    pub counters: bool,
 }
 
 impl Layout {
-    /// Checks the counts (see [`Status::BadLayout`]) and returns the layout.
+    /// Checks the counts (see [`Status::BadLayout`]) and returns the layout
+    /// of a rings-only area (no counters; see [`Self::with_counters`]).
     pub fn new(num_vcpus: u32, num_stages: u32, ring_entries: u32) -> Option<Self> {
         let ok = (1..=MAX_VCPUS as u32).contains(&num_vcpus)
             && (1..=MAX_STAGES as u32).contains(&num_stages)
@@ -299,7 +346,24 @@ impl Layout {
             num_vcpus,
             num_stages,
             ring_entries,
+            counters: false,
         })
+    }
+
+    /// The same layout with per-vCPU counters after the rings (minor 2).
+    pub fn with_counters(self) -> Self {
+        Self {
+            counters: true,
+            ..self
+        }
+    }
+
+    /// Offset of vCPU `vcpu`'s [`VcpuCounters`]: after the last ring,
+    /// rounded up to [`COUNTERS_ALIGN`] (128 bytes), blocks back to back
+    /// (each 768 bytes). Only meaningful when [`Self::counters`].
+    pub fn counters_offset(&self, vcpu: u32) -> u64 {
+        self.ring_offset(self.num_vcpus).next_multiple_of(COUNTERS_ALIGN)
+            + u64::from(vcpu) * core::mem::size_of::<VcpuCounters>() as u64
     }
 
     /// Bytes one vCPU's ring takes: header plus entries.
@@ -325,9 +389,14 @@ impl Layout {
             + (index & u64::from(self.ring_entries - 1)) * core::mem::size_of::<StageEvent>() as u64
     }
 
-    /// Bytes the layout needs (end of the last ring).
+    /// Bytes the layout needs: the end of the last ring, or of the last
+    /// counter block with [`Self::counters`].
     pub fn used_bytes(&self) -> u64 {
-        self.ring_offset(self.num_vcpus)
+        if self.counters {
+            self.counters_offset(self.num_vcpus)
+        } else {
+            self.ring_offset(self.num_vcpus)
+        }
     }
 
     /// Smallest page-multiple area size that holds the layout.
@@ -346,6 +415,7 @@ impl Layout {
             num_vcpus: self.num_vcpus,
             num_stages: self.num_stages,
             ring_entries: self.ring_entries,
+            flags: if self.counters { AREA_FLAG_COUNTERS } else { 0 },
             ..Default::default()
         }
     }
@@ -377,12 +447,19 @@ pub fn validate_header(h: &AreaHeader, vm_vcpus: u32) -> Result<Layout, Status> 
     if h.header_size as usize != core::mem::size_of::<AreaHeader>() || h.num_vcpus != vm_vcpus {
         return Err(Status::BadLayout);
     }
-    let layout = Layout::new(h.num_vcpus, h.num_stages, h.ring_entries).ok_or(Status::BadLayout)?;
+    let mut layout =
+        Layout::new(h.num_vcpus, h.num_stages, h.ring_entries).ok_or(Status::BadLayout)?;
+    if h.flags & AREA_FLAG_COUNTERS != 0 {
+        layout = layout.with_counters();
+    }
     if layout.used_bytes() > h.area_size {
         return Err(Status::BadLayout);
     }
     Ok(layout)
 }
+
+mod counters;
+pub use counters::*;
 
 /// FNV-1a (32-bit) of a stage name, for compact logs (Fowler, Noll, Vo).
 pub fn name_hash(name: &[u8]) -> u32 {
@@ -411,6 +488,33 @@ mod tests {
         assert!(Layout::new(2, 17, 256).is_none());
         assert!(Layout::new(2, 3, 100).is_none());
         assert!(Layout::new(2, 3, 1 << 17).is_none());
+        // Minor 2: the counter blocks follow the last ring.
+        let c = l.with_counters();
+        assert_eq!(c.counters_offset(0), l.used_bytes());
+        // An odd vCPU count ends its rings on a 64-byte boundary only: the
+        // counters start at the next 128.
+        let odd = Layout::new(1, 3, 256).unwrap().with_counters();
+        assert_eq!(odd.ring_offset(1) % 128, 64);
+        assert_eq!(odd.counters_offset(0), odd.ring_offset(1) + 64);
+        assert_eq!(c.counters_offset(1), l.used_bytes() + 768);
+        assert_eq!(c.used_bytes(), l.used_bytes() + 2 * 768);
+        assert_eq!(c.counters_offset(1) % 64, 0);
+        assert_eq!(c.header().flags, AREA_FLAG_COUNTERS);
+        assert_eq!(validate_header(&c.header(), 2), Ok(c));
+        // A counters flag in an area sized for the rings only is refused:
+        // 8 vCPUs of 2 entries end their rings at 6,912 bytes and their
+        // counters at 13,056.
+        let small = Layout::new(8, 3, 2).unwrap();
+        let mut h = small.with_counters().header();
+        h.area_size = 2 * PAGE_SIZE;
+        assert!(small.used_bytes() <= h.area_size);
+        assert_eq!(validate_header(&h, 8), Err(Status::BadLayout));
+        h.flags = 0;
+        assert_eq!(validate_header(&h, 8), Ok(small));
+        // Unknown flag bits are ignored, as a v1.1 host ignored them all.
+        let mut h = l.header();
+        h.flags = 0x8000_0000;
+        assert_eq!(validate_header(&h, 2), Ok(l));
     }
 
     #[test]

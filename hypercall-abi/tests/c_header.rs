@@ -52,6 +52,24 @@ int main(void) {
     P("vcpu_state.parked", offsetof(struct stagevm_vcpu_state, parked));
     P("vcpu_state.runnable", offsetof(struct stagevm_vcpu_state, runnable));
     P("vcpu_state.fallbacks", offsetof(struct stagevm_vcpu_state, fallbacks));
+    P("flag_counters", STAGEVM_AREA_FLAG_COUNTERS);
+    P("hdr.register_tsc", offsetof(struct stagevm_area_header, register_tsc));
+    P("map.trace_every", offsetof(struct stagevm_stage_map, trace_every));
+    P("ring.trace_dropped", offsetof(struct stagevm_ring_header, trace_dropped));
+    P("code_bits", STAGEVM_STATE_CODE_BITS); P("code_mask", STAGEVM_STATE_CODE_MASK);
+    P("state_timed", STAGEVM_STATE_TIMED); P("state_low_mask", STAGEVM_STATE_LOW_MASK);
+    P("timed_every", STAGEVM_TIMED_EVERY); P("counters_align", STAGEVM_COUNTERS_ALIGN);
+    P("counters.countdown", offsetof(struct stagevm_vcpu_counters, countdown));
+    P("counters.timed", offsetof(struct stagevm_vcpu_counters, timed));
+    P("counters.agent", offsetof(struct stagevm_vcpu_counters, agent));
+    P("timed_interval", STAGEVM_TIMED_INTERVAL_NS); P("stride_max", STAGEVM_TIMED_STRIDE_MAX);
+    P("code_none", STAGEVM_CODE_NONE); P("code_idle", STAGEVM_CODE_IDLE);
+    P("code_first_stage", STAGEVM_CODE_FIRST_STAGE); P("num_codes", STAGEVM_NUM_CODES);
+    P("counters", sizeof(struct stagevm_vcpu_counters));
+    P("counters.cycles", offsetof(struct stagevm_vcpu_counters, cycles));
+    P("counters.counts", offsetof(struct stagevm_vcpu_counters, counts));
+    P("counters.migrations_in", offsetof(struct stagevm_vcpu_counters, migrations_in));
+    P("counters.migrations_out", offsetof(struct stagevm_vcpu_counters, migrations_out));
     return 0;
 }
 "#,
@@ -137,6 +155,36 @@ int main(void) {
             "vcpu_state.fallbacks",
             offset_of!(VcpuState, fallbacks) as u64,
         ),
+        ("flag_counters", AREA_FLAG_COUNTERS.into()),
+        (
+            "hdr.register_tsc",
+            offset_of!(AreaHeader, register_tsc) as u64,
+        ),
+        ("map.trace_every", offset_of!(StageMap, trace_every) as u64),
+        (
+            "ring.trace_dropped",
+            offset_of!(RingHeader, trace_dropped) as u64,
+        ),
+        ("code_bits", STATE_CODE_BITS.into()),
+        ("code_mask", STATE_CODE_MASK),
+        ("state_timed", STATE_TIMED),
+        ("state_low_mask", STATE_LOW_MASK),
+        ("timed_every", TIMED_EVERY),
+        ("counters_align", COUNTERS_ALIGN),
+        ("counters.countdown", COUNTERS_COUNTDOWN_OFFSET),
+        ("counters.timed", COUNTERS_TIMED_OFFSET),
+        ("counters.agent", COUNTERS_AGENT_OFFSET),
+        ("timed_interval", TIMED_INTERVAL_NS),
+        ("stride_max", TIMED_STRIDE_MAX),
+        ("code_none", CODE_NONE.into()),
+        ("code_idle", CODE_IDLE.into()),
+        ("code_first_stage", CODE_FIRST_STAGE.into()),
+        ("num_codes", NUM_CODES as u64),
+        ("counters", size_of::<VcpuCounters>() as u64),
+        ("counters.cycles", COUNTERS_CYCLES_OFFSET),
+        ("counters.counts", COUNTERS_COUNTS_OFFSET),
+        ("counters.migrations_in", COUNTERS_MIGRATIONS_IN_OFFSET),
+        ("counters.migrations_out", COUNTERS_MIGRATIONS_OUT_OFFSET),
     ];
     for (name, rust) in expect {
         assert_eq!(c.get(name), Some(rust), "C header vs Rust: {name}");
