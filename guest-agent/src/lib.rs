@@ -1,11 +1,22 @@
 //! stagevm guest agent core (`no_std`).
 //!
 //! The guest side of the stage channel of [`hypercall_abi::stage`]: it lays out
-//! and registers the shared area, reports stage switches into the calling
-//! vCPU's ring without a VM exit (`stage_enter` / `stage_exit`, the user-space
-//! API of the seeds, seed 000, `docs/design.md`), reads the host's stage map with
-//! acquire ordering, and decides which vCPU a thread should run a stage on
-//! ([`choose_from_map`], the least-loaded rule).
+//! and registers the shared area, reports stage switches without a VM exit
+//! (`stage_enter` / `stage_exit`, the user-space API of the seeds, seed 000,
+//! `docs/design.md`), reads the host's stage map with acquire ordering, and
+//! decides which vCPU a thread should run a stage on ([`choose_from_map`],
+//! the least-loaded rule).
+//!
+//! Two ways to report, chosen once at registration ([`Mode`]):
+//! * [`Mode::Counters`] (ABI minor 2, when the area has counters and the
+//!   host's map says `minor` ≥ 2): a switch is a transition of the vCPU's
+//!   [`VcpuCounters`](hypercall_abi::stage::VcpuCounters) — a TSC read and
+//!   a few plain stores, never a wait. The event also goes to the vCPU's
+//!   ring when the host asks for a trace, and is dropped (and counted) when
+//!   that ring is full.
+//! * [`Mode::Rings`] (a host older than minor 2, or an area without
+//!   counters): every switch is an event in the vCPU's ring; a full ring is
+//!   waited for, never overwritten.
 //! It also publishes each vCPU's scheduling state ([`VcpuState`]): run-queue
 //! depth, parked flag and fallback count. Per-stage runnable counts
 //! (`VcpuState::runnable`) are not maintained: the field stays in the ABI
@@ -31,10 +42,14 @@ use core::ptr;
 use core::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use hypercall_abi::stage::{
-    validate_header, AreaHeader, Layout, RingHeader, StageDesc, StageEvent, StageMap, Status,
-    VcpuState, DOORBELL_REGISTER, DOORBELL_UNREGISTER, DOORBELL_WAIT, DOORBELL_WAKE, MAX_STAGES,
-    STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, STAGE_NONE,
+    stage_code, state_word, validate_header, AreaHeader, Layout, StageDesc, StageMap, Status,
+    VcpuState, CODE_IDLE, CODE_NONE, DOORBELL_REGISTER, DOORBELL_UNREGISTER, DOORBELL_WAIT,
+    DOORBELL_WAKE, IDLE_THREAD, MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, STAGE_NONE,
+    TIMED_EVERY, TIMED_INTERVAL_NS,
 };
+
+mod counters;
+mod ring;
 
 /// What the agent needs from the machine it runs on.
 pub trait Platform {
@@ -49,13 +64,77 @@ pub trait Platform {
 /// Outcome of a stage report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Report {
-    /// Written to the ring after `backoffs` waits for a full ring (0 usually).
+    /// [`Mode::Counters`]: counted in the vCPU's counters; `trace` says what
+    /// became of the event in the trace ring.
+    Counted {
+        /// The trace event's fate.
+        trace: Trace,
+    },
+    /// [`Mode::Rings`]: written to the ring after `backoffs` waits for a
+    /// full ring (0 usually).
     Written {
         /// Times the ring was full before the event fit.
         backoffs: u32,
     },
     /// The agent is inactive (no channel): nothing was written.
     Inactive,
+}
+
+/// What became of a counted event in the trace ring ([`Mode::Counters`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trace {
+    /// The host asks for no trace, or not for this event (sampling).
+    Off,
+    /// Written to the vCPU's ring.
+    Written,
+    /// The ring was full: dropped and counted in its header's
+    /// `trace_dropped` (a traced guest never waits).
+    Dropped,
+}
+
+/// How the agent reports stage switches, fixed at registration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Per-vCPU counters (ABI minor 2); the rings carry an optional, lossy
+    /// trace.
+    Counters,
+    /// Every switch is an event in the vCPU's ring (a host older than
+    /// minor 2, or an area laid out without counters).
+    Rings,
+}
+
+/// Where and how to lay out the area [`Agent::register`] registers.
+#[derive(Clone, Copy, Debug)]
+pub struct AreaSpec<'a> {
+    /// Guest-physical address of the area (4 KiB aligned, PFN < 2³²).
+    pub gpa: u64,
+    /// Bytes available at the area (a multiple of 4 KiB, ≥ the layout's).
+    pub size: u64,
+    /// vCPUs of the VM (one ring and one counter block each).
+    pub num_vcpus: u32,
+    /// Stage names, in stage-id order (at most 16, each cut to 32 bytes).
+    pub stage_names: &'a [&'a str],
+    /// Entries per ring (a power of two, 2..=65,536).
+    pub ring_entries: u32,
+    /// Lay out per-vCPU counters (ABI minor 2). Without them the agent
+    /// reports through the rings only, as a v1.1 guest does.
+    pub counters: bool,
+    /// With counters: one transition in this many starts a timed visit (the
+    /// TSC is read at its start and end; 1 times every visit, a TSC read
+    /// per transition). 0 (the default) paces them by time instead: about
+    /// one per [`TIMED_INTERVAL_NS`](hypercall_abi::stage::TIMED_INTERVAL_NS)
+    /// per vCPU, whatever the switch rate, or one in
+    /// [`TIMED_EVERY`](hypercall_abi::stage::TIMED_EVERY) when the host
+    /// gives no TSC rate.
+    pub timed_every: u64,
+}
+
+impl AreaSpec<'_> {
+    /// The layout this spec asks for (`None` for invalid counts).
+    pub fn layout(&self) -> Option<Layout> {
+        let l = Layout::new(self.num_vcpus, self.stage_names.len() as u32, self.ring_entries)?;
+        Some(if self.counters { l.with_counters() } else { l })
+    }
 }
 
 /// A consistent copy of the host's stage map.
@@ -91,12 +170,24 @@ pub enum SetupError {
 
 /// The guest agent. Shared by all vCPUs of the guest.
 ///
-/// Contract: ring `v` is written only by code running on vCPU `v`, one
-/// context at a time (a cooperative scheduler per vCPU satisfies this).
+/// Contract: ring `v` and counter block `v` are written only by code running
+/// on vCPU `v`, one context at a time (a cooperative scheduler per vCPU
+/// satisfies this).
 pub struct Agent<P: Platform> {
     platform: P,
     base: *mut u8,
     layout: Option<Layout>,
+    mode: Mode,
+    /// [`Mode::Counters`]: vCPU 0's counter block (vCPU *v*'s is `v ×
+    /// 768` bytes further); null otherwise. With `counted_vcpus`, all the
+    /// switch path needs.
+    counters: *mut u8,
+    /// vCPUs with a counter block (0 unless in [`Mode::Counters`]).
+    counted_vcpus: u32,
+    /// Fixed stride of timed visits, or 0: paced by time (`pace_ticks`).
+    timed_every: u64,
+    /// Ticks between paced timed visits (0: the TSC rate is unknown).
+    pace_ticks: u64,
     status: Status,
 }
 
@@ -114,29 +205,31 @@ impl<P: Platform> Agent<P> {
             platform,
             base: ptr::null_mut(),
             layout: None,
+            mode: Mode::Rings,
+            counters: ptr::null_mut(),
+            counted_vcpus: 0,
+            timed_every: TIMED_EVERY,
+            pace_ticks: 0,
             status: Status::NoDevice,
         }
     }
 
-    /// Lays out the area at `base` (whose guest-physical address is `gpa`),
-    /// writes the header and stage names, and sends REGISTER. Returns the agent
-    /// and the host's status; on any status but [`Status::Ok`] the agent is
-    /// inactive (no-op).
+    /// Lays out the area `spec` describes at `base` (whose guest-physical
+    /// address is `spec.gpa`), writes the header and stage names, starts
+    /// every vCPU's counters in a timed "no stage" visit from now, and sends
+    /// REGISTER.
+    /// Returns the agent with the host's status; on any status but
+    /// [`Status::Ok`] the agent is inactive (no-op). With counters it reports
+    /// through them only when the host's first map says minor ≥ 2
+    /// ([`Mode`]). Errors: the counts, the area's size or its address are
+    /// invalid ([`SetupError`]); nothing is sent then.
     ///
     /// # Safety
-    /// `base` must point to `area_size` writable bytes, 64-byte aligned, that
+    /// `base` must point to `spec.size` writable bytes, 64-byte aligned, that
     /// stay valid and are used for nothing else while the agent lives.
-    pub unsafe fn register(
-        platform: P,
-        base: *mut u8,
-        gpa: u64,
-        area_size: u64,
-        num_vcpus: u32,
-        stage_names: &[&str],
-        ring_entries: u32,
-    ) -> Result<Self, SetupError> {
-        let layout = Layout::new(num_vcpus, stage_names.len() as u32, ring_entries)
-            .ok_or(SetupError::BadCounts)?;
+    pub unsafe fn register(platform: P, base: *mut u8, spec: &AreaSpec) -> Result<Self, SetupError> {
+        let layout = spec.layout().ok_or(SetupError::BadCounts)?;
+        let (gpa, area_size) = (spec.gpa, spec.size);
         if layout.used_bytes() > area_size {
             return Err(SetupError::AreaTooSmall);
         }
@@ -148,13 +241,7 @@ impl<P: Platform> Agent<P> {
         }
         // SAFETY: the caller guarantees `area_size` writable bytes.
         unsafe { ptr::write_bytes(base, 0, area_size as usize) };
-        let header = AreaHeader {
-            area_size,
-            ..layout.header()
-        };
-        // SAFETY: offset 0 is inside the area and aligned.
-        unsafe { ptr::write_volatile(base as *mut AreaHeader, header) };
-        for (i, name) in stage_names.iter().enumerate() {
+        for (i, name) in spec.stage_names.iter().enumerate() {
             let mut desc = StageDesc::default();
             let n = name.len().min(desc.name.len());
             desc.name[..n].copy_from_slice(&name.as_bytes()[..n]);
@@ -166,18 +253,63 @@ impl<P: Platform> Agent<P> {
                 )
             };
         }
+        let now = platform.tsc();
+        if layout.counters {
+            for v in 0..layout.num_vcpus {
+                // SAFETY: vCPU v's counter block (its first word: the state)
+                // lies inside the layout.
+                unsafe {
+                    ptr::write_volatile(
+                        base.add(layout.counters_offset(v) as usize) as *mut u64,
+                        state_word(now, CODE_NONE, true),
+                    )
+                };
+            }
+        }
+        let header = AreaHeader {
+            area_size,
+            register_tsc: now,
+            ..layout.header()
+        };
+        // SAFETY: offset 0 is inside the area and aligned.
+        unsafe { ptr::write_volatile(base as *mut AreaHeader, header) };
         // The guest must not send a header its own validator refuses.
-        debug_assert!(validate_header(&header, num_vcpus).is_ok());
+        debug_assert!(validate_header(&header, spec.num_vcpus).is_ok());
         fence(Ordering::Release);
         let mut agent = Self {
             platform,
             base,
             layout: None,
+            mode: Mode::Rings,
+            counters: ptr::null_mut(),
+            counted_vcpus: 0,
+            timed_every: spec.timed_every,
+            pace_ticks: 0,
             status: Status::NoDevice,
         };
         agent.status = agent.send(DOORBELL_REGISTER, (gpa >> 12) as u32);
         if agent.status == Status::Ok {
             agent.layout = Some(layout);
+            // The host published its first map before REGISTER returned.
+            if layout.counters && agent.map_word(MAP_MINOR) >= 2 {
+                agent.mode = Mode::Counters;
+                // SAFETY: block 0 lies inside the layout.
+                agent.counters = unsafe { base.add(layout.counters_offset(0) as usize) };
+                agent.counted_vcpus = layout.num_vcpus;
+            }
+            // The host wrote the TSC rate at REGISTER: timed visits are
+            // paced by time when it is known, else every TIMED_EVERY.
+            // SAFETY: the header's `tsc_khz` field, inside the area.
+            let khz = unsafe {
+                ptr::read_volatile(
+                    base.add(core::mem::offset_of!(AreaHeader, tsc_khz))
+                        .cast::<u64>(),
+                )
+            };
+            agent.pace_ticks = khz.saturating_mul(TIMED_INTERVAL_NS) / 1_000_000;
+            if agent.timed_every == 0 && agent.pace_ticks == 0 {
+                agent.timed_every = TIMED_EVERY;
+            }
         }
         Ok(agent)
     }
@@ -209,162 +341,90 @@ impl<P: Platform> Agent<P> {
         self.layout
     }
 
+    /// How switches are reported (meaningful when [`Self::is_active`]).
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
     /// Sends UNREGISTER; the agent becomes inactive. Returns the host's status.
     pub fn unregister(&mut self) -> Status {
         if self.layout.take().is_none() {
             return Status::NotRegistered;
         }
+        self.counters = ptr::null_mut();
+        self.counted_vcpus = 0;
         self.send(DOORBELL_UNREGISTER, 0)
     }
 
-    fn ring(&self, layout: &Layout, vcpu: u32) -> *mut RingHeader {
-        // SAFETY: vcpu < num_vcpus is checked by callers; the ring lies in the area.
-        unsafe { self.base.add(layout.ring_offset(vcpu) as usize) as *mut RingHeader }
+    /// Reports that `thread` on `vcpu` entered `stage` (no VM exit, no
+    /// wait in [`Mode::Counters`]).
+    pub fn stage_enter(&self, vcpu: u32, stage: u32, thread: u32) -> Report {
+        if stage as usize >= MAX_STAGES {
+            return Report::Inactive;
+        }
+        self.report(vcpu, stage_code(stage), stage, thread)
+    }
+
+    /// Reports that `thread` on `vcpu` left its stage: its request is done.
+    pub fn stage_exit(&self, vcpu: u32, thread: u32) -> Report {
+        self.report(vcpu, CODE_NONE, STAGE_NONE, thread)
+    }
+
+    /// Reports that `vcpu` has nothing to run (its run queue is empty), so the
+    /// host stops counting its time for the last stage.
+    pub fn vcpu_idle(&self, vcpu: u32) -> Report {
+        self.report(vcpu, CODE_IDLE, STAGE_NONE, IDLE_THREAD)
+    }
+
+    /// One report: a counter transition into `code` (plus a trace event
+    /// when the host asks for one) in [`Mode::Counters`], else a ring event
+    /// `{stage, thread}`.
+    #[inline]
+    fn report(&self, vcpu: u32, code: u32, stage: u32, thread: u32) -> Report {
+        if vcpu < self.counted_vcpus {
+            // SAFETY: vcpu < counted_vcpus, so its block is in the area;
+            // this vCPU is the block's only writer (the agent's contract).
+            let (n, tsc) = unsafe { self.transition(vcpu, code) };
+            let every = self.map_word(MAP_TRACE_EVERY);
+            if every == 0 || (every > 1 && n % every != 0) {
+                return Report::Counted { trace: Trace::Off };
+            }
+            return self.trace(vcpu, tsc, stage, thread);
+        }
+        let Some(layout) = self.layout.filter(|l| vcpu < l.num_vcpus) else {
+            return Report::Inactive;
+        };
+        if self.mode == Mode::Counters {
+            return Report::Inactive;
+        }
+        let tsc = self.platform.tsc();
+        // SAFETY: vcpu < num_vcpus (checked above); single producer.
+        unsafe { self.push(&layout, vcpu, tsc, stage, thread) }
+    }
+
+    /// The trace event of a counted report.
+    fn trace(&self, vcpu: u32, tsc: Option<u64>, stage: u32, thread: u32) -> Report {
+        let Some(layout) = self.layout else {
+            return Report::Inactive;
+        };
+        // SAFETY: vcpu < counted_vcpus = num_vcpus (caller); the ring's
+        // only producer.
+        let trace = unsafe { self.try_push(&layout, vcpu, tsc, stage, thread) };
+        Report::Counted { trace }
+    }
+
+    /// Word `index` (< 24) of the stage map, read relaxed and outside the
+    /// seqlock (callers are registered).
+    fn map_word(&self, index: usize) -> u64 {
+        // SAFETY: word `index` of the map, inside the registered area.
+        let p = unsafe { self.base.add(STAGE_MAP_OFFSET as usize + 8 * index) } as *mut u64;
+        Self::word(p).load(Ordering::Relaxed)
     }
 
     fn word(p: *mut u64) -> &'static AtomicU64 {
         // SAFETY: `p` is an 8-byte aligned word of the registered area, which
         // outlives the agent (register's contract).
         unsafe { AtomicU64::from_ptr(p) }
-    }
-
-    /// Reports that `thread` on `vcpu` entered `stage` (no VM exit).
-    pub fn stage_enter(&self, vcpu: u32, stage: u32, thread: u32) -> Report {
-        self.report(vcpu, stage, thread)
-    }
-
-    /// Reports that `thread` on `vcpu` left its stage.
-    pub fn stage_exit(&self, vcpu: u32, thread: u32) -> Report {
-        self.report(vcpu, STAGE_NONE, thread)
-    }
-
-    /// Reports that `vcpu` has nothing to run (its run queue is empty), so the
-    /// host stops counting its time for the last stage.
-    pub fn vcpu_idle(&self, vcpu: u32) -> Report {
-        self.report(vcpu, STAGE_NONE, hypercall_abi::stage::IDLE_THREAD)
-    }
-
-    fn report(&self, vcpu: u32, stage: u32, thread: u32) -> Report {
-        let Some(layout) = self.layout else {
-            return Report::Inactive;
-        };
-        if vcpu >= layout.num_vcpus {
-            return Report::Inactive;
-        }
-        let event = StageEvent {
-            seq: 0,
-            tsc: self.platform.tsc(),
-            stage,
-            thread,
-            reserved: 0,
-        };
-        // SAFETY: vcpu < num_vcpus (checked above); single producer per ring.
-        unsafe { self.push(&layout, vcpu, event, true) }
-    }
-
-    /// Writes `event` into `vcpu`'s ring. With `fix_seq` the sequence number
-    /// is set to the slot's index (the valid form); without it the event is
-    /// written as given (the `test-hooks` feature's `write_raw_event` forges
-    /// bad entries this way).
-    ///
-    /// # Safety
-    /// `vcpu < layout.num_vcpus`, and only one context writes this ring.
-    unsafe fn push(
-        &self,
-        layout: &Layout,
-        vcpu: u32,
-        mut event: StageEvent,
-        fix_seq: bool,
-    ) -> Report {
-        let ring = self.ring(layout, vcpu);
-        // SAFETY: `ring` points to this ring's header inside the area.
-        let head_word = Self::word(unsafe { ptr::addr_of_mut!((*ring).head) });
-        // SAFETY: as above.
-        let tail_word = Self::word(unsafe { ptr::addr_of_mut!((*ring).tail) });
-        // SAFETY: as above.
-        let backoff_word = Self::word(unsafe { ptr::addr_of_mut!((*ring).full_backoffs) });
-        let head = head_word.load(Ordering::Relaxed);
-        let mut backoffs = 0u32;
-        let mut spin = 64u32;
-        while head.wrapping_sub(tail_word.load(Ordering::Acquire)) >= u64::from(layout.ring_entries)
-        {
-            // Full: never overwrite an unread entry; count and back off.
-            backoffs += 1;
-            backoff_word.fetch_add(1, Ordering::Relaxed);
-            for _ in 0..spin {
-                core::hint::spin_loop();
-            }
-            spin = (spin * 2).min(1 << 16);
-        }
-        if fix_seq {
-            event.seq = head;
-        }
-        // SAFETY: the slot lies in this ring; it is unread-free (checked above).
-        unsafe {
-            ptr::write_volatile(
-                self.base.add(layout.slot_offset(vcpu, head) as usize) as *mut StageEvent,
-                event,
-            )
-        };
-        head_word.store(head.wrapping_add(1), Ordering::Release);
-        Report::Written { backoffs }
-    }
-
-    /// Test hook: writes `event` into `vcpu`'s ring as given, or with its
-    /// sequence number fixed up when `fix_seq`, to check the host's
-    /// validation. Returns `Inactive` when not registered or `vcpu` is out of
-    /// range. Only with the `test-hooks` feature.
-    #[cfg(feature = "test-hooks")]
-    pub fn write_raw_event(&self, vcpu: u32, event: StageEvent, fix_seq: bool) -> Report {
-        match self.layout {
-            // SAFETY: vcpu checked; single producer per ring (caller's contract).
-            Some(layout) if vcpu < layout.num_vcpus => unsafe {
-                self.push(&layout, vcpu, event, fix_seq)
-            },
-            _ => Report::Inactive,
-        }
-    }
-
-    /// True when the host has consumed everything in `vcpu`'s ring
-    /// (`tail == head`); also true when inactive.
-    pub fn ring_drained(&self, vcpu: u32) -> bool {
-        match self.layout.filter(|l| vcpu < l.num_vcpus) {
-            Some(layout) => {
-                let ring = self.ring(&layout, vcpu);
-                // SAFETY: fields of this ring's header.
-                let head = Self::word(unsafe { ptr::addr_of_mut!((*ring).head) });
-                // SAFETY: as above.
-                let tail = Self::word(unsafe { ptr::addr_of_mut!((*ring).tail) });
-                head.load(Ordering::Relaxed) == tail.load(Ordering::Acquire)
-            }
-            None => true,
-        }
-    }
-
-    /// Test hook: moves `vcpu`'s published head forward by `delta` without
-    /// writing slots, as a corrupt guest would. Only with the `test-hooks`
-    /// feature.
-    #[cfg(feature = "test-hooks")]
-    pub fn corrupt_head(&self, vcpu: u32, delta: u64) {
-        if let Some(layout) = self.layout.filter(|l| vcpu < l.num_vcpus) {
-            let ring = self.ring(&layout, vcpu);
-            // SAFETY: field of this ring's header.
-            Self::word(unsafe { ptr::addr_of_mut!((*ring).head) })
-                .fetch_add(delta, Ordering::Release);
-        }
-    }
-
-    /// Times `vcpu`'s ring was found full (from the ring header).
-    pub fn ring_full_backoffs(&self, vcpu: u32) -> u64 {
-        match self.layout.filter(|l| vcpu < l.num_vcpus) {
-            Some(layout) => {
-                let ring = self.ring(&layout, vcpu);
-                // SAFETY: field of this ring's header.
-                Self::word(unsafe { ptr::addr_of_mut!((*ring).full_backoffs) })
-                    .load(Ordering::Relaxed)
-            }
-            None => 0,
-        }
     }
 
     fn state_u32(&self, vcpu: u32, offset: usize) -> Option<&'static AtomicU32> {
@@ -385,6 +445,15 @@ impl<P: Platform> Agent<P> {
     pub fn runq_add(&self, vcpu: u32, delta: i32) {
         if let Some(w) = self.state_u32(vcpu, core::mem::offset_of!(VcpuState, runq_depth)) {
             w.fetch_add(delta as u32, Ordering::AcqRel);
+        }
+    }
+
+    /// Publishes `depth` as `vcpu`'s run-queue depth with a plain store
+    /// (for a runtime that knows its queue's length, e.g. under the queue's
+    /// lock: no locked instruction on the switch path). No-op when inactive.
+    pub fn set_runq_depth(&self, vcpu: u32, depth: u32) {
+        if let Some(w) = self.state_u32(vcpu, core::mem::offset_of!(VcpuState, runq_depth)) {
+            w.store(depth, Ordering::Release);
         }
     }
 
@@ -431,6 +500,18 @@ impl<P: Platform> Agent<P> {
         self.send(DOORBELL_WAKE, vcpu)
     }
 
+    /// The stage map's epoch (one acquire load; 0 when inactive or before
+    /// the host published a map, odd while it writes one): a reader that
+    /// cached the map of an equal, even epoch holds the current map.
+    pub fn map_epoch(&self) -> u64 {
+        if self.layout.is_none() {
+            return 0;
+        }
+        // SAFETY: word 0 of the map, inside the registered area.
+        let p = unsafe { self.base.add(STAGE_MAP_OFFSET as usize) } as *mut u64;
+        Self::word(p).load(Ordering::Acquire)
+    }
+
     /// Reads a consistent stage map (seqlock: retries while the host writes).
     /// `None` when inactive or before the host published a map.
     pub fn read_map(&self) -> Option<MapSnapshot> {
@@ -452,13 +533,11 @@ impl<P: Platform> Agent<P> {
                 // SAFETY: word i + 1 of the map.
                 *v = unsafe { ptr::read_volatile(map.add(1 + i)) };
             }
-            const OWNED: usize = core::mem::offset_of!(StageMap, owned) / 8;
-            const MINOR: usize = core::mem::offset_of!(StageMap, minor) / 8;
             // SAFETY: words of the map (`StageMap` is 24 words).
             let (owned, minor) = unsafe {
                 (
-                    ptr::read_volatile(map.add(OWNED)),
-                    ptr::read_volatile(map.add(MINOR)),
+                    ptr::read_volatile(map.add(MAP_OWNED)),
+                    ptr::read_volatile(map.add(MAP_MINOR)),
                 )
             };
             fence(Ordering::Acquire);
@@ -473,6 +552,11 @@ impl<P: Platform> Agent<P> {
         }
     }
 }
+
+/// Word indices of [`StageMap`] fields.
+const MAP_OWNED: usize = core::mem::offset_of!(StageMap, owned) / 8;
+const MAP_MINOR: usize = core::mem::offset_of!(StageMap, minor) / 8;
+const MAP_TRACE_EVERY: usize = core::mem::offset_of!(StageMap, trace_every) / 8;
 
 /// Which vCPU `stage` should run on for a thread now on `current`, given a
 /// map read with [`Agent::read_map`] (pure; the one place the rule lives):
