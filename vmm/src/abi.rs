@@ -3,7 +3,7 @@
 //! (`hypercall-abi` has no dependencies, so the impls live here.)
 
 use hypercall_abi::boot::BootInfo;
-use hypercall_abi::stage::{AreaHeader, StageDesc, StageEvent};
+use hypercall_abi::stage::{AreaHeader, StageDesc, StageEvent, VcpuCounters};
 
 /// A `#[repr(C)]` ABI struct as a guest-memory object.
 #[derive(Clone, Copy, Default, Debug)]
@@ -19,4 +19,4 @@ macro_rules! byte_valued {
     )*};
 }
 
-byte_valued!(BootInfo, AreaHeader, StageDesc, StageEvent);
+byte_valued!(BootInfo, AreaHeader, StageDesc, StageEvent, VcpuCounters);

@@ -540,13 +540,15 @@ pub fn build(config: &VmConfig) -> Result<Vmm, VmmError> {
 
     // Step 9: the stage device, the bus, the stage scheduler.
     let stage = config.stage_device.then(|| {
-        Arc::new(StageDevice::new(
+        let device = StageDevice::new(
             memory.clone(),
             config.memory.size,
             num_vcpus,
             tsc_khz,
             config.drain_period.as_micros() as u64,
-        ))
+        );
+        device.set_trace(config.stage_trace.every);
+        Arc::new(device)
     });
     let mut bus = Bus::new(&config.serial, stage.clone(), linux.is_some())?;
     for (block, ioeventfd) in blocks {

@@ -327,6 +327,55 @@ impl FromStr for BootMode {
     }
 }
 
+/// `--stage-trace off|on|every=N`: the event trace asked of a guest that
+/// reports through per-vCPU counters (ABI minor 2): `on` = every event also
+/// goes to its vCPU's ring, `every=N` = every Nth event of each kind per
+/// vCPU, `off` = none (the rings stay empty and the VMM does no work per
+/// event). A guest that reports through its rings is drained either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceConfig {
+    /// 0 = off, N ≥ 1 = every Nth event.
+    pub every: u64,
+}
+
+/// Largest `every=` of `--stage-trace` (one event in a billion).
+pub const TRACE_EVERY_MAX: u64 = 1_000_000_000;
+
+impl FromStr for TraceConfig {
+    type Err = ConfigError;
+    fn from_str(value: &str) -> Result<Self, ConfigError> {
+        let every = match value {
+            "off" => 0,
+            "on" => 1,
+            _ => {
+                let (key, n) = value.split_once('=').ok_or_else(|| ConfigError::Invalid {
+                    what: "stage trace",
+                    value: value.into(),
+                    reason: "expected off, on or every=N".into(),
+                })?;
+                if key != "every" {
+                    return Err(ConfigError::UnknownKey {
+                        key: key.into(),
+                        value: value.into(),
+                        expected: "every",
+                    });
+                }
+                match n.parse::<u64>() {
+                    Ok(n) if (1..=TRACE_EVERY_MAX).contains(&n) => n,
+                    _ => {
+                        return Err(ConfigError::Invalid {
+                            what: "stage trace",
+                            value: value.into(),
+                            reason: format!("every= takes 1 to {TRACE_EVERY_MAX}"),
+                        })
+                    }
+                }
+            }
+        };
+        Ok(Self { every })
+    }
+}
+
 /// Everything needed to build and run one VM.
 #[derive(Clone, Debug)]
 pub struct VmConfig {
@@ -342,8 +391,11 @@ pub struct VmConfig {
     pub serial: SerialConfig,
     /// Whether the VM has a stage device (`--no-stage-device` turns it off).
     pub stage_device: bool,
-    /// How often the scheduler thread drains the stage rings.
+    /// How often the scheduler thread drains the stage rings (while they
+    /// need draining: a rings guest, or a trace).
     pub drain_period: std::time::Duration,
+    /// The event trace asked of a counters guest (`--stage-trace`).
+    pub stage_trace: TraceConfig,
     /// Stage scheduling: cores, budgets, policy (`--stages`, `--policy`),
     /// as given and as resolved against the host.
     pub sched: host_sched::vm::Setup,
@@ -379,6 +431,17 @@ pub fn check_input_file(path: &std::path::Path, max: u64) -> Result<u64, String>
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn stage_trace_values() {
+        assert_eq!("off".parse(), Ok(TraceConfig { every: 0 }));
+        assert_eq!("on".parse(), Ok(TraceConfig { every: 1 }));
+        assert_eq!("every=64".parse(), Ok(TraceConfig { every: 64 }));
+        for bad in ["every=0", "every=x", "yes", "rate=5"] {
+            let e = bad.parse::<TraceConfig>().unwrap_err().to_string();
+            assert!(e.contains(bad), "{e}");
+        }
+    }
+
     use super::*;
 
     #[test]

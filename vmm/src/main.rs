@@ -72,10 +72,19 @@ struct Cli {
     #[arg(long)]
     no_stage_device: bool,
 
-    /// How often the scheduler thread drains the stage rings, in µs.
+    /// How often the scheduler thread drains the stage rings, in µs, while
+    /// they need draining (a guest that reports through its rings, or a
+    /// trace); otherwise it wakes once per policy period.
     #[arg(long, value_name = "US", default_value_t = stagevm::stage::DEFAULT_DRAIN_PERIOD_US,
           value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
     drain_period_us: u64,
+
+    /// Event trace of a guest that reports through stage counters (ABI
+    /// minor 2): off, on (every event also goes to its vCPU's ring; a full
+    /// ring drops it, counted) or every=N (every Nth event of each kind per
+    /// vCPU). The operator API changes it live (PUT /api/v1/stages.trace).
+    #[arg(long, value_name = "off|on|every=N", default_value = "off")]
+    stage_trace: stagevm::config::TraceConfig,
 
     /// Per-thread seccomp filters: true (a forbidden syscall ends the VM
     /// with status 2), log (allowed and logged by the kernel) or false.
@@ -255,6 +264,7 @@ fn main() -> ExitCode {
         serial: cli.serial,
         stage_device: !cli.no_stage_device,
         drain_period: std::time::Duration::from_micros(cli.drain_period_us),
+        stage_trace: cli.stage_trace,
         sched,
         disks: cli.disk.clone(),
         boot_mode: cli.boot_mode,
@@ -285,13 +295,14 @@ fn main() -> ExitCode {
             if suppressed > 0 {
                 eprintln!("stagevm: {suppressed} guest-triggered log lines suppressed (at most {} per {} s per message)", stagevm::ratelimit::BURST, stagevm::ratelimit::WINDOW_NS / 1_000_000_000);
             }
+            let code = outcome.exit.exit_code();
             if let (Some(path), Some(file)) = (&cli.report, report_file.as_mut()) {
-                if let Err(e) = outcome.report().write_to(file) {
+                if let Err(e) = outcome.into_report().write_to(file) {
                     eprintln!("stagevm: error: --report {}: {e}", path.display());
                     return ExitCode::from(EXIT_VMM_ERROR);
                 }
             }
-            ExitCode::from(outcome.exit.exit_code())
+            ExitCode::from(code)
         }
         Err(e) => {
             eprintln!("stagevm: error: {e}");

@@ -133,6 +133,8 @@ fn allowed(kind: ThreadKind) -> Vec<i64> {
         ThreadKind::StageSched => &[
             libc::SYS_epoll_wait,
             libc::SYS_epoll_pwait,
+            // The loop's timer follows the rings' need for draining.
+            libc::SYS_timerfd_settime,
             libc::SYS_sched_getaffinity,
             libc::SYS_sched_setaffinity,
         ],

@@ -68,14 +68,15 @@ pub struct RunOutcome {
 }
 
 impl RunOutcome {
-    /// The JSON report of this run.
-    pub fn report(&self) -> Report {
+    /// The JSON report of this run (moves the counters and the timeline:
+    /// no copy of a long run's timeline).
+    pub fn into_report(self) -> Report {
         Report {
             exit_code: self.exit.exit_code(),
             exit: self.exit.describe(),
-            stage_channel: self.channel.clone(),
-            sched: self.sched.clone(),
-            disks: self.disks.clone(),
+            stage_channel: self.channel,
+            sched: self.sched,
+            disks: self.disks,
             log_lines_suppressed: crate::ratelimit::suppressed(),
         }
     }
@@ -118,11 +119,13 @@ impl Vmm {
         // This thread is the VMM's event loop: a helper, on housekeeping cores
         // (threads spawned below inherit that until they pin themselves).
         self.sched.pinner().start_helper_thread("vmm-main");
+        let sched = self.sched.clone();
+        let main_cpu = crate::sched::ThreadCpu::start(sched.pinner());
         let stop = Arc::new(AtomicBool::new(false));
         let threads = self.start_threads(&stop)?;
         crate::seccomp::install(ThreadKind::Main, self.seccomp).map_err(std::io::Error::other)?;
         self.wait_for_exit(&signals)?;
-        Ok(self.shutdown(&stop, threads))
+        Ok(self.shutdown(&stop, threads, main_cpu))
     }
 
     fn start_threads(&mut self, stop: &Arc<AtomicBool>) -> Result<Threads, VmmError> {
@@ -162,6 +165,7 @@ impl Vmm {
                     .name(name.clone())
                     .spawn(move || {
                         sched.pinner().start_helper_thread(&name);
+                        let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
                         if let Err(e) = crate::seccomp::install(ThreadKind::IoBlk, seccomp) {
                             exit.request(VmExit::ConfigError(e));
                             return;
@@ -189,6 +193,7 @@ impl Vmm {
                     std::thread::Builder::new()
                         .name("stage-sched".into())
                         .spawn(move || {
+                            let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
                             if let Err(e) = sched.run(period, exit.fd(), seccomp) {
                                 exit.request(VmExit::ConfigError(format!("stage-sched: {e}")));
                             }
@@ -222,6 +227,7 @@ impl Vmm {
             .name("api".into())
             .spawn(move || {
                 ctx.sched.pinner().start_helper_thread("api");
+                let _cpu = crate::sched::ThreadCpu::start(ctx.sched.pinner());
                 let ready = || {
                     crate::seccomp::install(ThreadKind::Api, seccomp).map_err(std::io::Error::other)
                 };
@@ -258,7 +264,12 @@ impl Vmm {
     /// Stops the VM: sets the stop flag, unparks parked vCPUs and kicks each
     /// vCPU thread once; joins every thread (the exit `EventFd` already ends
     /// `stage-sched` and the I/O threads); drains the rings a last time.
-    fn shutdown(self, stop: &AtomicBool, threads: Threads) -> RunOutcome {
+    fn shutdown(
+        self,
+        stop: &AtomicBool,
+        threads: Threads,
+        main_cpu: crate::sched::ThreadCpu<'_>,
+    ) -> RunOutcome {
         stop.store(true, Ordering::Release);
         if let Some(device) = self.sched.device() {
             // Parked vCPUs (WAIT) must see the stop too.
@@ -287,6 +298,9 @@ impl Vmm {
         {
             let _ = t.join();
         }
+        // The main thread's CPU time while the VM ran (the building before
+        // it not counted), recorded before the report is made.
+        drop(main_cpu);
         let (channel, sched) = self.sched.finish();
         self.bus.flush();
         RunOutcome {

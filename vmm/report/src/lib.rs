@@ -57,11 +57,12 @@ pub struct StageStats {
 pub struct VcpuRingStats {
     /// vCPU index.
     pub index: u32,
-    /// Valid events (enters and exits).
+    /// Stage switches reported: enters, exits and idle markers (counted
+    /// transitions in counters mode, valid ring events in rings mode).
     pub events: u64,
-    /// Valid `stage_exit` events (requests completed).
+    /// Requests completed (`stage_exit`).
     pub exits: u64,
-    /// Valid idle markers (`STAGE_NONE` with `IDLE_THREAD`).
+    /// Times the vCPU went idle (idle markers).
     pub idles: u64,
     /// Entries dropped because their `seq` was not the slot's index (torn,
     /// stale or forged).
@@ -72,8 +73,22 @@ pub struct VcpuRingStats {
     /// the 64-bit index past its end; the ring was resynchronised to `head`
     /// and the skipped range counted here once.
     pub bad_index: u64,
-    /// The guest's own count of full-ring back-offs (from its ring header).
+    /// The guest's own count of full-ring back-offs (from its ring header;
+    /// rings-only mode).
     pub ring_full_backoffs: u64,
+    /// Trace events the guest dropped because the ring was full (from its
+    /// ring header; counters mode, ABI minor 2).
+    #[serde(default)]
+    pub trace_dropped: u64,
+    /// Idle time of the vCPU (ns), from its counters (counters mode; 0 for
+    /// a rings guest).
+    #[serde(default)]
+    pub idle_ns: u64,
+    /// Impossible counter values the host clamped on this vCPU: counters
+    /// that went backwards, a state code out of range, more time than the
+    /// policy period (docs/stage-protocol.md §8).
+    #[serde(default)]
+    pub counter_clamps: u64,
 }
 
 impl VcpuRingStats {
@@ -90,6 +105,30 @@ impl VcpuRingStats {
 pub struct ChannelReport {
     /// Whether an area is registered at the end.
     pub registered: bool,
+    /// How the (last) registered guest reports: `counters` (ABI minor 2:
+    /// per-vCPU counters read once per policy period, rings only for the
+    /// trace) or `rings` (every switch an event in the rings); empty before
+    /// a registration.
+    #[serde(default)]
+    pub mode: String,
+    /// The event trace asked of the guest now (counters mode): 0 = off,
+    /// N = every Nth event of each kind per vCPU (`--stage-trace`).
+    #[serde(default)]
+    pub trace_every: u64,
+    /// Valid trace events drained from the rings (counters mode).
+    #[serde(default)]
+    pub traced_events: u64,
+    /// Sum of the guest's dropped trace events (full rings).
+    #[serde(default)]
+    pub trace_dropped: u64,
+    /// Sum of the impossible counter values the host clamped.
+    #[serde(default)]
+    pub counter_clamps: u64,
+    /// REGISTERs that came less than a policy period after the last one
+    /// served: answered with the current map, their re-planning left to the
+    /// next policy period (a guest may register in a loop).
+    #[serde(default)]
+    pub registrations_coalesced: u64,
     /// Successful registrations.
     pub registrations: u64,
     /// Refused REGISTERs, by status name.
@@ -137,6 +176,12 @@ pub struct HelperThread {
     pub tid: i32,
     /// Affinity read back with `sched_getaffinity` after pinning (cpulist).
     pub affinity: String,
+    /// CPU time the thread used while the VM ran (ms; from
+    /// `CLOCK_THREAD_CPUTIME_ID` when it ended; for `vmm-main`, from the
+    /// start of the run, after the VM was built). 0 for a thread the VMM did
+    /// not start (KVM's workers) or one still running.
+    #[serde(default)]
+    pub cpu_ms: f64,
 }
 
 /// A vCPU thread's id and its affinity as last applied and read back.
@@ -148,6 +193,10 @@ pub struct VcpuThread {
     pub tid: i32,
     /// Affinity read back after the last pin (cpulist).
     pub affinity: String,
+    /// CPU time the thread used (ms; guest time in the vCPU included), 0
+    /// while it runs.
+    #[serde(default)]
+    pub cpu_ms: f64,
 }
 
 /// One policy period.
@@ -218,8 +267,12 @@ pub struct SchedReport {
     pub repins: u64,
     /// Mean `sched_setaffinity` latency of those re-pins (µs).
     pub repin_mean_us: f64,
-    /// One entry per policy period.
+    /// One entry per policy period, oldest first (the timeline is a ring
+    /// bounded in bytes: `timeline_dropped` oldest entries are gone).
     pub timeline: Vec<TimelineEntry>,
+    /// Oldest timeline entries dropped to keep it within its byte budget.
+    #[serde(default)]
+    pub timeline_dropped: u64,
 }
 
 /// Counters of one virtio-blk disk.
@@ -300,9 +353,11 @@ impl Report {
     /// e.g. before the run). Errors: serialisation or the write.
     pub fn write_to(&self, file: &mut std::fs::File) -> Result<(), ReportError> {
         use std::io::Write as _;
-        let json = serde_json::to_string_pretty(self).map_err(ReportError::Json)?;
-        file.write_all((json + "\n").as_bytes())
-            .map_err(ReportError::Io)
+        // Streamed: no copy of the report as one string.
+        let mut out = std::io::BufWriter::new(file);
+        serde_json::to_writer_pretty(&mut out, self).map_err(ReportError::Json)?;
+        out.write_all(b"\n").map_err(ReportError::Io)?;
+        out.flush().map_err(ReportError::Io)
     }
 
     /// Reads a report written by [`Report::write`]. Errors: the file cannot
@@ -343,6 +398,7 @@ mod tests {
             repins: 0,
             repin_mean_us: 0.0,
             timeline: vec![],
+            timeline_dropped: 0,
         };
         let text = summary(Some(&channel), &sched, &[]);
         assert!(!text.contains('\u{1b}'), "{text}");

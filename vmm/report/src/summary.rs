@@ -42,15 +42,15 @@ pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport, disks: &[BlockReport
     for v in &sc.vcpus {
         let _ = writeln!(
             s,
-            "stagevm:   vcpu{} tid {} affinity {}",
-            v.index, v.tid, v.affinity
+            "stagevm:   vcpu{} tid {} affinity {} cpu {:.1} ms",
+            v.index, v.tid, v.affinity, v.cpu_ms
         );
     }
     for h in &sc.helpers {
         let _ = writeln!(
             s,
-            "stagevm:   helper {} tid {} affinity {}",
-            h.name, h.tid, h.affinity
+            "stagevm:   helper {} tid {} affinity {} cpu {:.1} ms",
+            h.name, h.tid, h.affinity, h.cpu_ms
         );
     }
     for d in disks {

@@ -1,13 +1,32 @@
 //! Per-stage accounting of one registered guest: counters since REGISTER
 //! (events, arrivals, occupancy, migrations) and the load window the
 //! controller reads every policy period.
+//!
+//! Two sources, by the guest's mode: a counters guest (ABI minor 2) is
+//! read once per policy period ([`Accounting::ingest_counters`], through
+//! [`CounterReader`]'s rules), and its drained ring events, when a trace is
+//! on, are only counted; a rings guest's events are folded in one by one
+//! ([`Accounting::ingest`]).
 
 use std::collections::HashMap;
 
-use hypercall_abi::stage::{IDLE_THREAD, STAGE_NONE};
+use hypercall_abi::stage::{
+    stage_code, VcpuCounters, CODE_IDLE, CODE_NONE, IDLE_THREAD, STAGE_NONE,
+};
 use stagevm_report::{ChannelReport, StageStats};
 
+use super::counters::CounterReader;
 use crate::stage::Drained;
+
+/// Per-vCPU totals of a counters guest.
+#[derive(Clone, Copy, Debug, Default)]
+struct VcpuTotals {
+    events: u64,
+    exits: u64,
+    idles: u64,
+    idle_ticks: u64,
+    clamps: u64,
+}
 
 /// Most guest threads tracked for migration counting (bounds the map a
 /// guest can grow by inventing thread ids).
@@ -33,6 +52,11 @@ pub struct Accounting {
     window_ns: Vec<u64>,
     /// Requests completed (valid `stage_exit` events) in the same window.
     window_requests: u64,
+    /// A counters guest's reader and per-vCPU totals (`None`: rings).
+    counters: Option<CounterReader>,
+    vcpu_totals: Vec<VcpuTotals>,
+    /// Trace events drained from a counters guest's rings.
+    traced: u64,
 }
 
 impl Accounting {
@@ -57,18 +81,74 @@ impl Accounting {
     }
 
     fn ticks_to_ns(&self, ticks: u64) -> u64 {
-        if self.tsc_khz == 0 {
-            ticks
-        } else {
-            (u128::from(ticks) * 1_000_000 / u128::from(self.tsc_khz)).min(u128::from(u64::MAX))
-                as u64
+        ticks_to_ns(self.tsc_khz, ticks)
+    }
+
+    /// Makes this a counters guest's accounting: its blocks are read
+    /// through `reader` ([`Self::ingest_counters`]), and drained ring events
+    /// only count as trace events.
+    pub fn with_counters(mut self, reader: CounterReader) -> Self {
+        self.vcpu_totals = vec![VcpuTotals::default(); self.current.len()];
+        self.counters = Some(reader);
+        self
+    }
+
+    /// Whether this guest reports through counters.
+    pub fn uses_counters(&self) -> bool {
+        self.counters.is_some()
+    }
+
+    /// Folds in one read of a counters guest's blocks, taken at host TSC
+    /// `host_tsc` for registration `generation` (a read of another
+    /// registration is ignored). No-op for a rings guest.
+    pub fn ingest_counters(&mut self, generation: u64, blocks: &[VcpuCounters], host_tsc: u64) {
+        let Some(reader) = self.counters.as_mut() else {
+            return;
+        };
+        if reader.generation() != generation {
+            return;
+        }
+        let deltas = reader.update(blocks, host_tsc);
+        for (v, d) in deltas.iter().enumerate() {
+            for (s, stage) in self.stages.iter_mut().enumerate() {
+                let code = stage_code(s as u32) as usize;
+                let ns = ticks_to_ns(self.tsc_khz, d.ticks[code]);
+                stage.events = stage.events.saturating_add(d.counts[code]);
+                stage.occupancy_ns = stage.occupancy_ns.saturating_add(ns);
+                stage.migrations_in = stage.migrations_in.saturating_add(d.migrations_in[s]);
+                stage.migrations_out = stage.migrations_out.saturating_add(d.migrations_out[s]);
+                self.window_ns[s] = self.window_ns[s].saturating_add(ns);
+            }
+            let requests = d.counts[CODE_NONE as usize];
+            self.window_requests = self.window_requests.saturating_add(requests);
+            if let Some(t) = self.vcpu_totals.get_mut(v) {
+                t.events = t
+                    .events
+                    .saturating_add(d.counts.iter().fold(0u64, |a, c| a.saturating_add(*c)));
+                t.exits = t.exits.saturating_add(requests);
+                t.idles = t.idles.saturating_add(d.counts[CODE_IDLE as usize]);
+                t.idle_ticks = t.idle_ticks.saturating_add(d.ticks[CODE_IDLE as usize]);
+                t.clamps = t.clamps.saturating_add(d.clamps);
+                if d.clamps > 0 {
+                    crate::guest_warn!(
+                        vcpu = v,
+                        clamps = t.clamps,
+                        "stage counters: impossible values clamped"
+                    );
+                }
+            }
         }
     }
 
     /// Folds one drain's events in. Stage ids were validated by the device
     /// against the registered stage count; ids past this accounting's
-    /// stages (a re-registration with fewer stages) are ignored.
+    /// stages (a re-registration with fewer stages) are ignored. For a
+    /// counters guest the events are its trace: only counted.
     pub fn ingest(&mut self, drained: &Drained) {
+        if self.counters.is_some() {
+            self.traced = self.traced.saturating_add(drained.events.len() as u64);
+            return;
+        }
         for v in &drained.resynced {
             if let Some(c) = self.current.get_mut(*v as usize) {
                 *c = None;
@@ -136,17 +216,46 @@ impl Accounting {
         (window, std::mem::take(&mut self.window_requests))
     }
 
-    /// Writes the per-stage part of the channel report: `stages`, `busy_ns`
-    /// (guest time from the first to the last event), `requests_per_s` (of
-    /// the `requests` the device counted) and `untracked_threads`.
+    /// Writes the accounting's part of the channel report: `stages`,
+    /// `requests`, `busy_ns` (guest time from the first to the last event or
+    /// transition), `requests_per_s`, `untracked_threads`; for a counters
+    /// guest also the per-vCPU events, exits, idles, idle time and clamps,
+    /// `counter_clamps` and `traced_events`.
     pub fn fill_report(&self, r: &mut ChannelReport) {
         r.stages = self.stages.clone();
         r.untracked_threads = self.untracked;
-        if let Some(first) = self.first_tsc {
-            r.busy_ns = self.ticks_to_ns(self.last_tsc.saturating_sub(first));
-            if r.busy_ns > 0 {
-                r.requests_per_s = r.requests as f64 * 1e9 / r.busy_ns as f64;
+        let span = match &self.counters {
+            Some(reader) => {
+                for (v, t) in self.vcpu_totals.iter().enumerate() {
+                    if let Some(out) = r.vcpus.get_mut(v) {
+                        out.events = t.events;
+                        out.exits = t.exits;
+                        out.idles = t.idles;
+                        out.idle_ns = self.ticks_to_ns(t.idle_ticks);
+                        out.counter_clamps = t.clamps;
+                    }
+                }
+                r.counter_clamps = self.vcpu_totals.iter().map(|t| t.clamps).sum();
+                r.traced_events = self.traced;
+                reader.span_ticks()
             }
+            None => self
+                .first_tsc
+                .map_or(0, |first| self.last_tsc.saturating_sub(first)),
+        };
+        r.requests = r.vcpus.iter().map(|v| v.exits).fold(0, u64::saturating_add);
+        r.busy_ns = self.ticks_to_ns(span);
+        if r.busy_ns > 0 {
+            r.requests_per_s = r.requests as f64 * 1e9 / r.busy_ns as f64;
         }
+    }
+}
+
+/// Guest TSC ticks as ns at `tsc_khz` (kHz; ticks unchanged when 0).
+fn ticks_to_ns(tsc_khz: u64, ticks: u64) -> u64 {
+    if tsc_khz == 0 {
+        ticks
+    } else {
+        (u128::from(ticks) * 1_000_000 / u128::from(tsc_khz)).min(u128::from(u64::MAX)) as u64
     }
 }

@@ -1,187 +1,28 @@
-//! The controller: the one place where the VMM turns stage events into
-//! scheduling decisions, by asking host-sched, and the `stage-sched` loop
-//! that feeds it ([`StageSched::run`]).
+//! The controller: the one place where the VMM turns the guest's stage
+//! counters or events into scheduling decisions, by asking host-sched. The
+//! `stage-sched` loop that feeds it is [`super::StageSched::run`].
 //!
 //! It owns the per-stage accounting and its load window, the VM's policy
 //! (built once per registration by [`host_sched::vm::build_policy`]), the
-//! plan last applied and the timeline. Its inputs are validated events
+//! plan last applied and the timeline. Its inputs are counter reads
+//! ([`Controller::ingest_counters`]), validated events
 //! ([`Controller::ingest`]) and the clock ([`Controller::period`]); its
 //! outputs are [`Plan`]s, which the caller publishes (stage map) and applies
 //! (pins). It never touches guest memory or threads itself.
 
-use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use host_sched::config::{BudgetsUpdate, Config, ConfigError, PolicyUpdate};
 use host_sched::policy::{Plan, Policy};
 use host_sched::topology::Topology;
 use host_sched::vm::{build_policy, replan, Setup, VmPlan};
+use hypercall_abi::stage::VcpuCounters;
 use stagevm_report::{ChannelReport, StagePlacement, TimelineEntry};
-use vmm_sys_util::eventfd::EventFd;
-use vmm_sys_util::timerfd::TimerFd;
 
 use super::accounting::Accounting;
-use super::pinner::Pinner;
-use crate::poll::Poller;
-use crate::stage::{Drained, Registered, StageDevice};
-
-/// Epoll tokens of the `stage-sched` loop.
-const TOKEN_EXIT: u64 = 0;
-const TOKEN_TIMER: u64 = 1;
-const TOKEN_REGISTERED: u64 = 2;
-
-/// The stage scheduling of one VM: controller, pinner and the stage device
-/// they drive (none with `--no-stage-device`).
-pub struct StageSched {
-    pub(super) controller: Mutex<Controller>,
-    pub(super) pinner: Pinner,
-    pub(super) device: Option<Arc<StageDevice>>,
-    /// Written at each REGISTER: the loop starts a policy period at once.
-    registered: EventFd,
-}
-
-impl StageSched {
-    /// Stage scheduling for a VM of `num_vcpus` vCPUs under `setup`,
-    /// driving `device`. Errors: the "registered" `EventFd` cannot be
-    /// created.
-    pub fn new(
-        setup: &Setup,
-        num_vcpus: u32,
-        device: Option<Arc<StageDevice>>,
-    ) -> std::io::Result<Arc<Self>> {
-        let tsc_khz = device.as_ref().map_or(0, |d| d.tsc_khz());
-        let controller = Controller::new(setup, num_vcpus, tsc_khz);
-        let pinner = Pinner::new(
-            controller.plan().vcpu_cores.clone(),
-            controller.vm().resolved.housekeeping.clone(),
-        );
-        Ok(Arc::new(Self {
-            controller: Mutex::new(controller),
-            pinner,
-            device,
-            registered: EventFd::new(libc::EFD_NONBLOCK)?,
-        }))
-    }
-
-    pub(super) fn controller(&self) -> MutexGuard<'_, Controller> {
-        self.controller.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The pinner (helper and vCPU threads record themselves there).
-    pub fn pinner(&self) -> &Pinner {
-        &self.pinner
-    }
-
-    /// The stage device, if the VM has one.
-    pub fn device(&self) -> Option<&Arc<StageDevice>> {
-        self.device.as_ref()
-    }
-
-    /// The policy period.
-    pub fn period(&self) -> Duration {
-        self.controller().vm().resolved.period
-    }
-
-    /// A REGISTER succeeded (called on the vCPU thread that rang it, before
-    /// the guest resumes): the controller plans the first stage map for the
-    /// declared stages, which is published and applied at once, so the guest
-    /// never sees a map the policy did not make.
-    pub fn on_register(&self, registered: &Registered) {
-        let mut c = self.controller();
-        let plan = c.register(&registered.names);
-        if let Some(device) = &self.device {
-            device.publish(&plan.stage_vcpus, plan.owned_vcpus());
-        }
-        self.pinner.apply(plan);
-        drop(c);
-        let _ = self.registered.write(1);
-    }
-
-    /// One drain: validated events to the controller, parked vCPUs with
-    /// queued work woken.
-    pub(super) fn drain(&self) {
-        if let Some(device) = &self.device {
-            let drained = device.drain();
-            device.wake_parked_with_work();
-            self.controller().ingest(&drained);
-        }
-    }
-
-    /// Validates an operator's change and queues it for the next policy
-    /// period (see [`Controller::propose`]); returns what will be applied.
-    /// Errors: the change does not resolve or does not fit the guest's
-    /// stages (nothing is queued).
-    pub fn propose(&self, change: &Change) -> Result<String, ConfigError> {
-        self.controller().propose(change)
-    }
-
-    /// One policy period: adopt stray threads, ask the controller, publish a
-    /// changed stage map, re-pin moved vCPUs and, after a change of the
-    /// housekeeping cores, the helper threads.
-    fn policy_period(&self) {
-        self.pinner.adopt_threads();
-        let mut c = self.controller();
-        if let Some(Decision { plan, map_changed }) = c.period(Instant::now()) {
-            if map_changed {
-                if let Some(device) = &self.device {
-                    device.publish(&plan.stage_vcpus, plan.owned_vcpus());
-                }
-            }
-            self.pinner.apply(&plan);
-            self.pinner.set_housekeeping(&c.vm().resolved.housekeeping);
-        }
-    }
-
-    /// The `stage-sched` thread's loop: drains the rings every
-    /// `drain_period` (a `timerfd`), runs a policy period right after each
-    /// REGISTER and then every policy period, and returns as soon as `exit`
-    /// is readable (it is never reset: every loop of the VM sees it).
-    /// Errors: the epoll or timer descriptors cannot be set up.
-    pub fn run(
-        &self,
-        drain_period: Duration,
-        exit: &EventFd,
-        seccomp: crate::seccomp::SeccompMode,
-    ) -> std::io::Result<()> {
-        self.pinner.start_helper_thread("stage-sched");
-        crate::exit::test_panic_hook("stage-sched");
-        let mut timer = TimerFd::new()?;
-        timer.reset(drain_period, Some(drain_period))?;
-        let mut poller = Poller::new(&[
-            (exit.as_raw_fd(), TOKEN_EXIT),
-            (timer.as_raw_fd(), TOKEN_TIMER),
-            (self.registered.as_raw_fd(), TOKEN_REGISTERED),
-        ])?;
-        crate::seccomp::install(crate::seccomp::ThreadKind::StageSched, seccomp)
-            .map_err(std::io::Error::other)?;
-        let mut next_period = Instant::now() + self.period();
-        loop {
-            let mut now_registered = false;
-            for token in poller.wait()? {
-                match token {
-                    TOKEN_EXIT => return Ok(()),
-                    TOKEN_TIMER => {
-                        let _ = timer.wait();
-                    }
-                    _ => {
-                        let _ = self.registered.read();
-                        now_registered = true;
-                    }
-                }
-            }
-            self.drain();
-            if now_registered || Instant::now() >= next_period {
-                self.policy_period();
-                // The period may have changed (`PUT /api/v1/stages.policy`).
-                next_period = Instant::now() + self.period();
-            }
-        }
-    }
-}
-
-/// Most timeline entries kept in the report (one per policy period).
-const MAX_TIMELINE: usize = 100_000;
+use super::counters::CounterReader;
+use super::timeline::Timeline;
+use crate::stage::{Drained, Registered};
 
 /// The scheduling state of one VM.
 pub struct Controller {
@@ -196,7 +37,14 @@ pub struct Controller {
     /// When the current policy period started.
     period_start: Instant,
     map_changes: u64,
-    timeline: Vec<TimelineEntry>,
+    timeline: Timeline,
+    /// When the last REGISTER was served (planned at once).
+    last_register: Option<Instant>,
+    /// A REGISTER that came within a policy period of the last one served:
+    /// planned at the next policy period (the latest wins).
+    pending_register: Option<Registered>,
+    /// REGISTERs answered with the current map and planned later.
+    registrations_coalesced: u64,
     /// What a REGISTER's stages made host-sched adjust (for the report;
     /// bounded: one registration's lines, the latest).
     guest_warnings: Vec<String>,
@@ -231,6 +79,25 @@ struct Guest {
     policy: Box<dyn Policy>,
 }
 
+impl Guest {
+    /// The accounting for a registration: per-vCPU counters (ABI minor 2)
+    /// or ring events.
+    fn accounting(registered: &Registered, num_vcpus: u32, tsc_khz: u64) -> Accounting {
+        let a = Accounting::new(&registered.names, num_vcpus, tsc_khz);
+        if registered.counters {
+            a.with_counters(CounterReader::new(
+                registered.generation,
+                num_vcpus,
+                registered.register_tsc,
+                registered.host_tsc,
+                tsc_khz,
+            ))
+        } else {
+            a
+        }
+    }
+}
+
 /// What one policy period decided.
 #[derive(Debug)]
 pub struct Decision {
@@ -263,7 +130,10 @@ impl Controller {
             plan,
             period_start: Instant::now(),
             map_changes: 0,
-            timeline: Vec::new(),
+            timeline: Timeline::default(),
+            last_register: None,
+            pending_register: None,
+            registrations_coalesced: 0,
             guest_warnings: Vec::new(),
             config: setup.config.clone(),
             topology: setup.topology.clone(),
@@ -336,14 +206,38 @@ impl Controller {
         &self.plan
     }
 
-    /// The guest registered `names`: builds the policy for them (kept if the
-    /// names are those of the previous registration), starts a new
-    /// accounting and returns the first plan, whose stage map the caller
-    /// publishes before the guest resumes. Never fails: stage names are the
+    /// The guest registered at `now`. Served when no REGISTER was served
+    /// within the last policy period: [`Self::plan_registration`] makes
+    /// the first plan, whose stage map the caller publishes before the
+    /// guest resumes, and whose pins it applies; returns true. Otherwise it
+    /// is coalesced: counted, kept for the next policy period (the latest
+    /// wins), and the caller publishes the current plan's map; returns
+    /// false. A guest that registers in a loop thus costs at most one
+    /// planning, one timeline entry and one re-pin per policy period.
+    pub fn register(&mut self, registered: &Registered, now: Instant) -> bool {
+        let period = self.vm.resolved.period;
+        let recent = self
+            .last_register
+            .is_some_and(|t| now.saturating_duration_since(t) < period);
+        if recent && self.guest.is_some() {
+            self.registrations_coalesced += 1;
+            self.pending_register = Some(registered.clone());
+            return false;
+        }
+        self.last_register = Some(now);
+        self.pending_register = None;
+        self.plan_registration(registered);
+        true
+    }
+
+    /// Plans a registration: builds the policy for its stage names (kept if
+    /// the names are those of the previous registration), starts a new
+    /// accounting and makes the first plan. Never fails: stage names are the
     /// untrusted guest's, and a configuration that does not fit them is
     /// adjusted by [`host_sched::vm::guest_policy`] (logged, and in the
     /// report's warnings) rather than ending the VM.
-    pub fn register(&mut self, names: &[String]) -> &Plan {
+    fn plan_registration(&mut self, registered: &Registered) {
+        let names = registered.names.as_slice();
         let policy = match self.guest.take() {
             Some(g) if g.names == names => g.policy,
             _ => {
@@ -361,12 +255,11 @@ impl Controller {
         self.plan = policy.plan(&vec![0.0; names.len()]);
         self.guest = Some(Guest {
             names: names.to_vec(),
-            accounting: Accounting::new(names, self.num_vcpus, self.tsc_khz),
+            accounting: Guest::accounting(registered, self.num_vcpus, self.tsc_khz),
             policy,
         });
         self.map_changes += 1;
         self.period_start = Instant::now();
-        &self.plan
     }
 
     /// The adjustments the last REGISTER needed (see [`Self::register`]).
@@ -382,6 +275,14 @@ impl Controller {
         }
     }
 
+    /// Folds one read of a counters guest's blocks (registration
+    /// `generation`, read at host TSC `host_tsc`) into the accounting.
+    pub fn ingest_counters(&mut self, generation: u64, blocks: &[VcpuCounters], host_tsc: u64) {
+        if let Some(g) = self.guest.as_mut() {
+            g.accounting.ingest_counters(generation, blocks, host_tsc);
+        }
+    }
+
     /// Ends the policy period at `now`: the load of each stage over the
     /// period (vCPUs' worth of time: busy ns / period ns) goes to the
     /// policy, and its plan is returned with whether the stage map changed.
@@ -391,6 +292,13 @@ impl Controller {
     /// runnable threads per stage: measured here, that signal swung between
     /// stages with thread convoys every other period (docs/design.md).
     pub fn period(&mut self, now: Instant) -> Option<Decision> {
+        let mut registered_now = false;
+        if let Some(r) = self.pending_register.take() {
+            // A REGISTER coalesced since the last period: plan it now.
+            self.last_register = Some(now);
+            self.plan_registration(&r);
+            registered_now = true;
+        }
         let applied = self.apply_pending();
         let Some(g) = self.guest.as_mut() else {
             // Before REGISTER only an operator's change makes a new plan.
@@ -415,7 +323,8 @@ impl Controller {
         if let Some(d) = &decision {
             tracing::info!(mode = d.mode.name(), "auto: {}", d.what);
         }
-        let map_changed = plan.stage_vcpus != self.plan.stage_vcpus
+        let map_changed = registered_now
+            || plan.stage_vcpus != self.plan.stage_vcpus
             || plan.owned_vcpus() != self.plan.owned_vcpus();
         if map_changed {
             self.map_changes += 1;
@@ -431,7 +340,7 @@ impl Controller {
         Some(Decision { plan, map_changed })
     }
 
-    /// Appends one policy period to the timeline (up to [`MAX_TIMELINE`]).
+    /// Appends one policy period to the timeline (a ring bounded in bytes).
     #[allow(clippy::too_many_arguments)]
     fn record(
         &mut self,
@@ -443,18 +352,16 @@ impl Controller {
         decision: Option<String>,
         from_api: bool,
     ) {
-        if self.timeline.len() < MAX_TIMELINE {
-            self.timeline.push(TimelineEntry {
-                t_ms: now.saturating_duration_since(self.start).as_secs_f64() * 1e3,
-                load,
-                requirement: self.plan.requirement.clone(),
-                map_changed,
-                requests_per_s,
-                mode,
-                decision,
-                source: from_api.then(|| "api".to_string()),
-            });
-        }
+        self.timeline.push(TimelineEntry {
+            t_ms: now.saturating_duration_since(self.start).as_secs_f64() * 1e3,
+            load,
+            requirement: self.plan.requirement.clone(),
+            map_changed,
+            requests_per_s,
+            mode,
+            decision,
+            source: from_api.then(|| "api".to_string()),
+        });
     }
 
     /// Per stage, where it runs now (empty before REGISTER).
@@ -488,15 +395,22 @@ impl Controller {
 
     /// Stage-map changes (the first map at REGISTER included) and the
     /// timeline, for the report.
-    pub fn history(&self) -> (u64, &[TimelineEntry]) {
+    pub fn history(&self) -> (u64, &Timeline) {
         (self.map_changes, &self.timeline)
     }
 
-    /// Writes the per-stage part of the channel report (see
-    /// [`Accounting::fill_report`]).
+    /// Moves the timeline out (the final report; the controller keeps an
+    /// empty one).
+    pub fn take_timeline(&mut self) -> Vec<TimelineEntry> {
+        self.timeline.take()
+    }
+
+    /// Writes the accounting's part of the channel report (see
+    /// [`Accounting::fill_report`]) and the REGISTERs coalesced.
     pub fn fill_report(&self, r: &mut ChannelReport) {
         if let Some(g) = &self.guest {
             g.accounting.fill_report(r);
         }
+        r.registrations_coalesced = self.registrations_coalesced;
     }
 }

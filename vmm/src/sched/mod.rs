@@ -9,34 +9,47 @@
 //! `stage-sched` thread's loop ([`StageSched::run`]).
 //!
 //! * [`controller`] — the decisions (one place): policy periods and the
-//!   operator's changes (`--api-socket`), and the `stage-sched` loop,
+//!   operator's changes (`--api-socket`),
+//! * [`stage_sched`] — the wiring, the REGISTER hand-off and the
+//!   `stage-sched` loop,
 //! * [`accounting`] — per-stage counters and the load window,
+//! * [`counters`] — a counters guest's per-vCPU blocks (ABI minor 2) turned
+//!   into deltas under the untrusted-guest rules,
+//! * [`timeline`] — the policy periods, a ring bounded in bytes,
 //! * [`pinner`] — thread ids and affinities.
 
 pub mod accounting;
+pub mod counters;
 pub mod controller;
 pub mod pinner;
+pub mod stage_sched;
+pub mod timeline;
 
 use stagevm_report::api::StagesView;
 use stagevm_report::{ChannelReport, SchedReport};
 
 pub use accounting::Accounting;
-pub use controller::{Change, Controller, Decision, StageSched};
-pub use pinner::Pinner;
+pub use controller::{Change, Controller, Decision};
+pub use stage_sched::StageSched;
+pub use pinner::{Pinner, ThreadCpu};
 
 impl StageSched {
-    /// The final drain after the guest stopped and the reports: the stage
-    /// channel's counters (`None` without a device) and what the scheduler
-    /// did.
+    /// The final drain and counter read after the guest stopped, and the
+    /// reports: the stage channel's counters (`None` without a device) and
+    /// what the scheduler did, with the whole timeline moved out of the
+    /// controller (no second copy).
     pub fn finish(&self) -> (Option<ChannelReport>, SchedReport) {
         self.drain();
-        let c = self.controller();
+        self.read_counters(&mut Vec::new());
+        let mut c = self.controller();
         let channel = self.device.as_ref().map(|d| {
             let mut r = d.report();
             c.fill_report(&mut r);
             r
         });
-        (channel, self.report_locked(&c, usize::MAX))
+        let mut sched = self.report_locked(&c, 0);
+        sched.timeline = c.take_timeline();
+        (channel, sched)
     }
 
     /// The live report (the operator API's `GET /api/v1/stages`): the
@@ -54,12 +67,7 @@ impl StageSched {
             stage_channel,
             sched: self.report_locked(&c, timeline),
             timeline_total: c.history().1.len(),
-            decisions: {
-                let all = c.history().1.iter().rev().filter(|t| t.decision.is_some());
-                let mut last: Vec<_> = all.take(decisions).cloned().collect();
-                last.reverse();
-                last
-            },
+            decisions: c.history().1.decisions(decisions),
             pending: c.pending(),
         }
     }
@@ -91,7 +99,8 @@ impl StageSched {
             map_changes,
             repins,
             repin_mean_us,
-            timeline: timeline[timeline.len().saturating_sub(tail)..].to_vec(),
+            timeline_dropped: timeline.dropped(),
+            timeline: timeline.tail(tail),
         }
     }
 }

@@ -99,7 +99,22 @@ impl Pinner {
             name: name.into(),
             tid,
             affinity: read_back(0),
+            cpu_ms: 0.0,
         });
+    }
+
+    /// Records `cpu_ns` (ns of CPU time) as the calling thread's, a vCPU or
+    /// a helper thread it knows, for the report: called as the thread ends
+    /// ([`ThreadCpu`]).
+    pub fn record_cpu(&self, cpu_ns: u64) {
+        let tid = gettid();
+        let ms = cpu_ns as f64 / 1e6;
+        let mut st = self.lock();
+        if let Some(v) = st.vcpus.iter_mut().find(|v| v.tid == tid) {
+            v.cpu_ms = ms;
+        } else if let Some(h) = st.helpers.iter_mut().find(|h| h.tid == tid) {
+            h.cpu_ms = ms;
+        }
     }
 
     fn all_vcpus_started(&self) -> bool {
@@ -155,6 +170,7 @@ impl Pinner {
                 name,
                 tid,
                 affinity: read_back(tid),
+                cpu_ms: 0.0,
             });
         }
     }
@@ -217,5 +233,37 @@ impl Pinner {
             st.repin_ns as f64 / st.repins as f64 / 1e3
         };
         (st.vcpus.clone(), st.helpers.clone(), st.repins, mean_us)
+    }
+}
+
+/// CPU time the calling thread used so far (ns; `CLOCK_THREAD_CPUTIME_ID`,
+/// 0 if the clock cannot be read).
+pub fn thread_cpu_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0)
+}
+
+/// Records the CPU time of the thread that holds it, from its creation to
+/// its drop, in the [`Pinner`] (the report's per-thread `cpu_ms`).
+pub struct ThreadCpu<'a> {
+    pinner: &'a Pinner,
+    start_ns: u64,
+}
+
+impl<'a> ThreadCpu<'a> {
+    /// Starts counting the calling thread's CPU time for `pinner`.
+    pub fn start(pinner: &'a Pinner) -> Self {
+        Self {
+            pinner,
+            start_ns: thread_cpu_ns(),
+        }
+    }
+}
+
+impl Drop for ThreadCpu<'_> {
+    fn drop(&mut self) {
+        self.pinner
+            .record_cpu(thread_cpu_ns().saturating_sub(self.start_ns));
     }
 }

@@ -9,9 +9,14 @@
 //!   area; WAIT parks the calling vCPU thread ([`crate::vstate::park`])
 //!   until a WAKE or a timeout; WAKE unparks a vCPU. Each command's
 //!   [`Status`] is read back from [`DOORBELL_STATUS`].
+//! * [`StageDevice::read_counters`] (ABI minor 2): a copy of every vCPU's
+//!   [`VcpuCounters`], once per policy period; the values are untrusted and
+//!   checked by the scheduler's accounting (`crate::sched::counters`).
 //! * [`StageDevice::drain`]: every ring's `head` is read with acquire
 //!   ordering, each entry validated (`Ring::drain`) and returned as an [`Event`]
-//!   or counted as a drop, and `tail` published.
+//!   or counted as a drop, and `tail` published — for a rings-only guest
+//!   every drain period, for a counters guest only while a trace is on
+//!   ([`StageDevice::set_trace`], [`StageDevice::needs_drain`]).
 //! * [`StageDevice::publish`]: the stage map, under the seqlock of
 //!   [`StageMap`](hypercall_abi::stage::StageMap).
 //!
@@ -25,9 +30,9 @@ use std::time::Duration;
 
 use hypercall_abi::boot::KERNEL_MIN_GPA;
 use hypercall_abi::stage::{
-    validate_header, AreaHeader, Layout, RingHeader, StageDesc, StageEvent, StageMap, Status,
-    VcpuState, ABI_MINOR, DOORBELL_REGISTER, DOORBELL_STATUS, DOORBELL_UNREGISTER, DOORBELL_WAIT,
-    DOORBELL_WAKE, MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, STAGE_NONE, WAIT_MAX_US,
+    validate_header, AreaHeader, Layout, StageDesc, StageMap, Status, VcpuCounters, VcpuState,
+    ABI_MINOR, DOORBELL_REGISTER, DOORBELL_STATUS, DOORBELL_UNREGISTER, DOORBELL_WAIT,
+    DOORBELL_WAKE, MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, WAIT_MAX_US,
 };
 use stagevm_report::{ChannelReport, VcpuRingStats};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -50,11 +55,35 @@ pub struct Drained {
     pub resynced: Vec<u32>,
 }
 
+/// Whether and why the rings need draining ([`StageDevice::drain_need`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drain {
+    /// Nothing to drain: no area, or a counters guest without a trace.
+    No,
+    /// A rings guest: every event is its load signal, and its agent waits
+    /// on a full ring — drain every drain period.
+    Events,
+    /// A counters guest's lossy event trace.
+    Trace,
+}
+
 /// A successful REGISTER: what the scheduler needs to plan the first map.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Registered {
     /// Stage names in guest stage-id order (lossy UTF-8, NUL-trimmed).
     pub names: Vec<String>,
+    /// The area has per-vCPU counters (ABI minor 2): the scheduler reads
+    /// them ([`StageDevice::read_counters`]) instead of draining events.
+    pub counters: bool,
+    /// Which registration this is (1 for the first): counters of a new
+    /// area start from zero.
+    pub generation: u64,
+    /// The guest's TSC just before it rang REGISTER (`register_tsc`, 0 if
+    /// it did not say) and the host's TSC when the exit was handled: the
+    /// pair from which the scheduler estimates the guest's TSC "now".
+    pub register_tsc: u64,
+    /// See `register_tsc`.
+    pub host_tsc: u64,
 }
 
 /// Host-side state of a registered area (a snapshot: the header is never read
@@ -67,11 +96,23 @@ struct Area {
     epoch: u64,
 }
 
+/// The host's TSC (the guest's runs at the same rate with an offset under
+/// KVM without TSC scaling, which stagevm never sets).
+pub fn host_tsc() -> u64 {
+    // SAFETY: `rdtsc` reads a counter; no memory is touched.
+    #[allow(unused_unsafe)]
+    unsafe {
+        core::arch::x86_64::_rdtsc()
+    }
+}
+
 struct Inner {
     area: Option<Area>,
     report: ChannelReport,
     /// Events drained at UNREGISTER, handed out by the next [`StageDevice::drain`].
     pending: Drained,
+    /// Slots copied from a ring, reused by every drain.
+    slots: Vec<Obj<hypercall_abi::stage::StageEvent>>,
 }
 
 /// The stage device of one VM. Shared by the vCPU threads (doorbell) and the
@@ -89,6 +130,8 @@ pub struct StageDevice {
     waits: AtomicU64,
     wakes: AtomicU64,
     host_wakes: AtomicU64,
+    /// The trace asked of the guest ([`StageMap::trace_every`]): 0 = off.
+    trace_every: AtomicU64,
 }
 
 fn status_name(s: Status) -> String {
@@ -126,6 +169,7 @@ impl StageDevice {
                 area: None,
                 report,
                 pending: Drained::default(),
+                slots: Vec::new(),
             }),
             status: (0..num_vcpus)
                 .map(|_| AtomicU32::new(Status::Ok as u32))
@@ -134,6 +178,7 @@ impl StageDevice {
             waits: AtomicU64::new(0),
             wakes: AtomicU64::new(0),
             host_wakes: AtomicU64::new(0),
+            trace_every: AtomicU64::new(0),
         }
     }
 
@@ -232,6 +277,13 @@ impl StageDevice {
             }
         };
         let names = self.read_names(gpa, &layout);
+        let register_tsc: u64 = self
+            .memory
+            .read_obj(GuestAddress(
+                gpa + core::mem::offset_of!(AreaHeader, register_tsc) as u64,
+            ))
+            .unwrap_or_default();
+        let host_tsc = host_tsc();
         // Host-written header field; offset inside the validated area.
         let _ = self.memory.write_obj(
             self.tsc_khz,
@@ -241,11 +293,13 @@ impl StageDevice {
             gpa = format_args!("{gpa:#x}"),
             stages = layout.num_stages,
             ring_entries = layout.ring_entries,
+            counters = layout.counters,
             "stage channel registered"
         );
         let r = &mut inner.report;
         r.registrations += 1;
         r.ring_entries = layout.ring_entries;
+        r.mode = if layout.counters { "counters" } else { "rings" }.into();
         r.stages = names
             .iter()
             .enumerate()
@@ -261,7 +315,13 @@ impl StageDevice {
             tails: vec![0; layout.num_vcpus as usize],
             epoch: 0,
         });
-        Ok(Registered { names })
+        Ok(Registered {
+            names,
+            counters: layout.counters,
+            generation: inner.report.registrations,
+            register_tsc,
+            host_tsc,
+        })
     }
 
     /// Checks a candidate area at `gpa` (see [`Status`] for each refusal).
@@ -352,14 +412,18 @@ impl StageDevice {
                 area.tails[v],
                 &mut inner.report.vcpus[v],
                 &mut drained.events,
+                &mut inner.slots,
             );
             area.tails[v] = tail;
             if resynced {
                 drained.resynced.push(vcpu);
             }
         }
-        // Migrations need the order across rings: the guest TSC is shared.
-        drained.events[first_new..].sort_by_key(|ev| ev.tsc);
+        // Migrations need the order across rings (the guest TSC is shared);
+        // a counters guest's trace events are only counted.
+        if !area.layout.counters {
+            drained.events[first_new..].sort_by_key(|ev| ev.tsc);
+        }
     }
 
     /// Publishes a new stage map: per stage, the vCPUs serving it (stages
@@ -396,10 +460,64 @@ impl StageDevice {
             core::mem::offset_of!(StageMap, minor) as u64,
             Ordering::Relaxed,
         );
+        store(
+            self.trace_every.load(Ordering::Relaxed),
+            core::mem::offset_of!(StageMap, trace_every) as u64,
+            Ordering::Relaxed,
+        );
         area.epoch += 2;
         store(area.epoch, 0, Ordering::Release);
         inner.report.map_epoch = area.epoch;
         inner.report.maps_published += 1;
+    }
+
+    /// Asks the guest for an event trace: every `every`th event of each kind
+    /// per vCPU also goes to its ring (1 = every event, 0 = no trace). Kept
+    /// for later registrations; takes effect at the guest's next report
+    /// (one word outside the map's seqlock). Only a counters guest reads it.
+    pub fn set_trace(&self, every: u64) {
+        self.trace_every.store(every, Ordering::Relaxed);
+        let gpa = self.lock().area.as_ref().map(|a| a.gpa);
+        if let Some(gpa) = gpa {
+            let at = gpa + STAGE_MAP_OFFSET + core::mem::offset_of!(StageMap, trace_every) as u64;
+            let _ = self.memory.store(every, GuestAddress(at), Ordering::Relaxed);
+        }
+    }
+
+    /// The trace asked of the guest now (0 = off).
+    pub fn trace_every(&self) -> u64 {
+        self.trace_every.load(Ordering::Relaxed)
+    }
+
+    /// What the rings need: [`Drain::Events`] for a guest that reports
+    /// through them (every event is its load signal), [`Drain::Trace`] for
+    /// a counters guest asked for a trace, [`Drain::No`] otherwise (and
+    /// without an area).
+    pub fn drain_need(&self) -> Drain {
+        match self.lock().area.as_ref() {
+            Some(area) if !area.layout.counters => Drain::Events,
+            Some(_) if self.trace_every() != 0 => Drain::Trace,
+            _ => Drain::No,
+        }
+    }
+
+    /// Copies every vCPU's [`VcpuCounters`] into `out` (cleared first) and
+    /// returns the registration's generation ([`Registered::generation`]);
+    /// `None` without an area or when the area has no counters. O(vCPUs ×
+    /// 576 bytes); the values are the untrusted guest's, unchecked here.
+    pub fn read_counters(&self, out: &mut Vec<VcpuCounters>) -> Option<u64> {
+        out.clear();
+        let inner = self.lock();
+        let area = inner.area.as_ref().filter(|a| a.layout.counters)?;
+        for vcpu in 0..area.layout.num_vcpus {
+            let at = GuestAddress(area.gpa + area.layout.counters_offset(vcpu));
+            // The block lies in the validated area; a failed read (cannot
+            // happen) reads as zeros, which the accounting treats as a
+            // counter that went backwards.
+            let block: Obj<VcpuCounters> = self.memory.read_obj(at).unwrap_or_default();
+            out.push(block.0);
+        }
+        Some(inner.report.registrations)
     }
 
     /// Wakes every vCPU that published `parked` with a non-empty run queue
@@ -438,153 +556,18 @@ impl StageDevice {
         // `full_backoffs` are guest-written: every sum saturates.
         let sum =
             |f: fn(&VcpuRingStats) -> u64| r.vcpus.iter().map(f).fold(0u64, u64::saturating_add);
-        r.requests = sum(|v| v.exits);
         r.dropped = sum(VcpuRingStats::dropped);
         r.ring_full_backoffs = sum(|v| v.ring_full_backoffs);
+        r.trace_dropped = sum(|v| v.trace_dropped);
+        r.trace_every = self.trace_every();
         r.registered = inner.area.is_some();
         r
     }
 }
 
-// Draining one ring.
-//
-// Draining one ring: every entry in `[tail, head)` is validated (sequence
-// number = slot index, stage id in range) and either returned as an
-// [`Event`] or counted as a drop; then the host's `tail` is published.
-//
-// `head` is guest-written and untrusted: a head behind the tail, more than
-// a ring ahead, or one that would run the free-running 64-bit index past
-// `u64::MAX` resynchronises the ring to `head` and is counted once in
-// `bad_index`. All index arithmetic is checked or wrapping; nothing a guest
-// writes can panic this code.
-
-/// Most entries one drain takes from one ring (issue 14 D6: 64 rings of
-/// 65,536 pre-filled entries took 10.6 s of one drain and 248 MB): 64 vCPUs
-/// × 4,096 entries bound a pass to ~262k events (~6 MiB of events).
-pub const MAX_DRAIN_PER_RING: u64 = 4096;
-
-/// Offset of `tail` in a [`RingHeader`].
-const TAIL_OFFSET: u64 = core::mem::offset_of!(RingHeader, tail) as u64;
-
-/// A validated stage event, as the controller sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Event {
-    /// vCPU whose ring held the event.
-    pub vcpu: u32,
-    /// Guest thread id ([`hypercall_abi::stage::IDLE_THREAD`] for an idle
-    /// marker).
-    pub thread: u32,
-    /// Stage entered (`< num_stages`), or [`STAGE_NONE`] for a stage exit or
-    /// an idle marker.
-    pub stage: u32,
-    /// Guest TSC of the switch (ticks).
-    pub tsc: u64,
-}
-
-fn log_drop(count: u64, vcpu: u32, what: &str, detail: std::fmt::Arguments) {
-    crate::guest_warn!(vcpu, count, "stage ring: dropped {what}: {detail}");
-}
-
-/// Where one ring lives and where the host stopped reading it.
-struct Ring<'a> {
-    /// Guest memory.
-    pub memory: &'a GuestMemoryMmap,
-    /// GPA of the registered area.
-    pub area_gpa: u64,
-    /// The area's validated layout.
-    pub layout: Layout,
-    /// vCPU index of the ring.
-    pub vcpu: u32,
-}
-
-impl Ring<'_> {
-    fn publish_tail(&self, tail: u64) {
-        let ring = self.area_gpa + self.layout.ring_offset(self.vcpu);
-        let _ = self
-            .memory
-            .store(tail, GuestAddress(ring + TAIL_OFFSET), Ordering::Release);
-    }
-
-    /// Drains the ring from `tail`: appends valid events to `out`, counts
-    /// the rest in `stats`, publishes the new tail and returns it with
-    /// whether the ring was resynchronised (events were skipped).
-    pub fn drain(&self, tail: u64, stats: &mut VcpuRingStats, out: &mut Vec<Event>) -> (u64, bool) {
-        let (memory, layout, vcpu) = (self.memory, self.layout, self.vcpu);
-        let ring = self.area_gpa + layout.ring_offset(vcpu);
-        let Ok(head) = memory.load::<u64>(GuestAddress(ring), Ordering::Acquire) else {
-            return (tail, false);
-        };
-        if let Ok(backoffs) = memory.load::<u64>(
-            GuestAddress(ring + core::mem::offset_of!(RingHeader, full_backoffs) as u64),
-            Ordering::Relaxed,
-        ) {
-            stats.ring_full_backoffs = backoffs;
-        }
-        let pending = head.wrapping_sub(tail);
-        if pending == 0 {
-            return (tail, false);
-        }
-        let end = tail.checked_add(pending);
-        if pending > u64::from(layout.ring_entries) || end.is_none() {
-            stats.bad_index += 1;
-            log_drop(
-                stats.bad_index,
-                vcpu,
-                "ring index",
-                format_args!("head {head} tail {tail} entries {}", layout.ring_entries),
-            );
-            self.publish_tail(head);
-            return (head, true);
-        }
-        // Bounded work per drain: a guest that fills every ring at once is
-        // drained over several passes (the rest stays for the next one).
-        let take = pending.min(MAX_DRAIN_PER_RING);
-        for i in 0..take {
-            let index = tail.wrapping_add(i);
-            let slot = self.area_gpa + layout.slot_offset(vcpu, index);
-            let Ok(Obj(ev)) = memory.read_obj::<Obj<StageEvent>>(GuestAddress(slot)) else {
-                continue;
-            };
-            if ev.seq != index {
-                stats.dropped_bad_seq += 1;
-                log_drop(
-                    stats.dropped_bad_seq,
-                    vcpu,
-                    "sequence",
-                    format_args!("slot {index} has seq {}", ev.seq),
-                );
-                continue;
-            }
-            if ev.stage != STAGE_NONE && ev.stage >= layout.num_stages {
-                stats.dropped_bad_stage += 1;
-                log_drop(
-                    stats.dropped_bad_stage,
-                    vcpu,
-                    "stage id",
-                    format_args!("stage {} of {}", ev.stage, layout.num_stages),
-                );
-                continue;
-            }
-            stats.events += 1;
-            if ev.stage == STAGE_NONE {
-                if ev.thread == hypercall_abi::stage::IDLE_THREAD {
-                    stats.idles += 1;
-                } else {
-                    stats.exits += 1;
-                }
-            }
-            out.push(Event {
-                vcpu,
-                thread: ev.thread,
-                stage: ev.stage,
-                tsc: ev.tsc,
-            });
-        }
-        let new_tail = tail.wrapping_add(take);
-        self.publish_tail(new_tail);
-        (new_tail, false)
-    }
-}
+mod ring;
+pub use ring::{Event, MAX_DRAIN_PER_RING};
+use ring::Ring;
 
 #[cfg(test)]
 mod tests;

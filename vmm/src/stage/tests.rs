@@ -1,8 +1,8 @@
 //! Unit and property tests of the stage device with the real guest agent.
 
 use super::*;
-use guest_agent::{Agent, Platform};
-use hypercall_abi::stage::DOORBELL_STATUS;
+use guest_agent::{Agent, AreaSpec, Platform};
+use hypercall_abi::stage::{RingHeader, StageEvent, DOORBELL_STATUS};
 use proptest::prelude::*;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -53,11 +53,15 @@ fn agent_and_device_agree_under_concurrent_draining() {
         Agent::register(
             InProcess(dev.clone(), 0),
             host,
-            AREA,
-            layout.area_size(),
-            2,
-            &["a", "b", "c"],
-            4,
+            &AreaSpec {
+                gpa: AREA,
+                size: layout.area_size(),
+                num_vcpus: 2,
+                stage_names: &["a", "b", "c"],
+                ring_entries: 4,
+                counters: false,
+                timed_every: 0,
+            },
         )
     }
     .unwrap();
@@ -226,7 +230,7 @@ proptest! {
             prop_assert_eq!(v.events, 0);
         }
         // The host published its tail.
-        let tail: u64 = mem.read_obj(GuestAddress(AREA + layout.ring_offset(0) + TAIL_OFFSET)).unwrap();
+        let tail: u64 = mem.read_obj(GuestAddress(AREA + layout.ring_offset(0) + core::mem::offset_of!(RingHeader, tail) as u64)).unwrap();
         prop_assert_eq!(tail, head);
     }
 }

@@ -119,6 +119,8 @@ impl Vcpu {
     /// [`ExitEvent`] request.
     pub fn run(mut self) {
         self.sched.pinner().start_vcpu_thread(self.index);
+        let sched = self.sched.clone();
+        let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
         crate::exit::test_panic_hook("vcpu");
         let kvm_run: *mut u8 = &mut self.fd.get_kvm_run().immediate_exit;
         IMMEDIATE_EXIT.with(|p| p.set(kvm_run));

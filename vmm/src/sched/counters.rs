@@ -1,0 +1,336 @@
+//! From the guest's per-vCPU stage counters (ABI minor 2) to what happened
+//! between two reads, under the untrusted-guest rules of
+//! docs/stage-protocol.md §8–9.
+//!
+//! Every vCPU is in exactly one state at every tick (a stage, idle, or no
+//! stage), so between two reads its `window` of ticks splits over the
+//! state codes:
+//! * **idle, exactly**: idle visits are always timed, so idle time is the
+//!   growth of `cycles[IDLE]`, minus the part of an open idle visit already
+//!   charged at the last read, plus the open visit's part now (`now −
+//!   since` of the state word);
+//! * **busy = window − idle, split by estimate**: each other code's time is
+//!   its timed visits' exact time in the window plus its untimed visits
+//!   (entries − timed visits) at the mean length of its timed visits (of
+//!   this window, else of the whole run); the busy time is divided in those
+//!   proportions. With every visit timed (`timed_every = 1`) the split is
+//!   exact; with the agents' 1 in 61 it is a sample of ~650 visits per vCPU
+//!   per 20 ms period at a million switches per second. A window without a
+//!   single entry gives all its busy time to the current code (a long
+//!   visit).
+//!
+//! The host's estimate of the guest's TSC "now" comes from the REGISTER
+//! exit ([`GuestClock`]). Rules, each applied and counted per vCPU in
+//! [`VcpuDelta::clamps`] (a guest that breaks them only skews its own load
+//! signal):
+//! * a counter that goes backwards adds nothing and becomes the new
+//!   baseline;
+//! * a state code out of range, or a timed state that started more than a
+//!   policy period in the future, contributes no open visit;
+//! * idle time above the window, or counts above one per tick, are cut to
+//!   that bound.
+//!
+//! Torn reads (the guest writes while the host copies) shift at most one
+//! visit between neighbouring windows; totals stay right.
+
+use hypercall_abi::stage::{
+    state_code, state_since, state_timed, VcpuCounters, CODE_IDLE, CODE_NONE, MAX_STAGES,
+    NUM_CODES,
+};
+
+/// Share of the window a vCPU's idle time or a code's counts may exceed it
+/// by before the excess counts as impossible (1/8: torn reads and the clock
+/// estimate's error).
+pub const SLACK_DIV: u64 = 8;
+
+/// The host's estimate of the guest's TSC: guest = host + offset
+/// (wrapping). Calibrated at REGISTER from the guest's `register_tsc` and
+/// the host's TSC at the exit (error: one exit's latency), and raised when
+/// a vCPU's state shows a later time than the estimate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GuestClock {
+    offset: u64,
+    calibrated: bool,
+}
+
+impl GuestClock {
+    /// The clock from REGISTER's pair (`register_tsc` 0: uncalibrated until
+    /// the first read, which takes the latest state time as "now").
+    pub fn new(register_tsc: u64, host_tsc: u64) -> Self {
+        Self {
+            offset: register_tsc.wrapping_sub(host_tsc),
+            calibrated: register_tsc != 0,
+        }
+    }
+
+    /// The guest TSC at host TSC `host_tsc`.
+    pub fn now(&self, host_tsc: u64) -> u64 {
+        host_tsc.wrapping_add(self.offset)
+    }
+}
+
+/// What one vCPU did between two reads, after the rules above.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VcpuDelta {
+    /// Per state code, guest TSC ticks spent in it in the window.
+    pub ticks: [u64; NUM_CODES],
+    /// Per state code, transitions into it (entries, requests, idles).
+    pub counts: [u64; NUM_CODES],
+    /// Per stage, migrations in and out (counted where threads arrived).
+    pub migrations_in: [u64; MAX_STAGES],
+    /// See `migrations_in`.
+    pub migrations_out: [u64; MAX_STAGES],
+    /// Impossible values clamped in this window.
+    pub clamps: u64,
+}
+
+impl Default for VcpuDelta {
+    fn default() -> Self {
+        Self {
+            ticks: [0; NUM_CODES],
+            counts: [0; NUM_CODES],
+            migrations_in: [0; MAX_STAGES],
+            migrations_out: [0; MAX_STAGES],
+            clamps: 0,
+        }
+    }
+}
+
+/// The last read of one vCPU: its raw counters and the open visit already
+/// charged (code, ticks).
+#[derive(Clone, Copy, Debug)]
+struct Baseline {
+    raw: VcpuCounters,
+    open: Option<(usize, u64)>,
+}
+
+impl Baseline {
+    /// A fresh area's block: all zero, in no stage since REGISTER.
+    fn fresh() -> Self {
+        Self {
+            raw: VcpuCounters::default(),
+            open: None,
+        }
+    }
+}
+
+/// Reads of one registration's counters: per-vCPU baselines, the clock,
+/// and the host TSC of the last read (the next window's start).
+#[derive(Debug)]
+pub struct CounterReader {
+    generation: u64,
+    clock: GuestClock,
+    /// Most the clock is raised by in one read (ticks; 1 ms at the guest's
+    /// TSC rate, or the window's slack when the rate is unknown).
+    max_raise: u64,
+    last: Vec<Baseline>,
+    last_host_tsc: u64,
+    /// Guest TSC at REGISTER (estimated at the first read when the guest
+    /// gave none).
+    start_tsc: Option<u64>,
+    /// Latest state time seen: the guest's last transition on any vCPU.
+    last_transition_tsc: Option<u64>,
+}
+
+/// Grows `base` to `new` when the counter did not go backwards: returns the
+/// growth, or counts a clamp and takes `new` as the baseline.
+fn growth(base: &mut u64, new: u64, clamps: &mut u64) -> u64 {
+    let d = new.checked_sub(*base).unwrap_or_else(|| {
+        *clamps += 1;
+        0
+    });
+    *base = new;
+    d
+}
+
+impl CounterReader {
+    /// Reads for registration `generation` of `num_vcpus` vCPUs, registered
+    /// at host TSC `host_tsc` with the guest's `register_tsc` (0: unknown),
+    /// guest TSC rate `tsc_khz` (kHz, 0: unknown); every block starts from
+    /// zero, in no stage.
+    pub fn new(
+        generation: u64,
+        num_vcpus: u32,
+        register_tsc: u64,
+        host_tsc: u64,
+        tsc_khz: u64,
+    ) -> Self {
+        let clock = GuestClock::new(register_tsc, host_tsc);
+        Self {
+            generation,
+            clock,
+            max_raise: tsc_khz,
+            last: vec![Baseline::fresh(); num_vcpus as usize],
+            last_host_tsc: host_tsc,
+            start_tsc: clock.calibrated.then_some(register_tsc),
+            last_transition_tsc: None,
+        }
+    }
+
+    /// The registration these reads belong to.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Guest TSC span from REGISTER to the last transition seen (ticks): the
+    /// time the guest's stages ran, for rates in the report.
+    pub fn span_ticks(&self) -> u64 {
+        match (self.start_tsc, self.last_transition_tsc) {
+            (Some(start), Some(last)) => last.saturating_sub(start),
+            _ => 0,
+        }
+    }
+
+    /// Turns `blocks` (one per vCPU, copied at host TSC `host_tsc`) into
+    /// per-vCPU deltas since the previous read (since REGISTER for the
+    /// first). Blocks past the vCPU count are ignored. Pure arithmetic:
+    /// O(vCPUs × codes), never panics.
+    pub fn update(&mut self, blocks: &[VcpuCounters], host_tsc: u64) -> Vec<VcpuDelta> {
+        // The window comes from the host's own clock: nothing the guest
+        // writes lengthens it.
+        let window = host_tsc
+            .checked_sub(self.last_host_tsc)
+            .filter(|w| *w < 1 << 62)
+            .unwrap_or(0);
+        self.last_host_tsc = host_tsc;
+        let latest = blocks
+            .iter()
+            .filter(|b| state_timed(b.state) && (state_code(b.state) as usize) < NUM_CODES)
+            .map(|b| state_since(b.state))
+            .max();
+        let mut now = self.clock.now(host_tsc);
+        let max_raise = if self.max_raise == 0 {
+            window / SLACK_DIV
+        } else {
+            self.max_raise
+        };
+        match latest {
+            // No calibration from REGISTER: the latest transition is the
+            // best lower bound of "now".
+            Some(l) if !self.clock.calibrated => {
+                self.clock = GuestClock {
+                    offset: l.wrapping_sub(host_tsc),
+                    calibrated: true,
+                };
+                now = l;
+            }
+            // The REGISTER exit's latency made the estimate early.
+            Some(l) if l > now && l - now <= max_raise => {
+                self.clock.offset = self.clock.offset.wrapping_add(l - now);
+                now = l;
+            }
+            _ => {}
+        }
+        if let Some(l) = latest.filter(|l| *l <= now) {
+            self.last_transition_tsc = Some(self.last_transition_tsc.map_or(l, |t| t.max(l)));
+        }
+        self.start_tsc.get_or_insert(now.saturating_sub(window));
+        blocks
+            .iter()
+            .zip(self.last.iter_mut())
+            .map(|(block, base)| delta(base, block, now, window))
+            .collect()
+    }
+}
+
+/// One vCPU's delta against `base` (updated in place), `now` being the
+/// guest TSC of this read and `window` the ticks since the previous one.
+fn delta(base: &mut Baseline, new: &VcpuCounters, now: u64, window: u64) -> VcpuDelta {
+    let mut d = VcpuDelta::default();
+    let slack = window / SLACK_DIV;
+    let mut clamps = 0;
+    let mut cycles = [0u64; NUM_CODES];
+    let mut timed = [0u64; NUM_CODES];
+    for c in 0..NUM_CODES {
+        d.counts[c] = growth(&mut base.raw.counts[c], new.counts[c], &mut clamps);
+        if d.counts[c] > window.saturating_add(slack) {
+            clamps += 1;
+            d.counts[c] = window;
+        }
+        cycles[c] = growth(&mut base.raw.cycles[c], new.cycles[c], &mut clamps);
+        timed[c] = growth(&mut base.raw.timed[c], new.timed[c], &mut clamps);
+    }
+    for s in 0..MAX_STAGES {
+        d.migrations_in[s] = growth(
+            &mut base.raw.migrations_in[s],
+            new.migrations_in[s],
+            &mut clamps,
+        );
+        d.migrations_out[s] = growth(
+            &mut base.raw.migrations_out[s],
+            new.migrations_out[s],
+            &mut clamps,
+        );
+    }
+    // Exact time of timed visits per code in this window: visits that
+    // ended, minus the open part charged last time, plus the open part now
+    // (i128: nothing a guest writes overflows it).
+    let mut exact = [0i128; NUM_CODES];
+    for (e, c) in exact.iter_mut().zip(cycles) {
+        *e = i128::from(c);
+    }
+    if let Some((c, charged)) = base.open {
+        exact[c] -= i128::from(charged);
+    }
+    let code = state_code(new.state) as usize;
+    let since = state_since(new.state);
+    base.open = None;
+    if code >= NUM_CODES {
+        clamps += 1;
+    } else if state_timed(new.state) {
+        if since > now.saturating_add(window) {
+            clamps += 1;
+        } else {
+            let open = now.saturating_sub(since);
+            exact[code] += i128::from(open);
+            base.open = Some((code, open));
+        }
+    }
+    let idle_code = CODE_IDLE as usize;
+    if exact[idle_code] > i128::from(window.saturating_add(slack)) {
+        clamps += 1;
+    }
+    let idle = exact[idle_code].clamp(0, i128::from(window)) as u64;
+    d.ticks[idle_code] = idle;
+    let busy = window - idle;
+    // Each busy code's estimate: its timed time plus its untimed visits at
+    // the mean timed length (this window's, else the run's).
+    let mut est = [0u128; NUM_CODES];
+    for c in (0..NUM_CODES).filter(|c| *c != idle_code) {
+        let mean = if timed[c] > 0 {
+            u128::from(cycles[c]) / u128::from(timed[c])
+        } else if base.raw.timed[c] > 0 {
+            u128::from(base.raw.cycles[c]) / u128::from(base.raw.timed[c])
+        } else {
+            0
+        };
+        let untimed = u128::from(d.counts[c].saturating_sub(timed[c]));
+        est[c] = exact[c].max(0) as u128 + mean * untimed;
+    }
+    let total: u128 = est.iter().sum();
+    if total > 0 {
+        let mut given = 0;
+        for c in 0..NUM_CODES {
+            let t = (u128::from(busy) * est[c] / total) as u64;
+            d.ticks[c] += t;
+            given += t;
+        }
+        // The division's remainder (< one tick per code) to the largest.
+        let largest = (0..NUM_CODES).max_by_key(|c| est[*c]).unwrap_or(0);
+        d.ticks[largest] += busy - given;
+    } else if busy > 0 {
+        // Nothing entered and nothing timed: the whole window was the
+        // current visit (or no stage, when the state says nothing usable).
+        let c = if code < NUM_CODES && code != idle_code {
+            code
+        } else {
+            CODE_NONE as usize
+        };
+        d.ticks[c] += busy;
+    }
+    d.clamps = clamps;
+    d
+}
+
+#[cfg(test)]
+mod tests;
