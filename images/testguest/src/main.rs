@@ -31,6 +31,11 @@
 //!   of data working set per thread (default 0); the thread checksums are
 //!   `stage_workload::thread_checksum`'s,
 //! * `ring=N` — stage ring entries per vCPU (power of two, default 256),
+//! * `counters=0` — register the stage channel without per-vCPU counters,
+//!   as a v1.1 guest: every switch is a ring event (default 1: counters,
+//!   ABI minor 2, the rings only carry a trace when the VMM asks),
+//! * `timed_every=N` — with counters, time one stage visit in N (a TSC read
+//!   at its start and end; default 0: the agent's 61; 1 times every visit),
 //! * `idle_spin_us=N` — an idle vCPU that shares its host core polls its run
 //!   queue this long before it parks with WAIT (default 50),
 //! * `owned_idle_us=N` — the same for a vCPU the host says is alone on its
@@ -249,6 +254,10 @@ struct Options {
     /// The footprint workload, with `workload=footprint`.
     footprint: Option<stage_workload::Params>,
     ring: u32,
+    /// Lay out per-vCPU stage counters (`counters=0`: a v1.1 guest).
+    counters: bool,
+    /// One timed visit in this many (0: the agent's default).
+    timed_every: u64,
     abuse: bool,
     bench: bool,
     /// `threads=` was given (hopper's default is one thread guest-wide).
@@ -290,6 +299,8 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         phase: false,
         footprint: None,
         ring: 256,
+        counters: true,
+        timed_every: 0,
         abuse: false,
         bench: false,
         threads_given: false,
@@ -341,6 +352,12 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
             "weights" => opts.weights = parse_weights(value).ok_or(word)?,
             "phase" => opts.phase = value == "1",
             "ring" => opts.ring = value.parse().map_err(|_| word)?,
+            "timed_every" => opts.timed_every = value.parse().map_err(|_| word)?,
+            "counters" => match value {
+                "0" => opts.counters = false,
+                "1" => opts.counters = true,
+                _ => return Err(word),
+            },
             "idle_spin_us" => opts.idle.shared_us = value.parse().map_err(|_| word)?,
             "owned_idle_us" => opts.idle.owned_us = value.parse().map_err(|_| word)?,
             "switch_cost" => opts.switch_cost = value.parse().map_err(|_| word)?,
@@ -450,7 +467,14 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
             unsafe { asm!("hlt") };
         }
         staged::hopper::configure(opts.hopper, opts.hops);
-        staged::setup(&info, opts.ring, opts.abuse, opts.footprint);
+        staged::setup(
+            &info,
+            opts.ring,
+            opts.counters,
+            opts.timed_every,
+            opts.abuse,
+            opts.footprint,
+        );
         if let Some(p) = opts.footprint {
             println!(
                 "testguest: footprint workload: {} stages, {} functions per stage, {} bytes of code, {} calls per stage, {} data words per thread",

@@ -10,14 +10,11 @@ use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use guest_agent::{choose_from_map, Agent, Platform};
-use hypercall_abi::stage::{Layout, DOORBELL_STATUS, MAX_VCPUS, STAGE_NONE};
+use guest_agent::{choose_from_map, Agent, AreaSpec, MapSnapshot, Mode, Platform};
+use hypercall_abi::stage::{DOORBELL_STATUS, MAX_STAGES, MAX_VCPUS, STAGE_MAP_OFFSET, STAGE_NONE};
 
 use super::runtime::{alloc_pages, timed_yield, Thread};
-use super::stats::{
-    count, EXIT_EVENTS, FALLBACKS, MIGRATIONS, MIGRATIONS_IN, MIGRATIONS_OUT, STAGE_EVENTS,
-    VCPU_COUNTS, VIOLATIONS,
-};
+use super::stats::{bump, count, VCPU_COUNTS};
 use super::{abuse, num_vcpus};
 use crate::{inl, outl, print_line};
 
@@ -48,6 +45,9 @@ static READY: AtomicBool = AtomicBool::new(false);
 /// GPA (identity-mapped) of the registered area; 0 when inactive. Read by
 /// [`super::hostile`], which writes rings directly, as a hostile guest would.
 static AREA: AtomicU64 = AtomicU64::new(0);
+/// Address of the registered area's map epoch (0 when inactive): the stage
+/// switch's check that the map did not change reads it directly.
+static EPOCH_AT: AtomicU64 = AtomicU64::new(0);
 
 /// GPA of the registered stage-channel area (0 when the agent is inactive).
 pub(super) fn area() -> u64 {
@@ -63,19 +63,31 @@ pub(super) fn agent() -> &'static Agent<PortIo> {
 }
 
 /// vCPU 0, once: lays out an area for `info.num_vcpus` rings of
-/// `ring_entries` entries and the stages `names`, registers it (an inactive
-/// agent when the layout is invalid, memory runs out or the VMM refuses),
-/// prints the `testguest: stage channel` line and publishes the agent for
-/// [`agent`]. With `abuse`, first sends [`abuse::bad_registers`] on the
-/// same area.
+/// `ring_entries` entries (and per-vCPU counters with `counters`, timing one
+/// visit in `timed_every`, 0 = the agent's default) and the
+/// stages `names`, registers it (an inactive agent when the layout is
+/// invalid, memory runs out or the VMM refuses), prints the `testguest:
+/// stage channel` line and publishes the agent for [`agent`]. With `abuse`,
+/// first sends [`abuse::bad_registers`] on the same area.
 pub(super) fn register(
     info: &hypercall_abi::boot::BootInfo,
     names: &[&str],
     ring_entries: u32,
+    counters: bool,
+    timed_every: u64,
     abuse: bool,
 ) {
+    let mut spec = AreaSpec {
+        gpa: 0,
+        size: 0,
+        num_vcpus: info.num_vcpus,
+        stage_names: names,
+        ring_entries,
+        counters,
+        timed_every,
+    };
     let mut area = None;
-    let agent = match Layout::new(info.num_vcpus, names.len() as u32, ring_entries) {
+    let agent = match spec.layout() {
         Some(layout) => {
             let size = layout.area_size();
             match alloc_pages(size) {
@@ -84,19 +96,10 @@ pub(super) fn register(
                     if abuse {
                         abuse::bad_registers(info.mem_size, addr, &layout);
                     }
+                    (spec.gpa, spec.size) = (addr, size);
                     // SAFETY: `addr` is `size` bytes of our own memory, page aligned.
-                    unsafe {
-                        Agent::register(
-                            PortIo,
-                            addr as *mut u8,
-                            addr,
-                            size,
-                            info.num_vcpus,
-                            names,
-                            ring_entries,
-                        )
-                    }
-                    .unwrap_or_else(|_| Agent::inactive(PortIo))
+                    unsafe { Agent::register(PortIo, addr as *mut u8, &spec) }
+                        .unwrap_or_else(|_| Agent::inactive(PortIo))
                 }
                 None => Agent::inactive(PortIo),
             }
@@ -104,17 +107,69 @@ pub(super) fn register(
         None => Agent::inactive(PortIo),
     };
     println!(
-        "testguest: stage channel {:?} ({} stages, {} ring entries)",
+        "testguest: stage channel {:?} ({} stages, {} ring entries, {})",
         agent.status(),
         names.len(),
-        ring_entries
+        ring_entries,
+        match (agent.is_active(), agent.mode()) {
+            (false, _) => "inactive",
+            (true, Mode::Counters) => "counters",
+            (true, Mode::Rings) => "rings",
+        }
     );
     if let Some(addr) = area.filter(|_| agent.is_active()) {
         AREA.store(addr, Ordering::Release);
+        EPOCH_AT.store(addr + STAGE_MAP_OFFSET, Ordering::Release);
     }
     // SAFETY: only vCPU 0 writes, before READY is released.
     unsafe { (*AGENT.0.get()).write(agent) };
     READY.store(true, Ordering::Release);
+}
+
+/// A stage map as one vCPU sees it: the snapshot and the stages it serves
+/// (bit *s*), so the common case — this vCPU serves the next stage — is one
+/// bit test.
+struct MapView {
+    snap: MapSnapshot,
+    here: u64,
+}
+
+/// Per vCPU, the last stage map it read (touched only by code on that vCPU).
+#[repr(C, align(128))]
+struct MapCache(UnsafeCell<Option<MapView>>);
+// SAFETY: entry v is read and written only by code running on vCPU v, one
+// context at a time (the cooperative runtime), never across a yield.
+unsafe impl Sync for MapCache {}
+static MAP_CACHE: [MapCache; MAX_VCPUS] = [const { MapCache(UnsafeCell::new(None)) }; MAX_VCPUS];
+
+/// The current stage map as seen on `vcpu` (the caller runs there): one
+/// epoch load, and a seqlock copy only when the host published a new map
+/// since this vCPU's last read. `None` without a channel or before the
+/// first map. The reference is valid until this vCPU's next call.
+fn map_on(vcpu: u32) -> Option<&'static MapView> {
+    let at = EPOCH_AT.load(Ordering::Relaxed);
+    if at == 0 {
+        return None;
+    }
+    // SAFETY: the registered area's map epoch, an aligned word of our own
+    // memory that the host writes atomically.
+    let epoch = unsafe { AtomicU64::from_ptr(at as *mut u64) }.load(Ordering::Acquire);
+    if epoch == 0 {
+        return None;
+    }
+    let a = agent();
+    // SAFETY: this vCPU's own entry (see `MapCache`); no reference to it
+    // is held across this call by code on this vCPU.
+    let cache = unsafe { &mut *MAP_CACHE[vcpu as usize].0.get() };
+    if cache.as_ref().is_none_or(|m| m.snap.epoch != epoch) {
+        *cache = a.read_map().map(|snap| MapView {
+            here: (0..MAX_STAGES as u32)
+                .filter(|s| snap.serves(*s, vcpu))
+                .fold(0, |m, s| m | 1 << s),
+            snap,
+        });
+    }
+    cache.as_ref()
 }
 
 /// Switches `t` to `stage`. Picks the vCPU for the stage from the host's map
@@ -136,12 +191,13 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
     let mut migrated: Option<u64> = None;
     loop {
         let mut target = cur;
-        if let Some(map) = a.read_map() {
+        if let Some(view) = map_on(cur).filter(|v| v.here & (1 << stage) == 0) {
+            let map = &view.snap;
             if map.vcpus[stage as usize] == 0 {
                 // No vCPU serves the stage: run it here and say so.
                 if first {
                     a.count_fallback(cur);
-                    FALLBACKS.fetch_add(1, Ordering::Relaxed);
+                    bump(&VCPU_COUNTS[cur as usize].fallbacks, 1);
                 }
             } else if !map.serves(stage, cur) {
                 // The least-loaded rule on the snapshot just read, so the
@@ -149,9 +205,9 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
                 let n = num_vcpus() as usize;
                 let mut loads = [0u32; MAX_VCPUS];
                 for (v, load) in loads.iter_mut().enumerate().take(n) {
-                    *load = a.runq_depth(v as u32);
+                    *load = super::runtime::queue_len(v as u32);
                 }
-                target = choose_from_map(&map, stage, cur, &loads[..n]);
+                target = choose_from_map(map, stage, cur, &loads[..n]);
             }
         }
         if target == cur {
@@ -159,10 +215,11 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
             // OS would (threads take turns at request ends, `stage_leave`).
             break;
         }
-        MIGRATIONS.fetch_add(1, Ordering::Relaxed);
-        MIGRATIONS_IN[stage as usize].fetch_add(1, Ordering::Relaxed);
-        if let Some(out) = MIGRATIONS_OUT.get(old as usize).filter(|_| first) {
-            out.fetch_add(1, Ordering::Relaxed);
+        let from = &VCPU_COUNTS[cur as usize];
+        bump(&from.migrations, 1);
+        bump(&from.migrations_in[stage as usize], 1);
+        if let Some(out) = from.migrations_out.get(old as usize).filter(|_| first) {
+            bump(out, 1);
         }
         t.migrate_to.store(target, Ordering::Relaxed);
         // Time from giving up the vCPU to running on the target vCPU,
@@ -170,22 +227,28 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
         let waited = timed_yield(t, 1);
         migrated = Some(migrated.unwrap_or(0).wrapping_add(waited));
         cur = t.vcpu.load(Ordering::Relaxed);
-        match a.read_map() {
-            Some(map) if map.vcpus[stage as usize] != 0 && !map.serves(stage, cur) => {
+        match map_on(cur) {
+            Some(v) if v.snap.vcpus[stage as usize] != 0 && v.here & (1 << stage) == 0 => {
                 // The map moved under us while we waited: go again.
                 first = false;
             }
             _ => break,
         }
     }
+    if migrated.is_some() {
+        // Counted where the thread arrived, by the vCPU that runs it now.
+        a.count_migration(cur, old, stage);
+    }
+    let counts = &VCPU_COUNTS[cur as usize];
     count(
+        cur,
         a.stage_enter(cur, stage, t.id),
-        &STAGE_EVENTS[stage as usize],
+        &counts.reported[stage as usize],
     );
-    VCPU_COUNTS[cur as usize].ran[stage as usize].fetch_add(1, Ordering::Relaxed);
-    if let Some(map) = a.read_map() {
-        if map.vcpus[stage as usize] != 0 && !map.serves(stage, cur) {
-            VIOLATIONS.fetch_add(1, Ordering::Relaxed);
+    bump(&counts.ran[stage as usize], 1);
+    if let Some(v) = map_on(cur) {
+        if v.snap.vcpus[stage as usize] != 0 && v.here & (1 << stage) == 0 {
+            bump(&counts.violations, 1);
         }
     }
     migrated
@@ -196,7 +259,11 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
 pub(super) fn stage_leave(t: &Thread) {
     let a = agent();
     let vcpu = t.vcpu.load(Ordering::Relaxed);
-    count(a.stage_exit(vcpu, t.id), &EXIT_EVENTS);
+    count(
+        vcpu,
+        a.stage_exit(vcpu, t.id),
+        &VCPU_COUNTS[vcpu as usize].exits,
+    );
     t.stage.store(STAGE_NONE, Ordering::Relaxed);
     timed_yield(t, 0);
 }

@@ -120,11 +120,14 @@ impl Default for IdleConfig {
 /// vCPU 0's part before the other vCPUs start the staged phase: the free
 /// range, hopper's sample buffers (after [`hopper::configure`]), the
 /// workload, the area and the agent (registered with the workload's stage
-/// names). With `abuse`, bad REGISTERs come before the
+/// names, with per-vCPU counters unless `counters` is false). With `abuse`,
+/// bad REGISTERs come before the
 /// registration and corrupt ring entries after it.
 pub fn setup(
     info: &hypercall_abi::boot::BootInfo,
     ring_entries: u32,
+    counters: bool,
+    timed_every: u64,
     abuse: bool,
     footprint: Option<stage_workload::Params>,
 ) {
@@ -136,7 +139,7 @@ pub fn setup(
     let names = workload::stage_names();
     NUM_VCPUS.store(info.num_vcpus.min(MAX_VCPUS as u32), Ordering::Relaxed);
     TSC_KHZ.store(info.tsc_khz, Ordering::Relaxed);
-    agent::register(info, names, ring_entries, abuse);
+    agent::register(info, names, ring_entries, counters, timed_every, abuse);
     if abuse && agent::agent().is_active() {
         abuse::corrupt_ring(ring_entries);
     }

@@ -22,10 +22,7 @@ use guest_agent::Platform;
 use hypercall_abi::stage::{MAX_VCPUS, STAGE_NONE};
 
 use super::agent::{agent, PortIo};
-use super::stats::{
-    count, END_TSC, IDLE_EVENTS, MIGRATIONS, MIGRATIONS_IN, START_TSC, SWITCHES, SWITCH_CYCLES,
-    TOTAL_REQUESTS, VCPU_COUNTS,
-};
+use super::stats::{bump, count, END_TSC, START_TSC, TOTAL_REQUESTS, VCPU_COUNTS};
 use super::workload::{thread_main, Job};
 use super::IdleConfig;
 use super::{num_vcpus, StagedConfig, MAX_THREADS_PER_VCPU};
@@ -125,8 +122,10 @@ pub(super) struct Thread {
 }
 
 /// A vCPU's run queue: a FIFO of threads linked through [`Thread::next`],
-/// under a spinlock, usable from any vCPU.
-#[repr(C, align(64))]
+/// under a spinlock, usable from any vCPU. 128-byte aligned: two vCPUs'
+/// queues never share a pair of cache lines (the adjacent-line prefetcher
+/// moves lines in pairs).
+#[repr(C, align(128))]
 struct RunQueue {
     lock: AtomicBool,
     len: AtomicU32,
@@ -216,7 +215,12 @@ impl RunQueue {
 static RUNQ: [RunQueue; MAX_VCPUS] = [const { RunQueue::new() }; MAX_VCPUS];
 /// Per vCPU, the scheduler loop's saved stack pointer while a thread runs
 /// (written and read only on that vCPU).
-static SCHED_RSP: [AtomicU64; MAX_VCPUS] = [const { AtomicU64::new(0) }; MAX_VCPUS];
+static SCHED_RSP: [SchedRsp; MAX_VCPUS] = [const { SchedRsp(AtomicU64::new(0)) }; MAX_VCPUS];
+
+/// One vCPU's saved scheduler stack pointer, on cache lines of its own
+/// (written at every switch: shared lines would bounce between vCPUs).
+#[repr(C, align(128))]
+struct SchedRsp(AtomicU64);
 
 /// vCPUs that created and queued their threads; vCPU 0 releases them all
 /// once every vCPU has.
@@ -231,7 +235,7 @@ fn yield_now(t: &Thread) {
     // SAFETY: switches to this vCPU's scheduler context (saved when it
     // resumed us); a scheduler resumes us later through `t.rsp`.
     unsafe {
-        testguest_ctx_switch(t.rsp.as_ptr(), SCHED_RSP[vcpu].load(Ordering::Relaxed));
+        testguest_ctx_switch(t.rsp.as_ptr(), SCHED_RSP[vcpu].0.load(Ordering::Relaxed));
     }
 }
 
@@ -243,8 +247,10 @@ pub(super) fn timed_yield(t: &Thread, k: usize) -> u64 {
     let t0 = PortIo.tsc();
     yield_now(t);
     let waited = PortIo.tsc().wrapping_sub(t0);
-    SWITCH_CYCLES[k].fetch_add(waited, Ordering::Relaxed);
-    SWITCHES[k].fetch_add(1, Ordering::Relaxed);
+    // Counted on the vCPU that resumed the thread (this code runs there).
+    let counts = &VCPU_COUNTS[t.vcpu.load(Ordering::Relaxed) as usize];
+    bump(&counts.switch_cycles[k], waited);
+    bump(&counts.switches[k], 1);
     waited
 }
 
@@ -305,18 +311,31 @@ fn new_thread(id: u32, vcpu: u32, cfg: &StagedConfig) -> &'static Thread {
     t
 }
 
+/// `vcpu`'s run-queue length (the guest's own, for the least-loaded
+/// choice).
+pub(super) fn queue_len(vcpu: u32) -> u32 {
+    RUNQ[vcpu as usize].len.load(Ordering::Relaxed)
+}
+
+/// Publishes `vcpu`'s queue length as its run-queue depth in the shared
+/// area: the hint the host's safety-net wake reads for a parked vCPU. Only
+/// done where it matters — before this vCPU parks, and when queuing on a
+/// parked one — so the switch path writes no shared line.
+fn publish_depth(vcpu: u32) {
+    agent().set_runq_depth(vcpu, queue_len(vcpu));
+}
+
 /// Queues `t` on `vcpu` (called by the scheduler of `from`, after `t`'s
-/// context is saved): the published depth first (never below the queue's
-/// length when `vcpu` looks), then the queue, then a WAKE if `vcpu` idles.
+/// context is saved), then WAKEs `vcpu` if it idles, publishing its depth
+/// first (the queue's own length, sequentially consistent, is what the
+/// idler re-checks: no lost wake-up).
 fn enqueue(t: &'static Thread, vcpu: u32, from: u32) {
     let a = agent();
-    a.runq_add(vcpu, 1);
     RUNQ[vcpu as usize].push(t);
     if vcpu != from && a.is_parked(vcpu) {
+        publish_depth(vcpu);
         a.wake(vcpu);
-        VCPU_COUNTS[from as usize]
-            .wakes
-            .fetch_add(1, Ordering::Relaxed);
+        bump(&VCPU_COUNTS[from as usize].wakes, 1);
     }
 }
 
@@ -353,12 +372,13 @@ fn steal(vcpu: u32) -> bool {
     let Some(t) = RUNQ[victim as usize].pop_if(serves) else {
         return false;
     };
-    a.runq_add(victim, -1);
-    a.runq_add(vcpu, 1);
     let stage = t.stage.load(Ordering::Relaxed);
-    if let Some(m) = MIGRATIONS_IN.get(stage as usize) {
-        MIGRATIONS.fetch_add(1, Ordering::Relaxed);
-        m.fetch_add(1, Ordering::Relaxed);
+    let counts = &VCPU_COUNTS[vcpu as usize];
+    if let Some(m) = counts.migrations_in.get(stage as usize) {
+        bump(&counts.migrations, 1);
+        bump(m, 1);
+        // The thread keeps its stage and arrives here (this vCPU writes).
+        a.count_migration(vcpu, STAGE_NONE, stage);
     }
     RUNQ[vcpu as usize].push(t);
     true
@@ -387,7 +407,7 @@ fn idle(vcpu: u32, idle: &IdleConfig, tsc_khz: u64) {
     let q = &RUNQ[vcpu as usize];
     // The host counts this vCPU's time as idle from here, not as the last
     // stage's (the policy's load is vCPU time per stage).
-    count(a.vcpu_idle(vcpu), &IDLE_EVENTS);
+    count(vcpu, a.vcpu_idle(vcpu), &VCPU_COUNTS[vcpu as usize].idles);
     let spin_cycles = idle_spin_cycles(vcpu, idle, tsc_khz);
     let mut polls = 0u32;
     let start = PortIo.tsc();
@@ -398,12 +418,11 @@ fn idle(vcpu: u32, idle: &IdleConfig, tsc_khz: u64) {
             break;
         }
         if a.is_active() && PortIo.tsc().wrapping_sub(start) >= spin_cycles {
+            publish_depth(vcpu);
             a.set_parked(vcpu, true);
             if q.is_empty() && LIVE.load(Ordering::SeqCst) != 0 {
                 a.wait(IDLE_WAIT_US);
-                VCPU_COUNTS[vcpu as usize]
-                    .waits
-                    .fetch_add(1, Ordering::Relaxed);
+                bump(&VCPU_COUNTS[vcpu as usize].waits, 1);
             }
             a.set_parked(vcpu, false);
             continue;
@@ -421,7 +440,7 @@ fn idle(vcpu: u32, idle: &IdleConfig, tsc_khz: u64) {
 fn schedule(vcpu: u32, idle_cfg: &IdleConfig, tsc_khz: u64) {
     let a = agent();
     let n = num_vcpus();
-    let sched_rsp = SCHED_RSP[vcpu as usize].as_ptr();
+    let sched_rsp = SCHED_RSP[vcpu as usize].0.as_ptr();
     loop {
         let Some(t) = RUNQ[vcpu as usize].pop() else {
             if LIVE.load(Ordering::SeqCst) == 0 {
@@ -430,7 +449,6 @@ fn schedule(vcpu: u32, idle_cfg: &IdleConfig, tsc_khz: u64) {
             idle(vcpu, idle_cfg, tsc_khz);
             continue;
         };
-        a.runq_add(vcpu, -1);
         t.vcpu.store(vcpu, Ordering::Relaxed);
         // SAFETY: resumes the thread; it switches back into `sched_rsp`.
         unsafe { testguest_ctx_switch(sched_rsp, t.rsp.load(Ordering::Relaxed)) };
@@ -442,9 +460,7 @@ fn schedule(vcpu: u32, idle_cfg: &IdleConfig, tsc_khz: u64) {
                 for v in (0..n).filter(|v| *v != vcpu) {
                     if a.is_parked(v) {
                         a.wake(v);
-                        VCPU_COUNTS[vcpu as usize]
-                            .wakes
-                            .fetch_add(1, Ordering::Relaxed);
+                        bump(&VCPU_COUNTS[vcpu as usize].wakes, 1);
                     }
                 }
             }
@@ -467,14 +483,12 @@ pub fn run_vcpu(vcpu: u32, num_vcpus: u32, cfg: &StagedConfig, tsc_khz: u64) {
         return;
     }
     let threads = cfg.threads.min(MAX_THREADS_PER_VCPU);
-    let a = agent();
     let mut own: [Option<&'static Thread>; MAX_THREADS_PER_VCPU] = [None; MAX_THREADS_PER_VCPU];
     for (i, slot) in own.iter_mut().enumerate().take(threads) {
         let id = vcpu + num_vcpus * i as u32;
         let home = id % num_vcpus;
         let t = new_thread(id, home, cfg);
         *slot = Some(t);
-        a.runq_add(home, 1);
         RUNQ[home as usize].push(t);
     }
     LIVE.fetch_add(threads as u32, Ordering::SeqCst);

@@ -7,7 +7,7 @@
 use core::fmt::Write as _;
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use guest_agent::Report;
+use guest_agent::{Report, Trace};
 use hypercall_abi::stage::MAX_VCPUS;
 
 use super::agent::agent;
@@ -15,60 +15,98 @@ use super::workload::stage_names;
 use super::{num_vcpus, MAX_STAGES, TSC_KHZ};
 use crate::print_line;
 
-/// Guest-side counts of what was reported, per stage, plus exits and
-/// full-ring back-offs.
-pub(super) static STAGE_EVENTS: [AtomicU64; MAX_STAGES] = [const { AtomicU64::new(0) }; MAX_STAGES];
-pub(super) static EXIT_EVENTS: AtomicU64 = AtomicU64::new(0);
-static BACKOFFS: AtomicU64 = AtomicU64::new(0);
+/// Adds `n` to a counter only this vCPU writes (no locked instruction:
+/// the counters of one vCPU live on its own cache lines).
+pub(super) fn bump(counter: &AtomicU64, n: u64) {
+    counter.store(
+        counter.load(Ordering::Relaxed).wrapping_add(n),
+        Ordering::Relaxed,
+    );
+}
 
-/// Stage switches that stayed on their vCPU (`[0]`) or migrated (`[1]`), and
-/// the TSC cycles from yielding to running again, summed.
-pub(super) static SWITCHES: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
-pub(super) static SWITCH_CYCLES: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
-
-/// Idle markers reported (not part of the stage counts).
-pub(super) static IDLE_EVENTS: AtomicU64 = AtomicU64::new(0);
-
-/// Counts `report` in `counter` when it was written, and its full-ring
-/// back-offs in [`BACKOFFS`].
-pub(super) fn count(report: Report, counter: &AtomicU64) {
-    if let Report::Written { backoffs } = report {
-        counter.fetch_add(1, Ordering::Relaxed);
-        BACKOFFS.fetch_add(u64::from(backoffs), Ordering::Relaxed);
+/// Counts `report`, made on `vcpu`, in `counter` (a field of that vCPU's
+/// [`VcpuCounts`]) when it reached the host (counted or written), its
+/// full-ring back-offs and its trace event's fate.
+pub(super) fn count(vcpu: u32, report: Report, counter: &AtomicU64) {
+    let c = &VCPU_COUNTS[vcpu as usize];
+    match report {
+        Report::Written { backoffs } => {
+            bump(counter, 1);
+            bump(&c.backoffs, u64::from(backoffs));
+        }
+        Report::Counted { trace } => {
+            bump(counter, 1);
+            match trace {
+                Trace::Off => {}
+                Trace::Written => bump(&c.traced, 1),
+                Trace::Dropped => bump(&c.trace_dropped, 1),
+            }
+        }
+        Report::Inactive => {}
     }
 }
 
-/// Guest-side per-vCPU counts, one cache line each.
-#[repr(C, align(64))]
+/// Guest-side per-vCPU counts, written only by their vCPU, on cache lines
+/// of their own, 128-byte aligned (the adjacent-line prefetcher moves pairs
+/// of lines): shared counters would bounce between vCPUs at every switch and
+/// make the channel look costlier than it is.
+#[repr(C, align(128))]
 pub(super) struct VcpuCounts {
     /// `stage_enter` calls executed on this vCPU, per stage.
     pub(super) ran: [AtomicU64; MAX_STAGES],
+    /// Of those, the reports that reached the host, per stage.
+    pub(super) reported: [AtomicU64; MAX_STAGES],
+    /// `stage_exit` reports that reached the host (requests).
+    pub(super) exits: AtomicU64,
+    /// Idle markers that reached the host.
+    pub(super) idles: AtomicU64,
+    /// Full-ring back-offs (rings mode).
+    pub(super) backoffs: AtomicU64,
+    /// Trace events written to a ring, and dropped on a full one.
+    pub(super) traced: AtomicU64,
+    pub(super) trace_dropped: AtomicU64,
+    /// Stage switches that stayed on their vCPU (`[0]`) or migrated
+    /// (`[1]`), counted where the thread resumed, and the TSC cycles from
+    /// yielding to running again, summed.
+    pub(super) switches: [AtomicU64; 2],
+    pub(super) switch_cycles: [AtomicU64; 2],
     /// WAITs sent while idle.
     pub(super) waits: AtomicU64,
     /// WAKEs sent to parked vCPUs.
     pub(super) wakes: AtomicU64,
+    /// Migrations decided at stage switches on this vCPU (or steals into
+    /// it), in total and per stage entered (`in`) and left (`out`, not
+    /// counted when the thread was between requests).
+    pub(super) migrations: AtomicU64,
+    pub(super) migrations_in: [AtomicU64; MAX_STAGES],
+    pub(super) migrations_out: [AtomicU64; MAX_STAGES],
+    /// Stage switches that stayed because the map gives the stage no vCPU.
+    pub(super) fallbacks: AtomicU64,
+    /// `stage_enter`s on a vCPU the map read at that moment does not give
+    /// the stage although some vCPU serves it.
+    pub(super) violations: AtomicU64,
 }
 
 pub(super) static VCPU_COUNTS: [VcpuCounts; MAX_VCPUS] = [const {
     VcpuCounts {
         ran: [const { AtomicU64::new(0) }; MAX_STAGES],
+        reported: [const { AtomicU64::new(0) }; MAX_STAGES],
+        exits: AtomicU64::new(0),
+        idles: AtomicU64::new(0),
+        backoffs: AtomicU64::new(0),
+        traced: AtomicU64::new(0),
+        trace_dropped: AtomicU64::new(0),
+        switches: [const { AtomicU64::new(0) }; 2],
+        switch_cycles: [const { AtomicU64::new(0) }; 2],
         waits: AtomicU64::new(0),
         wakes: AtomicU64::new(0),
+        migrations: AtomicU64::new(0),
+        migrations_in: [const { AtomicU64::new(0) }; MAX_STAGES],
+        migrations_out: [const { AtomicU64::new(0) }; MAX_STAGES],
+        fallbacks: AtomicU64::new(0),
+        violations: AtomicU64::new(0),
     }
 }; MAX_VCPUS];
-
-/// Migrations decided at stage switches, in total and per stage entered
-/// (`in`) and left (`out`, not counted when the thread was between requests).
-pub(super) static MIGRATIONS: AtomicU64 = AtomicU64::new(0);
-pub(super) static MIGRATIONS_IN: [AtomicU64; MAX_STAGES] =
-    [const { AtomicU64::new(0) }; MAX_STAGES];
-pub(super) static MIGRATIONS_OUT: [AtomicU64; MAX_STAGES] =
-    [const { AtomicU64::new(0) }; MAX_STAGES];
-/// Stage switches that stayed because the map gives the stage no vCPU.
-pub(super) static FALLBACKS: AtomicU64 = AtomicU64::new(0);
-/// `stage_enter`s on a vCPU the map read at that moment does not give the
-/// stage although some vCPU serves it.
-pub(super) static VIOLATIONS: AtomicU64 = AtomicU64::new(0);
 
 /// Requests of all threads, and the TSC at release and when the last thread
 /// finished (0: the staged phase did not run).
@@ -117,33 +155,44 @@ pub fn print_counts() {
     let a = agent();
     let layout_vcpus = a.layout().map_or(0, |l| l.num_vcpus);
     let ring_full: u64 = (0..layout_vcpus).map(|v| a.ring_full_backoffs(v)).sum();
+    let ring_dropped: u64 = (0..layout_vcpus).map(|v| a.trace_dropped(v)).sum();
     let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let n = num_vcpus() as usize;
+    let vcpus = &VCPU_COUNTS[..n];
+    let total = |f: fn(&VcpuCounts) -> &AtomicU64| vcpus.iter().map(|c| load(f(c))).sum::<u64>();
     let names = stage_names();
     // "name count name count …" over the workload's stages.
-    let per_stage = |counts: &[AtomicU64; MAX_STAGES]| {
+    let per_stage = |count: &dyn Fn(usize) -> u64| {
         let mut line = LineBuf::new();
-        for (k, (name, c)) in names.iter().zip(counts).enumerate() {
+        for (k, name) in names.iter().enumerate() {
             let sep = if k == 0 { "" } else { " " };
-            let _ = write!(line, "{sep}{name} {}", load(c));
+            let _ = write!(line, "{sep}{name} {}", count(k));
         }
         line
     };
+    let reported = |k: usize| vcpus.iter().map(|c| load(&c.reported[k])).sum::<u64>();
     println!(
-        "testguest: stage events {} exit {}; ring-full back-offs {} (ring headers {})",
-        per_stage(&STAGE_EVENTS).as_str(),
-        load(&EXIT_EVENTS),
-        load(&BACKOFFS),
-        ring_full
+        "testguest: stage events {} exit {}; ring-full back-offs {} (ring headers {}); trace written {} dropped {} (ring headers {})",
+        per_stage(&reported).as_str(),
+        total(|c| &c.exits),
+        total(|c| &c.backoffs),
+        ring_full,
+        total(|c| &c.traced),
+        total(|c| &c.trace_dropped),
+        ring_dropped
     );
-    let n = num_vcpus() as usize;
-    for (v, c) in VCPU_COUNTS.iter().enumerate().take(n) {
-        println!("testguest: vcpu {} ran {}", v, per_stage(&c.ran).as_str());
+    for (v, c) in vcpus.iter().enumerate() {
+        println!(
+            "testguest: vcpu {} ran {}",
+            v,
+            per_stage(&|k| load(&c.ran[k])).as_str()
+        );
     }
     println!(
         "testguest: migrations {}, fallbacks {}, violations {}",
-        load(&MIGRATIONS),
-        load(&FALLBACKS),
-        load(&VIOLATIONS)
+        total(|c| &c.migrations),
+        total(|c| &c.fallbacks),
+        total(|c| &c.violations)
     );
     let mut line = LineBuf::new();
     for (k, name) in names.iter().enumerate() {
@@ -151,31 +200,28 @@ pub fn print_counts() {
         let _ = write!(
             line,
             "{sep}{name} in {} out {}",
-            load(&MIGRATIONS_IN[k]),
-            load(&MIGRATIONS_OUT[k])
+            vcpus.iter().map(|c| load(&c.migrations_in[k])).sum::<u64>(),
+            vcpus.iter().map(|c| load(&c.migrations_out[k])).sum::<u64>()
         );
     }
     println!("testguest: stage migrations {}", line.as_str());
-    let (waits, wakes) = VCPU_COUNTS
-        .iter()
-        .take(n)
-        .fold((0, 0), |(w, k), c| (w + load(&c.waits), k + load(&c.wakes)));
-    println!("testguest: idle waits {}, wakes sent {}", waits, wakes);
+    println!(
+        "testguest: idle waits {}, wakes sent {}",
+        total(|c| &c.waits),
+        total(|c| &c.wakes)
+    );
     let khz = TSC_KHZ.load(Ordering::Relaxed).max(1);
+    let switches = |k: usize| vcpus.iter().map(|c| load(&c.switches[k])).sum::<u64>();
     let ns = |k: usize| {
-        let n = SWITCHES[k].load(Ordering::Relaxed).max(1);
-        SWITCH_CYCLES[k]
-            .load(Ordering::Relaxed)
-            .saturating_mul(1_000_000)
-            / khz
-            / n
+        let cycles: u64 = vcpus.iter().map(|c| load(&c.switch_cycles[k])).sum();
+        cycles.saturating_mul(1_000_000) / khz / switches(k).max(1)
     };
     println!(
         "testguest: migration latency {} ns ({} migrations), local switch {} ns ({} switches)",
         ns(1),
-        SWITCHES[1].load(Ordering::Relaxed),
+        switches(1),
         ns(0),
-        SWITCHES[0].load(Ordering::Relaxed)
+        switches(0)
     );
     let start = START_TSC.load(Ordering::Relaxed);
     if start != 0 {
