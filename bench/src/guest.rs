@@ -34,6 +34,9 @@ pub struct Boot<'a> {
     pub memory: Option<&'a str>,
     /// `--stages`, if any.
     pub stages: Option<&'a Path>,
+    /// Further stagevm arguments (e.g. `--no-stage-device`,
+    /// `--stage-trace on`).
+    pub extra: &'a [&'a str],
 }
 
 /// What one run left behind.
@@ -79,7 +82,8 @@ impl Boot<'_> {
         if let Some(s) = self.stages {
             cmd.arg("--stages").arg(s);
         }
-        cmd.arg("--report")
+        cmd.args(self.extra)
+            .arg("--report")
             .arg(&report)
             .args(["--cmdline", self.cmdline]);
         let out = cmd

@@ -55,6 +55,7 @@ fn run_once(args: &Args, policy: &str) -> Result<GuestRun> {
         cmdline: &args.cmdline,
         memory: None,
         stages: None,
+            extra: &[],
     };
     GuestRun::parse(&boot.run()?, args.cpus)
 }

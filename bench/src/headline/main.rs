@@ -156,6 +156,7 @@ fn footprint_run(
         cmdline: &cmdline,
         memory: Some(&args.memory),
         stages: Some(&args.stages),
+            extra: &[],
     }
     .run()?;
     let mut seen = 0;
@@ -305,6 +306,7 @@ fn staged_round(args: &Args, round: usize, cells: &mut Cells, bar: &ProgressBar)
                 cmdline: &args.staged_cmdline,
                 memory: None,
                 stages: None,
+            extra: &[],
             };
             let run = GuestRun::parse(&boot.run()?, v)?;
             cells.push(Work::Staged, v, policy, run);
