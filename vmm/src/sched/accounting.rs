@@ -52,6 +52,10 @@ pub struct Accounting {
     window_ns: Vec<u64>,
     /// Requests completed (valid `stage_exit` events) in the same window.
     window_requests: u64,
+    /// A counters guest: the window's length (ticks of the counter reads
+    /// since the last [`Accounting::take_window`]), which the load divides
+    /// by, so no vCPU counts for more than one.
+    window_ticks: u64,
     /// A counters guest's reader and per-vCPU totals (`None`: rings).
     counters: Option<CounterReader>,
     vcpu_totals: Vec<VcpuTotals>,
@@ -108,7 +112,8 @@ impl Accounting {
         if reader.generation() != generation {
             return;
         }
-        let deltas = reader.update(blocks, host_tsc);
+        let (deltas, window) = reader.update(blocks, host_tsc);
+        self.window_ticks = self.window_ticks.saturating_add(window);
         for (v, d) in deltas.iter().enumerate() {
             for (s, stage) in self.stages.iter_mut().enumerate() {
                 let code = stage_code(s as u32) as usize;
@@ -208,12 +213,21 @@ impl Accounting {
         }
     }
 
-    /// vCPU time per stage (ns) and requests completed since the previous
+    /// vCPU time per stage (ns), requests completed, and for a counters
+    /// guest the window's length (ns, the reads' own), since the previous
     /// call; starts a new window.
-    pub fn take_window(&mut self) -> (Vec<u64>, u64) {
+    pub fn take_window(&mut self) -> (Vec<u64>, u64, Option<u64>) {
         let window = self.window_ns.clone();
         self.window_ns.iter_mut().for_each(|w| *w = 0);
-        (window, std::mem::take(&mut self.window_requests))
+        let length = std::mem::take(&mut self.window_ticks);
+        (
+            window,
+            std::mem::take(&mut self.window_requests),
+            self.counters
+                .as_ref()
+                .map(|_| self.ticks_to_ns(length))
+                .filter(|ns| *ns > 0),
+        )
     }
 
     /// Writes the accounting's part of the channel report: `stages`,

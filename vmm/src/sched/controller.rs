@@ -309,9 +309,12 @@ impl Controller {
                 map_changed: false,
             });
         };
-        let period_ns = now.saturating_duration_since(self.period_start).as_nanos() as f64;
+        let elapsed_ns = now.saturating_duration_since(self.period_start).as_nanos() as f64;
         self.period_start = now;
-        let (busy, requests) = g.accounting.take_window();
+        let (busy, requests, window_ns) = g.accounting.take_window();
+        // A counters guest's window is the reads' own (every vCPU's time
+        // sums to it); a rings guest's is the period's.
+        let period_ns = window_ns.map_or(elapsed_ns, |ns| ns as f64);
         let load: Vec<f64> = busy
             .iter()
             .map(|ns| *ns as f64 / period_ns.max(1.0))

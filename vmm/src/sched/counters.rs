@@ -183,9 +183,10 @@ impl CounterReader {
 
     /// Turns `blocks` (one per vCPU, copied at host TSC `host_tsc`) into
     /// per-vCPU deltas since the previous read (since REGISTER for the
-    /// first). Blocks past the vCPU count are ignored. Pure arithmetic:
-    /// O(vCPUs × codes), never panics.
-    pub fn update(&mut self, blocks: &[VcpuCounters], host_tsc: u64) -> Vec<VcpuDelta> {
+    /// first), and returns them with that window's length (ticks, from the
+    /// host's TSC): every vCPU's ticks sum to it. Blocks past the vCPU
+    /// count are ignored. Pure arithmetic: O(vCPUs × codes), never panics.
+    pub fn update(&mut self, blocks: &[VcpuCounters], host_tsc: u64) -> (Vec<VcpuDelta>, u64) {
         // The window comes from the host's own clock: nothing the guest
         // writes lengthens it.
         let window = host_tsc
@@ -225,11 +226,12 @@ impl CounterReader {
             self.last_transition_tsc = Some(self.last_transition_tsc.map_or(l, |t| t.max(l)));
         }
         self.start_tsc.get_or_insert(now.saturating_sub(window));
-        blocks
+        let deltas = blocks
             .iter()
             .zip(self.last.iter_mut())
             .map(|(block, base)| delta(base, block, now, window))
-            .collect()
+            .collect();
+        (deltas, window)
     }
 }
 

@@ -43,6 +43,13 @@ impl Guest {
     }
 }
 
+impl CounterReader {
+    /// [`CounterReader::update`]'s deltas alone.
+    fn update_deltas(&mut self, blocks: &[VcpuCounters], host_tsc: u64) -> Vec<VcpuDelta> {
+        self.update(blocks, host_tsc).0
+    }
+}
+
 fn reader(vcpus: u32) -> CounterReader {
     CounterReader::new(1, vcpus, REGISTER_HOST + OFFSET, REGISTER_HOST, 2_000_000)
 }
@@ -61,7 +68,7 @@ fn every_visit_timed_splits_windows_exactly_including_open_visits() {
     g.at(t0 + 100_000, stage_code(0));
     g.at(t0 + 400_000, stage_code(1));
     // A long visit of stage 1: open across the end of the first window.
-    let d = r.update(&[g.block], t0 + w);
+    let d = r.update_deltas(&[g.block], t0 + w);
     let d = &d[0];
     assert_eq!(d.clamps, 0);
     assert!(near(d.ticks[CODE_NONE as usize], 100_000), "{d:?}");
@@ -71,14 +78,14 @@ fn every_visit_timed_splits_windows_exactly_including_open_visits() {
     assert_eq!(d.ticks.iter().sum::<u64>(), w);
     // Second window: stage 1 goes on for 500 k more, then idle.
     g.at(t0 + w + 500_000, CODE_IDLE);
-    let d = r.update(&[g.block], t0 + 2 * w);
+    let d = r.update_deltas(&[g.block], t0 + 2 * w);
     let d = &d[0];
     assert_eq!(d.clamps, 0);
     assert!(near(d.ticks[stage_code(1) as usize], 500_000), "{d:?}");
     assert!(near(d.ticks[CODE_IDLE as usize], 500_000));
     assert_eq!(d.counts[CODE_IDLE as usize], 1);
     // A whole window idle.
-    let d = r.update(&[g.block], t0 + 3 * w);
+    let d = r.update_deltas(&[g.block], t0 + 3 * w);
     assert!(near(d[0].ticks[CODE_IDLE as usize], w));
     assert!(r.span_ticks() > 0);
 }
@@ -109,7 +116,7 @@ fn a_sampled_split_is_close_and_idle_is_exact() {
             host[v] = end - 1_000_000;
             g.at(host[v], stage_code(0));
         }
-        let d = r.update(&[g[0].block, g[1].block], end);
+        let d = r.update_deltas(&[g[0].block, g[1].block], end);
         for d in &d {
             assert_eq!(d.clamps, 0, "{d:?}");
             assert_eq!(d.ticks.iter().sum::<u64>(), 10_000_000, "window {window}");
@@ -137,9 +144,9 @@ fn a_long_untimed_visit_gets_its_windows() {
     g.block.countdown = 5;
     g.at(REGISTER_HOST + 10, stage_code(3));
     assert!(!hypercall_abi::stage::state_timed(g.block.state));
-    r.update(&[g.block], REGISTER_HOST + w);
+    r.update_deltas(&[g.block], REGISTER_HOST + w);
     for k in 2..5 {
-        let d = r.update(&[g.block], REGISTER_HOST + k * w);
+        let d = r.update_deltas(&[g.block], REGISTER_HOST + k * w);
         assert_eq!(d[0].ticks[stage_code(3) as usize], w, "{d:?}");
     }
 }
@@ -150,30 +157,30 @@ fn impossible_values_are_clamped_and_counted() {
     let mut r = reader(1);
     let w = 1_000_000;
     g.at(REGISTER_HOST + 10, stage_code(2));
-    let d = r.update(&[g.block], REGISTER_HOST + w);
+    let d = r.update_deltas(&[g.block], REGISTER_HOST + w);
     assert_eq!(d[0].clamps, 0);
     // Idle ten windows long in one window: cut to the window.
     g.block.cycles[CODE_IDLE as usize] += 10 * w;
-    let d = r.update(&[g.block], REGISTER_HOST + 2 * w);
+    let d = r.update_deltas(&[g.block], REGISTER_HOST + 2 * w);
     assert!(d[0].clamps >= 1);
     assert!(d[0].ticks.iter().all(|t| *t <= w));
     assert_eq!(d[0].ticks.iter().sum::<u64>(), w);
     // A counter that goes backwards adds nothing; the next window is clean.
     g.block.counts[stage_code(2) as usize] = 0;
-    let d = r.update(&[g.block], REGISTER_HOST + 3 * w);
+    let d = r.update_deltas(&[g.block], REGISTER_HOST + 3 * w);
     assert!(d[0].clamps >= 1);
     assert_eq!(d[0].counts[stage_code(2) as usize], 0);
     g.at(REGISTER_HOST + 3 * w + 5, stage_code(2));
-    let d = r.update(&[g.block], REGISTER_HOST + 4 * w);
+    let d = r.update_deltas(&[g.block], REGISTER_HOST + 4 * w);
     assert_eq!(d[0].clamps, 0, "{d:?}");
     assert_eq!(d[0].counts[stage_code(2) as usize], 1);
     // A state code out of range: no open visit, counted.
     g.block.state = state_word(REGISTER_HOST + OFFSET + 4 * w, 31, true);
-    let d = r.update(&[g.block], REGISTER_HOST + 5 * w);
+    let d = r.update_deltas(&[g.block], REGISTER_HOST + 5 * w);
     assert!(d[0].clamps >= 1);
     // A timed state far in the future: no open visit, counted, clock unmoved.
     g.block.state = state_word(u64::MAX - 64, stage_code(0), true);
-    let d = r.update(&[g.block], REGISTER_HOST + 6 * w);
+    let d = r.update_deltas(&[g.block], REGISTER_HOST + 6 * w);
     assert!(d[0].clamps >= 1);
     assert!(d[0].ticks.iter().sum::<u64>() <= w);
 }
@@ -183,10 +190,10 @@ fn an_uncalibrated_clock_takes_the_latest_timed_transition() {
     let mut g = Guest::new(1);
     let mut r = CounterReader::new(1, 1, 0, REGISTER_HOST, 0);
     g.at(REGISTER_HOST + 500, stage_code(0));
-    let d = r.update(&[g.block], REGISTER_HOST + 1000);
+    let d = r.update_deltas(&[g.block], REGISTER_HOST + 1000);
     assert_eq!(d[0].clamps, 0);
     g.at(REGISTER_HOST + 1500, stage_code(1));
-    let d = r.update(&[g.block], REGISTER_HOST + 2000);
+    let d = r.update_deltas(&[g.block], REGISTER_HOST + 2000);
     assert_eq!(d[0].clamps, 0, "{d:?}");
     assert!(near(d[0].ticks[stage_code(0) as usize], 1000));
 }
@@ -198,10 +205,10 @@ fn an_early_clock_is_raised_by_a_later_state() {
     let mut r = CounterReader::new(1, 1, REGISTER_HOST + OFFSET - 5000, REGISTER_HOST, 2_000_000);
     let mut g = Guest::new(1);
     g.at(REGISTER_HOST + 100_000, stage_code(0));
-    let d = r.update(&[g.block], REGISTER_HOST + 100_000);
+    let d = r.update_deltas(&[g.block], REGISTER_HOST + 100_000);
     assert_eq!(d[0].clamps, 0);
     g.at(REGISTER_HOST + 300_000, stage_code(1));
-    let d = r.update(&[g.block], REGISTER_HOST + 400_000);
+    let d = r.update_deltas(&[g.block], REGISTER_HOST + 400_000);
     assert_eq!(d[0].clamps, 0);
     assert!(near(d[0].ticks[stage_code(0) as usize], 200_000), "{d:?}");
     assert!(near(d[0].ticks[stage_code(1) as usize], 100_000), "{d:?}");
@@ -243,7 +250,7 @@ proptest! {
         let mut host = 5u64;
         for (b, step) in blocks.iter().zip(&steps) {
             host += step;
-            for d in r.update(b, host) {
+            for d in r.update_deltas(b, host) {
                 prop_assert!(d.ticks.iter().sum::<u64>() <= *step);
                 prop_assert!(d.counts.iter().all(|c| *c <= step + step / SLACK_DIV));
                 prop_assert_eq!(d.ticks.len(), NUM_CODES);
