@@ -338,8 +338,7 @@ pub struct TraceConfig {
     pub every: u64,
 }
 
-/// Largest `every=` of `--stage-trace` (one event in a billion).
-pub const TRACE_EVERY_MAX: u64 = 1_000_000_000;
+pub use stagevm_report::api::TRACE_EVERY_MAX;
 
 impl FromStr for TraceConfig {
     type Err = ConfigError;

@@ -10,6 +10,7 @@
 //! | `GET /api/v1/stages[?timeline=N][&decisions=N]` | — | [`StagesView`] |
 //! | `PUT /api/v1/stages.policy` | `PolicyUpdate` | `202` [`Accepted`] |
 //! | `PUT /api/v1/stages.budgets` | `BudgetsUpdate` | `202` [`Accepted`] |
+//! | `PUT /api/v1/stages.trace` | [`TraceUpdate`] | `202` [`Accepted`] |
 //! | `PUT /api/v1/vm.shutdown` | — | `202` [`Accepted`] |
 //! | `GET /metrics` | — | Prometheus text exposition 0.0.4 |
 //!
@@ -84,8 +85,22 @@ pub struct StagesView {
     pub pending: Option<String>,
 }
 
+/// `PUT /api/v1/stages.trace`: the event trace asked of a guest that
+/// reports through stage counters (as `--stage-trace`), applied at once.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TraceUpdate {
+    /// 0 = off, 1 = every event, N = every Nth event of each kind per vCPU
+    /// (at most [`TRACE_EVERY_MAX`]).
+    pub every: u64,
+}
+
+/// Largest `every` of a trace (`--stage-trace every=N` and
+/// [`TraceUpdate`]): one event in a billion.
+pub const TRACE_EVERY_MAX: u64 = 1_000_000_000;
+
 /// `202 Accepted`: a change was validated and is applied at the next
-/// policy period.
+/// policy period (a trace change at once).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Accepted {
     /// What will be applied, as recorded in the timeline.

@@ -14,6 +14,12 @@
 //! | `stagevm_ring_events_total` | counter | — | `vcpus[].events` summed |
 //! | `stagevm_ring_dropped_total` | counter | — | `dropped` |
 //! | `stagevm_requests_total` | counter | — | `requests` |
+//! | `stagevm_vcpu_idle_seconds_total` | counter | `vcpu` | `vcpus[].idle_ns` / 1e9 |
+//! | `stagevm_trace_every` | gauge | — | `trace_every` |
+//! | `stagevm_trace_events_total` | counter | — | `traced_events` |
+//! | `stagevm_trace_dropped_total` | counter | — | `trace_dropped` |
+//! | `stagevm_counter_clamps_total` | counter | — | `counter_clamps` |
+//! | `stagevm_registrations_coalesced_total` | counter | — | `registrations_coalesced` |
 //! | `stagevm_waits_total`, `stagevm_wakes_total` | counter | — | `waits`, `wakes` |
 //! | `stagevm_map_changes_total` | counter | — | `sched.map_changes` |
 //! | `stagevm_map_epoch` | gauge | — | `map_epoch` |
@@ -79,8 +85,45 @@ pub fn render(view: &StagesView, log_lines_suppressed: u64) -> prometheus::Resul
         let ring_events = ch.vcpus.iter().map(|v| v.events).sum();
         b.counter(
             "stagevm_ring_events_total",
-            "Ring entries drained from the guest's rings",
+            "Stage switches the guest reported (counted in its counters, or ring entries of a rings guest)",
             ring_events,
+        )?;
+        let idle = prometheus::CounterVec::new(
+            Opts::new(
+                "stagevm_vcpu_idle_seconds_total",
+                "vCPU time with nothing to run (s; a counters guest)",
+            ),
+            &["vcpu"],
+        )?;
+        b.registry.register(Box::new(idle.clone()))?;
+        for v in &ch.vcpus {
+            idle.with_label_values(&[&v.index.to_string()])
+                .inc_by(v.idle_ns as f64 / 1e9);
+        }
+        b.gauge(
+            "stagevm_trace_every",
+            "Event trace asked of the guest: 0 off, N every Nth event",
+            ch.trace_every as i64,
+        )?;
+        b.counter(
+            "stagevm_trace_events_total",
+            "Trace events drained from the rings",
+            ch.traced_events,
+        )?;
+        b.counter(
+            "stagevm_trace_dropped_total",
+            "Trace events the guest dropped on a full ring",
+            ch.trace_dropped,
+        )?;
+        b.counter(
+            "stagevm_counter_clamps_total",
+            "Impossible stage-counter values clamped",
+            ch.counter_clamps,
+        )?;
+        b.counter(
+            "stagevm_registrations_coalesced_total",
+            "REGISTERs within a policy period of the last one served, planned later",
+            ch.registrations_coalesced,
         )?;
         b.counter(
             "stagevm_ring_dropped_total",

@@ -12,8 +12,10 @@
 //! * [`metrics`] — the Prometheus text exposition of a [`StagesView`];
 //! * [`handle`] (here) — the routes, independent of the HTTP library.
 //!
-//! Changes (`PUT /api/v1/stages.policy`, `PUT /api/v1/stages.budgets`) are
-//! validated by host-sched exactly as a `--stages` file
+//! `PUT /api/v1/stages.trace` turns the event trace of a counters guest on,
+//! off or sampled at once (as `--stage-trace`). Changes (`PUT
+//! /api/v1/stages.policy`, `PUT /api/v1/stages.budgets`) are validated by
+//! host-sched exactly as a `--stages` file
 //! ([`crate::sched::StageSched::propose`]), answered `400` with the same
 //! one-line message naming key and value and nothing queued when invalid,
 //! and `202` when valid; the `stage-sched` thread applies them at its next
@@ -29,7 +31,8 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use stagevm_report::api::{
-    Accepted, ApiError, VmInfo, DEFAULT_DECISIONS, DEFAULT_TIMELINE, PREFIX,
+    Accepted, ApiError, TraceUpdate, VmInfo, DEFAULT_DECISIONS, DEFAULT_TIMELINE, PREFIX,
+    TRACE_EVERY_MAX,
 };
 
 use crate::exit::{ExitEvent, VmExit};
@@ -99,7 +102,9 @@ impl Response {
 fn allowed_methods(path: &str) -> Option<&'static str> {
     match path.strip_prefix(PREFIX) {
         Some("/vm.info" | "/stages") => Some("GET"),
-        Some("/stages.policy" | "/stages.budgets" | "/vm.shutdown") => Some("PUT"),
+        Some("/stages.policy" | "/stages.budgets" | "/stages.trace" | "/vm.shutdown") => {
+            Some("PUT")
+        }
         _ if path == "/metrics" => Some("GET"),
         _ => None,
     }
@@ -159,8 +164,52 @@ pub fn handle(
             )
         }
         "/stages.policy" => change(ctx, body, Change::Policy),
+        "/stages.trace" => trace(ctx, body),
         _ => change(ctx, body, Change::Budgets),
     }
+}
+
+/// `PUT /api/v1/stages.trace`: the trace asked of the guest, applied at
+/// once (the guest reads it at its next report).
+fn trace(ctx: &ApiContext, body: &[u8]) -> Response {
+    if let Some(refused) = refuse_changes(ctx) {
+        return refused;
+    }
+    let update: TraceUpdate = match serde_json::from_slice(body) {
+        Ok(u) => u,
+        Err(e) => return Response::error(400, format!("body: {e}")),
+    };
+    if update.every > TRACE_EVERY_MAX {
+        return Response::error(
+            400,
+            format!(
+                "every = {}: at most {TRACE_EVERY_MAX} (0 = off, 1 = every event)",
+                update.every
+            ),
+        );
+    }
+    ctx.sched.set_trace(update.every);
+    let what = match update.every {
+        0 => "trace off".to_string(),
+        1 => "trace every event".to_string(),
+        n => format!("trace every {n}th event"),
+    };
+    tracing::info!("operator API: {what}");
+    Response::json(202, &Accepted { accepted: what })
+}
+
+/// `409` when the VM is stopping or has no stage device.
+fn refuse_changes(ctx: &ApiContext) -> Option<Response> {
+    if ctx.exit.reason().is_some() {
+        return Some(Response::error(409, "the VM is stopping"));
+    }
+    if ctx.sched.device().is_none() {
+        return Some(Response::error(
+            409,
+            "the VM runs without the stage device (--no-stage-device): there is no stage scheduling to change",
+        ));
+    }
+    None
 }
 
 /// `?timeline=N|all&decisions=N|all`: how many timeline entries and
@@ -196,14 +245,8 @@ fn change<T: serde::de::DeserializeOwned>(
     body: &[u8],
     wrap: fn(T) -> Change,
 ) -> Response {
-    if ctx.exit.reason().is_some() {
-        return Response::error(409, "the VM is stopping");
-    }
-    if ctx.sched.device().is_none() {
-        return Response::error(
-            409,
-            "the VM runs without the stage device (--no-stage-device): there is no stage scheduling to change",
-        );
+    if let Some(refused) = refuse_changes(ctx) {
+        return refused;
     }
     let update: T = match serde_json::from_slice(body) {
         Ok(u) => u,

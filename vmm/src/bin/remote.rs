@@ -65,6 +65,12 @@ enum Command {
         /// A --stages TOML file.
         file: PathBuf,
     },
+    /// The event trace of a guest that reports through stage counters, at
+    /// once: on (every event), off, or every=N (every Nth event per vCPU).
+    Trace {
+        /// on, off or every=N.
+        setting: stagevm::config::TraceConfig,
+    },
     /// Ends the VM (exit status 0).
     Shutdown,
     /// The Prometheus metrics (text).
@@ -99,8 +105,18 @@ fn print_table(view: &StagesView) {
         view.stage_channel
             .as_ref()
             .map(|c| format!(
-                " · epoch {} · requests {} · dropped {}",
-                c.map_epoch, c.requests, c.dropped
+                " · epoch {} · requests {} · dropped {} · {}{}",
+                c.map_epoch,
+                c.requests,
+                c.dropped,
+                c.mode,
+                match c.trace_every {
+                    0 => String::new(),
+                    n => format!(
+                        " · trace every {n}: {} kept, {} dropped",
+                        c.traced_events, c.trace_dropped
+                    ),
+                }
             ))
             .unwrap_or_default()
     );
@@ -177,6 +193,14 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             "PUT",
             format!("{PREFIX}/stages.budgets"),
             budgets_body(file).map_err(usage)?,
+        ),
+        Command::Trace { setting } => (
+            "PUT",
+            format!("{PREFIX}/stages.trace"),
+            serde_json::to_vec(&stagevm_report::api::TraceUpdate {
+                every: setting.every,
+            })
+            .map_err(|e| usage(e.into()))?,
         ),
         Command::Shutdown => ("PUT", format!("{PREFIX}/vm.shutdown"), Vec::new()),
         Command::Metrics => ("GET", "/metrics".to_string(), Vec::new()),

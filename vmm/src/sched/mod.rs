@@ -57,6 +57,8 @@ impl StageSched {
     /// `timeline` entries, the last `decisions` entries that carry a
     /// decision, and the change waiting for the next period.
     pub fn view(&self, timeline: usize, decisions: usize) -> StagesView {
+        // A counters guest's counters as of now, not of the last period.
+        self.read_counters(&mut Vec::new());
         let c = self.controller();
         let stage_channel = self.device.as_ref().map(|d| {
             let mut r = d.report();
