@@ -143,9 +143,18 @@ fn reap(pid: u32, deadline: Instant) -> Option<(i32, u64)> {
 /// sends SIGTERM 200 ms after the guest printed a line containing it and
 /// times the exit.
 fn attack(args: &[&str], sigterm_at: Option<&str>) -> Attacked {
+    attack_reporting(args, sigterm_at, true)
+}
+
+/// [`attack`], with `--report` only when `with_report`.
+fn attack_reporting(args: &[&str], sigterm_at: Option<&str>, with_report: bool) -> Attacked {
     let _lock = vm_lock();
     let report = report_path("hostile");
-    let mut child = spawn(&guest_args_with_report(&report, args));
+    let mut all = guest_args_with_report(&report, args);
+    if !with_report {
+        all.drain(2..4);
+    }
+    let mut child = spawn(&all);
     let pid = child.id();
     let (tx, rx) = mpsc::channel::<String>();
     let stdout = BufReader::new(child.stdout.take().unwrap());
@@ -206,11 +215,22 @@ fn attack(args: &[&str], sigterm_at: Option<&str>) -> Attacked {
 /// Runs `hostile=NAME` on `vcpus` vCPUs with `extra` cmdline words and
 /// VMM `args`, and checks the common guarantees (exit 0).
 fn run_attack(name: &str, vcpus: u32, cmdline_extra: &str, args: &[&str]) -> Attacked {
+    run_attack_reporting(name, vcpus, cmdline_extra, args, true)
+}
+
+/// [`run_attack`], with `--report` only when `with_report`.
+fn run_attack_reporting(
+    name: &str,
+    vcpus: u32,
+    cmdline_extra: &str,
+    args: &[&str],
+    with_report: bool,
+) -> Attacked {
     let cpus = format!("boot={vcpus}");
     let cmdline = format!("iters=1000 hostile={name} {cmdline_extra}");
     let mut all = vec!["--cpus", cpus.as_str(), "--cmdline", cmdline.as_str()];
     all.extend_from_slice(args);
-    let a = attack(&all, None);
+    let a = attack_reporting(&all, None, with_report);
     a.assert_contained(name, 0);
     assert!(a.stdout.contains("hostile: done"), "{}", a.stdout);
     a
@@ -294,9 +314,14 @@ fn wake_flood_is_counted() {
     assert_eq!(a.channel().wakes, 50_000);
 }
 
+// The ring attacks write a v1.1 guest's event rings (`counters=0`): the
+// VMM drains them every drain period as that guest's load signal. A
+// counters guest's trace rings go through the same validation
+// (tests/stage_channel.rs, corrupt input with a trace on).
+
 #[test]
 fn ring_wrap_is_resynchronised() {
-    let a = run_attack("ring_wrap", 2, "", &[]);
+    let a = run_attack("ring_wrap", 2, "counters=0", &[]);
     let ch = a.channel();
     let v0 = &ch.vcpus[0];
     eprintln!("ring_wrap: vCPU 0 {v0:?}");
@@ -308,7 +333,7 @@ fn ring_wrap_is_resynchronised() {
 
 #[test]
 fn prefilled_rings_drain_bounded_and_doorbells_stay_fast() {
-    let a = run_attack("prefill", 8, "ring=65536", &[]);
+    let a = run_attack("prefill", 8, "ring=65536 counters=0", &[]);
     let ch = a.channel();
     let events: Vec<u64> = ch.vcpus.iter().map(|v| v.events).collect();
     eprintln!(
@@ -346,7 +371,7 @@ fn prefilled_rings_drain_bounded_and_doorbells_stay_fast() {
 
 #[test]
 fn forged_timestamps_are_survived() {
-    let a = run_attack("forged_tsc", 2, "", &["--policy", "proportional"]);
+    let a = run_attack("forged_tsc", 2, "counters=0", &["--policy", "proportional"]);
     assert!(
         a.stdout
             .contains("hostile: forged_tsc wrote 1022 events on vCPU 0 and 500 on vCPU 1"),
@@ -427,8 +452,91 @@ fn bad_virtio_chains_are_answered() {
 }
 
 #[test]
+fn impossible_counters_are_clamped_and_counted() {
+    let a = run_attack("counters", 2, "", &["--policy", "proportional"]);
+    assert!(
+        a.stdout
+            .contains("hostile: counters wrote 80 impossible values on 2 vCPUs"),
+        "{}",
+        a.stdout
+    );
+    let ch = a.channel();
+    let clamps: Vec<u64> = ch.vcpus.iter().map(|v| v.counter_clamps).collect();
+    eprintln!(
+        "counters: clamps per vCPU {clamps:?}, occupancy_ns {:?}",
+        ch.stages.iter().map(|s| s.occupancy_ns).collect::<Vec<_>>()
+    );
+    assert!(clamps.iter().all(|c| *c > 0), "{ch:?}");
+    assert_eq!(ch.counter_clamps, clamps.iter().sum::<u64>());
+    // The policy never saw more load than the VM has vCPUs.
+    let timeline = &a.report().sched.timeline;
+    assert!(!timeline.is_empty());
+    for t in timeline {
+        let load: f64 = t.load.iter().sum();
+        assert!(load <= 2.0 + 1e-6, "t = {} ms: load {:?}", t.t_ms, t.load);
+    }
+    // The clamps are logged, rate-limited.
+    assert!(
+        a.stderr.contains("stage counters: impossible values clamped"),
+        "{}",
+        a.stderr
+    );
+}
+
+/// The REGISTER/UNREGISTER loop of issue 22's audit: re-registrations are
+/// served at most once per policy period (the rest coalesced and counted),
+/// so the VMM stays within the RSS bound with and without `--report` and
+/// `stage-sched` within 5 % of a core.
+#[test]
+fn a_register_loop_is_coalesced_and_bounded() {
+    // Without --report: the RSS bound (checked by `run_attack_reporting`).
+    let a = run_attack_reporting("reregister", 2, "", &[], false);
+    assert!(a.stdout.contains("hostile: reregister sent"), "{}", a.stdout);
+    // With --report: the RSS bound, and the counts and CPU from the report.
+    {
+        let a = run_attack("reregister", 2, "", &[]);
+        let line = a
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("hostile: reregister sent"))
+            .unwrap_or_else(|| panic!("{}", a.stdout));
+        eprintln!("reregister: {line}");
+        let n = numbers(line);
+        let (pairs, ms, unexpected) = (n[0], n[1], n[2]);
+        assert_eq!(unexpected, 0, "{line}");
+        assert!(pairs > 1000, "{line}");
+        let ch = a.channel();
+        let sched = &a.report().sched;
+        let served = ch.registrations - ch.registrations_coalesced;
+        let periods = ms / sched.period_ms;
+        eprintln!(
+            "reregister: {} registrations, {} coalesced, {} planned; {} map changes, {} timeline entries",
+            ch.registrations,
+            ch.registrations_coalesced,
+            served,
+            sched.map_changes,
+            sched.timeline.len()
+        );
+        assert!(ch.registrations > pairs, "{ch:?}");
+        // One served at once per policy period, and the ones planned at a
+        // period: at most two per period, plus the first.
+        assert!(served <= 2 * periods + 2, "{served} served in {periods} periods");
+        assert!(sched.map_changes <= 2 * periods + 4, "{}", sched.map_changes);
+        let cpu_ms = sched
+            .helpers
+            .iter()
+            .find(|h| h.name == "stage-sched")
+            .map(|h| h.cpu_ms)
+            .expect("stage-sched in the report");
+        let share = cpu_ms / ms as f64;
+        eprintln!("reregister: stage-sched used {cpu_ms:.1} ms of CPU in ~{ms} ms ({:.2} %)", share * 100.0);
+        assert!(share <= 0.05, "stage-sched used {:.1} % of a core", share * 100.0);
+    }
+}
+
+#[test]
 fn sigterm_during_prefill_exits_promptly() {
-    sigterm_during("prefill", 8, "ring=65536");
+    sigterm_during("prefill", 8, "ring=65536 counters=0");
 }
 
 #[test]

@@ -98,6 +98,12 @@
 //!     next index is out of range, headers, data and status outside RAM,
 //!     overflowing and huge lengths, an indirect descriptor, and a
 //!     descriptor table outside RAM;
+//!   - `counters` — impossible values in the counter blocks of vCPUs 0 and
+//!     1 (counts going backwards, idle time and counts far beyond a policy
+//!     period, state codes out of range, timed states in the far future),
+//!     a kind every 10 ms for 400 ms (`staged::hostile_counters`);
+//!   - `reregister` — UNREGISTER + REGISTER of a 16-stage area in a loop for
+//!     4 s;
 //! * `exit=N` — exit code to shut down with after the work (default 0),
 //! * `fault=1` — execute `hlt` in ring 3 after the banner: a #GP with no IDT,
 //!   i.e. a triple fault, to test the VMM's failure path.

@@ -44,10 +44,14 @@ pub enum Attack {
     VirtioBad,
     /// Looping descriptor chains and chains pointing outside RAM (`--disk`).
     VirtioChains,
+    /// Impossible values in the counter blocks (ABI minor 2).
+    Counters,
+    /// UNREGISTER + REGISTER of a 16-stage area in a loop.
+    Reregister,
 }
 
 /// Attack names on the command line, in the order they run.
-pub const ATTACKS: [(&str, Attack); 7] = [
+pub const ATTACKS: [(&str, Attack); 9] = [
     ("register_flood", Attack::RegisterFlood),
     ("wake_flood", Attack::WakeFlood),
     ("ring_wrap", Attack::RingWrap),
@@ -55,6 +59,8 @@ pub const ATTACKS: [(&str, Attack); 7] = [
     ("forged_tsc", Attack::ForgedTsc),
     ("virtio_bad", Attack::VirtioBad),
     ("virtio_chains", Attack::VirtioChains),
+    ("counters", Attack::Counters),
+    ("reregister", Attack::Reregister),
 ];
 
 /// The attacks chosen with `hostile=`.
@@ -179,6 +185,8 @@ fn run_one(attack: Attack, env: &Env, verbose: bool) {
         Attack::ForgedTsc => forged_tsc(&Rings::get(), verbose),
         Attack::VirtioBad => crate::hostile_virtio::bad_registers(env, verbose),
         Attack::VirtioChains => crate::hostile_virtio::bad_chains(env, verbose),
+        Attack::Counters => super::hostile_counters::impossible_counters(env, verbose),
+        Attack::Reregister => super::hostile_counters::reregister_loop(env, verbose),
     }
 }
 

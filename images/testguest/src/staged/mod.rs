@@ -45,6 +45,7 @@ mod agent;
 mod bench;
 pub mod hopper;
 pub mod hostile;
+mod hostile_counters;
 mod runtime;
 mod stats;
 mod workload;
