@@ -421,6 +421,22 @@ fn remote_cli_reads_and_changes_the_vm() {
         out.contains("stagevm_stage_events_total{stage=\"parse\"} 4000"),
         "{out}"
     );
+    assert!(out.contains("stagevm_trace_every 0"), "{out}");
+    // The trace, live: asked of the guest at once, in the view and metrics.
+    let (code, out, _) = remote(&["trace", "every=4"]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, r#"{"accepted":"trace every 4th event"}"#)
+    );
+    assert_eq!(vm.stages().stage_channel.unwrap().trace_every, 4);
+    let (code, out, _) = remote(&["metrics"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("stagevm_trace_every 4"), "{out}");
+    let (code, _, err) = remote(&["trace", "every=0"]);
+    assert_eq!(code, 2, "a bad setting is refused by the client: {err}");
+    assert!(err.contains("every=0"), "{err}");
+    let (code, out, _) = remote(&["trace", "off"]);
+    assert_eq!((code, out.trim()), (0, r#"{"accepted":"trace off"}"#));
     // Unreachable socket: exit 2.
     let out = Command::new(env!("CARGO_BIN_EXE_stagevm-remote"))
         .args(["--api-socket", "/nonexistent/socket", "info"])
@@ -474,6 +490,9 @@ fn bad_requests_are_answered_and_change_nothing() {
         ("unknown path", "GET", "/api/v2/stages", b"", 404, "no such path"),
         ("bad timeline count", "GET", "/api/v1/stages?timeline=x", b"", 400, "timeline = 'x'"),
         ("unknown query", "GET", "/api/v1/stages?verbose=1", b"", 400, "unknown query parameter 'verbose=1'"),
+        ("trace every too large", "PUT", "/api/v1/stages.trace", br#"{"every":1000000001}"#, 400, "every = 1000000001: at most 1000000000"),
+        ("trace not a count", "PUT", "/api/v1/stages.trace", br#"{"every":"on"}"#, 400, "invalid type"),
+        ("trace unknown field", "PUT", "/api/v1/stages.trace", br#"{"every":1,"file":"x"}"#, 400, "unknown field `file`"),
     ];
     for (what, method, path, body, status, needle) in &cases {
         let (got, answer) = http(&vm.socket, method, path, body);
