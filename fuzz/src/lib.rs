@@ -20,13 +20,16 @@
 //! * [`doorbell`] — sequences of doorbell accesses on a stage device,
 //! * [`virtio_blk`] — virtio-mmio registers and virtio-blk request chains,
 //! * [`kernel`] — the ELF / PVH / bzImage kernel image checks and loaders,
-//! * [`stage_toml`] — the operator's stage TOML and its resolution.
+//! * [`stage_toml`] — the operator's stage TOML and its resolution,
+//! * [`stage_counters`] — the per-vCPU stage counters (ABI minor 2) as the
+//!   scheduler reads them.
 
 pub mod doorbell;
 pub mod guest;
 pub mod harness;
 pub mod input;
 pub mod kernel;
+pub mod stage_counters;
 pub mod stage_register;
 pub mod stage_ring;
 pub mod stage_toml;

@@ -54,3 +54,13 @@ fn kernel() {
 fn stage_toml() {
     fuzz("stage_toml", 10_000, 512, stagevm_fuzz::stage_toml::fuzz);
 }
+
+#[test]
+fn stage_counters() {
+    fuzz(
+        "stage_counters",
+        10_000,
+        1024,
+        stagevm_fuzz::stage_counters::fuzz,
+    );
+}
