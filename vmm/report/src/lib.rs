@@ -159,7 +159,10 @@ pub struct ChannelReport {
     pub maps_published: u64,
     /// Requests completed (valid `stage_exit` events).
     pub requests: u64,
-    /// Guest time from the first to the last valid event (ns).
+    /// Guest time from the first to the last valid event (ns); for a
+    /// counters guest, from the start of the first policy period with a
+    /// stage switch to the last switch seen (a period's resolution at the
+    /// start).
     pub busy_ns: u64,
     /// `requests` per second of `busy_ns` (0 before two events).
     pub requests_per_s: f64,

@@ -18,11 +18,26 @@ pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport, disks: &[BlockReport
     }
     if let Some(c) = c.filter(|c| c.registrations > 0) {
         let events: u64 = c.vcpus.iter().map(|v| v.events).sum();
-        let _ = writeln!(
-            s,
-            "stagevm: stage channel: {events} events in {} drains ({} µs period), {} dropped, {} ring-full back-offs, {} requests ({:.0} requests/s)",
-            c.drains, c.drain_period_us, c.dropped, c.ring_full_backoffs, c.requests, c.requests_per_s
-        );
+        if c.mode == "counters" {
+            let trace = match c.trace_every {
+                0 => String::new(),
+                n => format!(
+                    "; trace every {n}: {} events kept in {} drains, {} dropped on full rings, {} invalid",
+                    c.traced_events, c.drains, c.trace_dropped, c.dropped
+                ),
+            };
+            let _ = writeln!(
+                s,
+                "stagevm: stage channel (counters): {events} switches, {} requests ({:.0} requests/s), {} impossible values clamped{trace}",
+                c.requests, c.requests_per_s, c.counter_clamps
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "stagevm: stage channel (rings): {events} events in {} drains ({} µs period), {} dropped, {} ring-full back-offs, {} requests ({:.0} requests/s)",
+                c.drains, c.drain_period_us, c.dropped, c.ring_full_backoffs, c.requests, c.requests_per_s
+            );
+        }
         let vcpu_ns = (c.busy_ns as f64 * c.vcpus.len() as f64).max(1.0);
         for st in &c.stages {
             let place = sc.stages.iter().find(|p| p.name == st.name);

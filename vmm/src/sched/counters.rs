@@ -9,15 +9,18 @@
 //!   growth of `cycles[IDLE]`, minus the part of an open idle visit already
 //!   charged at the last read, plus the open visit's part now (`now −
 //!   since` of the state word);
-//! * **busy = window − idle, split by estimate**: each other code's time is
-//!   its timed visits' exact time in the window plus its untimed visits
+//! * **busy = window − idle, split by estimate**: each stage's time is its
+//!   timed visits' exact time in the window plus its untimed visits
 //!   (entries − timed visits) at the mean length of its timed visits (of
-//!   this window, else of the whole run); the busy time is divided in those
-//!   proportions. With every visit timed (`timed_every = 1`) the split is
-//!   exact; with the agents' 1 in 61 it is a sample of ~650 visits per vCPU
-//!   per 20 ms period at a million switches per second. A window without a
-//!   single entry gives all its busy time to the current code (a long
-//!   visit).
+//!   this window, else of the whole run); "no stage" gets the rest of the
+//!   busy time (its visits include odd very long ones — the wait from
+//!   REGISTER to the first switch, a thread blocked between requests —
+//!   whose mean would wrongly scale its untimed ones), and the stages are
+//!   scaled down when they add up to more than the busy time. With every
+//!   visit timed (`timed_every = 1`) the split is exact; paced at one timed
+//!   visit per 16 µs it samples ~1,250 visits per vCPU per 20 ms period. A
+//!   window without a single entry gives all its busy time to the current
+//!   code (a long visit).
 //!
 //! The host's estimate of the guest's TSC "now" comes from the REGISTER
 //! exit ([`GuestClock`]). Rules, each applied and counted per vCPU in
@@ -34,8 +37,8 @@
 //! visit between neighbouring windows; totals stay right.
 
 use hypercall_abi::stage::{
-    state_code, state_since, state_timed, VcpuCounters, CODE_IDLE, CODE_NONE, MAX_STAGES,
-    NUM_CODES,
+    state_code, state_since, state_timed, VcpuCounters, CODE_FIRST_STAGE, CODE_IDLE, CODE_NONE,
+    MAX_STAGES, NUM_CODES,
 };
 
 /// Share of the window a vCPU's idle time or a code's counts may exceed it
@@ -130,6 +133,10 @@ pub struct CounterReader {
     start_tsc: Option<u64>,
     /// Latest state time seen: the guest's last transition on any vCPU.
     last_transition_tsc: Option<u64>,
+    /// Guest TSC at the start of the first window with a transition, and at
+    /// the end of the last one: the span the guest's stages ran.
+    first_active_tsc: Option<u64>,
+    last_active_tsc: Option<u64>,
 }
 
 /// Grows `base` to `new` when the counter did not go backwards: returns the
@@ -164,6 +171,8 @@ impl CounterReader {
             last_host_tsc: host_tsc,
             start_tsc: clock.calibrated.then_some(register_tsc),
             last_transition_tsc: None,
+            first_active_tsc: None,
+            last_active_tsc: None,
         }
     }
 
@@ -172,13 +181,21 @@ impl CounterReader {
         self.generation
     }
 
-    /// Guest TSC span from REGISTER to the last transition seen (ticks): the
-    /// time the guest's stages ran, for rates in the report.
+    /// Guest TSC span in which the guest made transitions (ticks), for
+    /// rates in the report: from the start of the first read window with a
+    /// transition to its last transition seen (or the end of the last
+    /// window with one). Its resolution is a read window — a policy period
+    /// — at the start.
     pub fn span_ticks(&self) -> u64 {
-        match (self.start_tsc, self.last_transition_tsc) {
-            (Some(start), Some(last)) => last.saturating_sub(start),
-            _ => 0,
-        }
+        let Some(first) = self.first_active_tsc else {
+            return 0;
+        };
+        let last = match (self.last_transition_tsc, self.last_active_tsc) {
+            (Some(t), Some(end)) if t >= first && t <= end => t,
+            (_, Some(end)) => end,
+            _ => first,
+        };
+        last.saturating_sub(first)
     }
 
     /// Turns `blocks` (one per vCPU, copied at host TSC `host_tsc`) into
@@ -226,11 +243,15 @@ impl CounterReader {
             self.last_transition_tsc = Some(self.last_transition_tsc.map_or(l, |t| t.max(l)));
         }
         self.start_tsc.get_or_insert(now.saturating_sub(window));
-        let deltas = blocks
+        let deltas: Vec<VcpuDelta> = blocks
             .iter()
             .zip(self.last.iter_mut())
             .map(|(block, base)| delta(base, block, now, window))
             .collect();
+        if deltas.iter().any(|d| d.counts.iter().any(|c| *c > 0)) {
+            self.first_active_tsc.get_or_insert(now.saturating_sub(window));
+            self.last_active_tsc = Some(now);
+        }
         (deltas, window)
     }
 }
@@ -295,10 +316,14 @@ fn delta(base: &mut Baseline, new: &VcpuCounters, now: u64, window: u64) -> Vcpu
     let idle = exact[idle_code].clamp(0, i128::from(window)) as u64;
     d.ticks[idle_code] = idle;
     let busy = window - idle;
-    // Each busy code's estimate: its timed time plus its untimed visits at
-    // the mean timed length (this window's, else the run's).
+    // Each stage's estimate: its timed time plus its untimed visits at the
+    // mean timed length (this window's, else the run's). "No stage" takes
+    // the rest of the busy time: its visits include the odd very long one
+    // (the wait from REGISTER to the first switch, a thread blocked between
+    // requests), whose mean would wrongly scale its untimed ones.
+    let stages = CODE_FIRST_STAGE as usize..NUM_CODES;
     let mut est = [0u128; NUM_CODES];
-    for c in (0..NUM_CODES).filter(|c| *c != idle_code) {
+    for c in stages.clone() {
         let mean = if timed[c] > 0 {
             u128::from(cycles[c]) / u128::from(timed[c])
         } else if base.raw.timed[c] > 0 {
@@ -307,28 +332,35 @@ fn delta(base: &mut Baseline, new: &VcpuCounters, now: u64, window: u64) -> Vcpu
             0
         };
         let untimed = u128::from(d.counts[c].saturating_sub(timed[c]));
-        est[c] = exact[c].max(0) as u128 + mean * untimed;
+        est[c] = (exact[c].max(0) as u128).saturating_add(mean.saturating_mul(untimed));
     }
     let total: u128 = est.iter().sum();
-    if total > 0 {
+    let none = CODE_NONE as usize;
+    if d.counts.iter().all(|n| *n == 0) && total == 0 {
+        // Nothing entered: the whole window was the current visit (or no
+        // stage, when the state says nothing usable).
+        let c = if code < NUM_CODES && code != idle_code {
+            code
+        } else {
+            none
+        };
+        d.ticks[c] += busy;
+    } else if total > u128::from(busy) {
+        // More estimated than the vCPU had: scale the stages to its busy
+        // time, the division's remainder to the largest.
         let mut given = 0;
-        for c in 0..NUM_CODES {
+        for c in stages.clone() {
             let t = (u128::from(busy) * est[c] / total) as u64;
             d.ticks[c] += t;
             given += t;
         }
-        // The division's remainder (< one tick per code) to the largest.
-        let largest = (0..NUM_CODES).max_by_key(|c| est[*c]).unwrap_or(0);
+        let largest = stages.max_by_key(|c| est[*c]).unwrap_or(none);
         d.ticks[largest] += busy - given;
-    } else if busy > 0 {
-        // Nothing entered and nothing timed: the whole window was the
-        // current visit (or no stage, when the state says nothing usable).
-        let c = if code < NUM_CODES && code != idle_code {
-            code
-        } else {
-            CODE_NONE as usize
-        };
-        d.ticks[c] += busy;
+    } else {
+        for c in stages {
+            d.ticks[c] += est[c] as u64;
+        }
+        d.ticks[none] += busy - total as u64;
     }
     d.clamps = clamps;
     d

@@ -113,10 +113,14 @@ impl StageSched {
     }
 
     /// One drain of the rings: validated events to the controller (a rings
-    /// guest's stage events, or a counters guest's trace).
+    /// guest's stage events, or a counters guest's trace), and for a rings
+    /// guest the safety-net wake at every drain, as before minor 2.
     pub(super) fn drain(&self) {
         if let Some(device) = &self.device {
             let drained = device.drain();
+            if device.drain_need() == Drain::Events {
+                device.wake_parked_with_work();
+            }
             self.controller().ingest(&drained);
         }
     }

@@ -258,3 +258,29 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_long_wait_before_the_first_switch_does_not_skew_the_stages() {
+    // REGISTER's timed "no stage" visit lasts 5 M ticks (the guest did other
+    // work first), then 3,000 requests of 300 ticks in stage 0 and 100 in
+    // stage 1, sampled: the stages get their ~0.9 M and ~0.3 M ticks, not a
+    // share diluted by the long wait's mean.
+    let mut g = Guest::new(TIMED_EVERY);
+    let mut r = reader(1);
+    let mut host = REGISTER_HOST + 5_000_000;
+    for _ in 0..3000 {
+        g.at(host, stage_code(0));
+        g.at(host + 300, stage_code(1));
+        g.at(host + 400, CODE_NONE);
+        host += 410;
+    }
+    let d = r.update_deltas(&[g.block], host);
+    let (s0, s1) = (
+        d[0].ticks[stage_code(0) as usize],
+        d[0].ticks[stage_code(1) as usize],
+    );
+    eprintln!("stage 0 {s0} ticks, stage 1 {s1} ticks");
+    assert_eq!(d[0].clamps, 0);
+    assert!((800_000..1_000_000).contains(&s0), "{d:?}");
+    assert!((250_000..350_000).contains(&s1), "{d:?}");
+}
