@@ -477,7 +477,8 @@ fn impossible_counters_are_clamped_and_counted() {
     }
     // The clamps are logged, rate-limited.
     assert!(
-        a.stderr.contains("stage counters: impossible values clamped"),
+        a.stderr
+            .contains("stage counters: impossible values clamped"),
         "{}",
         a.stderr
     );
@@ -491,7 +492,11 @@ fn impossible_counters_are_clamped_and_counted() {
 fn a_register_loop_is_coalesced_and_bounded() {
     // Without --report: the RSS bound (checked by `run_attack_reporting`).
     let a = run_attack_reporting("reregister", 2, "", &[], false);
-    assert!(a.stdout.contains("hostile: reregister sent"), "{}", a.stdout);
+    assert!(
+        a.stdout.contains("hostile: reregister sent"),
+        "{}",
+        a.stdout
+    );
     // With --report: the RSS bound, and the counts and CPU from the report.
     {
         let a = run_attack("reregister", 2, "", &[]);
@@ -520,8 +525,15 @@ fn a_register_loop_is_coalesced_and_bounded() {
         assert!(ch.registrations > pairs, "{ch:?}");
         // One served at once per policy period, and the ones planned at a
         // period: at most two per period, plus the first.
-        assert!(served <= 2 * periods + 2, "{served} served in {periods} periods");
-        assert!(sched.map_changes <= 2 * periods + 4, "{}", sched.map_changes);
+        assert!(
+            served <= 2 * periods + 2,
+            "{served} served in {periods} periods"
+        );
+        assert!(
+            sched.map_changes <= 2 * periods + 4,
+            "{}",
+            sched.map_changes
+        );
         let cpu_ms = sched
             .helpers
             .iter()
@@ -529,8 +541,15 @@ fn a_register_loop_is_coalesced_and_bounded() {
             .map(|h| h.cpu_ms)
             .expect("stage-sched in the report");
         let share = cpu_ms / ms as f64;
-        eprintln!("reregister: stage-sched used {cpu_ms:.1} ms of CPU in ~{ms} ms ({:.2} %)", share * 100.0);
-        assert!(share <= 0.05, "stage-sched used {:.1} % of a core", share * 100.0);
+        eprintln!(
+            "reregister: stage-sched used {cpu_ms:.1} ms of CPU in ~{ms} ms ({:.2} %)",
+            share * 100.0
+        );
+        assert!(
+            share <= 0.05,
+            "stage-sched used {:.1} % of a core",
+            share * 100.0
+        );
     }
 }
 

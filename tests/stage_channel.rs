@@ -137,7 +137,10 @@ fn a_sampled_trace_keeps_one_event_in_n() {
     assert_eq!(dropped, 0, "a 4096-entry ring holds a tenth");
     // Each kind's count on each vCPU is sampled every 10th: at most one
     // event per (vCPU, kind) more or less than a tenth.
-    assert!(written.abs_diff(events / 10) <= 2 * 5, "{written} of {events}");
+    assert!(
+        written.abs_diff(events / 10) <= 2 * 5,
+        "{written} of {events}"
+    );
 }
 
 /// Corrupt ring entries are validated the same way in a counters guest's

@@ -125,7 +125,8 @@ fn run(target: &Target, p: &Point, config: usize) -> Result<Run> {
     .run()?;
     let wall_s = started.elapsed().as_secs_f64();
     let line = out.line("testguest: staged phase");
-    let rps: f64 = field(line, "ms, ").with_context(|| format!("no staged phase:\n{}", out.stdout))?;
+    let rps: f64 =
+        field(line, "ms, ").with_context(|| format!("no staged phase:\n{}", out.stdout))?;
     let ms: f64 = field(line, "in ").unwrap_or(f64::NAN);
     let helpers_ms: f64 = out.report.sched.helpers.iter().map(|h| h.cpu_ms).sum();
     let ch = out.report.stage_channel.clone().unwrap_or_default();
@@ -179,7 +180,10 @@ fn main() -> Result<()> {
     let meter = Meter::start();
     // 1. Mechanisms.
     let mut micro_rows = Vec::new();
-    for (name, extra) in [("counters (minor 2)", ""), ("rings (v1.1 guest)", "counters=0")] {
+    for (name, extra) in [
+        ("counters (minor 2)", ""),
+        ("rings (v1.1 guest)", "counters=0"),
+    ] {
         let mut v = Vec::new();
         for _ in 0..args.micro_runs {
             v.push(micro(&args.target, extra)?);
@@ -203,14 +207,24 @@ fn main() -> Result<()> {
             s.med, s.min, s.max
         );
     }
-    let all: Vec<_> = micro_rows.iter().flat_map(|(_, v)| v.iter().copied()).collect();
+    let all: Vec<_> = micro_rows
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .collect();
     for (name, f, unit) in [
-        ("TSC read alone (rdtsc)", (|r: &(f64, f64, f64, f64)| r.3) as fn(&_) -> f64, "ns"),
+        (
+            "TSC read alone (rdtsc)",
+            (|r: &(f64, f64, f64, f64)| r.3) as fn(&_) -> f64,
+            "ns",
+        ),
         ("plain loop iteration", |r| r.1, "ns"),
         ("doorbell exit (port I/O)", |r| r.2, "µs"),
     ] {
         let s = col(&all, f);
-        println!("| {name} | {:.2} {unit} | {:.2}–{:.2} |", s.med, s.min, s.max);
+        println!(
+            "| {name} | {:.2} {unit} | {:.2}–{:.2} |",
+            s.med, s.min, s.max
+        );
     }
     if args.micro_only {
         return Ok(());
@@ -250,7 +264,11 @@ fn main() -> Result<()> {
                 let c = configs[(k + round + i) % configs.len()];
                 results[i][c].push(run(&args.target, p, c)?);
                 done += 1;
-                eprint!("\rchannel-bench: round {}/{}, run {done}/{runs_total}   ", round + 1, args.rounds);
+                eprint!(
+                    "\rchannel-bench: round {}/{}, run {done}/{runs_total}   ",
+                    round + 1,
+                    args.rounds
+                );
             }
         }
     }

@@ -55,7 +55,7 @@ fn run_once(args: &Args, policy: &str) -> Result<GuestRun> {
         cmdline: &args.cmdline,
         memory: None,
         stages: None,
-            extra: &[],
+        extra: &[],
     };
     GuestRun::parse(&boot.run()?, args.cpus)
 }

@@ -68,7 +68,8 @@ fn run(mem: &GuestMemoryMmap, data: &[u8]) {
         CounterReader::new(registered.generation, vcpus, register_tsc, host, 2_000_000),
     );
     // An independent reader on the same reads, to check each window.
-    let mut reader = CounterReader::new(registered.generation, vcpus, register_tsc, host, 2_000_000);
+    let mut reader =
+        CounterReader::new(registered.generation, vcpus, register_tsc, host, 2_000_000);
     let mut blocks: Vec<VcpuCounters> = vec![VcpuCounters::default(); vcpus as usize];
     let mut buf = Vec::new();
     for _ in 0..inp.range(1, 6) {
@@ -87,7 +88,10 @@ fn run(mem: &GuestMemoryMmap, data: &[u8]) {
         let (deltas, window) = reader.update(&buf, host);
         for d in &deltas {
             let sum: u64 = d.ticks.iter().sum();
-            assert!(sum == window || (sum == 0 && window == 0), "{sum} ticks in {window}");
+            assert!(
+                sum == window || (sum == 0 && window == 0),
+                "{sum} ticks in {window}"
+            );
             assert!(d.ticks.iter().all(|t| *t <= window));
             assert!(d.counts.iter().all(|c| *c <= window + window / SLACK_DIV));
         }

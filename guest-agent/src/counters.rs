@@ -54,9 +54,9 @@ impl<P: Platform> Agent<P> {
     /// `vcpu < self.counted_vcpus`, and only one context writes this block.
     #[inline]
     pub(crate) unsafe fn transition(&self, vcpu: u32, code: u32) -> (u64, Option<u64>) {
-        // SAFETY (every `counter` call): the caller's contract; the offsets
-        // are those of the block's fields, and indices are checked.
+        // SAFETY: the caller's contract; the offset is the state word's.
         let state_word = unsafe { self.counter(vcpu, 0) };
+        // SAFETY: as above, the countdown's.
         let countdown_word = unsafe { self.counter(vcpu, COUNTERS_COUNTDOWN_OFFSET) };
         let (state, countdown) = (
             state_word.load(Ordering::Relaxed),
@@ -73,10 +73,16 @@ impl<P: Platform> Agent<P> {
         let t = transition(state, countdown, code, tsc.unwrap_or(0), every);
         if let Some((old, len)) = t.ended.filter(|(old, _)| (*old as usize) < NUM_CODES) {
             let at = 8 * u64::from(old);
-            Self::bump(unsafe { self.counter(vcpu, COUNTERS_CYCLES_OFFSET + at) }, len);
+            // SAFETY: as above; `old` < NUM_CODES indexes `cycles`.
+            Self::bump(
+                unsafe { self.counter(vcpu, COUNTERS_CYCLES_OFFSET + at) },
+                len,
+            );
+            // SAFETY: as above, `timed`.
             Self::bump(unsafe { self.counter(vcpu, COUNTERS_TIMED_OFFSET + at) }, 1);
         }
         let at = COUNTERS_COUNTS_OFFSET + 8 * u64::from(code.min(NUM_CODES as u32 - 1));
+        // SAFETY: as above; the code is cut to NUM_CODES − 1.
         let n = Self::bump(unsafe { self.counter(vcpu, at) }, 1);
         countdown_word.store(t.countdown, Ordering::Relaxed);
         state_word.store(t.state, Ordering::Release);
@@ -95,8 +101,9 @@ impl<P: Platform> Agent<P> {
     /// As [`Self::transition`].
     #[cold]
     unsafe fn pace(&self, vcpu: u32, now: u64) -> u64 {
-        // SAFETY: the caller's contract; the block's `agent` words.
+        // SAFETY: the caller's contract; the block's first `agent` word.
         let last = unsafe { self.counter(vcpu, COUNTERS_AGENT_OFFSET) };
+        // SAFETY: as above, its second.
         let stride = unsafe { self.counter(vcpu, COUNTERS_AGENT_OFFSET + 8) };
         let (since, n) = (last.load(Ordering::Relaxed), stride.load(Ordering::Relaxed));
         let next = match now.checked_sub(since) {

@@ -17,6 +17,7 @@
 //! * [`Mode::Rings`] (a host older than minor 2, or an area without
 //!   counters): every switch is an event in the vCPU's ring; a full ring is
 //!   waited for, never overwritten.
+//!
 //! It also publishes each vCPU's scheduling state ([`VcpuState`]): run-queue
 //! depth, parked flag and fallback count. Per-stage runnable counts
 //! (`VcpuState::runnable`) are not maintained: the field stays in the ABI
@@ -132,7 +133,11 @@ pub struct AreaSpec<'a> {
 impl AreaSpec<'_> {
     /// The layout this spec asks for (`None` for invalid counts).
     pub fn layout(&self) -> Option<Layout> {
-        let l = Layout::new(self.num_vcpus, self.stage_names.len() as u32, self.ring_entries)?;
+        let l = Layout::new(
+            self.num_vcpus,
+            self.stage_names.len() as u32,
+            self.ring_entries,
+        )?;
         Some(if self.counters { l.with_counters() } else { l })
     }
 }
@@ -227,7 +232,11 @@ impl<P: Platform> Agent<P> {
     /// # Safety
     /// `base` must point to `spec.size` writable bytes, 64-byte aligned, that
     /// stay valid and are used for nothing else while the agent lives.
-    pub unsafe fn register(platform: P, base: *mut u8, spec: &AreaSpec) -> Result<Self, SetupError> {
+    pub unsafe fn register(
+        platform: P,
+        base: *mut u8,
+        spec: &AreaSpec,
+    ) -> Result<Self, SetupError> {
         let layout = spec.layout().ok_or(SetupError::BadCounts)?;
         let (gpa, area_size) = (spec.gpa, spec.size);
         if layout.used_bytes() > area_size {

@@ -32,7 +32,7 @@ impl<P: Platform> Agent<P> {
         &'static AtomicU64,
     ) {
         let ring = self.ring(layout, vcpu);
-        // SAFETY (all four): fields of this ring's header inside the area.
+        // SAFETY: four fields of this ring's header, inside the area.
         unsafe {
             (
                 Self::word(ptr::addr_of_mut!((*ring).head)),

@@ -264,7 +264,7 @@ fn block(area: &[Page], layout: &Layout, vcpu: u32) -> VcpuCounters {
 
 #[test]
 fn a_minor_2_host_gets_counters_and_no_ring_events() {
-    use hypercall_abi::stage::{state_code, stage_code, CODE_IDLE, CODE_NONE};
+    use hypercall_abi::stage::{stage_code, state_code, CODE_IDLE, CODE_NONE};
     let layout = Layout::new(2, 3, 8).unwrap().with_counters();
     let mut mem = area(&layout);
     let a = register_minor(&mut mem, &layout, &["p", "q", "r"], Status::Ok, Some(2));
@@ -315,8 +315,12 @@ fn a_trace_is_sampled_and_lossy() {
     let mut dropped = 0;
     for _ in 0..10 {
         match a.stage_enter(0, 0, 1) {
-            Report::Counted { trace: Trace::Written } => written += 1,
-            Report::Counted { trace: Trace::Dropped } => dropped += 1,
+            Report::Counted {
+                trace: Trace::Written,
+            } => written += 1,
+            Report::Counted {
+                trace: Trace::Dropped,
+            } => dropped += 1,
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -330,7 +334,12 @@ fn a_trace_is_sampled_and_lossy() {
     let a = register_minor(&mut mem, &layout, &["p", "q"], Status::Ok, Some(2));
     trace_every(&mut mem, 5);
     let traced = (0..20)
-        .filter(|_| a.stage_enter(0, 1, 1) == Report::Counted { trace: Trace::Written })
+        .filter(|_| {
+            a.stage_enter(0, 1, 1)
+                == Report::Counted {
+                    trace: Trace::Written,
+                }
+        })
         .count();
     assert_eq!(traced, 4);
 }
@@ -370,12 +379,18 @@ fn the_default_stride_reads_the_tsc_for_one_visit_in_61() {
     // one (a fresh countdown is 0), then one in 61: 10 starts, 11 ends.
     assert_eq!(reads, 20);
     let c = block(&mem, &layout, 0);
-    assert_eq!(c.counts[stage_code(0) as usize] + c.counts[stage_code(1) as usize], 610);
+    assert_eq!(
+        c.counts[stage_code(0) as usize] + c.counts[stage_code(1) as usize],
+        610
+    );
     assert_eq!(c.timed.iter().sum::<u64>(), 11);
     // Idle visits are always timed.
     a.vcpu_idle(0);
     a.stage_enter(0, 0, 1);
-    assert_eq!(block(&mem, &layout, 0).timed[hypercall_abi::stage::CODE_IDLE as usize], 1);
+    assert_eq!(
+        block(&mem, &layout, 0).timed[hypercall_abi::stage::CODE_IDLE as usize],
+        1
+    );
 }
 
 #[test]
@@ -410,5 +425,8 @@ fn paced_timed_visits_follow_the_switch_rate() {
     );
     let c = block(&mem, &layout, 0);
     let timed: u64 = c.timed.iter().sum();
-    assert!(timed.abs_diff(want / 2) <= want / 20, "{timed} timed visits");
+    assert!(
+        timed.abs_diff(want / 2) <= want / 20,
+        "{timed} timed visits"
+    );
 }

@@ -362,7 +362,8 @@ impl Layout {
     /// rounded up to [`COUNTERS_ALIGN`] (128 bytes), blocks back to back
     /// (each 768 bytes). Only meaningful when [`Self::counters`].
     pub fn counters_offset(&self, vcpu: u32) -> u64 {
-        self.ring_offset(self.num_vcpus).next_multiple_of(COUNTERS_ALIGN)
+        self.ring_offset(self.num_vcpus)
+            .next_multiple_of(COUNTERS_ALIGN)
             + u64::from(vcpu) * core::mem::size_of::<VcpuCounters>() as u64
     }
 

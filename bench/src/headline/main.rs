@@ -156,7 +156,7 @@ fn footprint_run(
         cmdline: &cmdline,
         memory: Some(&args.memory),
         stages: Some(&args.stages),
-            extra: &[],
+        extra: &[],
     }
     .run()?;
     let mut seen = 0;
@@ -306,7 +306,7 @@ fn staged_round(args: &Args, round: usize, cells: &mut Cells, bar: &ProgressBar)
                 cmdline: &args.staged_cmdline,
                 memory: None,
                 stages: None,
-            extra: &[],
+                extra: &[],
             };
             let run = GuestRun::parse(&boot.run()?, v)?;
             cells.push(Work::Staged, v, policy, run);

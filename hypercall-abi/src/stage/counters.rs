@@ -283,7 +283,13 @@ mod tests {
 
     #[test]
     fn every_visit_timed_with_a_stride_of_one() {
-        let codes = [stage_code(0), stage_code(1), CODE_NONE, CODE_IDLE, stage_code(0)];
+        let codes = [
+            stage_code(0),
+            stage_code(1),
+            CODE_NONE,
+            CODE_IDLE,
+            stage_code(0),
+        ];
         let (c, reads) = run(&codes, 1);
         assert_eq!(reads, 5);
         for code in [stage_code(0), stage_code(1), CODE_NONE, CODE_IDLE] {
@@ -308,7 +314,10 @@ mod tests {
         }
         assert_eq!(c.counts[stage_code(0) as usize], 611);
         let (c, _) = run(&[stage_code(0), CODE_IDLE, stage_code(0)], TIMED_EVERY);
-        assert_eq!((c.timed[CODE_IDLE as usize], c.cycles[CODE_IDLE as usize]), (1, 1024));
+        assert_eq!(
+            (c.timed[CODE_IDLE as usize], c.cycles[CODE_IDLE as usize]),
+            (1, 1024)
+        );
     }
 
     #[test]

@@ -249,7 +249,8 @@ impl CounterReader {
             .map(|(block, base)| delta(base, block, now, window))
             .collect();
         if deltas.iter().any(|d| d.counts.iter().any(|c| *c > 0)) {
-            self.first_active_tsc.get_or_insert(now.saturating_sub(window));
+            self.first_active_tsc
+                .get_or_insert(now.saturating_sub(window));
             self.last_active_tsc = Some(now);
         }
         (deltas, window)

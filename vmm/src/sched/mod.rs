@@ -19,8 +19,8 @@
 //! * [`pinner`] — thread ids and affinities.
 
 pub mod accounting;
-pub mod counters;
 pub mod controller;
+pub mod counters;
 pub mod pinner;
 pub mod stage_sched;
 pub mod timeline;
@@ -30,8 +30,8 @@ use stagevm_report::{ChannelReport, SchedReport};
 
 pub use accounting::Accounting;
 pub use controller::{Change, Controller, Decision};
-pub use stage_sched::StageSched;
 pub use pinner::{Pinner, ThreadCpu};
+pub use stage_sched::StageSched;
 
 impl StageSched {
     /// The final drain and counter read after the guest stopped, and the

@@ -131,8 +131,7 @@ impl StageSched {
         if let Some(device) = &self.device {
             if let Some(generation) = device.read_counters(buf) {
                 let host_tsc = crate::stage::host_tsc();
-                self.controller()
-                    .ingest_counters(generation, buf, host_tsc);
+                self.controller().ingest_counters(generation, buf, host_tsc);
             }
             device.wake_parked_with_work();
         }
@@ -279,4 +278,3 @@ impl StageSched {
 /// Policy periods between two scans of `/proc/self/task` for threads the
 /// VMM did not start (KVM's workers): 50, once a second at 20 ms.
 const ADOPT_EVERY: u64 = 50;
-

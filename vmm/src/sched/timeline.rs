@@ -117,7 +117,9 @@ mod tests {
             map_changed: false,
             requests_per_s: 0.0,
             mode: None,
-            decision: (t_ms as u64 % 10 == 0).then(|| "decided".to_string()),
+            decision: (t_ms as u64)
+                .is_multiple_of(10)
+                .then(|| "decided".to_string()),
             source: None,
         }
     }

@@ -480,7 +480,9 @@ impl StageDevice {
         let gpa = self.lock().area.as_ref().map(|a| a.gpa);
         if let Some(gpa) = gpa {
             let at = gpa + STAGE_MAP_OFFSET + core::mem::offset_of!(StageMap, trace_every) as u64;
-            let _ = self.memory.store(every, GuestAddress(at), Ordering::Relaxed);
+            let _ = self
+                .memory
+                .store(every, GuestAddress(at), Ordering::Relaxed);
         }
     }
 
@@ -566,8 +568,8 @@ impl StageDevice {
 }
 
 mod ring;
-pub use ring::{Event, MAX_DRAIN_PER_RING};
 use ring::Ring;
+pub use ring::{Event, MAX_DRAIN_PER_RING};
 
 #[cfg(test)]
 mod tests;

@@ -180,4 +180,3 @@ impl Ring<'_> {
         (new_tail, false)
     }
 }
-

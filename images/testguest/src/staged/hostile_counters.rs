@@ -70,7 +70,8 @@ pub fn impossible_counters(env: &Env, verbose: bool) {
                 1 => {
                     let c = cycles(v, CODE_IDLE);
                     c.store(
-                        c.load(Ordering::Relaxed).wrapping_add(env.ticks(20_000_000)),
+                        c.load(Ordering::Relaxed)
+                            .wrapping_add(env.ticks(20_000_000)),
                         Ordering::Relaxed,
                     )
                 }

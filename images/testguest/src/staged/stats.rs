@@ -201,7 +201,10 @@ pub fn print_counts() {
             line,
             "{sep}{name} in {} out {}",
             vcpus.iter().map(|c| load(&c.migrations_in[k])).sum::<u64>(),
-            vcpus.iter().map(|c| load(&c.migrations_out[k])).sum::<u64>()
+            vcpus
+                .iter()
+                .map(|c| load(&c.migrations_out[k]))
+                .sum::<u64>()
         );
     }
     println!("testguest: stage migrations {}", line.as_str());

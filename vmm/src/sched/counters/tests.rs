@@ -73,7 +73,10 @@ fn every_visit_timed_splits_windows_exactly_including_open_visits() {
     assert_eq!(d.clamps, 0);
     assert!(near(d.ticks[CODE_NONE as usize], 100_000), "{d:?}");
     assert!(near(d.ticks[stage_code(0) as usize], 300_000));
-    assert!(near(d.ticks[stage_code(1) as usize], 600_000), "open part charged now");
+    assert!(
+        near(d.ticks[stage_code(1) as usize], 600_000),
+        "open part charged now"
+    );
     assert_eq!(d.counts[stage_code(0) as usize], 1);
     assert_eq!(d.ticks.iter().sum::<u64>(), w);
     // Second window: stage 1 goes on for 500 k more, then idle.
@@ -127,12 +130,18 @@ fn a_sampled_split_is_close_and_idle_is_exact() {
             // Stage 0 holds ~3/4 of the busy time (the last 1 M ticks of
             // each window are stage 0 too).
             let share = s0 / (s0 + s1);
-            assert!((0.70..0.84).contains(&share), "window {window}: share {share}");
+            assert!(
+                (0.70..0.84).contains(&share),
+                "window {window}: share {share}"
+            );
         }
     }
     // Two TSC reads per 61 transitions, plus the idle visits'.
     let reads: u64 = g.iter().map(|g| g.reads).sum();
-    assert!(reads < transitions / 20, "{reads} reads for {transitions} transitions");
+    assert!(
+        reads < transitions / 20,
+        "{reads} reads for {transitions} transitions"
+    );
 }
 
 #[test]
@@ -202,7 +211,13 @@ fn an_uncalibrated_clock_takes_the_latest_timed_transition() {
 fn an_early_clock_is_raised_by_a_later_state() {
     // The guest's register_tsc was read 5,000 ticks before the host's TSC
     // at the exit (a slow exit): states look 5 k ticks in the future.
-    let mut r = CounterReader::new(1, 1, REGISTER_HOST + OFFSET - 5000, REGISTER_HOST, 2_000_000);
+    let mut r = CounterReader::new(
+        1,
+        1,
+        REGISTER_HOST + OFFSET - 5000,
+        REGISTER_HOST,
+        2_000_000,
+    );
     let mut g = Guest::new(1);
     g.at(REGISTER_HOST + 100_000, stage_code(0));
     let d = r.update_deltas(&[g.block], REGISTER_HOST + 100_000);
