@@ -97,6 +97,9 @@ impl StageSched {
     /// register in a loop) gets the current map and is planned at the next
     /// policy period ([`Controller::register`]).
     pub fn on_register(&self, registered: &Registered) {
+        // What the previous registration's counters saw until its
+        // UNREGISTER goes to its accounting before a new one replaces it.
+        self.read_counters(&mut Vec::new());
         let mut c = self.controller();
         let served = c.register(registered, Instant::now());
         let plan = c.plan();
@@ -125,12 +128,16 @@ impl StageSched {
         }
     }
 
-    /// One read of a counters guest's blocks into the accounting, and the
+    /// One read of a counters guest's blocks into the accounting — first
+    /// the blocks an UNREGISTER left, if any, then the live area's — and the
     /// host's safety-net wake of parked vCPUs with queued work.
     pub(super) fn read_counters(&self, buf: &mut Vec<VcpuCounters>) {
         if let Some(device) = &self.device {
+            let host_tsc = crate::stage::host_tsc();
+            if let Some(generation) = device.take_final_counters(buf) {
+                self.controller().ingest_counters(generation, buf, host_tsc);
+            }
             if let Some(generation) = device.read_counters(buf) {
-                let host_tsc = crate::stage::host_tsc();
                 self.controller().ingest_counters(generation, buf, host_tsc);
             }
             device.wake_parked_with_work();

@@ -113,6 +113,11 @@ struct Inner {
     pending: Drained,
     /// Slots copied from a ring, reused by every drain.
     slots: Vec<Obj<hypercall_abi::stage::StageEvent>>,
+    /// A counters area's blocks as UNREGISTER left them, with their
+    /// registration's generation: handed out once by
+    /// [`StageDevice::take_final_counters`], so the switches of the last
+    /// policy period before an unregistration are counted.
+    final_counters: Option<(u64, Vec<VcpuCounters>)>,
 }
 
 /// The stage device of one VM. Shared by the vCPU threads (doorbell) and the
@@ -170,6 +175,7 @@ impl StageDevice {
                 report,
                 pending: Drained::default(),
                 slots: Vec::new(),
+                final_counters: None,
             }),
             status: (0..num_vcpus)
                 .map(|_| AtomicU32::new(Status::Ok as u32))
@@ -347,10 +353,19 @@ impl StageDevice {
             return Status::NotRegistered;
         }
         // Count what is still in the rings before forgetting the area; the
-        // next drain hands those events to the scheduler.
+        // next drain hands those events to the scheduler. A counters area's
+        // blocks are copied for the next read the same way (a guest that
+        // re-registers in a loop keeps only the latest copy).
         let mut pending = std::mem::take(&mut inner.pending);
         self.drain_locked(&mut inner, &mut pending);
         inner.pending = pending;
+        let mut blocks = inner
+            .final_counters
+            .take()
+            .map_or_else(Vec::new, |(_, v)| v);
+        if let Some(generation) = Self::copy_counters(&self.memory, &inner, &mut blocks) {
+            inner.final_counters = Some((generation, blocks));
+        }
         inner.area = None;
         tracing::info!("stage channel unregistered");
         Status::Ok
@@ -506,17 +521,33 @@ impl StageDevice {
     /// Copies every vCPU's [`VcpuCounters`] into `out` (cleared first) and
     /// returns the registration's generation ([`Registered::generation`]);
     /// `None` without an area or when the area has no counters. O(vCPUs ×
-    /// 576 bytes); the values are the untrusted guest's, unchecked here.
+    /// 768 bytes); the values are the untrusted guest's, unchecked here.
     pub fn read_counters(&self, out: &mut Vec<VcpuCounters>) -> Option<u64> {
-        out.clear();
         let inner = self.lock();
+        Self::copy_counters(&self.memory, &inner, out)
+    }
+
+    /// The blocks as the last UNREGISTER of a counters area left them (see
+    /// [`Self::read_counters`]), once; `None` when there is none.
+    pub fn take_final_counters(&self, out: &mut Vec<VcpuCounters>) -> Option<u64> {
+        let (generation, blocks) = self.lock().final_counters.take()?;
+        *out = blocks;
+        Some(generation)
+    }
+
+    fn copy_counters(
+        memory: &GuestMemoryMmap,
+        inner: &Inner,
+        out: &mut Vec<VcpuCounters>,
+    ) -> Option<u64> {
+        out.clear();
         let area = inner.area.as_ref().filter(|a| a.layout.counters)?;
         for vcpu in 0..area.layout.num_vcpus {
             let at = GuestAddress(area.gpa + area.layout.counters_offset(vcpu));
             // The block lies in the validated area; a failed read (cannot
             // happen) reads as zeros, which the accounting treats as a
             // counter that went backwards.
-            let block: Obj<VcpuCounters> = self.memory.read_obj(at).unwrap_or_default();
+            let block: Obj<VcpuCounters> = memory.read_obj(at).unwrap_or_default();
             out.push(block.0);
         }
         Some(inner.report.registrations)

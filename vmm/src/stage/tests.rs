@@ -359,3 +359,40 @@ fn backoff_sums_saturate() {
     dev.drain();
     assert_eq!(dev.report().ring_full_backoffs, u64::MAX);
 }
+
+/// UNREGISTER keeps a counters area's blocks for one more read, so the
+/// last policy period's switches are not lost; a new registration's blocks
+/// are read after them.
+#[test]
+fn unregister_keeps_the_counters_for_one_last_read() {
+    use hypercall_abi::stage::{stage_code, VcpuCounters};
+    let mem = memory();
+    let layout = Layout::new(2, 3, 8).unwrap().with_counters();
+    mem.write_obj(Obj(layout.header()), GuestAddress(AREA))
+        .unwrap();
+    let dev = StageDevice::new(mem.clone(), MEM, 2, 0, 0);
+    let first = dev
+        .doorbell(0, DOORBELL_REGISTER, &((AREA >> 12) as u32).to_le_bytes())
+        .unwrap();
+    assert!(first.counters);
+    let mut block = VcpuCounters::default();
+    block.counts[stage_code(1) as usize] = 42;
+    mem.write_obj(
+        Obj(block),
+        GuestAddress(AREA + layout.counters_offset(1)),
+    )
+    .unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(dev.take_final_counters(&mut buf), None);
+    dev.doorbell(0, DOORBELL_UNREGISTER, &[0]);
+    assert_eq!(dev.read_counters(&mut buf), None, "no area any more");
+    assert_eq!(dev.take_final_counters(&mut buf), Some(first.generation));
+    assert_eq!(buf[1].counts[stage_code(1) as usize], 42);
+    assert_eq!(dev.take_final_counters(&mut buf), None, "handed out once");
+    // Registered again: a new generation, read live.
+    let second = dev
+        .doorbell(0, DOORBELL_REGISTER, &((AREA >> 12) as u32).to_le_bytes())
+        .unwrap();
+    assert_eq!(second.generation, first.generation + 1);
+    assert_eq!(dev.read_counters(&mut buf), Some(second.generation));
+}
