@@ -10,7 +10,11 @@
  *
  * It also registers stage names the VMM's configuration does not list
  * ("hostile-a", "hostile-b"): the VM must keep running (the VMM warns and
- * serves them with default budgets).
+ * serves them with default budgets). While that registration stands it
+ * forges the per-vCPU stage counters (ABI minor 2), which user space can
+ * map read-write: a state word with an unknown code and counts no vCPU can
+ * reach. The VMM reads them once per policy period, must clamp them (it
+ * logs "stage counters: impossible values clamped") and keep running.
  *
  * Exit status: the number of failed cases (0: all held).
  */
@@ -26,6 +30,7 @@
 
 #include "stage.h"
 #include "stagevm_ioctl.h"
+#include "stagevm_layout.h"
 
 static int failed;
 
@@ -38,6 +43,48 @@ static void expect(const char *name, int got, int err, int want)
 	printf("hostile: %s: %s (%s)\n", name, ok ? "ok" : "FAILED",
 	       got < 0 ? strerror(err) : "succeeded");
 	failed += !ok;
+}
+
+/* Maps the area's counter blocks read-write and writes impossible values
+ * into every vCPU's block: an out-of-range state code and counts of 2^62.
+ * Returns 0 when the blocks were mapped and written, -1 (errno set) when
+ * not. The values then stand for `hold_us` (several of the VMM's policy
+ * periods of 20 ms) before the caller unregisters. */
+static int forge_counters(int fd, const struct stagevm_ioc_info *info, unsigned hold_us)
+{
+	const struct stagevm_area_header *h;
+	struct stagevm_layout l;
+	uint8_t *ro, *rw;
+	uint32_t v;
+
+	ro = mmap(NULL, STAGEVM_PAGE_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+	if (ro == MAP_FAILED)
+		return -1;
+	h = (const void *)ro;
+	if (!(h->flags & STAGEVM_AREA_FLAG_COUNTERS) ||
+	    stagevm_layout_init(&l, h->num_vcpus, h->num_stages, h->ring_entries)) {
+		munmap(ro, STAGEVM_PAGE_SIZE);
+		errno = ENOENT;
+		return -1;
+	}
+	stagevm_layout_with_counters(&l);
+	munmap(ro, STAGEVM_PAGE_SIZE);
+	/* Everything after the read-only page maps read-write. */
+	rw = mmap(NULL, info->area_size - STAGEVM_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED,
+		  fd, STAGEVM_PAGE_SIZE);
+	if (rw == MAP_FAILED)
+		return -1;
+	for (v = 0; v < l.num_vcpus; v++) {
+		struct stagevm_vcpu_counters *c =
+			(void *)(rw + stagevm_counters_offset(&l, v) - STAGEVM_PAGE_SIZE);
+
+		c->state = STAGEVM_STATE_CODE_MASK; /* code 31: no such code */
+		for (unsigned k = 0; k < STAGEVM_NUM_CODES; k++)
+			c->counts[k] = 1ull << 62;
+	}
+	usleep(hold_us);
+	munmap(rw, info->area_size - STAGEVM_PAGE_SIZE);
+	return 0;
 }
 
 static int reg(int fd, unsigned n, const char *const *names)
@@ -102,6 +149,10 @@ int main(void)
 	expect("mmap beyond the area", p == MAP_FAILED ? -1 : 0, errno, EINVAL);
 	if (p != MAP_FAILED)
 		munmap(p, info.area_size + 4096);
+	/* The counter blocks (after the rings) map read-write; the VMM must
+	 * clamp what is forged there, for 5 of its policy periods. */
+	r = forge_counters(fd, &info, 100000);
+	expect("forged stage counters (mapped read-write, held 100 ms)", r, errno, 0);
 	/* A process that exits in the middle of a stage (libstage, attached,
 	 * its area mapped, no stage_exit or detach). */
 	child = fork();

@@ -9,7 +9,10 @@ The VM runs with 2 vCPUs, 128 MiB, a 64 KiB virtio-blk disk of random bytes,
 `--policy static` with budgets for the staged program's stages (parse, plan,
 execute) and an API socket. When the guest prints "staged: waiting for
 policy off", the harness switches the policy with `stagevm-remote policy
-off`. At the end it compares the guest's counts with stagevm's report.
+off`. At the end it compares the guest's counts with stagevm's report: the
+guest agent reports through the per-vCPU stage counters (ABI minor 2), so
+the report's per-stage `events` and migrations and per-vCPU `events` and
+`exits` come from the VMM's counter reads, with no clamp.
 
 A guest kernel panic stops the VM at once (not at the time limit). Only when
 a boot met this machine's zeroed-TLS defect (zeroed_tls, images/linux/
@@ -239,7 +242,12 @@ def main():
     check(m is not None and m.group(1) == "0", "no oops, BUG or WARNING in the kernel log")
     check("REGISTER: stage 'parse': unknown stage; the guest declared hostile-a, hostile-b" in vmm,
           "a guest registering stage names the config does not list keeps running (warning logged)")
-    check(re.search(r"^staged: registered 3 stages", serial, re.M) is not None, "REGISTER accepted")
+    check("stage counters: impossible values clamped" in vmm,
+          "forged stage counters are clamped by the VMM (warning logged), the VM keeps running")
+    m = re.search(r"^staged: registered 3 stages .*, mode (\w+)", serial, re.M)
+    check(m is not None, "REGISTER accepted")
+    check(m is not None and m.group(1) == "counters",
+          f"libstage reports through the stage counters (mode {m and m.group(1)})")
     phases = {}
     for m in re.finditer(r"^staged: phase (\w+): .*?; enters (.*?); affinity_calls (\d+) cpu_changes (\d+) dropped (\d+) violations (\d+) errors (\d+)", serial, re.M):
         enters = dict(kv.split("=") for kv in m.group(2).split())
@@ -263,11 +271,36 @@ def main():
         guest_dropped = int(m.group(3))
     channel = report.get("stage_channel") or {}
     host = {s["name"]: s["events"] for s in channel.get("stages", [])}
-    print("  stage        guest enters   VMM events")
+    m = re.search(r"^staged: migrations in (.*) out (.*); mode", serial, re.M)
+    guest_mig = ({k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())},
+                 {k: int(v) for k, v in (kv.split("=") for kv in m.group(2).split())}) if m else ({}, {})
+    host_mig = ({s["name"]: s["migrations_in"] for s in channel.get("stages", [])},
+                {s["name"]: s["migrations_out"] for s in channel.get("stages", [])})
+    print("  stage        guest enters   VMM events   guest migrations in/out   VMM migrations in/out")
     for s in STAGES:
-        print(f"  {s:<12} {guest.get(s, '-'):>12} {host.get(s, '-'):>12}")
+        gm = f"{guest_mig[0].get(s, '-')}/{guest_mig[1].get(s, '-')}"
+        hm = f"{host_mig[0].get(s, '-')}/{host_mig[1].get(s, '-')}"
+        print(f"  {s:<12} {guest.get(s, '-'):>12} {host.get(s, '-'):>12} {gm:>25} {hm:>23}")
+    check(channel.get("mode") == "counters", f"the VMM read a counters guest (report mode {channel.get('mode')!r})")
     check(bool(guest) and all(guest.get(s) == host.get(s) for s in STAGES) and guest_dropped == 0 and channel.get("dropped") == 0,
           f"guest per-stage counts equal the VMM's report, 0 drops (VMM dropped {channel.get('dropped')})")
+    check(bool(m) and all(guest_mig[i].get(s) == host_mig[i].get(s) for i in (0, 1) for s in STAGES),
+          "guest per-stage migrations in and out equal the VMM's report")
+    # Per vCPU: switches (enters and exits) and exits (requests).
+    m = re.search(r"^staged: vcpus (.*)$", serial, re.M)
+    guest_vcpus = {}
+    for item in (m.group(1).split() if m else []):
+        v, kv = item.split(":")
+        guest_vcpus[int(v)] = {k: int(x) for k, x in (p.split("=") for p in kv.split(","))}
+    host_vcpus = {v["index"]: v for v in channel.get("vcpus", [])}
+    print("  vCPU   guest switches/exits   VMM events/exits")
+    for v in sorted(set(guest_vcpus) | set(host_vcpus)):
+        g, h = guest_vcpus.get(v, {}), host_vcpus.get(v, {})
+        print(f"  {v:<6} {g.get('switches', '-'):>12}/{g.get('exits', '-'):<10} {h.get('events', '-'):>9}/{h.get('exits', '-')}")
+    check(bool(guest_vcpus) and all(g["switches"] == host_vcpus.get(v, {}).get("events") and
+                                    g["exits"] == host_vcpus.get(v, {}).get("exits") for v, g in guest_vcpus.items()),
+          "guest per-vCPU switches and exits equal the VMM's report")
+    check(channel.get("counter_clamps") == 0, f"no counter clamped for the staged program (got {channel.get('counter_clamps')})")
     check("module unloaded" in times, "module unloaded")
     check(code == 0, f"exit status 0 (got {code})")
 

@@ -24,18 +24,22 @@
 
 /* Bytes at the start of the area that user space maps read-only in a guest:
  * the header, stage descriptors, stage map and the first vCPU states. Rings
- * start after RINGS_OFFSET (4864), inside the second page. */
+ * start after RINGS_OFFSET (4864), inside the second page, and the counter
+ * blocks (minor 2) after the rings: both can be mapped read-write. */
 #define STAGEVM_RO_BYTES STAGEVM_PAGE_SIZE
 
-/* Offset of `head`, `tail` and `full_backoffs` in a ring header. */
+/* Offset of `head`, `tail`, `full_backoffs` and `trace_dropped` in a ring
+ * header. */
 #define STAGEVM_RING_HEAD_OFF 0u
 #define STAGEVM_RING_TAIL_OFF 64u
 #define STAGEVM_RING_BACKOFFS_OFF 128u
+#define STAGEVM_RING_TRACE_DROPPED_OFF 136u
 /*
- * libstage's guest-private lock word for rings written without rseq: word 0
- * of RingHeader.pad0 (offset 8), on the guest-owned cache line of `head`.
- * The host never reads pad0. All writers of one ring must use the same
- * protocol (rseq or this lock); see guest-agent/linux/README.md.
+ * libstage's guest-private lock word for writers without rseq: word 0 of
+ * RingHeader.pad0 (offset 8), on the guest-owned cache line of `head`. It
+ * guards ring v and, in counters mode, the state word of vCPU v's counter
+ * block. The host never reads pad0. All writers of one ring and block must
+ * use the same protocol (rseq or this lock); see guest-agent/linux/README.md.
  */
 #define STAGEVM_RING_LOCK_OFF 8u
 
@@ -43,9 +47,11 @@ struct stagevm_layout {
 	uint32_t num_vcpus;
 	uint32_t num_stages;
 	uint32_t ring_entries;
+	uint32_t counters; /* 1: a VcpuCounters block per vCPU follows the rings */
 };
 
-/* Layout::new: 0 if the counts form a valid layout, -1 otherwise. */
+/* Layout::new: 0 if the counts form a valid layout (rings only, no
+ * counters), -1 otherwise. */
 static inline int stagevm_layout_init(struct stagevm_layout *l, uint32_t num_vcpus,
 				      uint32_t num_stages, uint32_t ring_entries)
 {
@@ -56,7 +62,15 @@ static inline int stagevm_layout_init(struct stagevm_layout *l, uint32_t num_vcp
 	l->num_vcpus = num_vcpus;
 	l->num_stages = num_stages;
 	l->ring_entries = ring_entries;
+	l->counters = 0;
 	return 0;
+}
+
+/* Layout::with_counters: the same layout with the per-vCPU counter blocks
+ * after the rings (ABI minor 2, STAGEVM_AREA_FLAG_COUNTERS). */
+static inline void stagevm_layout_with_counters(struct stagevm_layout *l)
+{
+	l->counters = 1;
 }
 
 static inline uint64_t stagevm_ring_bytes(const struct stagevm_layout *l)
@@ -82,8 +96,24 @@ static inline uint64_t stagevm_slot_offset(const struct stagevm_layout *l, uint3
 	       (index & (uint64_t)(l->ring_entries - 1)) * sizeof(struct stagevm_stage_event);
 }
 
+/* Layout::counters_offset: vCPU `vcpu`'s counter block, after the last ring
+ * rounded up to STAGEVM_COUNTERS_ALIGN (128 bytes), blocks back to back
+ * (768 bytes each). Only meaningful for a layout with counters. */
+static inline uint64_t stagevm_counters_offset(const struct stagevm_layout *l, uint32_t vcpu)
+{
+	uint64_t rings_end = stagevm_ring_offset(l, l->num_vcpus);
+
+	return (rings_end + STAGEVM_COUNTERS_ALIGN - 1) / STAGEVM_COUNTERS_ALIGN *
+		       STAGEVM_COUNTERS_ALIGN +
+	       (uint64_t)vcpu * sizeof(struct stagevm_vcpu_counters);
+}
+
+/* Layout::used_bytes: the end of the last ring, or of the last counter block
+ * in a layout with counters. */
 static inline uint64_t stagevm_used_bytes(const struct stagevm_layout *l)
 {
+	if (l->counters)
+		return stagevm_counters_offset(l, l->num_vcpus);
 	return stagevm_ring_offset(l, l->num_vcpus);
 }
 
@@ -96,10 +126,12 @@ static inline uint64_t stagevm_area_size(const struct stagevm_layout *l)
 
 /*
  * Lays out an area of `area_size` bytes at `base` as Agent::register does:
- * zeroes it, writes the header and the NUL-padded stage names (`names` may be
- * NULL; names[i] may be NULL; a name longer than 32 bytes is cut, one of 32
- * bytes has no NUL, as in Agent::register). The caller
- * sends REGISTER afterwards. Returns 0, or -1 if the layout does not fit.
+ * zeroes it (so every counter starts at 0), writes the header (with
+ * STAGEVM_AREA_FLAG_COUNTERS for a layout with counters) and the NUL-padded
+ * stage names (`names` may be NULL; names[i] may be NULL; a name longer than
+ * 32 bytes is cut, one of 32 bytes has no NUL, as in Agent::register). With
+ * counters the caller then starts them (stagevm_area_start_counters) and
+ * sends REGISTER. Returns 0, or -1 if the layout does not fit.
  */
 static inline int stagevm_area_init(void *base, uint64_t area_size, const struct stagevm_layout *l,
 				    const char *const *names)
@@ -130,7 +162,64 @@ static inline int stagevm_area_init(void *base, uint64_t area_size, const struct
 	h->num_vcpus = l->num_vcpus;
 	h->num_stages = l->num_stages;
 	h->ring_entries = l->ring_entries;
+	h->flags = l->counters ? STAGEVM_AREA_FLAG_COUNTERS : 0;
 	return 0;
+}
+
+/* ---- minor 2: state words (hypercall-abi/src/stage/counters.rs) ---- */
+
+/* state_word: `code` since guest TSC `tsc`, timed or not. */
+static inline uint64_t stagevm_state_word(uint64_t tsc, uint32_t code, int timed)
+{
+	return (tsc & ~STAGEVM_STATE_LOW_MASK) | (timed ? STAGEVM_STATE_TIMED : 0) |
+	       ((uint64_t)code & STAGEVM_STATE_CODE_MASK);
+}
+
+static inline uint32_t stagevm_state_code(uint64_t state)
+{
+	return (uint32_t)(state & STAGEVM_STATE_CODE_MASK);
+}
+
+static inline int stagevm_state_timed(uint64_t state)
+{
+	return (state & STAGEVM_STATE_TIMED) != 0;
+}
+
+/* The TSC a timed state holds since (granule cleared). */
+static inline uint64_t stagevm_state_since(uint64_t state)
+{
+	return state & ~STAGEVM_STATE_LOW_MASK;
+}
+
+/* needs_tsc: the transition from `state` into `code` with `countdown`
+ * transitions left before a timed visit ends a timed visit or starts one. */
+static inline int stagevm_needs_tsc(uint64_t state, uint64_t countdown, uint32_t code)
+{
+	return stagevm_state_timed(state) || countdown == 0 || code == STAGEVM_CODE_IDLE;
+}
+
+/*
+ * What Agent::register does to the counters of a freshly laid-out area with
+ * counters: the guest TSC `tsc`, read just before REGISTER, goes into the
+ * header's register_tsc, and every vCPU starts in a timed "no stage" visit
+ * from it (the host then charges each vCPU's time from REGISTER on). No-op
+ * for a layout without counters.
+ */
+static inline void stagevm_area_start_counters(void *base, const struct stagevm_layout *l,
+					       uint64_t tsc)
+{
+	struct stagevm_area_header *h = (struct stagevm_area_header *)base;
+	uint32_t v;
+
+	if (!l->counters)
+		return;
+	for (v = 0; v < l->num_vcpus; v++) {
+		struct stagevm_vcpu_counters *c =
+			(struct stagevm_vcpu_counters *)((char *)base + stagevm_counters_offset(l, v));
+
+		c->state = stagevm_state_word(tsc, STAGEVM_CODE_NONE, 1);
+	}
+	h->register_tsc = tsc;
 }
 
 /* Name of a doorbell status (STAGEVM_OK ...), for messages. */

@@ -9,11 +9,13 @@
  *   // in any thread:
  *   stage_enter(0); parse(); stage_enter(1); execute(); stage_exit();
  *
- * stage_enter(id) reports the switch into the ring of the CPU the thread runs
- * on (in a guest, CPU i is vCPU i) with a few user-space stores and no system
- * call. It calls sched_setaffinity() only when that CPU does not serve the
- * stage in the host's current stage map (the map epoch and masks are cached
- * per thread), restricting the thread to the CPUs that serve it.
+ * stage_enter(id) reports the switch on the CPU the thread runs on (in a
+ * guest, CPU i is vCPU i) with a few user-space stores and no system call:
+ * on a host of ABI minor 2 as a transition of that CPU's stage counters
+ * (stage_mode() "counters"), on an older host as an event in that CPU's
+ * ring ("rings"). It calls sched_setaffinity() only when that CPU does not
+ * serve the stage in the host's current stage map (the map epoch and masks
+ * are cached per thread), restricting the thread to the CPUs that serve it.
  *
  * Every function returns 0 (or a non-negative value) on success and -errno
  * on failure; none of them is async-signal-safe. Layout types come from
@@ -41,8 +43,14 @@ extern "C" {
  *   STAGEVM_DEVICE           device path (default /dev/stagevm);
  *   STAGEVM_VCPUS, STAGEVM_RING_ENTRIES  area geometry in fd mode
  *                            (default: configured CPUs, 256 entries);
- *   STAGE_TRANSPORT=lock     write rings under a per-ring lock instead of
- *                            rseq (tests; every writer of a ring must agree).
+ *   STAGEVM_COUNTERS=0       fd mode: lay the area out without counters (a
+ *                            v1.1 guest: rings only);
+ *   STAGE_TRANSPORT=lock     write rings and state words under a per-ring
+ *                            lock instead of rseq (tests; every writer of a
+ *                            ring must agree);
+ *   STAGE_TIMED_EVERY=N      counters mode: time one visit in N (1: every
+ *                            visit; default: about one per 16 us when the
+ *                            host gave the TSC rate, else one in 61).
  * Idempotent; -EALREADY is never returned.
  */
 int stage_init(void);
@@ -71,14 +79,17 @@ int stage_attach(void);
 int stage_detach(void);
 
 /* Enters stage `id`: migrates the thread when its CPU does not serve the
- * stage, then reports the switch. Returns the vCPU whose ring holds the event
- * (it serves the stage in the map the thread last read, unless no vCPU serves
- * it: then the thread stays, counted as a fallback), -EINVAL for an unknown
- * stage, -EAGAIN when the event could not be written (ring full for a
- * second, counted as dropped), -ERANGE on a CPU without a ring. */
+ * stage, then reports the switch. Returns the vCPU whose counters (or ring)
+ * got the switch (it serves the stage in the map the thread last read,
+ * unless no vCPU serves it: then the thread stays, counted as a fallback),
+ * -EINVAL for an unknown stage, -EAGAIN when the switch could not be
+ * reported (rings: a ring full for a second; either mode: a ring lock busy
+ * for a second; counted as dropped), -ERANGE on a CPU without a ring. In
+ * counters mode it never waits for the host. */
 int stage_enter(unsigned id);
 
-/* Leaves the current stage (reports STAGE_NONE); returns the vCPU written. */
+/* Leaves the current stage: a request is done (reports STAGE_NONE, the
+ * counters' "no stage" code); returns the vCPU written. */
 int stage_exit(void);
 
 /* The calling thread's stage, or -1. */
@@ -87,8 +98,15 @@ int stage_current(void);
 /* The CPU the calling thread runs on now (rseq's cpu_id, else getcpu). */
 int stage_cpu(void);
 
-/* "rseq" or "lock": how this thread writes rings (after attach). */
+/* "rseq" or "lock": how this thread writes rings and state words (after
+ * attach). */
 const char *stage_transport(void);
+
+/* How this process reports stage switches, decided once from the first
+ * stage map libstage sees after registration: "counters" (the host's ABI
+ * minor is >= 2 and the area has counter blocks), "rings" (an older host,
+ * or an area without counters), "none" (no map seen yet). */
+const char *stage_mode(void);
 
 /* A consistent copy of the host's stage map (epoch 0: none published yet,
  * and then every vCPU serves every stage). */
@@ -97,6 +115,9 @@ struct stage_map_view {
 	uint32_t num_stages;
 	uint32_t num_vcpus;
 	uint64_t vcpus[STAGEVM_MAX_STAGES];
+	uint64_t owned;       /* minor 1: vCPUs alone on their host core */
+	uint64_t minor;       /* the host's ABI minor (0: v1.0 host) */
+	uint64_t trace_every; /* minor 2: 0 no trace, N every Nth event traced */
 };
 int stage_map(struct stage_map_view *out);
 
@@ -105,18 +126,26 @@ const char *stage_get_name(unsigned id);
 
 /* Counters of this process: detached threads plus the calling thread. */
 struct stage_stats {
-	uint64_t enters[STAGEVM_MAX_STAGES]; /* enter events written, per stage */
-	uint64_t exits;                      /* exit events written */
+	uint64_t enters[STAGEVM_MAX_STAGES]; /* enters reported, per stage */
+	uint64_t exits;                      /* exits reported */
 	uint64_t affinity_calls;    /* sched_setaffinity() calls by stage_enter */
 	uint64_t affinity_failures; /* of which failed (thread stayed) */
-	uint64_t cpu_changes;  /* events on another vCPU than the thread's last */
+	uint64_t cpu_changes;  /* switches on another vCPU than the thread's last */
 	uint64_t fallbacks;    /* enters of a stage no vCPU serves (stayed) */
-	uint64_t full_waits;   /* times a ring was found full (then waited) */
-	uint64_t dropped;      /* events not written (-EAGAIN, no ring) */
+	uint64_t full_waits;   /* rings: times a ring was found full (then waited) */
+	uint64_t dropped;      /* switches not reported (-EAGAIN, no ring) */
 	uint64_t rseq_aborts;  /* restarted critical sections */
 	uint64_t lock_waits;   /* lock transport: times the ring lock was busy */
 	uint64_t map_reads;    /* stage-map copies (new epochs seen) */
 	uint64_t threads;      /* threads attached */
+	/* Counters mode (ABI minor 2). */
+	uint64_t counters;      /* 1 when the process reports through counters */
+	uint64_t state_retries; /* state word changed by another thread first */
+	uint64_t tsc_reads;     /* transitions that read the TSC (timed visits) */
+	uint64_t migrations_in[STAGEVM_MAX_STAGES];  /* counted, per stage entered */
+	uint64_t migrations_out[STAGEVM_MAX_STAGES]; /* counted, per stage left */
+	uint64_t trace_written; /* trace events written (StageMap.trace_every) */
+	uint64_t trace_dropped; /* trace events dropped on a full ring */
 };
 void stage_get_stats(struct stage_stats *out);
 
@@ -124,9 +153,10 @@ void stage_get_stats(struct stage_stats *out);
 void stage_shutdown(void);
 
 /* Test hooks. stage__write_raw writes one event into the ring of the CPU
- * the thread runs on, through the normal transport, with `seq` XOR-ed with
- * `seq_xor` (0: the valid form) and the given stage and thread; it returns
- * the vCPU written. stage__ring_pending returns head - tail of ring `vcpu`. */
+ * the thread runs on, through the normal transport (waiting while the ring
+ * is full, in either mode), with `seq` XOR-ed with `seq_xor` (0: the valid
+ * form) and the given stage and thread; it returns the vCPU written.
+ * stage__ring_pending returns head - tail of ring `vcpu`. */
 int stage__write_raw(uint64_t seq_xor, uint32_t stage, uint32_t thread);
 int64_t stage__ring_pending(unsigned vcpu);
 /* The area's base address and length (read-only view), or NULL. */

@@ -5,8 +5,9 @@
  * out and registers it with the VMM through the port-I/O doorbell when user
  * space asks (STAGEVM_IOC_REGISTER, with the stage names), and exposes it as
  * /dev/stagevm for mmap: the first page (header, stage descriptors, stage
- * map) read-only, the per-vCPU rings read-write. Stage switches are written
- * by libstage in user space; no system call is on that path. See
+ * map) read-only, the per-vCPU rings and (ABI minor 2) the per-vCPU counter
+ * blocks after them read-write. Stage switches are written by libstage in
+ * user space; no system call is on that path. See
  * guest-agent/linux/README.md; the ABI is hypercall-abi/include/stagevm_abi.h.
  */
 #include <linux/atomic.h>
@@ -22,6 +23,7 @@
 #include <linux/uaccess.h>
 #include <linux/version.h>
 #include <asm/cpufeature.h>
+#include <asm/msr.h>
 
 #include "stagevm_ioctl.h"
 #include "stagevm_layout.h"
@@ -33,6 +35,10 @@ MODULE_PARM_DESC(ring_entries, "Events per vCPU ring, a power of two (default 25
 static unsigned int vcpus;
 module_param(vcpus, uint, 0444);
 MODULE_PARM_DESC(vcpus, "Number of vCPUs (rings); 0: the present CPUs");
+
+static bool counters = true;
+module_param(counters, bool, 0444);
+MODULE_PARM_DESC(counters, "Lay out per-vCPU stage counters (ABI minor 2; 0: rings only, as a v1.1 guest)");
 
 static bool force_doorbell;
 module_param(force_doorbell, bool, 0444);
@@ -82,6 +88,16 @@ static u32 doorbell(u16 port, u32 value)
 	return status;
 }
 
+/* The area's layout for `num_stages` stages: -1 for a bad count. */
+static int area_layout(struct stagevm_layout *l, u32 num_stages)
+{
+	if (stagevm_layout_init(l, sv.num_vcpus, num_stages, ring_entries))
+		return -1;
+	if (counters)
+		stagevm_layout_with_counters(l);
+	return 0;
+}
+
 static long do_register(struct stagevm_ioc_register __user *uarg)
 {
 	struct stagevm_ioc_register req;
@@ -94,7 +110,7 @@ static long do_register(struct stagevm_ioc_register __user *uarg)
 
 	if (copy_from_user(&req, uarg, sizeof(req)))
 		return -EFAULT;
-	if (stagevm_layout_init(&l, sv.num_vcpus, req.num_stages, ring_entries))
+	if (area_layout(&l, req.num_stages))
 		return -EINVAL;
 	for (i = 0; i < req.num_stages; i++) {
 		memcpy(names[i], req.names[i], 32);
@@ -106,11 +122,16 @@ static long do_register(struct stagevm_ioc_register __user *uarg)
 		ret = -EBUSY;
 		goto out;
 	}
+	/* A fresh layout on every registration: the area is zeroed, so every
+	 * counter of a new registration starts at 0 (the host's baseline). */
 	if (stagevm_area_init(sv.area, sv.size, &l, ptrs)) {
 		ret = -EINVAL;
 		goto out;
 	}
-	/* Header and names before the host reads them at REGISTER. */
+	/* As Agent::register: every vCPU in a timed "no stage" visit from the
+	 * TSC read just before REGISTER, which the header also carries. */
+	stagevm_area_start_counters(sv.area, &l, rdtsc());
+	/* Header, names and counters before the host reads them at REGISTER. */
 	wmb();
 	pfn = page_to_pfn(sv.pages);
 	status = doorbell(STAGEVM_DOORBELL_REGISTER, (u32)pfn);
@@ -124,8 +145,8 @@ static long do_register(struct stagevm_ioc_register __user *uarg)
 		sv.registered = true;
 		sv.num_stages = req.num_stages;
 		sv.registrations++;
-		pr_info("stagevm: registered %u stages, %u vCPUs, %u ring entries\n",
-			req.num_stages, sv.num_vcpus, ring_entries);
+		pr_info("stagevm: registered %u stages, %u vCPUs, %u ring entries%s\n",
+			req.num_stages, sv.num_vcpus, ring_entries, l.counters ? ", counters" : "");
 	}
 	req.status = status;
 	if (copy_to_user(uarg, &req, sizeof(req)))
@@ -265,12 +286,13 @@ static int __init stagevm_init(void)
 
 	mutex_init(&sv.lock);
 	sv.num_vcpus = vcpus ? vcpus : num_present_cpus();
-	if (stagevm_layout_init(&l, sv.num_vcpus, 1, ring_entries)) {
+	if (area_layout(&l, 1)) {
 		pr_warn("stagevm: bad parameters: vcpus %u ring_entries %u\n", sv.num_vcpus,
 			ring_entries);
 		return -EINVAL;
 	}
-	/* The area's size does not depend on the number of stages. */
+	/* The area's size does not depend on the number of stages; with
+	 * counters it includes the counter blocks after the rings. */
 	sv.size = stagevm_area_size(&l);
 	sv.order = get_order(sv.size);
 	sv.pages = alloc_pages(GFP_KERNEL | __GFP_ZERO, sv.order);
@@ -289,8 +311,9 @@ static int __init stagevm_init(void)
 	ret = misc_register(&stagevm_misc);
 	if (ret)
 		goto free;
-	pr_info("stagevm: /dev/stagevm: %llu-byte area at %#llx, %u vCPUs, %u ring entries\n",
-		sv.size, (u64)PFN_PHYS(pfn), sv.num_vcpus, ring_entries);
+	pr_info("stagevm: /dev/stagevm: %llu-byte area at %#llx, %u vCPUs, %u ring entries%s\n",
+		sv.size, (u64)PFN_PHYS(pfn), sv.num_vcpus, ring_entries,
+		l.counters ? ", counters" : "");
 	return 0;
 free:
 	__free_pages(sv.pages, sv.order);

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * stagectl: prints the stage channel's state from the mapped area - the
- * header, the host's stage map (epoch, vCPU mask and name per stage), each
- * vCPU's ring counters and scheduling hints - and, on /dev/stagevm, the
- * module's counters. Read-only.
+ * header, the host's stage map (epoch, vCPU mask and name per stage, the
+ * host's ABI minor and the trace it asks for), each vCPU's ring counters
+ * and scheduling hints, each vCPU's stage counters (ABI minor 2: state,
+ * entries per stage, requests, idles, timed visits and their cycles,
+ * migrations) - and, on /dev/stagevm, the module's counters. Read-only.
  *
  *   stagectl [--device PATH | --fd N | --file PATH]
  */
@@ -48,6 +50,69 @@ static uint64_t load(const void *p)
 	return __atomic_load_n((const uint64_t *)p, __ATOMIC_ACQUIRE);
 }
 
+/* Name of state code `code`: "none", "idle", a stage's name, or "code N"
+ * for a code past the registered stages (a forged state word). */
+static const char *code_name(const uint8_t *base, const struct stagevm_layout *l, uint32_t code,
+			     char *buf, size_t len)
+{
+	if (code == STAGEVM_CODE_NONE)
+		return "none";
+	if (code == STAGEVM_CODE_IDLE)
+		return "idle";
+	if (code - STAGEVM_CODE_FIRST_STAGE < l->num_stages) {
+		memcpy(buf, base + STAGEVM_STAGE_DESCS_OFFSET + 32u * (code - STAGEVM_CODE_FIRST_STAGE),
+		       32);
+		buf[32] = 0;
+		if (buf[0])
+			return buf;
+	}
+	snprintf(buf, len, "code %u", code);
+	return buf;
+}
+
+/* vCPU `v`'s counter block: its state, then one line per code with
+ * anything counted. Counters are totals since REGISTER, read without the
+ * writers' cooperation (a line may be one transition behind another). */
+static void print_counters(const uint8_t *base, const struct stagevm_layout *l, uint32_t v)
+{
+	const struct stagevm_vcpu_counters *c =
+		(const void *)(base + stagevm_counters_offset(l, v));
+	uint64_t state = load(&c->state), timed = 0, cycles = 0;
+	char name[40];
+	uint32_t code, s;
+
+	for (code = 0; code < STAGEVM_NUM_CODES; code++) {
+		timed += load(&c->timed[code]);
+		cycles += load(&c->cycles[code]);
+	}
+	printf("  vcpu %2u counters: state %s", v,
+	       code_name(base, l, stagevm_state_code(state), name, sizeof(name)));
+	if (stagevm_state_timed(state))
+		printf(" (timed, since TSC %llu)", (unsigned long long)stagevm_state_since(state));
+	else
+		printf(" (untimed)");
+	printf(", requests %llu, idle %llu, timed visits %llu (%llu cycles)\n",
+	       (unsigned long long)load(&c->counts[STAGEVM_CODE_NONE]),
+	       (unsigned long long)load(&c->counts[STAGEVM_CODE_IDLE]), (unsigned long long)timed,
+	       (unsigned long long)cycles);
+	for (code = 0; code < STAGEVM_CODE_FIRST_STAGE; code++)
+		if (load(&c->timed[code]))
+			printf("    %-32s timed %llu cycles %llu\n",
+			       code_name(base, l, code, name, sizeof(name)),
+			       (unsigned long long)load(&c->timed[code]),
+			       (unsigned long long)load(&c->cycles[code]));
+	for (s = 0; s < l->num_stages; s++) {
+		code = STAGEVM_CODE_FIRST_STAGE + s;
+		printf("    %-32s entries %llu timed %llu cycles %llu migrations in %llu out %llu\n",
+		       code_name(base, l, code, name, sizeof(name)),
+		       (unsigned long long)load(&c->counts[code]),
+		       (unsigned long long)load(&c->timed[code]),
+		       (unsigned long long)load(&c->cycles[code]),
+		       (unsigned long long)load(&c->migrations_in[s]),
+		       (unsigned long long)load(&c->migrations_out[s]));
+	}
+}
+
 int main(int argc, char **argv)
 {
 	const char *device = STAGEVM_DEVICE_PATH, *file = NULL;
@@ -56,7 +121,7 @@ int main(int argc, char **argv)
 	struct stagevm_ioc_info info;
 	struct stagevm_ioc_stats stats;
 	struct stagevm_layout l;
-	uint64_t epoch, masks[STAGEVM_MAX_STAGES];
+	uint64_t epoch, masks[STAGEVM_MAX_STAGES], minor, trace;
 	int fd = -1, is_device = 0, i;
 	size_t len;
 	uint8_t *base;
@@ -124,16 +189,25 @@ int main(int argc, char **argv)
 	}
 	h = (const void *)base;
 	if (h->magic != STAGEVM_AREA_MAGIC || h->version != STAGEVM_ABI_VERSION ||
-	    stagevm_layout_init(&l, h->num_vcpus, h->num_stages, h->ring_entries) ||
-	    stagevm_used_bytes(&l) > len) {
+	    stagevm_layout_init(&l, h->num_vcpus, h->num_stages, h->ring_entries)) {
 		fprintf(stderr, "stagectl: no valid stage area (magic %#llx version %u)\n",
 			(unsigned long long)h->magic, h->version);
 		return 1;
 	}
+	if (h->flags & STAGEVM_AREA_FLAG_COUNTERS)
+		stagevm_layout_with_counters(&l);
+	if (stagevm_used_bytes(&l) > len) {
+		fprintf(stderr, "stagectl: the layout needs %llu bytes, the area has %zu\n",
+			(unsigned long long)stagevm_used_bytes(&l), len);
+		return 1;
+	}
 	printf("area: ABI v%u, %u vCPUs, %u stages, %u ring entries, %llu bytes, guest TSC %llu "
-	       "kHz\n",
+	       "kHz, %s\n",
 	       h->version, l.num_vcpus, l.num_stages, l.ring_entries,
-	       (unsigned long long)h->area_size, (unsigned long long)h->tsc_khz);
+	       (unsigned long long)h->area_size, (unsigned long long)h->tsc_khz,
+	       l.counters ? "counters (minor 2)" : "rings only");
+	if (l.counters)
+		printf("registered at guest TSC %llu\n", (unsigned long long)h->register_tsc);
 	m = (const void *)(base + STAGEVM_STAGE_MAP_OFFSET);
 	for (;;) {
 		epoch = load(&m->epoch);
@@ -141,12 +215,28 @@ int main(int argc, char **argv)
 			continue;
 		for (s = 0; s < STAGEVM_MAX_STAGES; s++)
 			masks[s] = __atomic_load_n(&m->vcpus[s], __ATOMIC_RELAXED);
+		minor = __atomic_load_n(&m->minor, __ATOMIC_RELAXED);
 		__atomic_thread_fence(__ATOMIC_ACQUIRE);
 		if (load(&m->epoch) == epoch)
 			break;
 	}
+	trace = load(&m->trace_every);
 	printf("stage map epoch %llu%s\n", (unsigned long long)epoch,
 	       epoch ? "" : " (none published: every vCPU serves every stage)");
+	if (epoch) {
+		char what[64];
+
+		if (minor < 2)
+			snprintf(what, sizeof(what), "n/a (minor < 2)");
+		else if (trace == 0)
+			snprintf(what, sizeof(what), "off");
+		else
+			snprintf(what, sizeof(what), "every %llu event(s) per vCPU",
+				 (unsigned long long)trace);
+		printf("host ABI minor %llu: the guest reports through %s; trace %s\n",
+		       (unsigned long long)minor, l.counters && minor >= 2 ? "counters" : "rings",
+		       what);
+	}
 	for (s = 0; s < l.num_stages; s++) {
 		char name[33], vcpus[200];
 
@@ -163,13 +253,16 @@ int main(int argc, char **argv)
 		uint64_t head = load(ring + STAGEVM_RING_HEAD_OFF);
 		uint64_t tail = load(ring + STAGEVM_RING_TAIL_OFF);
 
-		printf("  vcpu %2u ring head %llu tail %llu pending %llu full_backoffs %llu  runq %u "
-		       "parked %u fallbacks %u\n",
+		printf("  vcpu %2u ring head %llu tail %llu pending %llu full_backoffs %llu "
+		       "trace_dropped %llu  runq %u parked %u fallbacks %u\n",
 		       v, (unsigned long long)head, (unsigned long long)tail,
 		       (unsigned long long)(head - tail),
-		       (unsigned long long)load(ring + STAGEVM_RING_BACKOFFS_OFF), vs->runq_depth,
+		       (unsigned long long)load(ring + STAGEVM_RING_BACKOFFS_OFF),
+		       (unsigned long long)load(ring + STAGEVM_RING_TRACE_DROPPED_OFF), vs->runq_depth,
 		       vs->parked, vs->fallbacks);
 	}
+	for (v = 0; l.counters && v < l.num_vcpus; v++)
+		print_counters(base, &l, v);
 	munmap(base, len);
 	return 0;
 }

@@ -2,15 +2,17 @@
 /*
  * The C side of the host-side end-to-end test (tests/libstage.rs): threads
  * using libstage on a memfd-backed area ($STAGEVM_FD) that the VMM's real
- * StageDevice drains. The Rust test drives it over stdin/stdout, one line at
- * a time.
+ * StageDevice registers, reads (counters) and drains (rings, trace). The
+ * Rust test drives it over stdin/stdout, one line at a time.
  *
  *   e2e layout VCPUS STAGES ENTRIES
- *       prints the C layout helpers' offsets (checked against Rust's Layout)
+ *       prints the C layout helpers' offsets, rings only and with counters
+ *       (checked against Rust's Layout)
  *   e2e run THREADS ITERS WORK_NS PHASES CORRUPT
- *       "ready" -> waits "go"; per phase, THREADS threads run ITERS requests
- *       (enter 0, work, enter 1, work, exit), then "phase P done" -> waits
- *       "go"; then CORRUPT bad-seq and CORRUPT bad-stage entries plus CORRUPT
+ *       "ready" -> waits "go"; prints the map (and the mode libstage chose
+ *       from it); per phase, THREADS threads run ITERS requests (enter 0,
+ *       work, enter 1, work, exit), then "phase P done" -> waits "go"; then
+ *       CORRUPT bad-seq and CORRUPT bad-stage ring entries plus CORRUPT
  *       valid enters; prints the counts ("count ...") and "end" -> waits
  *       "exit".
  *   e2e bench BATCHES
@@ -172,8 +174,10 @@ static void print_map(void)
 	struct stage_map_view map;
 
 	if (stage_map(&map) == 0)
-		say("map epoch %llu stage0 %#llx stage1 %#llx", (unsigned long long)map.epoch,
-		    (unsigned long long)map.vcpus[0], (unsigned long long)map.vcpus[1]);
+		say("map epoch %llu stage0 %#llx stage1 %#llx minor %llu trace %llu mode %s",
+		    (unsigned long long)map.epoch, (unsigned long long)map.vcpus[0],
+		    (unsigned long long)map.vcpus[1], (unsigned long long)map.minor,
+		    (unsigned long long)map.trace_every, stage_mode());
 }
 
 static int run(int argc, char **argv)
@@ -266,14 +270,20 @@ static int run(int argc, char **argv)
 	}
 	say("stats enters %llu %llu exits %llu affinity_calls %llu affinity_failures %llu "
 	    "cpu_changes %llu fallbacks %llu full_waits %llu dropped %llu rseq_aborts %llu "
-	    "lock_waits %llu map_reads %llu threads %llu",
+	    "lock_waits %llu map_reads %llu threads %llu counters %llu state_retries %llu "
+	    "tsc_reads %llu migrations_in %llu %llu migrations_out %llu %llu trace_written %llu "
+	    "trace_dropped %llu",
 	    (unsigned long long)st.enters[0], (unsigned long long)st.enters[1],
 	    (unsigned long long)st.exits, (unsigned long long)st.affinity_calls,
 	    (unsigned long long)st.affinity_failures, (unsigned long long)st.cpu_changes,
 	    (unsigned long long)st.fallbacks, (unsigned long long)st.full_waits,
 	    (unsigned long long)st.dropped, (unsigned long long)st.rseq_aborts,
 	    (unsigned long long)st.lock_waits, (unsigned long long)st.map_reads,
-	    (unsigned long long)st.threads);
+	    (unsigned long long)st.threads, (unsigned long long)st.counters,
+	    (unsigned long long)st.state_retries, (unsigned long long)st.tsc_reads,
+	    (unsigned long long)st.migrations_in[0], (unsigned long long)st.migrations_in[1],
+	    (unsigned long long)st.migrations_out[0], (unsigned long long)st.migrations_out[1],
+	    (unsigned long long)st.trace_written, (unsigned long long)st.trace_dropped);
 	say("end");
 	expect_line("exit");
 	stage_shutdown();
@@ -377,9 +387,13 @@ static int bench(int argc, char **argv)
 	mig = (double)(now_ns() - t0) / (2.0 * n);
 	stage_get_stats(&st);
 	say("bench empty_ns %.2f enter_ns %.2f exit_ns %.2f migrate_ns %.0f batch %ld "
-	    "affinity_calls %llu full_waits %llu rseq_aborts %llu",
+	    "affinity_calls %llu full_waits %llu rseq_aborts %llu counters %llu tsc_reads %llu "
+	    "enters0 %llu enters1 %llu exits %llu",
 	    e, en, ex, mig, per_batch, (unsigned long long)st.affinity_calls,
-	    (unsigned long long)st.full_waits, (unsigned long long)st.rseq_aborts);
+	    (unsigned long long)st.full_waits, (unsigned long long)st.rseq_aborts,
+	    (unsigned long long)st.counters, (unsigned long long)st.tsc_reads,
+	    (unsigned long long)st.enters[0], (unsigned long long)st.enters[1],
+	    (unsigned long long)st.exits);
 	say("end");
 	expect_line("exit");
 	return 0;
@@ -408,6 +422,12 @@ static int layout(int argc, char **argv)
 		say("slot_offset %u %u %llu", v, l.ring_entries + 3,
 		    (unsigned long long)stagevm_slot_offset(&l, v, l.ring_entries + 3));
 	}
+	/* The same layout with counters (minor 2). */
+	stagevm_layout_with_counters(&l);
+	say("counters used_bytes %llu", (unsigned long long)stagevm_used_bytes(&l));
+	say("counters area_size %llu", (unsigned long long)stagevm_area_size(&l));
+	for (v = 0; v <= l.num_vcpus; v++)
+		say("counters_offset %u %llu", v, (unsigned long long)stagevm_counters_offset(&l, v));
 	return 0;
 }
 
