@@ -6,39 +6,67 @@
 //! A syscall outside a thread's list raises SIGSYS (`--seccomp true`, the
 //! default): the handler writes the syscall number to stderr and ends the
 //! VMM with status 2. `--seccomp log` lets it through and has the kernel log
-//! it; `--seccomp false` installs nothing. The lists (x86-64):
+//! it; `--seccomp false` installs nothing. The lists (x86-64, glibc) hold
+//! what each thread calls after its filter is installed, checked against
+//! `strace` of real runs by `tests/seccomp.rs` (every entry was seen there,
+//! or is one of the code paths listed in that test with its reason):
 //!
-//! * every thread — memory (`mmap`, `munmap`, `mremap`, `madvise`, `brk`,
-//!   `mprotect`), `futex`, `sched_yield`, `clock_gettime`, `nanosleep`,
-//!   `clock_nanosleep`, `getrandom` (hash-map keys), `write`/`writev`
-//!   (stderr, logs), `rt_sigreturn`, `rt_sigprocmask`, `sigaltstack`,
-//!   `exit`, `exit_group`, `gettid`, `getpid`, `close` (a thread's own
-//!   descriptors when it ends), and `fcntl(fd, F_GETFD)` (the
-//!   standard library's debug-build check of a descriptor it closes);
-//! * `vcpu` — `ioctl` (KVM_RUN and the register ioctls of failure reports
-//!   and emulation assists), `read` (serial input is not used; kept for
-//!   eventfds), `sched_getaffinity`/`sched_setaffinity` (the REGISTER path
-//!   applies the first plan's pins);
-//! * `stage-sched` — `epoll_wait`/`epoll_pwait`, `read` (timerfd, eventfd),
-//!   `openat`, `getdents64`, `close`, `newfstatat`, `fstat`, `statx`,
-//!   `lseek`, `fcntl` (adopting threads from `/proc/self/task`),
-//!   `sched_getaffinity`/`sched_setaffinity` (pins);
-//! * `io-blk` — `epoll_create1`, `epoll_ctl`, `epoll_wait`/`epoll_pwait`, `read` (eventfd), `pread64`,
-//!   `pwrite64`, `fdatasync`, `fsync`;
+//! * every thread — memory (`mmap`, `munmap`, `madvise`, `mprotect`, `brk`),
+//!   `futex`, `sched_yield` (parking_lot's spinning, the metrics' locks),
+//!   `clock_gettime` (`CLOCK_THREAD_CPUTIME_ID`: each thread's CPU time at
+//!   its end, `ThreadCpu`), `clock_nanosleep` (`std::thread::sleep`),
+//!   `getrandom` (hash-map keys), `write`/`writev` (stderr, logs,
+//!   eventfds), `close` (a thread's own descriptors when it ends),
+//!   `rt_sigreturn` (the vCPU kick's handler), `rt_sigprocmask`,
+//!   `sigaltstack`, `exit`, `exit_group` (a fail-stop exit from any
+//!   thread), `gettid`, `getpid`, `fcntl(fd, F_GETFD)` only (the standard
+//!   library's debug-build check of a descriptor it closes), and `openat`,
+//!   which fails with `EACCES` in every thread but `stage-sched` (a second
+//!   filter): glibc's malloc reads `/proc/sys/vm/overcommit_memory` once
+//!   per process, in whichever thread first shrinks a heap — `vmm-main`
+//!   freeing the run's buffers at exit, `api` after a burst of connections
+//!   — and goes on without it;
+//! * `vcpu` — `ioctl` with the requests `KVM_RUN`, `KVM_GET_REGS`,
+//!   `KVM_GET_SREGS`, `KVM_GET_MP_STATE` (failure reports, the state of a
+//!   vCPU the VMM stopped), `KVM_SET_REGS`, `KVM_GET_FPU`,
+//!   `KVM_GET_VCPU_EVENTS`, `KVM_SET_VCPU_EVENTS` (the emulation assists
+//!   of Linux guests) and no other (a rule on argument 1, the request;
+//!   the descriptor is not checked): no VM-wide ioctl such as
+//!   `KVM_SET_USER_MEMORY_REGION` or `KVM_CREATE_VCPU`, none on `/dev/kvm`;
+//!   `sched_getaffinity`/`sched_setaffinity` (the REGISTER path applies the
+//!   first plan's pins);
+//! * `stage-sched` — `epoll_wait`, `read` (timerfd, eventfd),
+//!   `timerfd_settime` (the drain interval follows the rings' need),
+//!   `openat` (not refused here), `getdents64`, `newfstatat`, `statx`
+//!   (adopting threads from `/proc/self/task` every 50 policy periods,
+//!   `Pinner::adopt_threads`),
+//!   `sched_getaffinity`/`sched_setaffinity` (pins), `mremap`;
+//! * `io-blk` — `epoll_create1`, `epoll_ctl`, `epoll_wait`, `read`
+//!   (eventfd), `pread64`, `pwrite64`, `fdatasync` (a guest's flush of a
+//!   writable disk), `mremap`;
 //! * `api` (with `--api-socket`; after its tokio runtime and listener
-//!   exist) — `epoll_ctl`, `epoll_wait`/`epoll_pwait`, `accept4`, `read`,
-//!   `recvfrom`, `sendto`, `shutdown` (the connections), `ioctl` (`FIONBIO`
-//!   on an accepted socket); `openat` fails with `EACCES` (a second filter;
-//!   glibc's malloc tries to read `/proc/sys/vm/overcommit_memory` once);
+//!   exist) — `epoll_ctl`, `epoll_wait`, `accept4` (non-blocking sockets:
+//!   no `ioctl`), `recvfrom`, `shutdown` (the connections; replies go
+//!   out with `write`/`writev`), `mremap`;
 //! * `vmm-main` (installed once every thread runs, before it waits for the
-//!   exit) — `epoll_create1`, `epoll_ctl`, `epoll_wait`/`epoll_pwait`, `read` (signalfd), `tgkill` (the
-//!   vCPU kick), `close`, `fsync`, `ioctl` (dropping KVM objects),
-//!   `sched_getaffinity`, `openat`, `getdents64`, `newfstatat`, `fstat`,
-//!   `statx`, `lseek`, `fcntl`, `unlink` (removing the `--api-socket`
-//!   path once the VM ended).
+//!   exit) — `epoll_create1`, `epoll_ctl`, `epoll_wait`, `read` (signalfd),
+//!   `tgkill` (the vCPU kick), `unlink` (removing the `--api-socket` path
+//!   once the VM ended), `mremap`. No `ioctl`: dropping KVM objects only
+//!   closes their descriptors.
 //!
-//! KVM's own worker thread (`kvm-nx-lpage-recovery`) is a kernel thread:
-//! no filter applies to it.
+//! `mremap` is glibc's `realloc` of a block above the mmap threshold (128
+//! KiB at first): a buffer that grows past it — the timeline
+//! (`stage-sched`), `GET /api/v1/stages?timeline=all` (`api`), the last
+//! drain of rings a guest filled (`vmm-main`), a virtio-blk chain whose
+//! descriptors grow (`io-blk`). The vCPU threads grow no such buffer.
+//!
+//! KVM's NX huge page recovery worker (`kvm-nx-lpage-recovery`, shown as
+//! `kvm-nx-lpage-re`) is, on the project's kernels (6.18), a vhost task of
+//! this process that a vCPU thread's first `KVM_RUN` starts: it inherits
+//! that vCPU thread's filter (`Seccomp: 2`, one filter, in its
+//! `/proc/<pid>/task/<tid>/status`), and never returns to user space, so
+//! it makes no syscalls the filter could see. (Older kernels ran it as a
+//! kernel thread outside the process, which no filter covered.)
 
 use std::collections::BTreeMap;
 
@@ -85,100 +113,178 @@ pub enum ThreadKind {
     Api,
 }
 
-const COMMON: &[i64] = &[
-    libc::SYS_mmap,
-    libc::SYS_munmap,
-    libc::SYS_mremap,
-    libc::SYS_madvise,
-    libc::SYS_brk,
-    libc::SYS_mprotect,
-    libc::SYS_futex,
-    libc::SYS_sched_yield,
-    libc::SYS_clock_gettime,
-    libc::SYS_nanosleep,
-    libc::SYS_clock_nanosleep,
-    libc::SYS_getrandom,
-    libc::SYS_write,
-    libc::SYS_writev,
-    libc::SYS_rt_sigreturn,
-    libc::SYS_rt_sigprocmask,
-    libc::SYS_sigaltstack,
-    libc::SYS_exit,
-    libc::SYS_exit_group,
-    libc::SYS_gettid,
-    libc::SYS_getpid,
-    libc::SYS_close,
+/// A system call: its number and the name of its `libc::SYS_*` constant.
+#[derive(Clone, Copy, Debug)]
+struct Syscall(i64, &'static str);
+
+impl Syscall {
+    /// The syscall's name as `strace` prints it (`mmap`, `pread64`).
+    fn name(self) -> &'static str {
+        self.1.trim_start_matches("SYS_")
+    }
+}
+
+/// `[Syscall(libc::SYS_x, "SYS_x"), …]` for the `SYS_` names given.
+macro_rules! syscalls {
+    ($($sys:ident),* $(,)?) => { &[$(Syscall(libc::$sys, stringify!($sys))),*] };
+}
+
+/// Every thread's (see the module documentation for why each is there).
+const COMMON: &[Syscall] = syscalls![
+    SYS_mmap,
+    SYS_munmap,
+    SYS_madvise,
+    SYS_brk,
+    SYS_mprotect,
+    SYS_futex,
+    SYS_sched_yield,
+    SYS_clock_gettime,
+    SYS_clock_nanosleep,
+    SYS_getrandom,
+    SYS_write,
+    SYS_writev,
+    SYS_rt_sigreturn,
+    SYS_rt_sigprocmask,
+    SYS_sigaltstack,
+    SYS_exit,
+    SYS_exit_group,
+    SYS_gettid,
+    SYS_getpid,
+    SYS_close,
+    // Passed by this filter; every thread but stage-sched gets EACCES from
+    // a second filter (`denied`).
+    SYS_openat,
 ];
 
-const PROC_READ: &[i64] = &[
-    libc::SYS_openat,
-    libc::SYS_getdents64,
-    libc::SYS_close,
-    libc::SYS_newfstatat,
-    libc::SYS_fstat,
-    libc::SYS_statx,
-    libc::SYS_lseek,
-    libc::SYS_fcntl,
-    libc::SYS_read,
-];
-
-fn allowed(kind: ThreadKind) -> Vec<i64> {
-    let own: &[i64] = match kind {
-        ThreadKind::Vcpu => &[
-            libc::SYS_ioctl,
-            libc::SYS_read,
-            libc::SYS_sched_getaffinity,
-            libc::SYS_sched_setaffinity,
-        ],
-        ThreadKind::StageSched => &[
-            libc::SYS_epoll_wait,
-            libc::SYS_epoll_pwait,
+fn own(kind: ThreadKind) -> &'static [Syscall] {
+    match kind {
+        // `ioctl` only with the requests of `VCPU_IOCTLS`.
+        ThreadKind::Vcpu => syscalls![SYS_ioctl, SYS_sched_getaffinity, SYS_sched_setaffinity],
+        ThreadKind::StageSched => syscalls![
+            SYS_epoll_wait,
+            SYS_read,
             // The loop's timer follows the rings' need for draining.
-            libc::SYS_timerfd_settime,
-            libc::SYS_sched_getaffinity,
-            libc::SYS_sched_setaffinity,
+            SYS_timerfd_settime,
+            // Adopting threads from /proc/self/task (`openat`, read_dir,
+            // read_to_string).
+            SYS_getdents64,
+            SYS_newfstatat,
+            SYS_statx,
+            SYS_sched_getaffinity,
+            SYS_sched_setaffinity,
+            SYS_mremap,
         ],
-        ThreadKind::IoBlk => &[
-            libc::SYS_epoll_create1,
-            libc::SYS_epoll_ctl,
-            libc::SYS_epoll_wait,
-            libc::SYS_epoll_pwait,
-            libc::SYS_read,
-            libc::SYS_pread64,
-            libc::SYS_pwrite64,
-            libc::SYS_fdatasync,
-            libc::SYS_fsync,
+        ThreadKind::IoBlk => syscalls![
+            SYS_epoll_create1,
+            SYS_epoll_ctl,
+            SYS_epoll_wait,
+            SYS_read,
+            SYS_pread64,
+            SYS_pwrite64,
+            SYS_fdatasync,
+            SYS_mremap,
         ],
-        ThreadKind::Main => &[
-            libc::SYS_epoll_create1,
-            libc::SYS_epoll_ctl,
-            libc::SYS_epoll_wait,
-            libc::SYS_epoll_pwait,
-            libc::SYS_tgkill,
-            libc::SYS_fsync,
-            libc::SYS_ioctl,
-            libc::SYS_sched_getaffinity,
-            libc::SYS_unlink,
+        ThreadKind::Main => syscalls![
+            SYS_epoll_create1,
+            SYS_epoll_ctl,
+            SYS_epoll_wait,
+            SYS_read,
+            SYS_tgkill,
+            SYS_unlink,
+            SYS_mremap,
         ],
-        ThreadKind::Api => &[
-            libc::SYS_epoll_ctl,
-            libc::SYS_epoll_wait,
-            libc::SYS_epoll_pwait,
-            libc::SYS_accept4,
-            libc::SYS_read,
-            libc::SYS_recvfrom,
-            libc::SYS_sendto,
-            libc::SYS_shutdown,
-            libc::SYS_ioctl,
-            // Passed by this filter and refused by `DENIED` (EACCES).
-            libc::SYS_openat,
+        ThreadKind::Api => syscalls![
+            SYS_epoll_ctl,
+            SYS_epoll_wait,
+            SYS_accept4,
+            SYS_recvfrom,
+            SYS_shutdown,
+            SYS_mremap,
         ],
-    };
-    let proc_read: &[i64] = match kind {
-        ThreadKind::StageSched | ThreadKind::Main => PROC_READ,
-        ThreadKind::Vcpu | ThreadKind::IoBlk | ThreadKind::Api => &[],
-    };
-    COMMON.iter().chain(own).chain(proc_read).copied().collect()
+    }
+}
+
+/// `ioctl(2)` request number (vmm-sys-util's `_IOC` encoding, as
+/// kvm-ioctls declares them).
+const fn kvm_ioc(dir: u32, nr: u32, size: usize) -> u64 {
+    vmm_sys_util::ioctl::ioctl_expr(dir, kvm_bindings::KVMIO, nr, size as u32) as u64
+}
+
+/// The only `ioctl` requests a vCPU thread may make (argument 1), with their
+/// names: its own `KVM_RUN`, the registers and state a failure report reads
+/// (`Vcpu::failure`, `Vcpu::log_stopped_state`) and what the emulation
+/// assists of Linux guests read and write (`Vcpu::assist_emulation`).
+const VCPU_IOCTLS: &[(&str, u64)] = {
+    use std::mem::size_of;
+    use vmm_sys_util::ioctl::{_IOC_NONE, _IOC_READ, _IOC_WRITE};
+    &[
+        ("KVM_RUN", kvm_ioc(_IOC_NONE, 0x80, 0)),
+        (
+            "KVM_GET_REGS",
+            kvm_ioc(_IOC_READ, 0x81, size_of::<kvm_bindings::kvm_regs>()),
+        ),
+        (
+            "KVM_SET_REGS",
+            kvm_ioc(_IOC_WRITE, 0x82, size_of::<kvm_bindings::kvm_regs>()),
+        ),
+        (
+            "KVM_GET_SREGS",
+            kvm_ioc(_IOC_READ, 0x83, size_of::<kvm_bindings::kvm_sregs>()),
+        ),
+        (
+            "KVM_GET_FPU",
+            kvm_ioc(_IOC_READ, 0x8c, size_of::<kvm_bindings::kvm_fpu>()),
+        ),
+        (
+            "KVM_GET_MP_STATE",
+            kvm_ioc(_IOC_READ, 0x98, size_of::<kvm_bindings::kvm_mp_state>()),
+        ),
+        (
+            "KVM_GET_VCPU_EVENTS",
+            kvm_ioc(_IOC_READ, 0x9f, size_of::<kvm_bindings::kvm_vcpu_events>()),
+        ),
+        (
+            "KVM_SET_VCPU_EVENTS",
+            kvm_ioc(_IOC_WRITE, 0xa0, size_of::<kvm_bindings::kvm_vcpu_events>()),
+        ),
+    ]
+};
+
+fn allowed(kind: ThreadKind) -> Vec<Syscall> {
+    COMMON.iter().chain(own(kind)).copied().collect()
+}
+
+/// The syscalls `kind`'s filter allows, by name (as `strace` prints them;
+/// `fcntl` only as `fcntl(fd, F_GETFD)`, `ioctl` only with the requests of
+/// [`allowed_ioctls`]): for `tests/seccomp.rs`, which checks them against
+/// a traced run.
+pub fn allowed_syscalls(kind: ThreadKind) -> Vec<&'static str> {
+    let mut names: Vec<&str> = allowed(kind).into_iter().map(Syscall::name).collect();
+    names.push("fcntl");
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+/// The `ioctl` requests `kind` may make, by name and number (empty: no
+/// `ioctl` at all).
+pub fn allowed_ioctls(kind: ThreadKind) -> &'static [(&'static str, u64)] {
+    match kind {
+        ThreadKind::Vcpu => VCPU_IOCTLS,
+        _ => &[],
+    }
+}
+
+/// One rule per value: argument `arg` (32 bits) equal to one of `values`.
+fn arg_rules(kind: ThreadKind, arg: u8, values: &[u64]) -> Result<Vec<SeccompRule>, String> {
+    values
+        .iter()
+        .map(|v| {
+            SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *v)
+                .and_then(|c| SeccompRule::new(vec![c]))
+                .map_err(|e| format!("seccomp rule for {kind:?}: {e}"))
+        })
+        .collect()
 }
 
 /// The BPF program of `kind` under `mode` (`None` for [`SeccompMode::Off`]).
@@ -191,20 +297,19 @@ pub fn program(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>
     };
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = allowed(kind)
         .into_iter()
-        .map(|nr| (nr, Vec::new()))
+        .map(|sys| (sys.0, Vec::new()))
         .collect();
     // Rust's standard library checks, in debug builds, that a descriptor it
-    // closes is open (`fcntl(fd, F_GETFD)`): allow that form everywhere.
-    if let std::collections::btree_map::Entry::Vacant(slot) = rules.entry(libc::SYS_fcntl) {
-        let getfd = SeccompCondition::new(
-            1,
-            SeccompCmpArgLen::Dword,
-            SeccompCmpOp::Eq,
-            libc::F_GETFD as u64,
-        )
-        .and_then(|c| SeccompRule::new(vec![c]))
-        .map_err(|e| format!("seccomp rule for {kind:?}: {e}"))?;
-        slot.insert(vec![getfd]);
+    // closes is open (`fcntl(fd, F_GETFD)`): that form only, everywhere.
+    rules.insert(
+        libc::SYS_fcntl,
+        arg_rules(kind, 1, &[libc::F_GETFD as u64])?,
+    );
+    // `ioctl` only with the thread's requests (the kernel compares the
+    // request's 32 bits).
+    if let Some(ioctl) = rules.get_mut(&libc::SYS_ioctl) {
+        let requests: Vec<u64> = allowed_ioctls(kind).iter().map(|(_, nr)| *nr).collect();
+        *ioctl = arg_rules(kind, 1, &requests)?;
     }
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, TargetArch::x86_64)
         .map_err(|e| format!("seccomp filter for {kind:?}: {e}"))?;
@@ -215,14 +320,18 @@ pub fn program(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>
 }
 
 /// Syscalls a thread kind may make that fail with `EACCES` instead of
-/// ending the VMM: `openat` in `api`, because glibc's malloc opens
-/// `/proc/sys/vm/overcommit_memory` once, the first time it shrinks a
-/// thread's heap (after a burst of connections), and goes on without it when
+/// ending the VMM: `openat` in every thread but `stage-sched` (which reads
+/// `/proc/self/task`), because glibc's malloc opens
+/// `/proc/sys/vm/overcommit_memory` once per process, in whichever thread
+/// first shrinks a thread's heap (`vmm-main` freeing the run's buffers at
+/// exit, `api` after a burst of connections), and goes on without it when
 /// the open fails.
 fn denied(kind: ThreadKind) -> &'static [i64] {
     match kind {
-        ThreadKind::Api => &[libc::SYS_openat],
-        _ => &[],
+        ThreadKind::StageSched => &[],
+        ThreadKind::Vcpu | ThreadKind::IoBlk | ThreadKind::Main | ThreadKind::Api => {
+            &[libc::SYS_openat]
+        }
     }
 }
 
@@ -268,8 +377,11 @@ pub fn install(kind: ThreadKind, mode: SeccompMode) -> Result<(), String> {
 /// Debug builds only: when `STAGEVM_TEST_SYSCALL` names the thread kind
 /// (`vcpu`, `stage-sched`, `io-blk`, `vmm-main`, `api`), the thread makes a
 /// syscall outside its seccomp filter (`getppid`) right after installing
-/// it, so tests can check that the filter ends the VMM; with `api-openat`
-/// the `api` thread tries to open a file and prints the outcome.
+/// it, so tests can check that the filter ends the VMM; with `<kind>-ioctl`
+/// (`api-ioctl`, `vcpu-ioctl`, …) it makes an `ioctl` its filter refuses
+/// (`FIONREAD` on stderr: harmless, and not one of a vCPU's KVM requests);
+/// with `<kind>-openat` the thread tries to open the file glibc's malloc
+/// opens and prints the outcome.
 fn test_forbidden_syscall_hook(kind: ThreadKind) {
     let name = std::str::from_utf8(kind_name(kind)).unwrap_or("?");
     if !cfg!(debug_assertions) {
@@ -280,11 +392,19 @@ fn test_forbidden_syscall_hook(kind: ThreadKind) {
         // SAFETY: getppid(2) has no arguments and touches no memory.
         unsafe { libc::getppid() };
     }
-    if test == "api-openat" && kind == ThreadKind::Api {
+    if test.strip_suffix("-ioctl") == Some(name) {
+        let mut pending: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int, to `pending`, which lives for
+        // the call; on a descriptor that is not a socket, pipe or tty it
+        // fails with ENOTTY and changes nothing.
+        let r = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::FIONREAD, &mut pending) };
+        eprintln!("stagevm: test hook: ioctl in {name} returned {r}");
+    }
+    if test.strip_suffix("-openat") == Some(name) {
         // What glibc's malloc meets: openat fails, the thread goes on.
         let r = std::fs::File::open("/proc/sys/vm/overcommit_memory");
         let outcome = r.map_or_else(|e| e.to_string(), |_| "opened".into());
-        eprintln!("stagevm: test hook: openat in api: {outcome}");
+        eprintln!("stagevm: test hook: openat in {name}: {outcome}");
     }
 }
 
@@ -310,24 +430,38 @@ extern "C" fn sigsys_handler(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut
     // SAFETY: the kernel passes a valid siginfo_t for this SIGSYS; the read
     // stays inside it (siginfo_t is 128 bytes).
     let nr = unsafe { info.cast::<u8>().add(24).cast::<i32>().read_unaligned() };
-    let mut number = [b'0'; 10];
-    let mut n = i64::from(nr).unsigned_abs();
-    for d in number.iter_mut().rev() {
-        *d = b'0' + (n % 10) as u8;
+    // The number in decimal, without leading zeros (no allocation here).
+    let mut digits = [b'0'; 10];
+    let mut first = digits.len();
+    let mut n = nr.unsigned_abs();
+    loop {
+        first -= 1;
+        digits[first] = b'0' + (n % 10) as u8;
         n /= 10;
+        if n == 0 {
+            break;
+        }
     }
+    let number = &digits[first..];
     let kind = KIND.with(|k| k.get());
     let parts: [&[u8]; 5] = [
         b"stagevm: error: seccomp: thread ",
         kind,
         b" made forbidden syscall ",
-        &number,
+        number,
         b"; ending the VM\n",
     ];
+    // One write(2) for the whole line: two threads trapping at once (both
+    // vCPUs) must not interleave their messages.
+    let mut line = [0u8; 128];
+    let mut len = 0;
     for part in parts {
-        // SAFETY: write(2) is async-signal-safe; `part` is live memory.
-        unsafe { libc::write(2, part.as_ptr().cast(), part.len()) };
+        let n = part.len().min(line.len() - len);
+        line[len..len + n].copy_from_slice(&part[..n]);
+        len += n;
     }
+    // SAFETY: write(2) is async-signal-safe; `line[..len]` is live memory.
+    unsafe { libc::write(2, line.as_ptr().cast(), len) };
     // SAFETY: _exit(2) is async-signal-safe and does not return.
     unsafe { libc::_exit(i32::from(hypercall_abi::platform::EXIT_GUEST_FAILURE)) }
 }
@@ -343,20 +477,116 @@ pub fn install_sigsys_handler() -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    const KINDS: [ThreadKind; 5] = [
+        ThreadKind::Vcpu,
+        ThreadKind::StageSched,
+        ThreadKind::IoBlk,
+        ThreadKind::Main,
+        ThreadKind::Api,
+    ];
+
     #[test]
     fn every_thread_kind_has_a_filter_and_modes_parse() {
-        for kind in [
-            ThreadKind::Vcpu,
-            ThreadKind::StageSched,
-            ThreadKind::IoBlk,
-            ThreadKind::Main,
-            ThreadKind::Api,
-        ] {
+        for kind in KINDS {
             assert!(program(kind, SeccompMode::Trap).unwrap().is_some());
             assert!(program(kind, SeccompMode::Off).unwrap().is_none());
-            assert!(!allowed(kind).contains(&libc::SYS_execve));
+            let numbers: Vec<i64> = allowed(kind).iter().map(|s| s.0).collect();
+            assert!(!numbers.contains(&libc::SYS_execve));
+            // No entry twice (in its own list or the common one).
+            let mut unique = numbers.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            assert_eq!(unique.len(), numbers.len(), "{kind:?}: {numbers:?}");
+            // `ioctl` is allowed with its requests or not at all (an empty
+            // rule list would allow every request).
+            assert_eq!(
+                numbers.contains(&libc::SYS_ioctl),
+                !allowed_ioctls(kind).is_empty(),
+                "{kind:?}"
+            );
+            let names = allowed_syscalls(kind);
+            assert!(names.contains(&"fcntl") && names.contains(&"exit_group"));
+            // `openat` passes the first filter; only stage-sched's succeeds.
+            assert!(names.contains(&"openat"));
+            let refused = deny_program(kind).unwrap().is_some();
+            assert_eq!(refused, kind != ThreadKind::StageSched, "{kind:?}");
+        }
+        for kind in [ThreadKind::Api, ThreadKind::Main] {
+            assert!(!allowed_syscalls(kind).contains(&"ioctl"), "{kind:?}");
         }
         assert_eq!("log".parse(), Ok(SeccompMode::Log));
         assert!("yes".parse::<SeccompMode>().unwrap_err().contains("'yes'"));
+    }
+
+    #[test]
+    fn vcpu_ioctl_numbers_are_the_kernels() {
+        // From <linux/kvm.h> (x86-64).
+        let expected = [
+            ("KVM_RUN", 0xae80),
+            ("KVM_GET_REGS", 0x8090_ae81),
+            ("KVM_SET_REGS", 0x4090_ae82),
+            ("KVM_GET_SREGS", 0x8138_ae83),
+            ("KVM_GET_FPU", 0x81a0_ae8c),
+            ("KVM_GET_MP_STATE", 0x8004_ae98),
+            ("KVM_GET_VCPU_EVENTS", 0x8040_ae9f),
+            ("KVM_SET_VCPU_EVENTS", 0x4040_aea0),
+        ];
+        assert_eq!(allowed_ioctls(ThreadKind::Vcpu), &expected[..]);
+    }
+
+    /// Runs `call` in a forked child under `kind`'s filter (SIGSYS without
+    /// a handler: the child dies of it) and returns the child's wait status.
+    fn under_filter(kind: ThreadKind, call: fn() -> i32) -> i32 {
+        let prog = program(kind, SeccompMode::Trap).unwrap().unwrap();
+        // SAFETY: the child makes only async-signal-safe calls (prctl,
+        // seccomp, the call under test, _exit) and never returns.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let code = match seccompiler::apply_filter(&prog) {
+                Ok(()) => call(),
+                Err(_) => 100,
+            };
+            // SAFETY: _exit(2) ends the child without running anything else.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` outlives the call.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        status
+    }
+
+    #[test]
+    fn the_vcpu_filter_checks_the_ioctl_request() {
+        // KVM_RUN on a closed descriptor: allowed, fails with EBADF.
+        let run = under_filter(ThreadKind::Vcpu, || {
+            // SAFETY: an ioctl on descriptor -1 touches no memory.
+            let r = unsafe { libc::ioctl(-1, 0xae80, 0) };
+            i32::from(
+                r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF),
+            )
+        });
+        assert!(
+            libc::WIFEXITED(run) && libc::WEXITSTATUS(run) == 1,
+            "status {run:#x}"
+        );
+        // Any other request: SIGSYS.
+        let other = under_filter(ThreadKind::Vcpu, || {
+            let mut n: libc::c_int = 0;
+            // SAFETY: FIONREAD writes one int, to `n`.
+            unsafe { libc::ioctl(libc::STDERR_FILENO, libc::FIONREAD, &mut n) };
+            0
+        });
+        assert!(
+            libc::WIFSIGNALED(other) && libc::WTERMSIG(other) == libc::SIGSYS,
+            "status {other:#x}"
+        );
+        // No ioctl at all in the api thread.
+        let api = under_filter(ThreadKind::Api, || {
+            // SAFETY: as above.
+            unsafe { libc::ioctl(-1, 0xae80, 0) };
+            0
+        });
+        assert!(libc::WIFSIGNALED(api) && libc::WTERMSIG(api) == libc::SIGSYS);
     }
 }
