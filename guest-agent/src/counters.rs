@@ -10,10 +10,10 @@ use core::ptr;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use hypercall_abi::stage::{
-    needs_tsc, transition, VcpuCounters, COUNTERS_AGENT_OFFSET, COUNTERS_COUNTDOWN_OFFSET,
-    COUNTERS_COUNTS_OFFSET, COUNTERS_CYCLES_OFFSET, COUNTERS_MIGRATIONS_IN_OFFSET,
-    COUNTERS_MIGRATIONS_OUT_OFFSET, COUNTERS_TIMED_OFFSET, MAX_STAGES, NUM_CODES, TIMED_EVERY,
-    TIMED_STRIDE_MAX,
+    needs_tsc, state_private, state_timed, transition, untimed_state, VcpuCounters, CODE_IDLE,
+    COUNTERS_AGENT_OFFSET, COUNTERS_COUNTDOWN_OFFSET, COUNTERS_COUNTS_OFFSET,
+    COUNTERS_CYCLES_OFFSET, COUNTERS_MIGRATIONS_IN_OFFSET, COUNTERS_MIGRATIONS_OUT_OFFSET,
+    COUNTERS_TIMED_OFFSET, MAX_STAGES, NUM_CODES, TIMED_EVERY, TIMED_STRIDE_MAX,
 };
 
 use crate::{Agent, Platform};
@@ -44,24 +44,44 @@ impl<P: Platform> Agent<P> {
     }
 
     /// The transition of `vcpu`'s counters into state `code`: the length of
-    /// a timed visit that ends, one more entry of `code`, the countdown,
-    /// then the new state word (release, so a host that sees it sees the
-    /// counts before it). Reads the TSC only when the transition ends or
-    /// starts a timed visit. Returns `code`'s new count (for trace
-    /// sampling) and the TSC if it was read.
+    /// a timed visit that ends, one more entry of `code`, then the new state
+    /// word (release, so a host that sees it sees the counts before it).
+    /// Reads the TSC only when the transition ends or starts a timed visit.
+    /// Returns `code`'s new count (for trace sampling), the TSC if it was
+    /// read, and whether the host asked for a trace (as last looked at).
+    ///
+    /// The countdown to the next timed visit and the trace flag live in the
+    /// guest-private bits of an untimed state word (`(countdown << 1) |
+    /// trace`), so the common transition — untimed to untimed — is one load
+    /// and one store of the state plus the count; during a timed visit they
+    /// wait in the block's `countdown` word. The trace flag is refreshed from
+    /// the map at every timed start and end (about every 16 µs).
     ///
     /// # Safety
     /// `vcpu < self.counted_vcpus`, and only one context writes this block.
     #[inline]
-    pub(crate) unsafe fn transition(&self, vcpu: u32, code: u32) -> (u64, Option<u64>) {
+    pub(crate) unsafe fn transition(&self, vcpu: u32, code: u32) -> (u64, Option<u64>, bool) {
         // SAFETY: the caller's contract; the offset is the state word's.
         let state_word = unsafe { self.counter(vcpu, 0) };
-        // SAFETY: as above, the countdown's.
+        let state = state_word.load(Ordering::Relaxed);
+        let count_at = COUNTERS_COUNTS_OFFSET + 8 * u64::from(code.min(NUM_CODES as u32 - 1));
+        if !state_timed(state) && code != CODE_IDLE {
+            let private = state_private(state);
+            if private >> 1 != 0 {
+                // SAFETY: as above; the code is cut to NUM_CODES − 1.
+                let n = Self::bump(unsafe { self.counter(vcpu, count_at) }, 1);
+                state_word.store(untimed_state(private - 2, code), Ordering::Release);
+                return (n, None, private & 1 != 0);
+            }
+        }
+        // SAFETY: the caller's contract; the block's guest-private word.
         let countdown_word = unsafe { self.counter(vcpu, COUNTERS_COUNTDOWN_OFFSET) };
-        let (state, countdown) = (
-            state_word.load(Ordering::Relaxed),
-            countdown_word.load(Ordering::Relaxed),
-        );
+        let private = if state_timed(state) {
+            countdown_word.load(Ordering::Relaxed)
+        } else {
+            state_private(state)
+        };
+        let countdown = private >> 1;
         let tsc = needs_tsc(state, countdown, code).then(|| self.platform.tsc());
         let every = match tsc {
             Some(now) if countdown == 0 && self.timed_every == 0 => {
@@ -81,12 +101,18 @@ impl<P: Platform> Agent<P> {
             // SAFETY: as above, `timed`.
             Self::bump(unsafe { self.counter(vcpu, COUNTERS_TIMED_OFFSET + at) }, 1);
         }
-        let at = COUNTERS_COUNTS_OFFSET + 8 * u64::from(code.min(NUM_CODES as u32 - 1));
         // SAFETY: as above; the code is cut to NUM_CODES − 1.
-        let n = Self::bump(unsafe { self.counter(vcpu, at) }, 1);
-        countdown_word.store(t.countdown, Ordering::Relaxed);
-        state_word.store(t.state, Ordering::Release);
-        (n, tsc)
+        let n = Self::bump(unsafe { self.counter(vcpu, count_at) }, 1);
+        // Off the common path: look at the trace the host asks for.
+        let trace = self.map_word(crate::MAP_TRACE_EVERY) != 0;
+        let private = (t.countdown << 1) | u64::from(trace);
+        if state_timed(t.state) {
+            countdown_word.store(private, Ordering::Relaxed);
+            state_word.store(t.state, Ordering::Release);
+        } else {
+            state_word.store(untimed_state(private, code), Ordering::Release);
+        }
+        (n, tsc, trace)
     }
 
     /// The next stride of paced timed visits, at a paced start at `now`:

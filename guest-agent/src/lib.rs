@@ -393,7 +393,10 @@ impl<P: Platform> Agent<P> {
         if vcpu < self.counted_vcpus {
             // SAFETY: vcpu < counted_vcpus, so its block is in the area;
             // this vCPU is the block's only writer (the agent's contract).
-            let (n, tsc) = unsafe { self.transition(vcpu, code) };
+            let (n, tsc, traced) = unsafe { self.transition(vcpu, code) };
+            if !traced {
+                return Report::Counted { trace: Trace::Off };
+            }
             let every = self.map_word(MAP_TRACE_EVERY);
             if every == 0 || (every > 1 && n % every != 0) {
                 return Report::Counted { trace: Trace::Off };
@@ -424,7 +427,7 @@ impl<P: Platform> Agent<P> {
 
     /// Word `index` (< 24) of the stage map, read relaxed and outside the
     /// seqlock (callers are registered).
-    fn map_word(&self, index: usize) -> u64 {
+    pub(crate) fn map_word(&self, index: usize) -> u64 {
         // SAFETY: word `index` of the map, inside the registered area.
         let p = unsafe { self.base.add(STAGE_MAP_OFFSET as usize + 8 * index) } as *mut u64;
         Self::word(p).load(Ordering::Relaxed)
@@ -565,7 +568,7 @@ impl<P: Platform> Agent<P> {
 /// Word indices of [`StageMap`] fields.
 const MAP_OWNED: usize = core::mem::offset_of!(StageMap, owned) / 8;
 const MAP_MINOR: usize = core::mem::offset_of!(StageMap, minor) / 8;
-const MAP_TRACE_EVERY: usize = core::mem::offset_of!(StageMap, trace_every) / 8;
+pub(crate) const MAP_TRACE_EVERY: usize = core::mem::offset_of!(StageMap, trace_every) / 8;
 
 /// Which vCPU `stage` should run on for a thread now on `current`, given a
 /// map read with [`Agent::read_map`] (pure; the one place the rule lives):

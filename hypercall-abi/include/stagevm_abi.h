@@ -94,14 +94,16 @@ struct stagevm_stage_event {
 };
 
 /* Minor 2: per-vCPU counters (hypercall-abi/src/stage/counters.rs). The
- * state word is (TSC & ~STATE_LOW_MASK) | timed flag | code; codes index
+ * state word is (TSC & ~STATE_LOW_MASK) | timed flag | code, or for an
+ * untimed visit (guest-private value << 6) | code; codes index
  * cycles[], timed[] and counts[]: 0 none (requests completed), 1 idle,
  * 2 + s stage s. One transition in STAGEVM_TIMED_EVERY starts a timed
  * visit; idle visits are always timed. */
 #define STAGEVM_STATE_CODE_BITS 5u
 #define STAGEVM_STATE_CODE_MASK 31ull
 #define STAGEVM_STATE_TIMED 32ull
-#define STAGEVM_STATE_LOW_MASK 63ull
+#define STAGEVM_STATE_PRIVATE_SHIFT 6u /* bit 6, and bits 6-63 of an untimed state: guest-private */
+#define STAGEVM_STATE_LOW_MASK 127ull
 #define STAGEVM_CODE_NONE 0u
 #define STAGEVM_CODE_IDLE 1u
 #define STAGEVM_CODE_FIRST_STAGE 2u

@@ -58,6 +58,7 @@ int main(void) {
     P("ring.trace_dropped", offsetof(struct stagevm_ring_header, trace_dropped));
     P("code_bits", STAGEVM_STATE_CODE_BITS); P("code_mask", STAGEVM_STATE_CODE_MASK);
     P("state_timed", STAGEVM_STATE_TIMED); P("state_low_mask", STAGEVM_STATE_LOW_MASK);
+    P("state_private_shift", STAGEVM_STATE_PRIVATE_SHIFT);
     P("timed_every", STAGEVM_TIMED_EVERY); P("counters_align", STAGEVM_COUNTERS_ALIGN);
     P("counters.countdown", offsetof(struct stagevm_vcpu_counters, countdown));
     P("counters.timed", offsetof(struct stagevm_vcpu_counters, timed));
@@ -169,6 +170,7 @@ int main(void) {
         ("code_mask", STATE_CODE_MASK),
         ("state_timed", STATE_TIMED),
         ("state_low_mask", STATE_LOW_MASK),
+        ("state_private_shift", STATE_PRIVATE_SHIFT.into()),
         ("timed_every", TIMED_EVERY),
         ("counters_align", COUNTERS_ALIGN),
         ("counters.countdown", COUNTERS_COUNTDOWN_OFFSET),

@@ -41,9 +41,16 @@ pub const STATE_CODE_BITS: u32 = 5;
 pub const STATE_CODE_MASK: u64 = (1 << STATE_CODE_BITS) - 1;
 /// State-word flag: the current visit is timed (`since` is its start).
 pub const STATE_TIMED: u64 = 1 << STATE_CODE_BITS;
-/// Low bits of a state word that are not TSC: code and flag. The TSC is kept
-/// with these bits cleared (a 64-tick granule, ~25 ns at 2.6 GHz).
-pub const STATE_LOW_MASK: u64 = (STATE_TIMED << 1) - 1;
+/// First guest-private bit of a state word: bit 6 of every state word, and
+/// bits 6–63 of an untimed one, are the guest's own (the Rust agent keeps
+/// its countdown to the next timed visit and its trace flag there, so the
+/// common transition is one load and one store of the state); the host
+/// reads only the code and the timed flag of an untimed state.
+pub const STATE_PRIVATE_SHIFT: u32 = STATE_CODE_BITS + 1;
+/// Low bits of a state word that are not a timed state's TSC: code, flag
+/// and the private bit. The TSC is kept with these bits cleared (a 128-tick
+/// granule, ~50 ns at 2.6 GHz).
+pub const STATE_LOW_MASK: u64 = (1 << (STATE_PRIVATE_SHIFT + 1)) - 1;
 /// State code: in no stage (a request ended; also a fresh block: all zero).
 pub const CODE_NONE: u32 = 0;
 /// State code: the vCPU has nothing to run (its time is idle time; idle
@@ -95,17 +102,29 @@ pub const fn state_since(state: u64) -> u64 {
     state & !STATE_LOW_MASK
 }
 
+/// An untimed state word: `code` with the guest-private value `private`
+/// (its low 58 bits) in bits 6–63.
+pub const fn untimed_state(private: u64, code: u32) -> u64 {
+    (private << STATE_PRIVATE_SHIFT) | (code as u64 & STATE_CODE_MASK)
+}
+
+/// The guest-private value of an untimed state word (bits 6–63).
+pub const fn state_private(state: u64) -> u64 {
+    state >> STATE_PRIVATE_SHIFT
+}
+
 /// One vCPU's counters (768 bytes), written only by code running on that
 /// vCPU, read by the host once per policy period. All counters are totals
 /// since REGISTER; the host takes deltas.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VcpuCounters {
-    /// The current state: [`state_word`]`(since, code, timed)`. Replaced
-    /// last in every transition.
+    /// The current state: [`state_word`]`(since, code, timed)`, or for an
+    /// untimed visit [`untimed_state`]`(private, code)`. Replaced last in
+    /// every transition.
     pub state: u64,
-    /// Guest-private: transitions left before the next timed visit (the host
-    /// never reads it).
+    /// Guest-private (the agents' countdown to the next timed visit; the
+    /// host never reads it).
     pub countdown: u64,
     /// Per code, guest TSC ticks of the timed visits that ended:
     /// `cycles[CODE_IDLE]` is all idle time, `cycles[stage_code(s)]` the
