@@ -57,7 +57,7 @@ fn run_once(args: &Args, policy: &str) -> Result<GuestRun> {
         stages: None,
         extra: &[],
     };
-    GuestRun::parse(&boot.run()?, args.cpus)
+    GuestRun::parse(&boot.run()?)
 }
 
 /// Mean µs of `sched_setaffinity` on a spinning thread: moving it between

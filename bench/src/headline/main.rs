@@ -184,7 +184,7 @@ fn footprint_run(
         "the guest printed {seen} thread checksums, expected {}",
         want.len()
     );
-    GuestRun::parse(&out, vcpus)
+    GuestRun::parse(&out)
 }
 
 /// Checks the arguments and that the binaries exist.
@@ -308,7 +308,7 @@ fn staged_round(args: &Args, round: usize, cells: &mut Cells, bar: &ProgressBar)
                 stages: None,
                 extra: &[],
             };
-            let run = GuestRun::parse(&boot.run()?, v)?;
+            let run = GuestRun::parse(&boot.run()?)?;
             cells.push(Work::Staged, v, policy, run);
             bar.inc(1);
         }

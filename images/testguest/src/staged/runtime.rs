@@ -432,6 +432,12 @@ fn idle(vcpu: u32, idle: &IdleConfig, tsc_khz: u64) {
         }
         spin = (spin * 2).min(IDLE_MAX_SPIN);
     }
+    // Idle only until the phase ends (the last thread's end).
+    let end = match END_TSC.load(Ordering::Relaxed) {
+        0 => PortIo.tsc(),
+        e => e.max(start),
+    };
+    bump(&VCPU_COUNTS[vcpu as usize].idle_cycles, end - start);
 }
 
 /// `vcpu`'s scheduler loop: runs the threads of its queue until every thread

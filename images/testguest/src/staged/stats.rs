@@ -74,6 +74,9 @@ pub(super) struct VcpuCounts {
     pub(super) waits: AtomicU64,
     /// WAKEs sent to parked vCPUs.
     pub(super) wakes: AtomicU64,
+    /// TSC ticks spent with an empty run queue (in the scheduler's idle
+    /// loop, polling or parked).
+    pub(super) idle_cycles: AtomicU64,
     /// Migrations decided at stage switches on this vCPU (or steals into
     /// it), in total and per stage entered (`in`) and left (`out`, not
     /// counted when the thread was between requests).
@@ -100,6 +103,7 @@ pub(super) static VCPU_COUNTS: [VcpuCounts; MAX_VCPUS] = [const {
         switch_cycles: [const { AtomicU64::new(0) }; 2],
         waits: AtomicU64::new(0),
         wakes: AtomicU64::new(0),
+        idle_cycles: AtomicU64::new(0),
         migrations: AtomicU64::new(0),
         migrations_in: [const { AtomicU64::new(0) }; MAX_STAGES],
         migrations_out: [const { AtomicU64::new(0) }; MAX_STAGES],
@@ -208,10 +212,17 @@ pub fn print_counts() {
         );
     }
     println!("testguest: stage migrations {}", line.as_str());
+    // Idle time over the vCPUs' time in the staged phase (per mille).
+    let start = START_TSC.load(Ordering::Relaxed);
+    let phase = END_TSC.load(Ordering::Relaxed).saturating_sub(start);
+    let idle = total(|c| &c.idle_cycles);
+    let permille = (u128::from(idle) * 1000 / u128::from(phase.max(1) * n as u64)).min(1000);
     println!(
-        "testguest: idle waits {}, wakes sent {}",
+        "testguest: idle waits {}, wakes sent {}, idle {}.{} % of the vCPUs' time",
         total(|c| &c.waits),
-        total(|c| &c.wakes)
+        total(|c| &c.wakes),
+        permille / 10,
+        permille % 10
     );
     let khz = TSC_KHZ.load(Ordering::Relaxed).max(1);
     let switches = |k: usize| vcpus.iter().map(|c| load(&c.switches[k])).sum::<u64>();
