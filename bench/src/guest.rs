@@ -156,7 +156,7 @@ impl GuestRun {
             rps,
             migrations: field(out.line("testguest: migrations "), "migrations ").unwrap_or(0),
             stage_events: ch.stages.iter().map(|s| s.events).sum(),
-            idle_pct: field(out.line("testguest: idle waits"), "idle ").unwrap_or(f64::NAN),
+            idle_pct: field(out.line("testguest: idle waits"), ", idle ").unwrap_or(f64::NAN),
             waits: ch.waits,
             wakes: ch.wakes + ch.host_wakes,
             map_changes: out.report.sched.map_changes,
@@ -178,5 +178,7 @@ mod tests {
             Some(7)
         );
         assert_eq!(field::<u64>(l, "absent "), None);
+        let idle = "testguest: idle waits 3, wakes sent 2, idle 12.5 % of the vCPUs' time";
+        assert_eq!(field::<f64>(idle, ", idle "), Some(12.5));
     }
 }
