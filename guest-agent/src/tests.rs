@@ -295,7 +295,8 @@ fn a_minor_2_host_gets_counters_and_no_ring_events() {
     // REGISTER, where a timed "no stage" visit starts) is charged whole to
     // the states left, in 128-tick granules; 102 transitions end 102 visits.
     let charged: u64 = c.cycles.iter().sum();
-    assert_eq!(charged, (c.state & !127) - (100 & !127));
+    const REGISTER_TSC: u64 = 100;
+    assert_eq!(charged, (c.state & !127) - (REGISTER_TSC & !127));
     assert_eq!(c.timed.iter().sum::<u64>(), 102);
     assert_eq!(a.counters(1), Some(c));
     assert_eq!(block(&mem, &layout, 0).counts, [0; NUM_CODES]);

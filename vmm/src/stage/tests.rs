@@ -377,11 +377,8 @@ fn unregister_keeps_the_counters_for_one_last_read() {
     assert!(first.counters);
     let mut block = VcpuCounters::default();
     block.counts[stage_code(1) as usize] = 42;
-    mem.write_obj(
-        Obj(block),
-        GuestAddress(AREA + layout.counters_offset(1)),
-    )
-    .unwrap();
+    mem.write_obj(Obj(block), GuestAddress(AREA + layout.counters_offset(1)))
+        .unwrap();
     let mut buf = Vec::new();
     assert_eq!(dev.take_final_counters(&mut buf), None);
     dev.doorbell(0, DOORBELL_UNREGISTER, &[0]);
