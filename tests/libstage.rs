@@ -24,6 +24,8 @@
 //! `stagectl` prints the map and the counters. The cost of `stage_enter` is
 //! measured and printed.
 
+mod common;
+
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -38,6 +40,8 @@ use host_sched::config::{Config, Overrides, Resolved};
 use host_sched::cpuset::CpuSet;
 use host_sched::policy::{plan_from_assignment, Plan};
 use host_sched::topology::Topology;
+
+use common::skip;
 use hypercall_abi::stage::{
     stage_code, state_code, AreaHeader, Layout, RingHeader, StageMap, Status, VcpuCounters,
     ABI_MINOR, CODE_NONE, DOORBELL_REGISTER, DOORBELL_STATUS, NUM_CODES, STAGE_MAP_OFFSET,
@@ -467,20 +471,6 @@ fn check_affinity(pid: u32, phase_line: &str, expect: &CpuSet) {
     for (tid, set) in thread_affinities(pid, phase_line) {
         assert_eq!(set, *expect, "thread {tid}: Cpus_allowed_list");
     }
-}
-
-/// Reports a test that cannot run here as skipped, with why. Written to the
-/// process's stderr directly (the harness captures only `eprintln!`), so
-/// the line shows in every run; under CI (`CI` set) a skip is a failure,
-/// because CI's machines have the CPUs these tests need.
-fn skip(why: &str) {
-    use std::io::Write as _;
-    let name = std::thread::current().name().unwrap_or("?").to_string();
-    let _ = writeln!(std::io::stderr(), "test {name}: skipped: {why}");
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{name} cannot run under CI: {why}"
-    );
 }
 
 /// The number n of CPUs this test uses as vCPUs 0..n: the allowed CPUs

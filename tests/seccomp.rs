@@ -319,18 +319,6 @@ fn parse_trace(text: &str) -> Traced {
     traced
 }
 
-/// Reports a test that cannot run here as skipped (to the process's
-/// stderr, which the harness does not capture); under CI a failure.
-fn skip(why: &str) {
-    use std::io::Write as _;
-    let name = std::thread::current().name().unwrap_or("?").to_string();
-    let _ = writeln!(std::io::stderr(), "test {name}: skipped: {why}");
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{name} cannot run under CI: {why}"
-    );
-}
-
 /// Issue 22: `strace` of a run with every thread kind — 2 vCPUs, a disk,
 /// `--api-socket` with a client using every command, `--report`, the event
 /// trace on, SIGTERM at the end — and every thread's syscalls after its

@@ -322,3 +322,17 @@ pub fn expect_vmm_error(args: &[&str], needles: &[&str]) {
         );
     }
 }
+
+/// Reports a test that cannot run here as skipped, with why. Written to the
+/// process's stderr directly (the harness captures only `eprintln!`), so
+/// the line shows in every run; under CI (`CI` set) a skip is a failure,
+/// because CI's machines have what these tests need.
+pub fn skip(why: &str) {
+    use std::io::Write as _;
+    let name = std::thread::current().name().unwrap_or("?").to_string();
+    let _ = writeln!(std::io::stderr(), "test {name}: skipped: {why}");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{name} cannot run under CI: {why}"
+    );
+}
