@@ -20,7 +20,8 @@
 //! Targets: channel on ≥ 0.98× of no device at every point, traced ≥
 //! 0.90×, `stage_enter` ≤ 10 ns, helpers ≤ 1 % of a core at the highest
 //! event rate; and `static` at `calls=20` above the 0.30× it reached with
-//! 64k-entry rings before the counters (issue 22). The background load of
+//! 64k-entry rings before the counters (issue 22, measured at 2 vCPUs, so
+//! judged there; the 4-vCPU cell is shown). The background load of
 //! other processes is printed: a busy machine voids the run.
 
 use std::time::Instant;
@@ -64,8 +65,10 @@ const OFF_TARGET: f64 = 0.98;
 const TRACE_TARGET: f64 = 0.90;
 const ENTER_TARGET_NS: f64 = 10.0;
 const HELPER_TARGET: f64 = 0.01;
-/// `static` at `calls=20` with 64k-entry rings before the counters.
+/// `static` at `calls=20` with 64k-entry rings before the counters, and
+/// the vCPU count it was measured at (issue 22's table).
 const STATIC_BEFORE: f64 = 0.30;
+const STATIC_BEFORE_VCPUS: u32 = 2;
 
 /// The configurations run at every point (`static` only at `calls=20`).
 const CONFIGS: [(&str, &str, &[&str]); 4] = [
@@ -281,9 +284,10 @@ fn main() -> Result<()> {
     );
     println!("| vCPUs | calls | no device req/s | channel, off | traced (on) | trace kept | static | stage events/s | VMM helpers, % of a core (off) | (traced) |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let mut off_ok = true;
-    let mut trace_ok = true;
-    let mut static_ok = true;
+    // Worst median per target: (ratio, vCPUs, calls).
+    let mut off_worst = (f64::INFINITY, 0, 0);
+    let mut trace_worst = (f64::INFINITY, 0, 0);
+    let mut static_at_2 = f64::NAN;
     // Highest event rate: the helpers' CPU there is the target's.
     let mut busiest: Option<(f64, f64)> = None;
     for (i, p) in points.iter().enumerate() {
@@ -299,11 +303,16 @@ fn main() -> Result<()> {
             )
         };
         let (off, traced) = (ratio(1), ratio(2));
-        off_ok &= off.med >= OFF_TARGET;
-        trace_ok &= traced.med >= TRACE_TARGET;
+        // NaN (a failed point) is the worst of all.
+        if off.med.is_nan() || off.med < off_worst.0 {
+            off_worst = (off.med, p.vcpus, p.calls);
+        }
+        if traced.med.is_nan() || traced.med < trace_worst.0 {
+            trace_worst = (traced.med, p.vcpus, p.calls);
+        }
         let stat = (p.calls == 20).then(|| ratio(3));
-        if let Some(s) = &stat {
-            static_ok &= s.med > STATIC_BEFORE;
+        if let Some(s) = stat.as_ref().filter(|_| p.vcpus == STATIC_BEFORE_VCPUS) {
+            static_at_2 = s.med;
         }
         let kept: f64 = {
             let (t, d): (u64, u64) = r[2]
@@ -344,13 +353,16 @@ fn main() -> Result<()> {
     );
     println!("| target | measured | |");
     println!("|---|---|---|");
+    let worst = |(r, v, c): (f64, u32, u32)| format!("worst {r:.3}× ({v} vCPUs, calls={c})");
     println!(
-        "| channel on, --policy off ≥ {OFF_TARGET}× of no device at every point | see table | {} |",
-        met(off_ok)
+        "| channel on, --policy off ≥ {OFF_TARGET}× of no device at every point | {} | {} |",
+        worst(off_worst),
+        met(off_worst.0 >= OFF_TARGET)
     );
     println!(
-        "| traced ≥ {TRACE_TARGET}× at every point | see table | {} |",
-        met(trace_ok)
+        "| traced ≥ {TRACE_TARGET}× at every point | {} | {} |",
+        worst(trace_worst),
+        met(trace_worst.0 >= TRACE_TARGET)
     );
     println!(
         "| stage_enter ≤ {ENTER_TARGET_NS} ns | {enter_ns:.2} ns | {} |",
@@ -362,8 +374,8 @@ fn main() -> Result<()> {
         met(helpers <= HELPER_TARGET * 100.0)
     );
     println!(
-        "| static at calls=20 above {STATIC_BEFORE}× (64k rings before) | see table | {} |",
-        met(static_ok)
+        "| static at calls=20, {STATIC_BEFORE_VCPUS} vCPUs, above {STATIC_BEFORE}× (64k rings before) | {static_at_2:.3}× | {} |",
+        met(static_at_2 > STATIC_BEFORE)
     );
     Ok(())
 }
