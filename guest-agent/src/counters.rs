@@ -145,6 +145,16 @@ impl<P: Platform> Agent<P> {
         next
     }
 
+    /// The trace the host asks for, from the stage map's `trace_every`: 0
+    /// none, 1 every event, n every n-th of each kind per vCPU (0 when
+    /// inactive).
+    pub fn trace_every(&self) -> u64 {
+        if self.layout().is_none() {
+            return 0;
+        }
+        self.map_word(crate::MAP_TRACE_EVERY)
+    }
+
     /// The fixed stride of timed visits this agent uses, or 0 when it paces
     /// them by time (see
     /// [`AreaSpec::timed_every`](crate::AreaSpec::timed_every)).

@@ -46,7 +46,7 @@ use hypercall_abi::stage::{
     stage_code, state_word, validate_header, AreaHeader, Layout, StageDesc, StageMap, Status,
     VcpuState, CODE_IDLE, CODE_NONE, DOORBELL_REGISTER, DOORBELL_UNREGISTER, DOORBELL_WAIT,
     DOORBELL_WAKE, IDLE_THREAD, MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, STAGE_NONE,
-    TIMED_EVERY, TIMED_INTERVAL_NS,
+    TIMED_EVERY, TIMED_INTERVAL_NS, TIMED_STRIDE_MAX,
 };
 
 mod counters;
@@ -79,6 +79,9 @@ pub enum Report {
     },
     /// The agent is inactive (no channel): nothing was written.
     Inactive,
+    /// The stage id is not one of the registered area's stages: nothing
+    /// was written (the same in both modes).
+    BadStage,
 }
 
 /// What became of a counted event in the trace ring ([`Mode::Counters`]).
@@ -126,7 +129,10 @@ pub struct AreaSpec<'a> {
     /// one per [`TIMED_INTERVAL_NS`](hypercall_abi::stage::TIMED_INTERVAL_NS)
     /// per vCPU, whatever the switch rate, or one in
     /// [`TIMED_EVERY`](hypercall_abi::stage::TIMED_EVERY) when the host
-    /// gives no TSC rate.
+    /// gives no TSC rate. Capped at
+    /// [`TIMED_STRIDE_MAX`](hypercall_abi::stage::TIMED_STRIDE_MAX), so the
+    /// trace flag, refreshed at timed visits, follows the host within that
+    /// many transitions.
     pub timed_every: u64,
 }
 
@@ -189,6 +195,8 @@ pub struct Agent<P: Platform> {
     counters: *mut u8,
     /// vCPUs with a counter block (0 unless in [`Mode::Counters`]).
     counted_vcpus: u32,
+    /// Stages of the registered area (0 when inactive).
+    num_stages: u32,
     /// Fixed stride of timed visits, or 0: paced by time (`pace_ticks`).
     timed_every: u64,
     /// Ticks between paced timed visits (0: the TSC rate is unknown).
@@ -213,6 +221,7 @@ impl<P: Platform> Agent<P> {
             mode: Mode::Rings,
             counters: ptr::null_mut(),
             counted_vcpus: 0,
+            num_stages: 0,
             timed_every: TIMED_EVERY,
             pace_ticks: 0,
             status: Status::NoDevice,
@@ -292,13 +301,15 @@ impl<P: Platform> Agent<P> {
             mode: Mode::Rings,
             counters: ptr::null_mut(),
             counted_vcpus: 0,
-            timed_every: spec.timed_every,
+            num_stages: 0,
+            timed_every: spec.timed_every.min(TIMED_STRIDE_MAX),
             pace_ticks: 0,
             status: Status::NoDevice,
         };
         agent.status = agent.send(DOORBELL_REGISTER, (gpa >> 12) as u32);
         if agent.status == Status::Ok {
             agent.layout = Some(layout);
+            agent.num_stages = layout.num_stages;
             // The host published its first map before REGISTER returned.
             if layout.counters && agent.map_word(MAP_MINOR) >= 2 {
                 agent.mode = Mode::Counters;
@@ -362,14 +373,19 @@ impl<P: Platform> Agent<P> {
         }
         self.counters = ptr::null_mut();
         self.counted_vcpus = 0;
+        self.num_stages = 0;
         self.send(DOORBELL_UNREGISTER, 0)
     }
 
     /// Reports that `thread` on `vcpu` entered `stage` (no VM exit, no
     /// wait in [`Mode::Counters`]).
     pub fn stage_enter(&self, vcpu: u32, stage: u32, thread: u32) -> Report {
-        if stage as usize >= MAX_STAGES {
-            return Report::Inactive;
+        if stage >= self.num_stages {
+            return if self.layout.is_none() {
+                Report::Inactive
+            } else {
+                Report::BadStage
+            };
         }
         self.report(vcpu, stage_code(stage), stage, thread)
     }

@@ -279,6 +279,9 @@ fn a_minor_2_host_gets_counters_and_no_ring_events() {
             Report::Counted { trace: Trace::Off }
         );
     }
+    // A stage the area does not declare is refused and counts nothing.
+    assert_eq!(a.stage_enter(1, 3, 7), Report::BadStage);
+    assert_eq!(a.stage_enter(1, u32::MAX, 7), Report::BadStage);
     assert_eq!(a.stage_exit(1, 7), Report::Counted { trace: Trace::Off });
     assert_eq!(a.vcpu_idle(1), Report::Counted { trace: Trace::Off });
     assert!(a.ring_drained(1));
@@ -354,6 +357,8 @@ fn an_older_host_gets_every_event_in_the_rings() {
         let mut mem = area(&layout);
         let a = register_minor(&mut mem, &layout, &["only"], Status::Ok, minor);
         assert_eq!(a.mode(), Mode::Rings);
+        assert_eq!(a.stage_enter(0, 1, 3), Report::BadStage);
+        assert!(a.ring_drained(0), "a refused stage writes no event");
         assert_eq!(a.stage_enter(0, 0, 3), Report::Written { backoffs: 0 });
         assert!(!a.ring_drained(0));
         assert_eq!(a.counters(0), None);

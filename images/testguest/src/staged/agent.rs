@@ -11,7 +11,7 @@ use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use guest_agent::{choose_from_map, Agent, AreaSpec, MapSnapshot, Mode, Platform};
-use hypercall_abi::stage::{DOORBELL_STATUS, MAX_STAGES, MAX_VCPUS, STAGE_MAP_OFFSET, STAGE_NONE};
+use hypercall_abi::stage::{DOORBELL_STATUS, MAX_STAGES, MAX_VCPUS, STAGE_NONE};
 
 use super::runtime::{alloc_pages, timed_yield, Thread};
 use super::stats::{bump, count, VCPU_COUNTS};
@@ -45,9 +45,6 @@ static READY: AtomicBool = AtomicBool::new(false);
 /// GPA (identity-mapped) of the registered area; 0 when inactive. Read by
 /// [`super::hostile`], which writes rings directly, as a hostile guest would.
 static AREA: AtomicU64 = AtomicU64::new(0);
-/// Address of the registered area's map epoch (0 when inactive): the stage
-/// switch's check that the map did not change reads it directly.
-static EPOCH_AT: AtomicU64 = AtomicU64::new(0);
 
 /// GPA of the registered stage-channel area (0 when the agent is inactive).
 pub(super) fn area() -> u64 {
@@ -119,7 +116,6 @@ pub(super) fn register(
     );
     if let Some(addr) = area.filter(|_| agent.is_active()) {
         AREA.store(addr, Ordering::Release);
-        EPOCH_AT.store(addr + STAGE_MAP_OFFSET, Ordering::Release);
     }
     // SAFETY: only vCPU 0 writes, before READY is released.
     unsafe { (*AGENT.0.get()).write(agent) };
@@ -147,17 +143,11 @@ static MAP_CACHE: [MapCache; MAX_VCPUS] = [const { MapCache(UnsafeCell::new(None
 /// since this vCPU's last read. `None` without a channel or before the
 /// first map. The reference is valid until this vCPU's next call.
 fn map_on(vcpu: u32) -> Option<&'static MapView> {
-    let at = EPOCH_AT.load(Ordering::Relaxed);
-    if at == 0 {
-        return None;
-    }
-    // SAFETY: the registered area's map epoch, an aligned word of our own
-    // memory that the host writes atomically.
-    let epoch = unsafe { AtomicU64::from_ptr(at as *mut u64) }.load(Ordering::Acquire);
+    let a = agent();
+    let epoch = a.map_epoch();
     if epoch == 0 {
         return None;
     }
-    let a = agent();
     // SAFETY: this vCPU's own entry (see `MapCache`); no reference to it
     // is held across this call by code on this vCPU.
     let cache = unsafe { &mut *MAP_CACHE[vcpu as usize].0.get() };

@@ -42,7 +42,7 @@ pub(super) fn count(vcpu: u32, report: Report, counter: &AtomicU64) {
                 Trace::Dropped => bump(&c.trace_dropped, 1),
             }
         }
-        Report::Inactive => {}
+        Report::Inactive | Report::BadStage => {}
     }
 }
 
