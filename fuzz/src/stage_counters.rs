@@ -76,14 +76,20 @@ fn run(mem: &GuestMemoryMmap, data: &[u8]) {
         for (v, block) in blocks.iter_mut().enumerate() {
             write_block(mem, &layout, v as u32, block, stages, host, &mut inp);
         }
-        let step = match inp.u8() % 4 {
+        let step = match inp.u8() % 5 {
             0 => 0,
             1 => u64::from(inp.u16()),
             2 => u64::from(inp.u32()),
+            // Long windows (a policy period of seconds): products of the
+            // busy time and a guest's estimates grow past 2^64.
+            3 => (1 << 33) + u64::from(inp.u32()),
             _ => inp.u64_near(40_000_000),
         };
         host = host.wrapping_add(step);
-        let generation = dev.read_counters(&mut buf).expect("an area with counters");
+        let generation = dev
+            .read_counters(&mut buf)
+            .expect("an area with counters")
+            .generation;
         assert_eq!(buf.len(), vcpus as usize);
         let (deltas, window) = reader.update(&buf, host);
         for d in &deltas {

@@ -16,8 +16,10 @@
 //! * [`sched`] — stage scheduling: controller, pinner, the `stage-sched` loop,
 //! * [`seccomp`] — one seccomp filter per thread kind.
 //!
-//! Data flows one way: guest ring → [`stage::StageDevice::drain`] →
-//! [`sched::Controller`] → host-sched policy → plan → stage map
+//! Data flows one way: guest counters ([`stage::StageDevice::read_counters`],
+//! once per policy period) or rings ([`stage::StageDevice::drain`], an
+//! older guest's events or a trace) → [`sched::Controller`] → host-sched
+//! policy → plan → stage map
 //! ([`stage::StageDevice::publish`]) and pins ([`sched::Pinner::apply`]).
 //! The guest/host contract lives in the `hypercall-abi` crate; the report
 //! types in `stagevm-report`.

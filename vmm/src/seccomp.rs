@@ -40,25 +40,27 @@
 //!   `openat` (not refused here), `getdents64`, `newfstatat`, `statx`
 //!   (adopting threads from `/proc/self/task` every 50 policy periods,
 //!   `Pinner::adopt_threads`),
-//!   `sched_getaffinity`/`sched_setaffinity` (pins), `mremap`;
+//!   `sched_getaffinity`/`sched_setaffinity` (pins);
 //! * `io-blk` — `epoll_create1`, `epoll_ctl`, `epoll_wait`, `read`
 //!   (eventfd), `pread64`, `pwrite64`, `fdatasync` (a guest's flush of a
-//!   writable disk), `mremap`;
+//!   writable disk);
 //! * `api` (with `--api-socket`; after its tokio runtime and listener
 //!   exist) — `epoll_ctl`, `epoll_wait`, `accept4` (non-blocking sockets:
 //!   no `ioctl`), `recvfrom`, `shutdown` (the connections; replies go
-//!   out with `write`/`writev`), `mremap`;
+//!   out with `write`/`writev`);
 //! * `vmm-main` (installed once every thread runs, before it waits for the
 //!   exit) — `epoll_create1`, `epoll_ctl`, `epoll_wait`, `read` (signalfd),
 //!   `tgkill` (the vCPU kick), `unlink` (removing the `--api-socket` path
-//!   once the VM ended), `mremap`. No `ioctl`: dropping KVM objects only
+//!   once the VM ended). No `ioctl`: dropping KVM objects only
 //!   closes their descriptors.
 //!
-//! `mremap` is glibc's `realloc` of a block above the mmap threshold (128
-//! KiB at first): a buffer that grows past it — the timeline
-//! (`stage-sched`), `GET /api/v1/stages?timeline=all` (`api`), the last
-//! drain of rings a guest filled (`vmm-main`), a virtio-blk chain whose
-//! descriptors grow (`io-blk`). The vCPU threads grow no such buffer.
+//! `mremap`, in the common set, is glibc's `realloc` of a block above the
+//! mmap threshold (128 KiB at first): a buffer that grows past it — the
+//! timeline (`stage-sched`), `GET /api/v1/stages?timeline=all` (`api`), the
+//! last drain of rings a guest filled (`vmm-main`) or the events an
+//! UNREGISTER keeps for the next drain (`vcpu`), a virtio-blk chain whose
+//! descriptors grow (`io-blk`). It only moves the process's own mappings,
+//! as `mmap`/`munmap` (allowed everywhere) can.
 //!
 //! KVM's NX huge page recovery worker (`kvm-nx-lpage-recovery`, shown as
 //! `kvm-nx-lpage-re`) is, on the project's kernels (6.18), a vhost task of
@@ -151,6 +153,8 @@ const COMMON: &[Syscall] = syscalls![
     SYS_gettid,
     SYS_getpid,
     SYS_close,
+    // glibc's realloc of a block above the mmap threshold (module doc).
+    SYS_mremap,
     // Passed by this filter; every thread but stage-sched gets EACCES from
     // a second filter (`denied`).
     SYS_openat,
@@ -172,7 +176,6 @@ fn own(kind: ThreadKind) -> &'static [Syscall] {
             SYS_statx,
             SYS_sched_getaffinity,
             SYS_sched_setaffinity,
-            SYS_mremap,
         ],
         ThreadKind::IoBlk => syscalls![
             SYS_epoll_create1,
@@ -182,7 +185,6 @@ fn own(kind: ThreadKind) -> &'static [Syscall] {
             SYS_pread64,
             SYS_pwrite64,
             SYS_fdatasync,
-            SYS_mremap,
         ],
         ThreadKind::Main => syscalls![
             SYS_epoll_create1,
@@ -191,7 +193,6 @@ fn own(kind: ThreadKind) -> &'static [Syscall] {
             SYS_read,
             SYS_tgkill,
             SYS_unlink,
-            SYS_mremap,
         ],
         ThreadKind::Api => syscalls![
             SYS_epoll_ctl,
@@ -199,7 +200,6 @@ fn own(kind: ThreadKind) -> &'static [Syscall] {
             SYS_accept4,
             SYS_recvfrom,
             SYS_shutdown,
-            SYS_mremap,
         ],
     }
 }
@@ -320,31 +320,46 @@ pub fn program(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>
 }
 
 /// Syscalls a thread kind may make that fail with `EACCES` instead of
-/// ending the VMM: `openat` in every thread but `stage-sched` (which reads
-/// `/proc/self/task`), because glibc's malloc opens
-/// `/proc/sys/vm/overcommit_memory` once per process, in whichever thread
-/// first shrinks a thread's heap (`vmm-main` freeing the run's buffers at
-/// exit, `api` after a burst of connections), and goes on without it when
-/// the open fails.
-fn denied(kind: ThreadKind) -> &'static [i64] {
-    match kind {
-        ThreadKind::StageSched => &[],
-        ThreadKind::Vcpu | ThreadKind::IoBlk | ThreadKind::Main | ThreadKind::Api => {
-            &[libc::SYS_openat]
+/// ending the VMM: `openat` in every thread but `stage-sched`, because
+/// glibc's malloc opens `/proc/sys/vm/overcommit_memory` once per process,
+/// in whichever thread first shrinks a thread's heap (`vmm-main` freeing
+/// the run's buffers at exit, `api` after a burst of connections), and goes
+/// on without it when the open fails. `stage-sched` reads `/proc/self/task`
+/// and may open read-only: an `openat` that writes, creates, truncates or
+/// appends fails there too.
+fn denied(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, String> {
+    let rules = match kind {
+        ThreadKind::StageSched => {
+            // openat(dirfd, path, flags): arg 2, any of these set.
+            let flag = |mask: i32, value: i32| {
+                SeccompCondition::new(
+                    2,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::MaskedEq(mask as u64),
+                    value as u64,
+                )
+                .and_then(|c| SeccompRule::new(vec![c]))
+                .map_err(|e| format!("seccomp deny rule for {kind:?}: {e}"))
+            };
+            vec![
+                flag(libc::O_ACCMODE, libc::O_WRONLY)?,
+                flag(libc::O_ACCMODE, libc::O_RDWR)?,
+                flag(libc::O_CREAT, libc::O_CREAT)?,
+                flag(libc::O_TRUNC, libc::O_TRUNC)?,
+                flag(libc::O_APPEND, libc::O_APPEND)?,
+            ]
         }
-    }
+        ThreadKind::Vcpu | ThreadKind::IoBlk | ThreadKind::Main | ThreadKind::Api => Vec::new(),
+    };
+    Ok(BTreeMap::from([(libc::SYS_openat, rules)]))
 }
 
 /// A second filter that answers [`denied`]'s syscalls with `EACCES`
 /// (seccomp takes the strictest action of all installed filters: the first
 /// filter's Allow loses to this Errno).
-fn deny_program(kind: ThreadKind) -> Result<Option<BpfProgram>, String> {
-    if denied(kind).is_empty() {
-        return Ok(None);
-    }
-    let rules = denied(kind).iter().map(|nr| (*nr, Vec::new())).collect();
+fn deny_program(kind: ThreadKind) -> Result<BpfProgram, String> {
     let filter = SeccompFilter::new(
-        rules,
+        denied(kind)?,
         SeccompAction::Allow,
         SeccompAction::Errno(libc::EACCES as u32),
         TargetArch::x86_64,
@@ -352,7 +367,6 @@ fn deny_program(kind: ThreadKind) -> Result<Option<BpfProgram>, String> {
     .map_err(|e| format!("seccomp deny filter for {kind:?}: {e}"))?;
     filter
         .try_into()
-        .map(Some)
         .map_err(|e: seccompiler::BackendError| format!("seccomp deny filter for {kind:?}: {e}"))
 }
 
@@ -363,10 +377,8 @@ pub fn install(kind: ThreadKind, mode: SeccompMode) -> Result<(), String> {
     if let Some(prog) = program(kind, mode)? {
         // The deny filter first: the main one forbids the `prctl` and
         // `seccomp` calls that installing a filter makes.
-        if let Some(deny) = deny_program(kind)? {
-            seccompiler::apply_filter(&deny)
-                .map_err(|e| format!("installing the seccomp filter for {kind:?}: {e}"))?;
-        }
+        seccompiler::apply_filter(&deny_program(kind)?)
+            .map_err(|e| format!("installing the seccomp filter for {kind:?}: {e}"))?;
         seccompiler::apply_filter(&prog)
             .map_err(|e| format!("installing the seccomp filter for {kind:?}: {e}"))?;
     }
@@ -381,7 +393,8 @@ pub fn install(kind: ThreadKind, mode: SeccompMode) -> Result<(), String> {
 /// (`api-ioctl`, `vcpu-ioctl`, …) it makes an `ioctl` its filter refuses
 /// (`FIONREAD` on stderr: harmless, and not one of a vCPU's KVM requests);
 /// with `<kind>-openat` the thread tries to open the file glibc's malloc
-/// opens and prints the outcome.
+/// opens and prints the outcome; with `<kind>-openat-write` it tries to
+/// open `/proc/self/comm` for appending.
 fn test_forbidden_syscall_hook(kind: ThreadKind) {
     let name = std::str::from_utf8(kind_name(kind)).unwrap_or("?");
     if !cfg!(debug_assertions) {
@@ -405,6 +418,14 @@ fn test_forbidden_syscall_hook(kind: ThreadKind) {
         let r = std::fs::File::open("/proc/sys/vm/overcommit_memory");
         let outcome = r.map_or_else(|e| e.to_string(), |_| "opened".into());
         eprintln!("stagevm: test hook: openat in {name}: {outcome}");
+    }
+    if test.strip_suffix("-openat-write") == Some(name) {
+        // Opening for writing (without creating): refused in every thread.
+        let r = std::fs::OpenOptions::new()
+            .append(true)
+            .open("/proc/self/comm");
+        let outcome = r.map_or_else(|e| e.to_string(), |_| "opened".into());
+        eprintln!("stagevm: test hook: openat for writing in {name}: {outcome}");
     }
 }
 
@@ -508,8 +529,11 @@ mod tests {
             assert!(names.contains(&"fcntl") && names.contains(&"exit_group"));
             // `openat` passes the first filter; only stage-sched's succeeds.
             assert!(names.contains(&"openat"));
-            let refused = deny_program(kind).unwrap().is_some();
-            assert_eq!(refused, kind != ThreadKind::StageSched, "{kind:?}");
+            // The deny filter: every openat, or (stage-sched) one that writes.
+            let deny = denied(kind).unwrap();
+            let conditional = !deny[&libc::SYS_openat].is_empty();
+            assert_eq!(conditional, kind == ThreadKind::StageSched, "{kind:?}");
+            assert!(deny_program(kind).is_ok());
         }
         for kind in [ThreadKind::Api, ThreadKind::Main] {
             assert!(!allowed_syscalls(kind).contains(&"ioctl"), "{kind:?}");

@@ -129,6 +129,12 @@ pub struct ChannelReport {
     /// next policy period (a guest may register in a loop).
     #[serde(default)]
     pub registrations_coalesced: u64,
+    /// UNREGISTERs whose rings were not read because the events left by
+    /// earlier ones were still waiting for a drain (the backlog is bounded
+    /// to one drain pass: a guest that unregisters in a loop loses its own
+    /// last events, never the VMM's memory).
+    #[serde(default)]
+    pub unread_at_unregister: u64,
     /// Successful registrations.
     pub registrations: u64,
     /// Refused REGISTERs, by status name.

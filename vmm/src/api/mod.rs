@@ -9,7 +9,8 @@
 //!   runtime, with the limits a hostile client meets (body size, header and
 //!   body time-outs, concurrent connections);
 //! * [`client`] — the client `stagevm-remote` and the benchmark use;
-//! * [`metrics`] — the Prometheus text exposition of a [`StagesView`];
+//! * [`metrics`] — the Prometheus text exposition of a
+//!   [`StagesView`](stagevm_report::api::StagesView);
 //! * [`handle`] (here) — the routes, independent of the HTTP library.
 //!
 //! `PUT /api/v1/stages.trace` turns the event trace of a counters guest on,

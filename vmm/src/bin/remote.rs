@@ -59,8 +59,8 @@ enum Command {
         #[arg(long, value_name = "CORES")]
         hysteresis: Option<f64>,
     },
-    /// Replaces [host] cores and the [[stage]] budgets from a stages file
-    /// (its [policy] table, if any, is not sent: use `policy`).
+    /// Replaces `[host]` cores and the `[[stage]]` budgets from a stages file
+    /// (its `[policy]` table, if any, is not sent: use `policy`).
     Budgets {
         /// A --stages TOML file.
         file: PathBuf,

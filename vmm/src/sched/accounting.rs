@@ -84,6 +84,11 @@ impl Accounting {
         }
     }
 
+    /// The guest's TSC rate (kHz; 0 when unknown: "ns" are then ticks).
+    pub fn tsc_khz(&self) -> u64 {
+        self.tsc_khz
+    }
+
     fn ticks_to_ns(&self, ticks: u64) -> u64 {
         ticks_to_ns(self.tsc_khz, ticks)
     }
@@ -147,11 +152,25 @@ impl Accounting {
 
     /// Folds one drain's events in. Stage ids were validated by the device
     /// against the registered stage count; ids past this accounting's
-    /// stages (a re-registration with fewer stages) are ignored. For a
-    /// counters guest the events are its trace: only counted.
+    /// stages (a re-registration with fewer stages) are ignored. Trace
+    /// events (a counters guest's) are counted and logged at trace level
+    /// under the target `stagevm::stage_trace`
+    /// (`--log-level stagevm::stage_trace=trace`), one line each.
     pub fn ingest(&mut self, drained: &Drained) {
+        self.traced = self.traced.saturating_add(drained.trace.len() as u64);
+        for ev in &drained.trace {
+            tracing::trace!(
+                target: "stagevm::stage_trace",
+                vcpu = ev.vcpu,
+                tsc = ev.tsc,
+                stage = ev.stage,
+                thread = ev.thread,
+                "stage event"
+            );
+        }
         if self.counters.is_some() {
-            self.traced = self.traced.saturating_add(drained.events.len() as u64);
+            // A counters guest's load comes from its counters; events a
+            // previous rings registration left are not its load.
             return;
         }
         for v in &drained.resynced {

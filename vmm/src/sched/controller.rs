@@ -207,7 +207,7 @@ impl Controller {
     }
 
     /// The guest registered at `now`. Served when no REGISTER was served
-    /// within the last policy period: [`Self::plan_registration`] makes
+    /// within the last policy period: `Self::plan_registration` makes
     /// the first plan, whose stage map the caller publishes before the
     /// guest resumes, and whose pins it applies; returns true. Otherwise it
     /// is coalesced: counted, kept for the next policy period (the latest
@@ -319,7 +319,14 @@ impl Controller {
             .iter()
             .map(|ns| *ns as f64 / period_ns.max(1.0))
             .collect();
-        let requests_per_s = requests as f64 * 1e9 / period_ns.max(1.0);
+        // Without the guest's TSC rate the reads' window is in ticks, right
+        // for the load (a ratio) but not for a rate: the period's own time.
+        let rate_ns = if g.accounting.tsc_khz() == 0 {
+            elapsed_ns
+        } else {
+            period_ns
+        };
+        let requests_per_s = requests as f64 * 1e9 / rate_ns.max(1.0);
         g.policy.observe_rate(requests_per_s);
         let plan = g.policy.plan(&load);
         let decision = g.policy.decision();

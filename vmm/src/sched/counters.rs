@@ -99,12 +99,14 @@ impl Default for VcpuDelta {
     }
 }
 
-/// The last read of one vCPU: its raw counters and the open visit already
-/// charged (code, ticks).
+/// The last read of one vCPU: its raw counters, the open visit already
+/// charged (code, ticks), and the part of a charged visit that the read
+/// could not take back yet (code, ticks; see [`delta`]).
 #[derive(Clone, Copy, Debug)]
 struct Baseline {
     raw: VcpuCounters,
     open: Option<(usize, u64)>,
+    owed: Option<(usize, u64)>,
 }
 
 impl Baseline {
@@ -113,6 +115,7 @@ impl Baseline {
         Self {
             raw: VcpuCounters::default(),
             open: None,
+            owed: None,
         }
     }
 }
@@ -128,9 +131,6 @@ pub struct CounterReader {
     max_raise: u64,
     last: Vec<Baseline>,
     last_host_tsc: u64,
-    /// Guest TSC at REGISTER (estimated at the first read when the guest
-    /// gave none).
-    start_tsc: Option<u64>,
     /// Latest state time seen: the guest's last transition on any vCPU.
     last_transition_tsc: Option<u64>,
     /// Guest TSC at the start of the first window with a transition, and at
@@ -169,7 +169,6 @@ impl CounterReader {
             max_raise: tsc_khz,
             last: vec![Baseline::fresh(); num_vcpus as usize],
             last_host_tsc: host_tsc,
-            start_tsc: clock.calibrated.then_some(register_tsc),
             last_transition_tsc: None,
             first_active_tsc: None,
             last_active_tsc: None,
@@ -205,12 +204,16 @@ impl CounterReader {
     /// count are ignored. Pure arithmetic: O(vCPUs × codes), never panics.
     pub fn update(&mut self, blocks: &[VcpuCounters], host_tsc: u64) -> (Vec<VcpuDelta>, u64) {
         // The window comes from the host's own clock: nothing the guest
-        // writes lengthens it.
-        let window = host_tsc
-            .checked_sub(self.last_host_tsc)
-            .filter(|w| *w < 1 << 62)
-            .unwrap_or(0);
+        // writes lengthens it. A read older than the last one (cannot
+        // happen while reads are serialised) changes nothing.
+        let Some(elapsed) = host_tsc.checked_sub(self.last_host_tsc) else {
+            return (
+                vec![VcpuDelta::default(); blocks.len().min(self.last.len())],
+                0,
+            );
+        };
         self.last_host_tsc = host_tsc;
+        let window = if elapsed < 1 << 62 { elapsed } else { 0 };
         let latest = blocks
             .iter()
             .filter(|b| state_timed(b.state) && (state_code(b.state) as usize) < NUM_CODES)
@@ -242,7 +245,6 @@ impl CounterReader {
         if let Some(l) = latest.filter(|l| *l <= now) {
             self.last_transition_tsc = Some(self.last_transition_tsc.map_or(l, |t| t.max(l)));
         }
-        self.start_tsc.get_or_insert(now.saturating_sub(window));
         let deltas: Vec<VcpuDelta> = blocks
             .iter()
             .zip(self.last.iter_mut())
@@ -296,9 +298,12 @@ fn delta(base: &mut Baseline, new: &VcpuCounters, now: u64, window: u64) -> Vcpu
     if let Some((c, charged)) = base.open {
         exact[c] -= i128::from(charged);
     }
+    if let Some((c, owed)) = base.owed.take() {
+        exact[c] -= i128::from(owed);
+    }
     let code = state_code(new.state) as usize;
     let since = state_since(new.state);
-    base.open = None;
+    let base_open_before = base.open.take();
     if code >= NUM_CODES {
         clamps += 1;
     } else if state_timed(new.state) {
@@ -308,6 +313,17 @@ fn delta(base: &mut Baseline, new: &VcpuCounters, now: u64, window: u64) -> Vcpu
             let open = now.saturating_sub(since);
             exact[code] += i128::from(open);
             base.open = Some((code, open));
+        }
+    }
+    // A visit charged as open at the last read whose length is not in
+    // `cycles` yet — a copy torn by a transition in flight, or an agent
+    // that stores the state word before the counts (libstage) — leaves its
+    // code short now: what was charged is taken back from the next read,
+    // once, instead of being counted twice.
+    if let Some((c, charged)) = base_open_before {
+        if exact[c] < 0 {
+            base.owed = Some((c, (-exact[c]).min(i128::from(charged)) as u64));
+            exact[c] = 0;
         }
     }
     let idle_code = CODE_IDLE as usize;
@@ -333,7 +349,14 @@ fn delta(base: &mut Baseline, new: &VcpuCounters, now: u64, window: u64) -> Vcpu
             0
         };
         let untimed = u128::from(d.counts[c].saturating_sub(timed[c]));
-        est[c] = (exact[c].max(0) as u128).saturating_add(mean.saturating_mul(untimed));
+        if exact[c] > i128::from(window.saturating_add(slack)) {
+            clamps += 1;
+        }
+        // At most the busy time each (< 2^62 ticks): the sum and the
+        // scaling products below stay far inside u128.
+        est[c] = (exact[c].max(0) as u128)
+            .saturating_add(mean.saturating_mul(untimed))
+            .min(u128::from(busy));
     }
     let total: u128 = est.iter().sum();
     let none = CODE_NONE as usize;

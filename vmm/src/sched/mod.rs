@@ -1,9 +1,11 @@
 //! Stage scheduling in the VMM: applies host-sched's decisions.
 //!
-//! Data flows one way: the guest's rings are drained by the stage device
-//! into validated events ([`crate::stage::StageDevice::drain`]), the
-//! [`Controller`] folds them into its load window and, every policy period,
-//! asks host-sched's policy for a [`Plan`](host_sched::policy::Plan); the
+//! Data flows one way: a counters guest's per-vCPU blocks are copied once
+//! per policy period ([`crate::stage::StageDevice::read_counters`]) and
+//! turned into checked deltas ([`counters`]); an older guest's rings are
+//! drained into validated events ([`crate::stage::StageDevice::drain`]);
+//! the [`Controller`] folds either into its load window and, every policy
+//! period, asks host-sched's policy for a [`Plan`](host_sched::policy::Plan); the
 //! plan's stage map is published through the device and its pins applied by
 //! the [`Pinner`]. [`StageSched`] wires these together and runs the
 //! `stage-sched` thread's loop ([`StageSched::run`]).
@@ -53,7 +55,9 @@ impl StageSched {
     }
 
     /// The live report (the operator API's `GET /api/v1/stages`): the
-    /// counters of the last drain, the scheduler's state with the last
+    /// channel's counters as of now (a counters guest's blocks are read
+    /// into the accounting first, as a policy period's read would), the
+    /// scheduler's state with the last
     /// `timeline` entries, the last `decisions` entries that carry a
     /// decision, and the change waiting for the next period.
     pub fn view(&self, timeline: usize, decisions: usize) -> StagesView {

@@ -130,16 +130,21 @@ impl StageSched {
 
     /// One read of a counters guest's blocks into the accounting — first
     /// the blocks an UNREGISTER left, if any, then the live area's — and the
-    /// host's safety-net wake of parked vCPUs with queued work.
+    /// host's safety-net wake of parked vCPUs with queued work. Called from
+    /// several threads (policy period, REGISTER, the API's live view, the
+    /// end): the controller's lock is held from the copies to their
+    /// ingestion (controller before device, as everywhere), so reads are
+    /// ingested in the order of their host TSCs.
     pub(super) fn read_counters(&self, buf: &mut Vec<VcpuCounters>) {
         if let Some(device) = &self.device {
-            let host_tsc = crate::stage::host_tsc();
-            if let Some(generation) = device.take_final_counters(buf) {
-                self.controller().ingest_counters(generation, buf, host_tsc);
+            let mut c = self.controller();
+            if let Some(copy) = device.take_final_counters(buf) {
+                c.ingest_counters(copy.generation, buf, copy.host_tsc);
             }
-            if let Some(generation) = device.read_counters(buf) {
-                self.controller().ingest_counters(generation, buf, host_tsc);
+            if let Some(copy) = device.read_counters(buf) {
+                c.ingest_counters(copy.generation, buf, copy.host_tsc);
             }
+            drop(c);
             device.wake_parked_with_work();
         }
     }
@@ -206,7 +211,7 @@ impl StageSched {
 
     /// The `stage-sched` thread's loop: runs a policy period right after a
     /// served REGISTER and then every policy period, drains the rings while
-    /// they need it ([`StageSched::tick`]; a `timerfd` whose interval
+    /// they need it (`StageSched::tick`; a `timerfd` whose interval
     /// follows), and returns as soon as `exit` is readable (it is never
     /// reset: every loop of the VM sees it). Errors: the epoll or timer
     /// descriptors cannot be set up.

@@ -16,9 +16,10 @@
 //!   ordering, each entry validated (`Ring::drain`) and returned as an [`Event`]
 //!   or counted as a drop, and `tail` published — for a rings-only guest
 //!   every drain period, for a counters guest only while a trace is on
-//!   ([`StageDevice::set_trace`], [`StageDevice::needs_drain`]).
+//!   ([`StageDevice::set_trace`], [`StageDevice::drain_need`]); a counters
+//!   guest's events are its trace ([`Drained::trace`]), never its load.
 //! * [`StageDevice::publish`]: the stage map, under the seqlock of
-//!   [`StageMap`](hypercall_abi::stage::StageMap).
+//!   [`StageMap`].
 //!
 //! All guest memory is accessed through `vm-memory` with addresses computed
 //! from the validated snapshot, so a guest cannot make the VMM touch memory
@@ -47,9 +48,13 @@ pub const DEFAULT_DRAIN_PERIOD_US: u64 = 1000;
 /// What one drain pass found.
 #[derive(Debug, Default)]
 pub struct Drained {
-    /// Valid events of every ring, ordered by guest TSC (stable: events of
-    /// one ring keep their ring order on equal timestamps).
+    /// A rings guest's valid events (its load signal) of every ring,
+    /// ordered by guest TSC (stable: events of one ring keep their ring
+    /// order on equal timestamps).
     pub events: Vec<Event>,
+    /// A counters guest's valid trace events, in ring order per vCPU (not
+    /// a load signal: counted and logged).
+    pub trace: Vec<Event>,
     /// vCPUs whose ring was resynchronised (events skipped): the controller
     /// forgets what the vCPU was doing.
     pub resynced: Vec<u32>,
@@ -109,7 +114,9 @@ pub fn host_tsc() -> u64 {
 struct Inner {
     area: Option<Area>,
     report: ChannelReport,
-    /// Events drained at UNREGISTER, handed out by the next [`StageDevice::drain`].
+    /// Events drained at UNREGISTER, handed out by the next
+    /// [`StageDevice::drain`]; at most one drain pass's worth
+    /// ([`MAX_DRAIN_PER_RING`] per vCPU) is kept waiting.
     pending: Drained,
     /// Slots copied from a ring, reused by every drain.
     slots: Vec<Obj<hypercall_abi::stage::StageEvent>>,
@@ -117,7 +124,7 @@ struct Inner {
     /// registration's generation: handed out once by
     /// [`StageDevice::take_final_counters`], so the switches of the last
     /// policy period before an unregistration are counted.
-    final_counters: Option<(u64, Vec<VcpuCounters>)>,
+    final_counters: Option<(CounterCopy, Vec<VcpuCounters>)>,
 }
 
 /// The stage device of one VM. Shared by the vCPU threads (doorbell) and the
@@ -352,19 +359,27 @@ impl StageDevice {
         if inner.area.is_none() {
             return Status::NotRegistered;
         }
-        // Count what is still in the rings before forgetting the area; the
-        // next drain hands those events to the scheduler. A counters area's
-        // blocks are copied for the next read the same way (a guest that
-        // re-registers in a loop keeps only the latest copy).
-        let mut pending = std::mem::take(&mut inner.pending);
-        self.drain_locked(&mut inner, &mut pending);
-        inner.pending = pending;
+        // Read what is still in the rings before forgetting the area; the
+        // next drain hands those events to the scheduler. A guest that
+        // unregisters in a loop refills its rings each time: while a
+        // pass's worth of events still waits, its rings are not read again
+        // (counted). A counters area's blocks are copied for the next read
+        // the same way (only the latest copy is kept).
+        let waiting = inner.pending.events.len() + inner.pending.trace.len();
+        let bound = MAX_DRAIN_PER_RING as usize * self.num_vcpus as usize;
+        if waiting < bound {
+            let mut pending = std::mem::take(&mut inner.pending);
+            self.drain_locked(&mut inner, &mut pending);
+            inner.pending = pending;
+        } else {
+            inner.report.unread_at_unregister += 1;
+        }
         let mut blocks = inner
             .final_counters
             .take()
             .map_or_else(Vec::new, |(_, v)| v);
-        if let Some(generation) = Self::copy_counters(&self.memory, &inner, &mut blocks) {
-            inner.final_counters = Some((generation, blocks));
+        if let Some(copy) = self.copy_counters(&inner, &mut blocks) {
+            inner.final_counters = Some((copy, blocks));
         }
         inner.area = None;
         tracing::info!("stage channel unregistered");
@@ -415,6 +430,12 @@ impl StageDevice {
         };
         inner.report.drains += 1;
         let first_new = drained.events.len();
+        // A counters guest's rings hold only its trace.
+        let out = if area.layout.counters {
+            &mut drained.trace
+        } else {
+            &mut drained.events
+        };
         for vcpu in 0..area.layout.num_vcpus {
             let ring = Ring {
                 memory: &self.memory,
@@ -426,7 +447,7 @@ impl StageDevice {
             let (tail, resynced) = ring.drain(
                 area.tails[v],
                 &mut inner.report.vcpus[v],
-                &mut drained.events,
+                out,
                 &mut inner.slots,
             );
             area.tails[v] = tail;
@@ -434,11 +455,8 @@ impl StageDevice {
                 drained.resynced.push(vcpu);
             }
         }
-        // Migrations need the order across rings (the guest TSC is shared);
-        // a counters guest's trace events are only counted.
-        if !area.layout.counters {
-            drained.events[first_new..].sort_by_key(|ev| ev.tsc);
-        }
+        // Migrations need the order across rings (the guest TSC is shared).
+        drained.events[first_new..].sort_by_key(|ev| ev.tsc);
     }
 
     /// Publishes a new stage map: per stage, the vCPUs serving it (stages
@@ -507,50 +525,19 @@ impl StageDevice {
     }
 
     /// What the rings need: [`Drain::Events`] for a guest that reports
-    /// through them (every event is its load signal), [`Drain::Trace`] for
-    /// a counters guest asked for a trace, [`Drain::No`] otherwise (and
-    /// without an area).
+    /// through them (every event is its load signal) or events an
+    /// UNREGISTER left, [`Drain::Trace`] for a counters guest asked for a
+    /// trace or trace events an UNREGISTER left, [`Drain::No`] otherwise
+    /// (and without an area).
     pub fn drain_need(&self) -> Drain {
-        match self.lock().area.as_ref() {
+        let inner = self.lock();
+        match inner.area.as_ref() {
             Some(area) if !area.layout.counters => Drain::Events,
+            _ if !inner.pending.events.is_empty() => Drain::Events,
             Some(_) if self.trace_every() != 0 => Drain::Trace,
+            _ if !inner.pending.trace.is_empty() => Drain::Trace,
             _ => Drain::No,
         }
-    }
-
-    /// Copies every vCPU's [`VcpuCounters`] into `out` (cleared first) and
-    /// returns the registration's generation ([`Registered::generation`]);
-    /// `None` without an area or when the area has no counters. O(vCPUs ×
-    /// 768 bytes); the values are the untrusted guest's, unchecked here.
-    pub fn read_counters(&self, out: &mut Vec<VcpuCounters>) -> Option<u64> {
-        let inner = self.lock();
-        Self::copy_counters(&self.memory, &inner, out)
-    }
-
-    /// The blocks as the last UNREGISTER of a counters area left them (see
-    /// [`Self::read_counters`]), once; `None` when there is none.
-    pub fn take_final_counters(&self, out: &mut Vec<VcpuCounters>) -> Option<u64> {
-        let (generation, blocks) = self.lock().final_counters.take()?;
-        *out = blocks;
-        Some(generation)
-    }
-
-    fn copy_counters(
-        memory: &GuestMemoryMmap,
-        inner: &Inner,
-        out: &mut Vec<VcpuCounters>,
-    ) -> Option<u64> {
-        out.clear();
-        let area = inner.area.as_ref().filter(|a| a.layout.counters)?;
-        for vcpu in 0..area.layout.num_vcpus {
-            let at = GuestAddress(area.gpa + area.layout.counters_offset(vcpu));
-            // The block lies in the validated area; a failed read (cannot
-            // happen) reads as zeros, which the accounting treats as a
-            // counter that went backwards.
-            let block: Obj<VcpuCounters> = memory.read_obj(at).unwrap_or_default();
-            out.push(block.0);
-        }
-        Some(inner.report.registrations)
     }
 
     /// Wakes every vCPU that published `parked` with a non-empty run queue
@@ -577,8 +564,8 @@ impl StageDevice {
     }
 
     /// A copy of the device's counters: registrations, drains, rings, map
-    /// epochs, doorbells, `requests` (the rings' valid exits); the per-stage
-    /// part (`stages`, `busy_ns`, …) is the controller's
+    /// epochs, doorbells; the per-stage part (`stages`, `requests`,
+    /// `busy_ns`, …) is the controller's
     /// ([`crate::sched::Controller::fill_report`]).
     pub fn report(&self) -> ChannelReport {
         let inner = self.lock();
@@ -598,6 +585,8 @@ impl StageDevice {
     }
 }
 
+mod counters;
+pub use counters::CounterCopy;
 mod ring;
 use ring::Ring;
 pub use ring::{Event, MAX_DRAIN_PER_RING};

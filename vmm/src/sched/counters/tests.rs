@@ -54,7 +54,7 @@ fn reader(vcpus: u32) -> CounterReader {
     CounterReader::new(1, vcpus, REGISTER_HOST + OFFSET, REGISTER_HOST, 2_000_000)
 }
 
-/// Ticks of `code` in a delta, allowing the 64-tick state granule.
+/// Ticks of `code` in a delta, allowing the 128-tick state granule.
 fn near(got: u64, want: u64) -> bool {
     got.abs_diff(want) <= 2 * (STATE_LOW_MASK + 1)
 }
@@ -298,4 +298,76 @@ fn a_long_wait_before_the_first_switch_does_not_skew_the_stages() {
     assert_eq!(d[0].clamps, 0);
     assert!((800_000..1_000_000).contains(&s0), "{d:?}");
     assert!((250_000..350_000).contains(&s1), "{d:?}");
+}
+
+#[test]
+fn a_visit_whose_end_is_read_late_is_charged_once() {
+    // Idle from t0 + 100k, open at the first read (charged 900k); it ends
+    // at 1.5 M. The second read sees the new state but not yet the idle
+    // visit's length in `cycles` (libstage stores the state word first, or
+    // a torn copy): the charge is owed, and the third read, which sees the
+    // length, takes it back once. Over the three windows idle is exact.
+    let mut g = Guest::new(1);
+    let mut r = reader(1);
+    let w = 1_000_000;
+    let t0 = REGISTER_HOST;
+    g.at(t0 + 100_000, CODE_IDLE);
+    let first = r.update_deltas(&[g.block], t0 + w);
+    let before = g.block;
+    g.at(t0 + 1_500_000, stage_code(0));
+    let mut torn = g.block;
+    torn.cycles = before.cycles;
+    torn.timed = before.timed;
+    let second = r.update_deltas(&[torn], t0 + 2 * w);
+    let third = r.update_deltas(&[g.block], t0 + 3 * w);
+    let idle: u64 = [&first, &second, &third]
+        .iter()
+        .map(|d| d[0].ticks[CODE_IDLE as usize])
+        .sum();
+    assert!(near(idle, 1_400_000), "idle {idle}");
+    for d in [&first, &second, &third] {
+        assert_eq!(d[0].clamps, 0, "{d:?}");
+        assert_eq!(d[0].ticks.iter().sum::<u64>(), w);
+    }
+}
+
+#[test]
+fn huge_visit_means_and_long_windows_stay_in_range() {
+    // A guest that once claimed a visit of ~2^64 ticks and then counts
+    // entries at the window's limit, read over windows of 2^34 ticks (a
+    // long policy period): estimates are cut to the busy time, nothing
+    // overflows, the window is shared out exactly.
+    let mut r = reader(1);
+    let mut b = VcpuCounters::default();
+    let s = stage_code(0) as usize;
+    b.cycles[s] = u64::MAX;
+    b.timed[s] = 1;
+    let mut host = REGISTER_HOST;
+    for k in 1..4u64 {
+        host += 1 << 34;
+        b.counts[s] = k << 34;
+        b.counts[stage_code(1) as usize] = k << 34;
+        let d = r.update_deltas(&[b], host);
+        assert_eq!(d[0].ticks.iter().sum::<u64>(), 1 << 34, "{d:?}");
+    }
+}
+
+#[test]
+fn a_read_older_than_the_last_changes_nothing() {
+    let mut g = Guest::new(1);
+    let mut r = reader(1);
+    let w = 1_000_000;
+    g.at(REGISTER_HOST + 10, stage_code(0));
+    let (d, window) = r.update(&[g.block], REGISTER_HOST + 2 * w);
+    assert_eq!((window, d[0].counts[stage_code(0) as usize]), (2 * w, 1));
+    // A read taken earlier but ingested later: no window, no counts, and
+    // the next read still counts from the newer one.
+    let (d, window) = r.update(&[g.block], REGISTER_HOST + w);
+    assert_eq!(window, 0);
+    assert!(d[0].counts.iter().all(|c| *c == 0));
+    g.at(REGISTER_HOST + 2 * w + 10, stage_code(1));
+    let (d, window) = r.update(&[g.block], REGISTER_HOST + 3 * w);
+    assert_eq!(window, w);
+    assert_eq!(d[0].counts[stage_code(1) as usize], 1);
+    assert_eq!(d[0].clamps, 0);
 }
