@@ -8,15 +8,16 @@
 //!   beyond a period, state codes out of range, timed states far in the
 //!   future. The host must clamp and count them, never panic, and keep the
 //!   policy's load within the vCPUs.
-//! * [`reregister_loop`] — vCPU 0 builds a 16-stage area and loops
-//!   UNREGISTER + REGISTER of it for [`REREGISTER_MS`]: the host must serve
-//!   at most one planning per policy period and stay within its memory and
-//!   CPU bounds.
+//! * [`reregister_loop`] — vCPU 0 builds a 16-stage area whose rings are
+//!   full of valid events and loops UNREGISTER + REGISTER of it for
+//!   [`REREGISTER_MS`]: the host must serve at most one planning per policy
+//!   period, and keep the events each UNREGISTER finds within a bounded
+//!   backlog, its memory and its CPU bounds.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use hypercall_abi::stage::{
-    stage_code, state_word, AreaHeader, Layout, StageDesc, Status, CODE_IDLE,
+    stage_code, state_word, AreaHeader, Layout, StageDesc, StageEvent, Status, CODE_IDLE,
     COUNTERS_COUNTS_OFFSET, COUNTERS_CYCLES_OFFSET, DOORBELL_REGISTER, DOORBELL_STATUS,
     DOORBELL_UNREGISTER, MAX_STAGES, STAGE_DESCS_OFFSET,
 };
@@ -124,6 +125,26 @@ fn sixteen_stage_area(num_vcpus: u32) -> u64 {
             area_size: size,
             ..layout.header()
         });
+        // Every ring full of valid trace events: the host's tails start
+        // at 0 at each REGISTER, so each UNREGISTER finds them all again.
+        for v in 0..num_vcpus {
+            for i in 0..u64::from(layout.ring_entries) {
+                (gpa as *mut u8)
+                    .add(layout.slot_offset(v, i) as usize)
+                    .cast::<StageEvent>()
+                    .write_volatile(StageEvent {
+                        seq: i,
+                        tsc: i,
+                        stage: (i % MAX_STAGES as u64) as u32,
+                        thread: 1,
+                        reserved: 0,
+                    });
+            }
+            (gpa as *mut u8)
+                .add(layout.ring_offset(v) as usize)
+                .cast::<u64>()
+                .write_volatile(u64::from(layout.ring_entries));
+        }
     }
     gpa
 }

@@ -437,7 +437,10 @@ fn idle(vcpu: u32, idle: &IdleConfig, tsc_khz: u64) {
         0 => PortIo.tsc(),
         e => e.max(start),
     };
-    bump(&VCPU_COUNTS[vcpu as usize].idle_cycles, end.saturating_sub(start));
+    bump(
+        &VCPU_COUNTS[vcpu as usize].idle_cycles,
+        end.saturating_sub(start),
+    );
 }
 
 /// `vcpu`'s scheduler loop: runs the threads of its queue until every thread
