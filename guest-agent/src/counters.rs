@@ -2,9 +2,11 @@
 //! ABI minor 2): a stage switch is a transition of the vCPU's
 //! [`VcpuCounters`] (`hypercall_abi::stage::transition`), made with plain
 //! loads and stores because the vCPU is the block's only writer (the
-//! agent's contract), reading the TSC only for timed visits (one
-//! transition in [`TIMED_EVERY`](hypercall_abi::stage::TIMED_EVERY), and
-//! idle). The host reads the blocks once per policy period.
+//! agent's contract), reading the TSC only for timed visits (paced to about
+//! one per [`TIMED_INTERVAL_NS`](hypercall_abi::stage::TIMED_INTERVAL_NS)
+//! per vCPU, or one transition in
+//! [`TIMED_EVERY`](hypercall_abi::stage::TIMED_EVERY) without a TSC rate;
+//! and idle). The host reads the blocks once per policy period.
 
 use core::ptr;
 use core::sync::atomic::{AtomicU64, Ordering};

@@ -10,8 +10,9 @@
 //! Two ways to report, chosen once at registration ([`Mode`]):
 //! * [`Mode::Counters`] (ABI minor 2, when the area has counters and the
 //!   host's map says `minor` ≥ 2): a switch is a transition of the vCPU's
-//!   [`VcpuCounters`](hypercall_abi::stage::VcpuCounters) — a TSC read and
-//!   a few plain stores, never a wait. The event also goes to the vCPU's
+//!   [`VcpuCounters`](hypercall_abi::stage::VcpuCounters) — usually one
+//!   load and two plain stores, a TSC read only for the visits it times
+//!   (about one per 16 µs), never a wait. The event also goes to the vCPU's
 //!   ring when the host asks for a trace, and is dropped (and counted) when
 //!   that ring is full.
 //! * [`Mode::Rings`] (a host older than minor 2, or an area without

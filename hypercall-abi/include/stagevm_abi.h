@@ -97,8 +97,9 @@ struct stagevm_stage_event {
  * state word is (TSC & ~STATE_LOW_MASK) | timed flag | code, or for an
  * untimed visit (guest-private value << 6) | code; codes index
  * cycles[], timed[] and counts[]: 0 none (requests completed), 1 idle,
- * 2 + s stage s. One transition in STAGEVM_TIMED_EVERY starts a timed
- * visit; idle visits are always timed. */
+ * 2 + s stage s. About one visit per STAGEVM_TIMED_INTERVAL_NS per vCPU
+ * is timed (one transition in STAGEVM_TIMED_EVERY when the TSC rate is
+ * unknown); idle visits are always timed. */
 #define STAGEVM_STATE_CODE_BITS 5u
 #define STAGEVM_STATE_CODE_MASK 31ull
 #define STAGEVM_STATE_TIMED 32ull

@@ -49,9 +49,11 @@ pub const AREA_MAGIC: u64 = u64::from_le_bytes(*b"STGCHAN1");
 /// ABI version described by this module.
 pub const ABI_VERSION: u32 = 1;
 /// Minor version of the host side of the ABI, written into every stage map
-/// ([`StageMap::minor`]). Minor versions only add host-written fields that
-/// a v1.0 host leaves 0, so a v1.0 guest keeps working on a newer host and a
-/// newer guest falls back on a v1.0 host (it reads `minor` = 0).
+/// ([`StageMap::minor`]). Minor versions only add what an older side
+/// ignores — host-written fields a v1.0 host leaves 0, or guest-written
+/// parts announced by a flag an older host never checks (minor 2's
+/// counters) — so an older guest keeps working on a newer host and a newer
+/// guest falls back on an older host (it reads a smaller `minor`).
 ///
 /// * 1 — [`StageMap::owned`]: the vCPUs that are alone on their core.
 /// * 2 — per-vCPU stage counters ([`VcpuCounters`], [`AREA_FLAG_COUNTERS`]),
@@ -173,7 +175,7 @@ pub struct AreaHeader {
     /// does not say). The host pairs it with its own clock at the REGISTER
     /// exit to estimate the guest's TSC "now" when it reads the counters
     /// (an open stage visit is charged up to then); untrusted, only ever a
-    /// hint (docs/stage-protocol.md §9).
+    /// hint (docs/stage-protocol.md §5a).
     pub register_tsc: u64,
     /// Reserved, 0.
     pub reserved: u64,
@@ -264,9 +266,11 @@ pub struct StageEvent {
 /// Wake-up protocol (no lost wake-ups): a vCPU about to idle stores
 /// `parked = 1`, re-checks its run queue, then sends WAIT; it stores
 /// `parked = 0` when it runs again. A vCPU that queues a thread on vCPU `v`
-/// increments `v`'s `runq_depth` first, then sends WAKE(`v`) if `v`'s `parked`
-/// is 1. As a safety net the host's scheduler thread wakes every parked vCPU
-/// whose `runq_depth` it sees non-zero at a drain.
+/// makes it visible in `v`'s queue first (and `runq_depth` non-zero, at the
+/// latest when it sees `v` parked), then sends WAKE(`v`) if `v`'s `parked`
+/// is 1. As a safety net the host's scheduler thread wakes every parked
+/// vCPU whose `runq_depth` it sees non-zero: at every drain of a rings
+/// guest, once per policy period for a counters guest.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VcpuState {

@@ -14,13 +14,16 @@
 //! measured in the test guest's i-cache-bound footprint workload, one
 //! `rdtsc` costs 35–43 ns in context against 8 ns in a tight loop
 //! (bench/RESULTS.md, "The stage channel"). So only some visits are timed:
-//! every [`TIMED_EVERY`]th transition starts a timed visit (its TSC is the
-//! state word's `since`), and the transition that ends it adds its length to
-//! `cycles` and one to `timed`; idle visits are always timed. The other
-//! transitions read no clock. The host scales each code's mean timed visit
-//! by its entries and splits the vCPU's non-idle time in those proportions
-//! (docs/stage-protocol.md §9): exact counts, exact idle time, and a
-//! sampled split of busy time — 2 TSC reads per 61 transitions.
+//! the agents pace them to about one per vCPU every [`TIMED_INTERVAL_NS`]
+//! (a stride of transitions measured from the switch rate, at most
+//! [`TIMED_STRIDE_MAX`]), or one in [`TIMED_EVERY`] when the host gives no
+//! TSC rate. A timed visit's TSC is the state word's `since`, and the
+//! transition that ends it adds its length to `cycles` and one to `timed`;
+//! idle visits are always timed. The other transitions read no clock. The
+//! host gives each stage its timed time plus its untimed entries at its
+//! mean timed length, "no stage" the rest of the busy time
+//! (docs/stage-protocol.md §5a): exact counts, exact idle time, and a
+//! sampled split of busy time — two TSC reads per ~16 µs per vCPU.
 //!
 //! Codes: [`CODE_NONE`] (in no stage: between requests, and the state an
 //! agent starts each vCPU in), [`CODE_IDLE`] (nothing to run), and

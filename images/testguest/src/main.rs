@@ -35,7 +35,8 @@
 //!   as a v1.1 guest: every switch is a ring event (default 1: counters,
 //!   ABI minor 2, the rings only carry a trace when the VMM asks),
 //! * `timed_every=N` — with counters, time one stage visit in N (a TSC read
-//!   at its start and end; default 0: the agent's 61; 1 times every visit),
+//!   at its start and end; default 0: the agent paces them to about one
+//!   per 16 µs per vCPU; 1 times every visit),
 //! * `idle_spin_us=N` — an idle vCPU that shares its host core polls its run
 //!   queue this long before it parks with WAIT (default 50),
 //! * `owned_idle_us=N` — the same for a vCPU the host says is alone on its
