@@ -168,7 +168,7 @@ impl<P: Platform> Agent<P> {
     /// left stage `from` (a stage id, or anything ≥ 16 when it was between
     /// stages) on another vCPU and enters stage `to` here. Call it on
     /// `vcpu` itself (the block's only writer). No-op unless in
-    /// [`Mode::Counters`].
+    /// [`Mode::Counters`](crate::Mode::Counters).
     pub fn count_migration(&self, vcpu: u32, from: u32, to: u32) {
         if vcpu >= self.counted_vcpus {
             return;
@@ -186,7 +186,7 @@ impl<P: Platform> Agent<P> {
     }
 
     /// A copy of `vcpu`'s counters (`None` unless in
-    /// [`Mode::Counters`]); consistent when read on `vcpu` itself.
+    /// [`Mode::Counters`](crate::Mode::Counters)); consistent when read on `vcpu` itself.
     pub fn counters(&self, vcpu: u32) -> Option<VcpuCounters> {
         if vcpu >= self.counted_vcpus {
             return None;
