@@ -127,11 +127,11 @@ pub struct AreaSpec<'a> {
     /// With counters: one transition in this many starts a timed visit (the
     /// TSC is read at its start and end; 1 times every visit, a TSC read
     /// per transition). 0 (the default) paces them by time instead: about
-    /// one per [`TIMED_INTERVAL_NS`](hypercall_abi::stage::TIMED_INTERVAL_NS)
+    /// one per [`TIMED_INTERVAL_NS`]
     /// per vCPU, whatever the switch rate, or one in
-    /// [`TIMED_EVERY`](hypercall_abi::stage::TIMED_EVERY) when the host
+    /// [`TIMED_EVERY`] when the host
     /// gives no TSC rate. Capped at
-    /// [`TIMED_STRIDE_MAX`](hypercall_abi::stage::TIMED_STRIDE_MAX), so the
+    /// [`TIMED_STRIDE_MAX`], so the
     /// trace flag, refreshed at timed visits, follows the host within that
     /// many transitions.
     pub timed_every: u64,
