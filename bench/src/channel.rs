@@ -351,6 +351,15 @@ fn main() -> Result<()> {
             ""
         }
     );
+    let busy = background > BUSY_CORES;
+    // A verdict on a busy machine means nothing: every target says so instead.
+    let met = |ok: bool| {
+        if busy {
+            "not judged (busy machine)"
+        } else {
+            met(ok)
+        }
+    };
     println!("| target | measured | |");
     println!("|---|---|---|");
     let worst = |(r, v, c): (f64, u32, u32)| format!("worst {r:.3}× ({v} vCPUs, calls={c})");
@@ -373,9 +382,19 @@ fn main() -> Result<()> {
         HELPER_TARGET * 100.0,
         met(helpers <= HELPER_TARGET * 100.0)
     );
+    let (static_measured, static_verdict) = if static_at_2.is_nan() {
+        (
+            "not measured (no calls=20 point at that vCPU count)".to_string(),
+            "not met",
+        )
+    } else {
+        (
+            format!("{static_at_2:.3}×"),
+            met(static_at_2 > STATIC_BEFORE),
+        )
+    };
     println!(
-        "| static at calls=20, {STATIC_BEFORE_VCPUS} vCPUs, above {STATIC_BEFORE}× (64k rings before) | {static_at_2:.3}× | {} |",
-        met(static_at_2 > STATIC_BEFORE)
+        "| static at calls=20, {STATIC_BEFORE_VCPUS} vCPUs, above {STATIC_BEFORE}× (64k rings before) | {static_measured} | {static_verdict} |"
     );
     Ok(())
 }
