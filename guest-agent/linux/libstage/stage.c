@@ -312,8 +312,15 @@ static int register_fd_locked(void)
 
 	if (stagevm_layout_init(&l, G.l.num_vcpus, (uint32_t)G.named, G.l.ring_entries))
 		return -EINVAL;
-	if (G.l.counters)
-		stagevm_layout_with_counters(&l);
+	if (G.l.counters) {
+		struct stagevm_layout c = l;
+
+		/* Counters only where they fit the area; else the rings, as an
+		 * older layout (the host serves both). */
+		stagevm_layout_with_counters(&c);
+		if (stagevm_used_bytes(&c) <= G.len)
+			l = c;
+	}
 	if (stagevm_used_bytes(&l) > G.len)
 		return -ENOSPC;
 	for (i = 0; i < G.named; i++)

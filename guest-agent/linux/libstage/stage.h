@@ -44,7 +44,8 @@ extern "C" {
  *   STAGEVM_VCPUS, STAGEVM_RING_ENTRIES  area geometry in fd mode
  *                            (default: configured CPUs, 256 entries);
  *   STAGEVM_COUNTERS=0       fd mode: lay the area out without counters (a
- *                            v1.1 guest: rings only);
+ *                            v1.1 guest: rings only); counters are also left
+ *                            out when they do not fit STAGEVM_LEN;
  *   STAGE_TRANSPORT=lock     write rings and state words under a per-ring
  *                            lock instead of rseq (tests; every writer of a
  *                            ring must agree);
