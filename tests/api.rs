@@ -568,6 +568,11 @@ fn bad_requests_are_answered_and_change_nothing() {
     assert_eq!(after.sched.policy, before.sched.policy);
     assert_eq!(after.sched.stage_cores, before.sched.stage_cores);
     assert_eq!(after.sched.map_changes, before.sched.map_changes);
+    assert_eq!(
+        after.stage_channel.as_ref().map(|c| c.trace_every),
+        before.stage_channel.as_ref().map(|c| c.trace_every),
+        "a refused trace body changed the trace"
+    );
     assert!(after.sched.timeline.iter().all(|t| t.source.is_none()));
     let info: VmInfo = vm.get("/api/v1/vm.info");
     assert_eq!(info.state, "running");
