@@ -189,3 +189,31 @@ fn auto_steps_aside_where_staging_is_forced_to_lose() {
     // Every later decision agrees.
     assert!(keeps.iter().all(|(m, _)| m == "unstaged"), "{keeps:?}");
 }
+
+#[test]
+fn auto_over_a_minute_switches_mode_at_most_once_per_phase() {
+    // The default workload with parse eight times heavier than the rest,
+    // reversed half-way (phase=1): ~56,000 requests/s here, so 560,000
+    // requests per thread run about a minute — what auto is for (a server
+    // runs for hours; its trials must not flap or cost much).
+    let (run, json) =
+        auto_run("iters=1000 threads=3 requests=560000 work=2000 weights=8,1,1 phase=1");
+    let a = json.sched.auto.expect("auto reports what its trials cost");
+    let seconds = a.periods as f64 * json.sched.period_ms as f64 / 1000.0;
+    eprintln!("auto over {seconds:.0} s: {a:?}");
+    assert!(seconds >= 40.0, "ran only {seconds:.1} s:\n{}", run.stdout);
+    // Two phases: at most one switch of mode in each, outside trials.
+    assert!(a.mode_switches <= 2, "{a:?}\n{:#?}", auto_keeps(&json));
+    // The first trial, and another when the mix reversed (or the hold ran out).
+    assert!(a.trials >= 2, "{a:?}");
+    let mix = json
+        .sched
+        .timeline
+        .iter()
+        .filter_map(|t| t.decision.as_deref())
+        .any(|d| d.starts_with("stage mix changed") || d.starts_with("hold over"));
+    assert!(mix, "no trial after the first: {:#?}", auto_keeps(&json));
+    // The losing epochs of its trials: at most 2 % of the run.
+    assert!(a.losing_share <= 0.02, "{a:?}");
+    assert_eq!(a.losing_share, a.losing_periods as f64 / a.periods as f64);
+}

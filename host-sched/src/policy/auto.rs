@@ -43,6 +43,10 @@ pub struct AutoParams {
     pub mix_settle: u32,
     /// Weight of the newest period in the moving average of the shares.
     pub mix_smoothing: f64,
+    /// Consecutive periods the averaged shares must stay `mix_change` away
+    /// from the reference before a new trial starts (a burst is not a new
+    /// mix).
+    pub mix_persist: u32,
     /// Periods run unstaged before the first trial: a guest that does not
     /// run that long never pays for a trial (do no harm on short runs).
     pub first_trial_after: u32,
@@ -62,10 +66,11 @@ impl Default for AutoParams {
             rounds: 3,
             margin: 0.03,
             decisive: 0.15,
-            hold_periods: 500,
+            hold_periods: 1500,
             mix_change: 0.3,
             mix_settle: 10,
-            mix_smoothing: 0.1,
+            mix_smoothing: 0.05,
+            mix_persist: 10,
             first_trial_after: 10,
             fall_back_smoothing: 0.25,
         }
@@ -121,7 +126,28 @@ enum State {
         /// Staged holds: the unstaged rate the trial measured and the
         /// moving average of the rate since.
         guard: Option<(f64, Option<f64>)>,
+        /// Consecutive periods the shares have been away from `reference`.
+        away: u32,
     },
+}
+
+/// What `auto` has spent on trials so far (policy periods), for the report:
+/// a server runs for hours, so what matters is the share of its time spent
+/// in the mode that lost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AutoStats {
+    /// Policy periods `auto` planned.
+    pub periods: u64,
+    /// Trials started (the first, hold-overs and stage-mix changes).
+    pub trials: u64,
+    /// Periods spent in trials (both modes).
+    pub trial_periods: u64,
+    /// Periods a finished trial spent in the mode it did not keep (its
+    /// losing epochs, each with its unmeasured first period).
+    pub losing_periods: u64,
+    /// Holds whose mode differs from the previous hold's: switches of mode
+    /// outside trials.
+    pub mode_switches: u64,
 }
 
 /// The `auto` policy (see the module docs).
@@ -133,6 +159,11 @@ pub struct Auto {
     /// Requests/s of the period that just ended (set by `observe_rate`).
     rate: Option<f64>,
     decision: Option<AutoDecision>,
+    stats: AutoStats,
+    /// Periods of the running trial in each mode: (staged, unstaged).
+    trial_modes: (u64, u64),
+    /// The mode of the last hold (`None` before the first decision).
+    last_hold: Option<Mode>,
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -169,13 +200,24 @@ impl Auto {
                 average: Vec::new(),
                 reference: None,
                 guard: None,
+                away: 0,
             },
             rate: None,
             decision: None,
+            stats: AutoStats::default(),
+            trial_modes: (0, 0),
+            last_hold: None,
         }
     }
 
+    /// What trials have cost so far.
+    pub fn stats(&self) -> AutoStats {
+        self.stats
+    }
+
     fn start_trial(&mut self) -> Mode {
+        self.stats.trials += 1;
+        self.trial_modes = (0, 0);
         self.state = State::Trial {
             mode: Mode::Unstaged,
             period: 0,
@@ -229,12 +271,24 @@ impl Auto {
         load: &[f64],
         unstaged_rate: f64,
     ) -> (Mode, String) {
+        if matches!(self.state, State::Trial { .. }) {
+            let (staged, unstaged) = std::mem::take(&mut self.trial_modes);
+            self.stats.losing_periods += match mode {
+                Mode::Staged => unstaged,
+                Mode::Unstaged => staged,
+            };
+        }
+        if self.last_hold.is_some_and(|m| m != mode) {
+            self.stats.mode_switches += 1;
+        }
+        self.last_hold = Some(mode);
         self.state = State::Hold {
             mode,
             left: self.params.hold_periods,
             average: shares(load),
             reference: None,
             guard: (mode == Mode::Staged).then_some((unstaged_rate, None)),
+            away: 0,
         };
         (mode, what)
     }
@@ -253,6 +307,12 @@ impl Auto {
         else {
             unreachable!("step_trial runs in a trial");
         };
+        // The period that just ended ran `mode`.
+        self.stats.trial_periods += 1;
+        match mode {
+            Mode::Staged => self.trial_modes.0 += 1,
+            Mode::Unstaged => self.trial_modes.1 += 1,
+        }
         // The first period of an epoch is the move to the new plan; a period
         // without a completed request says nothing about either mode.
         if *period > 0 {
@@ -299,12 +359,14 @@ impl Auto {
     fn step(&mut self, load: &[f64]) -> (Mode, String) {
         let p = self.params;
         let rate = self.rate.take();
+        self.stats.periods += 1;
         if let State::Hold {
             mode,
             left,
             average,
             reference,
             guard,
+            away,
         } = &mut self.state
         {
             let settled = p.hold_periods.saturating_sub(*left) >= p.mix_settle;
@@ -335,7 +397,8 @@ impl Auto {
                     .map(|(a, b)| (a - b).abs())
                     .sum()
             });
-            if *left == 0 || moved > p.mix_change {
+            *away = if moved > p.mix_change { *away + 1 } else { 0 };
+            if *left == 0 || *away >= p.mix_persist.max(1) {
                 let why = if *left == 0 {
                     "hold over"
                 } else {
@@ -375,5 +438,9 @@ impl Policy for Auto {
 
     fn decision(&self) -> Option<AutoDecision> {
         self.decision.clone()
+    }
+
+    fn auto_stats(&self) -> Option<AutoStats> {
+        Some(self.stats)
     }
 }

@@ -138,6 +138,10 @@ pub trait Policy: Send {
     fn decision(&self) -> Option<auto::AutoDecision> {
         None
     }
+    /// `auto` only: what its trials have cost so far.
+    fn auto_stats(&self) -> Option<auto::AutoStats> {
+        None
+    }
 }
 
 /// Builds a policy.

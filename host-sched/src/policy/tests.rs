@@ -364,3 +364,67 @@ fn auto_falls_back_when_held_staged_drops_below_the_trial_unstaged_rate() {
     let modes = drive_auto(&mut p, 80, |s| if s { 140.0 } else { 100.0 });
     assert!(modes[20..].iter().all(|s| *s), "{modes:?}");
 }
+
+#[test]
+fn auto_counts_what_its_trials_cost() {
+    let params = auto::AutoParams {
+        first_trial_after: 0,
+        ..Default::default()
+    };
+    // Staged 20 % slower: one trial, its staged epochs lost, no switch of
+    // mode outside it.
+    let mut p = auto::Auto::new(ctx(2, 2, 2), params);
+    let modes = drive_auto(&mut p, 60, |s| if s { 80.0 } else { 100.0 });
+    let st = p.stats();
+    assert_eq!(st.periods, 60);
+    assert_eq!(st.trials, 1);
+    let staged = modes.iter().filter(|s| **s).count() as u64;
+    assert_eq!(st.losing_periods, staged, "{st:?} {modes:?}");
+    assert!(st.losing_periods > 0 && st.losing_periods < st.trial_periods);
+    assert!(st.trial_periods <= 2 * u64::from(params.rounds * params.epoch_periods));
+    assert_eq!(st.mode_switches, 0);
+    // Staged wins, then (after the hold) loses: one switch of mode.
+    let params = auto::AutoParams {
+        first_trial_after: 0,
+        hold_periods: 20,
+        ..Default::default()
+    };
+    let mut p = auto::Auto::new(ctx(2, 2, 2), params);
+    let mut i = 0;
+    drive_auto(&mut p, 80, |s| {
+        i += 1;
+        match (s, i < 30) {
+            (true, true) | (false, false) => 130.0,
+            _ => 100.0,
+        }
+    });
+    let st = p.stats();
+    assert!(st.trials >= 2, "{st:?}");
+    assert_eq!(st.mode_switches, 1, "{st:?}");
+}
+
+#[test]
+fn auto_starts_a_trial_on_a_lasting_stage_mix_change_not_on_a_burst() {
+    let params = auto::AutoParams {
+        first_trial_after: 0,
+        ..Default::default()
+    };
+    let static_plan = build(PolicyKind::Static, ctx(2, 2, 2)).plan(&[]);
+    // Unstaged wins; the mix then moves for `burst` periods and back.
+    let trials_after = |burst: usize| {
+        let mut p = auto::Auto::new(ctx(2, 2, 2), params);
+        let mut staged = false;
+        for i in 0..400 {
+            p.observe_rate(if staged { 80.0 } else { 100.0 });
+            let load = if (100..100 + burst).contains(&i) {
+                [0.95, 0.05]
+            } else {
+                [0.5, 0.5]
+            };
+            staged = p.plan(&load).stage_vcpus == static_plan.stage_vcpus;
+        }
+        p.stats().trials
+    };
+    assert_eq!(trials_after(3), 1, "a 3-period burst is not a new mix");
+    assert_eq!(trials_after(300), 2, "a lasting change is");
+}

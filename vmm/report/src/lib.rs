@@ -282,6 +282,30 @@ pub struct SchedReport {
     /// Oldest timeline entries dropped to keep it within its byte budget.
     #[serde(default)]
     pub timeline_dropped: u64,
+    /// `--policy auto` only: what its trials cost (whole run, unlike the
+    /// timeline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto: Option<AutoReport>,
+}
+
+/// What `auto`'s trials cost over the run, in policy periods.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct AutoReport {
+    /// Policy periods `auto` planned.
+    pub periods: u64,
+    /// Trials started (the first, after each hold, on stage-mix changes).
+    pub trials: u64,
+    /// Periods spent in trials, both modes.
+    pub trial_periods: u64,
+    /// Periods finished trials spent in the mode they did not keep.
+    pub losing_periods: u64,
+    /// Switches of mode outside trials (a hold in another mode than the
+    /// previous hold's).
+    pub mode_switches: u64,
+    /// `losing_periods` ÷ `periods`: the share of the run spent in the
+    /// losing mode of a trial (the trial overhead; target ≤ 2 % over
+    /// a 60 s run).
+    pub losing_share: f64,
 }
 
 /// Counters of one virtio-blk disk.
@@ -408,6 +432,7 @@ mod tests {
             repin_mean_us: 0.0,
             timeline: vec![],
             timeline_dropped: 0,
+            auto: None,
         };
         let text = summary(Some(&channel), &sched, &[]);
         assert!(!text.contains('\u{1b}'), "{text}");

@@ -88,5 +88,17 @@ pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport, disks: &[BlockReport
         "stagevm: {} map changes, {} vCPU re-pins (mean {:.1} µs)",
         sc.map_changes, sc.repins, sc.repin_mean_us
     );
+    if let Some(a) = &sc.auto {
+        let _ = writeln!(
+            s,
+            "stagevm: auto: {} trials ({} of {} periods), {} periods in losing epochs ({:.2} % of the run), {} switches of mode outside trials",
+            a.trials,
+            a.trial_periods,
+            a.periods,
+            a.losing_periods,
+            a.losing_share * 100.0,
+            a.mode_switches
+        );
+    }
     s
 }

@@ -403,6 +403,12 @@ impl Controller {
             .collect()
     }
 
+    /// `--policy auto`: what its trials cost so far (`None` for other
+    /// policies and before the guest registered).
+    pub fn auto_stats(&self) -> Option<host_sched::policy::auto::AutoStats> {
+        self.guest.as_ref()?.policy.auto_stats()
+    }
+
     /// Stage-map changes (the first map at REGISTER included) and the
     /// timeline, for the report.
     pub fn history(&self) -> (u64, &Timeline) {

@@ -28,7 +28,7 @@ pub mod stage_sched;
 pub mod timeline;
 
 use stagevm_report::api::StagesView;
-use stagevm_report::{ChannelReport, SchedReport};
+use stagevm_report::{AutoReport, ChannelReport, SchedReport};
 
 pub use accounting::Accounting;
 pub use controller::{Change, Controller, Decision};
@@ -107,6 +107,14 @@ impl StageSched {
             repin_mean_us,
             timeline_dropped: timeline.dropped(),
             timeline: timeline.tail(tail),
+            auto: c.auto_stats().map(|a| AutoReport {
+                periods: a.periods,
+                trials: a.trials,
+                trial_periods: a.trial_periods,
+                losing_periods: a.losing_periods,
+                mode_switches: a.mode_switches,
+                losing_share: a.losing_periods as f64 / a.periods.max(1) as f64,
+            }),
         }
     }
 }
