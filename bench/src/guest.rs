@@ -110,6 +110,56 @@ impl Boot<'_> {
     }
 }
 
+/// Requests per thread for runs of about `seconds` at `rps` requests/s
+/// over `threads` threads, at least `least` (`least` when `seconds` or
+/// `rps` is not positive).
+pub fn requests_for(seconds: f64, rps: f64, threads: u64, least: u64) -> u64 {
+    if !(seconds > 0.0 && rps.is_finite() && rps > 0.0) || threads == 0 {
+        return least;
+    }
+    ((seconds * rps / threads as f64).ceil() as u64).max(least)
+}
+
+/// `boot`'s command line with its `requests=` raised so that a run takes
+/// about `seconds` at the rate one run of `boot` measured (threads per vCPU
+/// from its `threads=`). Prints what it chose on stderr.
+///
+/// # Errors
+/// When the command line has no `threads=` and `requests=` words, or the
+/// sizing run fails.
+pub fn sized_cmdline(boot: &Boot<'_>, seconds: f64) -> Result<String> {
+    let word = |k: &str| -> Option<u64> {
+        boot.cmdline
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(k)?.parse().ok())
+    };
+    let (Some(threads), Some(requests)) = (word("threads="), word("requests=")) else {
+        bail!(
+            "cannot size the runs of '{}': it needs threads= and requests=",
+            boot.cmdline
+        );
+    };
+    let run = GuestRun::parse(&boot.run()?)?;
+    let sized = requests_for(seconds, run.rps, threads * u64::from(boot.vcpus), requests);
+    let out = boot
+        .cmdline
+        .split_whitespace()
+        .map(|w| {
+            if w.starts_with("requests=") {
+                format!("requests={sized}")
+            } else {
+                w.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    eprintln!(
+        "sized for {seconds} s runs: {:.0} requests/s under --policy {} → {out}",
+        run.rps, boot.policy
+    );
+    Ok(out)
+}
+
 /// The value after `key` on `line`, up to a space or comma.
 pub fn field<T: std::str::FromStr>(line: &str, key: &str) -> Option<T> {
     let rest = &line[line.find(key)? + key.len()..];
@@ -119,8 +169,24 @@ pub fn field<T: std::str::FromStr>(line: &str, key: &str) -> Option<T> {
 /// One guest run's figures.
 #[derive(Clone, Debug, Default)]
 pub struct GuestRun {
-    /// Requests/s of the guest's staged phase (from its own TSC).
+    /// Requests/s of the guest's staged phase, whole run (from its own TSC:
+    /// all requests over the time from the release of the threads to the
+    /// last thread's end).
     pub rps: f64,
+    /// Requests/s in the steady middle of the run: the requests completed
+    /// between the 10 % and 90 % marks of all requests over the time
+    /// between the marks (the guest's `steady phase` line), excluding the
+    /// start-up (`auto`'s first trial, threads spreading out) and the tail
+    /// where few threads remain; NaN when the guest did not say.
+    pub steady_rps: f64,
+    /// Threads an idle vCPU took from another vCPU's queue (work-conserving
+    /// steals of the thread's own stage, and balancing under an unstaged
+    /// map); 0 when the guest did not say.
+    pub steals: u64,
+    /// Threads an idle vCPU ran although the map does not give their stage
+    /// to it (spills, under the guest's `spill_us=` rule); 0 when the guest
+    /// did not say.
+    pub spills: u64,
     /// Guest thread migrations between vCPUs.
     pub migrations: u64,
     /// Stage events the VMM received (all stages).
@@ -152,8 +218,13 @@ impl GuestRun {
         let migration_ns = field(latency, "latency ").zip(field(latency, "local switch "));
         // Without a stage device every channel counter is 0.
         let ch = out.report.stage_channel.clone().unwrap_or_default();
+        let steady = out.line("testguest: steady phase");
+        let balance = out.line("testguest: work-conserving");
         Ok(Self {
             rps,
+            steady_rps: field(steady, "ms, ").unwrap_or(f64::NAN),
+            steals: field(balance, "steals ").unwrap_or(0),
+            spills: field(balance, "spills ").unwrap_or(0),
             migrations: field(out.line("testguest: migrations "), "migrations ").unwrap_or(0),
             stage_events: ch.stages.iter().map(|s| s.events).sum(),
             idle_pct: field(out.line("testguest: idle waits"), ", idle ").unwrap_or(f64::NAN),
@@ -170,6 +241,16 @@ mod tests {
     use super::field;
 
     #[test]
+    fn runs_are_sized_from_the_rate() {
+        use super::requests_for;
+        // 5 s at 80,000 requests/s over 32 threads: 12,500 each.
+        assert_eq!(requests_for(5.0, 80_000.0, 32, 1500), 12_500);
+        assert_eq!(requests_for(5.0, 1000.0, 32, 1500), 1500);
+        assert_eq!(requests_for(0.0, 80_000.0, 32, 1500), 1500);
+        assert_eq!(requests_for(5.0, f64::NAN, 32, 1500), 1500);
+    }
+
+    #[test]
     fn field_reads_the_value_after_its_key() {
         let l = "testguest: staged phase 8000 requests in 12 ms, 666666 requests/s";
         assert_eq!(field::<f64>(l, "ms, "), Some(666_666.0));
@@ -180,5 +261,10 @@ mod tests {
         assert_eq!(field::<u64>(l, "absent "), None);
         let idle = "testguest: idle waits 3, wakes sent 2, idle 12.5 % of the vCPUs' time";
         assert_eq!(field::<f64>(idle, ", idle "), Some(12.5));
+        let steady = "testguest: steady phase 6400 requests in 8 ms, 800000 requests/s (from 10 % to 90 % of 8000)";
+        assert_eq!(field::<f64>(steady, "ms, "), Some(800_000.0));
+        let wc = "testguest: work-conserving steals 12, spills 3";
+        assert_eq!(field::<u64>(wc, "steals "), Some(12));
+        assert_eq!(field::<u64>(wc, "spills "), Some(3));
     }
 }

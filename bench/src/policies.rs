@@ -45,14 +45,18 @@ struct Args {
     /// Re-pin samples.
     #[arg(long, default_value_t = 400)]
     repins: usize,
+    /// Least length of a run (s): one `off` run first sizes the command
+    /// line's `requests=` so that a run takes about this long; 0 keeps it.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
 }
 
-fn run_once(args: &Args, policy: &str) -> Result<GuestRun> {
+fn run_once(args: &Args, cmdline: &str, policy: &str) -> Result<GuestRun> {
     let boot = Boot {
         target: &args.target,
         vcpus: args.cpus,
         policy,
-        cmdline: &args.cmdline,
+        cmdline,
         memory: None,
         stages: None,
         extra: &[],
@@ -101,6 +105,20 @@ fn main() -> Result<()> {
     if args.rounds == 0 || args.policies.is_empty() {
         bail!("--rounds and --policies must not be empty");
     }
+    let cmdline = if args.seconds > 0.0 {
+        let boot = Boot {
+            target: &args.target,
+            vcpus: args.cpus,
+            policy: "off",
+            cmdline: &args.cmdline,
+            memory: None,
+            stages: None,
+            extra: &[],
+        };
+        stagevm_bench::guest::sized_cmdline(&boot, args.seconds)?
+    } else {
+        args.cmdline.clone()
+    };
     let mut samples: Vec<Vec<GuestRun>> = args.policies.iter().map(|_| Vec::new()).collect();
     for round in 0..args.rounds {
         for k in 0..args.policies.len() {
@@ -112,29 +130,35 @@ fn main() -> Result<()> {
                 args.rounds,
                 args.policies[i]
             );
-            samples[i].push(run_once(&args, &args.policies[i])?);
+            samples[i].push(run_once(&args, &cmdline, &args.policies[i])?);
         }
     }
-    let med: Vec<f64> = samples
-        .iter()
-        .map(|s| median(s.iter().map(|x| x.rps).collect()))
-        .collect();
+    let medians = |f: fn(&GuestRun) -> f64| -> Vec<f64> {
+        samples
+            .iter()
+            .map(|s| median(s.iter().map(f).collect()))
+            .collect()
+    };
+    let (med, whole) = (medians(|x| x.steady_rps), medians(|x| x.rps));
     let base = |name: &str| args.policies.iter().position(|p| p == name).map(|i| med[i]);
     println!(
-        "staged test guest, {} vCPUs, cmdline \"{}\", {} rounds (median guest requests/s)",
-        args.cpus, args.cmdline, args.rounds
+        "staged test guest, {} vCPUs, cmdline \"{cmdline}\", {} rounds (median guest requests/s; steady: between the 10 % and 90 % marks of the requests)",
+        args.cpus, args.rounds
     );
-    println!("| policy | requests/s | vs off | vs pinned | migrations | map changes |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("| policy | steady requests/s | vs off | vs pinned | whole-run requests/s | migrations | steals | spills | map changes |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (i, p) in args.policies.iter().enumerate() {
         let ratio = |b: Option<f64>| b.map_or("-".to_string(), |b| format!("{:.3}×", med[i] / b));
         let last = samples[i].last().unwrap();
         println!(
-            "| {p} | {:.0} | {} | {} | {} | {} |",
+            "| {p} | {:.0} | {} | {} | {:.0} | {} | {} | {} | {} |",
             med[i],
             ratio(base("off")),
             ratio(base("pinned")),
+            whole[i],
             last.migrations,
+            last.steals,
+            last.spills,
             last.map_changes
         );
     }

@@ -19,6 +19,26 @@ pub enum Work {
     Staged,
 }
 
+/// Which throughput of a run a comparison uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Measure {
+    /// The steady middle of the run (between the 10 % and 90 % marks of
+    /// the requests: [`GuestRun::steady_rps`]).
+    Steady,
+    /// The whole run ([`GuestRun::rps`]).
+    Whole,
+}
+
+impl Measure {
+    /// `run`'s requests/s by this measure.
+    pub fn of(self, run: &GuestRun) -> f64 {
+        match self {
+            Measure::Steady => run.steady_rps,
+            Measure::Whole => run.rps,
+        }
+    }
+}
+
 /// The guest runs, keyed (workload, vCPUs, policy), one per round.
 #[derive(Debug, Default)]
 pub struct Cells(BTreeMap<(Work, u32, String), Vec<GuestRun>>);
@@ -37,15 +57,22 @@ impl Cells {
         self.0.get(&(w, v, policy.to_string())).map(Vec::as_slice)
     }
 
-    /// A cell's requests/s per round (empty if it did not run).
-    pub fn rps(&self, w: Work, v: u32, policy: &str) -> Vec<f64> {
+    /// A cell's requests/s by `m` per round (empty if it did not run).
+    pub fn rps(&self, m: Measure, w: Work, v: u32, policy: &str) -> Vec<f64> {
         self.runs(w, v, policy)
-            .map_or_else(Vec::new, |r| r.iter().map(|x| x.rps).collect())
+            .map_or_else(Vec::new, |r| r.iter().map(|x| m.of(x)).collect())
     }
 
-    /// Median requests/s of a cell (NaN if it did not run).
-    pub fn med_rps(&self, w: Work, v: u32, policy: &str) -> f64 {
-        median(self.rps(w, v, policy))
+    /// Median requests/s of a cell by `m` (NaN if it did not run).
+    pub fn med_rps(&self, m: Measure, w: Work, v: u32, policy: &str) -> f64 {
+        median(self.rps(m, w, v, policy))
+    }
+
+    /// Median of a per-run count of a cell (NaN if it did not run).
+    pub fn med_count(&self, w: Work, v: u32, policy: &str, f: impl Fn(&GuestRun) -> u64) -> f64 {
+        self.runs(w, v, policy).map_or(f64::NAN, |r| {
+            median(r.iter().map(|x| f(x) as f64).collect())
+        })
     }
 
     /// Median idle % of a cell (NaN if it did not run or has no figures).
@@ -54,34 +81,28 @@ impl Cells {
             .map_or(f64::NAN, |r| median(r.iter().map(|x| x.idle_pct).collect()))
     }
 
-    /// Per round, `policy`'s requests/s over `base`'s.
-    pub fn ratio(&self, w: Work, v: u32, policy: &str, base: &str) -> Spread {
-        let (x, b) = (self.rps(w, v, policy), self.rps(w, v, base));
+    /// Per round, `policy`'s requests/s over `base`'s, by `m`.
+    pub fn ratio(&self, m: Measure, w: Work, v: u32, policy: &str, base: &str) -> Spread {
+        let (x, b) = (self.rps(m, w, v, policy), self.rps(m, w, v, base));
         let per_round: Vec<f64> = x.iter().zip(&b).map(|(x, b)| x / b).collect();
         Spread::of(&per_round)
     }
 
-    /// `policy` over the better (by median) of `off` and `pinned`, and
-    /// which one that was (`None` when neither ran).
-    pub fn vs_better(&self, w: Work, v: u32, policy: &str) -> Option<(Spread, &'static str)> {
+    /// `policy` over the better (by median) of `off` and `pinned`, by `m`,
+    /// and which one that was (`None` when neither ran).
+    pub fn vs_better(
+        &self,
+        m: Measure,
+        w: Work,
+        v: u32,
+        policy: &str,
+    ) -> Option<(Spread, &'static str)> {
+        let med = |b: &str| self.med_rps(m, w, v, b);
         let better = ["off", "pinned"]
             .into_iter()
-            .filter(|b| self.med_rps(w, v, b).is_finite())
-            .max_by(|a, b| self.med_rps(w, v, a).total_cmp(&self.med_rps(w, v, b)))?;
-        Some((self.ratio(w, v, policy, better), better))
-    }
-
-    /// The guest's speed-up of `policy`: the lower of its median ratios to
-    /// `off` and to `pinned` (so neither floating nor pinning alone counts).
-    pub fn speedup(&self, w: Work, v: u32, policy: &str) -> f64 {
-        let off = self.ratio(w, v, policy, "off").med;
-        let pinned = self.ratio(w, v, policy, "pinned").med;
-        match (off.is_finite(), pinned.is_finite()) {
-            (true, true) => off.min(pinned),
-            (true, false) => off,
-            (false, true) => pinned,
-            _ => f64::NAN,
-        }
+            .filter(|b| med(b).is_finite())
+            .max_by(|a, b| med(a).total_cmp(&med(b)))?;
+        Some((self.ratio(m, w, v, policy, better), better))
     }
 }
 
@@ -92,6 +113,7 @@ mod tests {
     fn run(rps: f64) -> GuestRun {
         GuestRun {
             rps,
+            steady_rps: rps * 2.0,
             ..GuestRun::default()
         }
     }
@@ -104,12 +126,19 @@ mod tests {
             c.push(Work::Staged, 2, "pinned", run(pinned));
             c.push(Work::Staged, 2, "auto", run(auto));
         }
-        let r = c.ratio(Work::Staged, 2, "auto", "off");
+        let r = c.ratio(Measure::Whole, Work::Staged, 2, "auto", "off");
         assert!((r.med - 1.1).abs() < 1e-9 && (r.min - 0.9).abs() < 1e-9);
         assert!((r.max - 1.1).abs() < 1e-9);
-        let (_, better) = c.vs_better(Work::Staged, 2, "auto").unwrap();
+        let (_, better) = c
+            .vs_better(Measure::Whole, Work::Staged, 2, "auto")
+            .unwrap();
         assert_eq!(better, "off");
-        assert!(c.ratio(Work::Staged, 4, "auto", "off").med.is_nan());
+        assert!(c
+            .ratio(Measure::Whole, Work::Staged, 4, "auto", "off")
+            .med
+            .is_nan());
+        assert_eq!(c.med_rps(Measure::Steady, Work::Staged, 2, "off"), 160.0);
+        assert_eq!(c.med_rps(Measure::Whole, Work::Staged, 2, "off"), 80.0);
         assert_eq!(
             Spread::of(&[1.0, f64::NAN, 3.0, 2.0]).ratio(),
             "2.000× (1.000–3.000)"

@@ -33,7 +33,7 @@ mod plot;
 mod table;
 mod targets;
 
-use cells::{Cells, Work};
+use cells::{Cells, Measure, Work};
 use stagevm_bench::guest::{Boot, GuestRun, STAGED_CMDLINE};
 use stagevm_bench::load::Meter;
 use stagevm_bench::stats::Spread;
@@ -69,9 +69,17 @@ pub struct Args {
     /// Guest threads (native connections) in all; each vCPU gets an equal share.
     #[arg(long, default_value_t = 32)]
     threads: u32,
-    /// Requests per thread.
+    /// Requests per thread at least (raised per footprint by `--seconds`).
     #[arg(long, default_value_t = 1500)]
     requests: u64,
+    /// Least length of a run (s): before the first round each footprint's
+    /// native reference runs once and the requests per thread are raised so
+    /// that a run takes about this long at that rate (the staged workload
+    /// is sized the same way from one `off` run). Steady-state throughput
+    /// is the guest's rate between the 10 % and 90 % marks of the requests;
+    /// 0 keeps `--requests` (short runs, whole-run figures only).
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
     /// Function calls per stage and request.
     #[arg(long, default_value_t = 400)]
     calls: u32,
@@ -94,6 +102,10 @@ pub struct Args {
     /// Results file whose headline section is replaced (created if missing).
     #[arg(long, default_value = "bench/RESULTS.md")]
     results: PathBuf,
+    /// Name of the results section (its markers carry it): a second shape
+    /// run with other parameters keeps its own section.
+    #[arg(long, default_value = "headline")]
+    section: String,
     /// PNG plot to write.
     #[arg(long, default_value = "bench/headline.png")]
     plot: PathBuf,
@@ -108,6 +120,9 @@ pub struct Point {
     kib: usize,
     /// The workload's parameters.
     params: Params,
+    /// Requests per thread (native and guest runs alike: the checksums
+    /// depend on it).
+    requests: u64,
     /// Native requests/s: whole, staged (one per round).
     native: [Vec<f64>; 2],
     /// The checksums every run must reproduce.
@@ -136,6 +151,7 @@ impl Point {
 fn footprint_run(
     args: &Args,
     p: &Params,
+    requests: u64,
     vcpus: u32,
     policy: &str,
     want: &[u64],
@@ -147,7 +163,7 @@ fn footprint_run(
         p.calls,
         p.data_words,
         args.threads / vcpus,
-        args.requests
+        requests
     );
     let out = Boot {
         target: &args.target,
@@ -239,6 +255,7 @@ fn points(args: &Args) -> Result<Vec<Point>> {
         points.push(Point {
             kib,
             params,
+            requests: args.requests,
             native: [Vec::new(), Vec::new()],
             want: Vec::new(),
         });
@@ -264,7 +281,7 @@ fn footprint_round(
             if staged { "staged" } else { "whole" },
             point.kib
         ));
-        let run = native::run(&point.params, args.threads, args.requests, cores, staged)?;
+        let run = native::run(&point.params, args.threads, point.requests, cores, staged)?;
         if point.want.is_empty() {
             point.want = run.checksums.clone();
         }
@@ -284,7 +301,7 @@ fn footprint_round(
                 round + 1,
                 point.kib
             ));
-            let run = footprint_run(args, &point.params, v, policy, &point.want)?;
+            let run = footprint_run(args, &point.params, point.requests, v, policy, &point.want)?;
             cells.push(Work::Footprint(i), v, policy, run);
             bar.inc(1);
         }
@@ -294,7 +311,13 @@ fn footprint_round(
 
 /// One round of the staged (non-i-cache-bound) workload: every vCPU count
 /// × policy (the policy order rotates each round).
-fn staged_round(args: &Args, round: usize, cells: &mut Cells, bar: &ProgressBar) -> Result<()> {
+fn staged_round(
+    args: &Args,
+    cmdline: &str,
+    round: usize,
+    cells: &mut Cells,
+    bar: &ProgressBar,
+) -> Result<()> {
     for &v in &args.vcpus {
         for k in 0..args.policies.len() {
             let policy = &args.policies[(k + round) % args.policies.len()];
@@ -303,7 +326,7 @@ fn staged_round(args: &Args, round: usize, cells: &mut Cells, bar: &ProgressBar)
                 target: &args.target,
                 vcpus: v,
                 policy,
-                cmdline: &args.staged_cmdline,
+                cmdline,
                 memory: None,
                 stages: None,
                 extra: &[],
@@ -331,12 +354,14 @@ fn main() -> Result<()> {
     let mut cells = Cells::default();
     let meter = Meter::start();
     let started = std::time::Instant::now();
+    bar.set_message("sizing the runs");
+    let staged_cmdline = size_runs(&args, &mut points)?;
     for round in 0..args.rounds {
         for (i, point) in points.iter_mut().enumerate() {
             footprint_round(&args, round, i, point, &mut cells, &bar)?;
         }
         if !args.no_staged {
-            staged_round(&args, round, &mut cells, &bar)?;
+            staged_round(&args, &staged_cmdline, round, &mut cells, &bar)?;
         }
     }
     bar.finish_and_clear();
@@ -344,11 +369,11 @@ fn main() -> Result<()> {
     // What other processes ran meanwhile, in cores: the staged runs hand
     // requests between two cores and suffer most from a busy neighbour.
     let others = meter.others_cores();
-    let mut text = table::report(&args, &points, &cells, elapsed, others)?;
+    let mut text = table::report(&args, &staged_cmdline, &points, &cells, elapsed, others)?;
     text.push_str(&targets::report(&args, &points, &cells, others)?);
     text.push_str(&format!("\nPlot: `{}`.\n", args.plot.display()));
     print!("{text}");
-    write_results(&args.results, &text)?;
+    write_results(&args.results, &args.section, &text)?;
     plot::write(&args.plot, &plot_series(&args, &points, &cells))?;
     println!(
         "wrote {} and {}",
@@ -356,6 +381,44 @@ fn main() -> Result<()> {
         args.plot.display()
     );
     Ok(())
+}
+
+/// Sizes every run for `--seconds` before the first round: one native
+/// whole-request run per footprint at `--requests` sets the footprint's
+/// requests per thread; one `off` run of the staged workload at the first
+/// vCPU count sets its `requests=`. Returns the staged workload's command
+/// line.
+fn size_runs(args: &Args, points: &mut [Point]) -> Result<String> {
+    if args.seconds <= 0.0 {
+        return Ok(args.staged_cmdline.clone());
+    }
+    let cores = [args.native_cores[0], args.native_cores[1]];
+    for p in points.iter_mut() {
+        let run = native::run(&p.params, args.threads, args.requests, cores, false)?;
+        p.requests = stagevm_bench::guest::requests_for(
+            args.seconds,
+            run.rps,
+            u64::from(args.threads),
+            args.requests,
+        );
+        eprintln!(
+            "headline-bench: {} KiB: native {:.0} requests/s, {} requests per thread",
+            p.kib, run.rps, p.requests
+        );
+    }
+    if args.no_staged {
+        return Ok(args.staged_cmdline.clone());
+    }
+    let boot = Boot {
+        target: &args.target,
+        vcpus: args.vcpus[0],
+        policy: "off",
+        cmdline: &args.staged_cmdline,
+        memory: None,
+        stages: None,
+        extra: &[],
+    };
+    stagevm_bench::guest::sized_cmdline(&boot, args.seconds)
 }
 
 /// Series for the plot: per vCPU count, per policy, (footprint KiB,
@@ -376,7 +439,10 @@ fn plot_series(args: &Args, points: &[Point], cells: &Cells) -> plot::Series {
             .filter(|(_, p)| *p != "off")
         {
             let ys: Vec<(f64, f64)> = (0..points.len())
-                .map(|i| (xs[i], cells.ratio(Work::Footprint(i), v, pol, "off").med))
+                .map(|i| {
+                    let r = cells.ratio(Measure::Steady, Work::Footprint(i), v, pol, "off");
+                    (xs[i], r.med)
+                })
                 .filter(|(_, y)| y.is_finite())
                 .collect();
             lines.push(plot::Line {
@@ -390,19 +456,32 @@ fn plot_series(args: &Args, points: &[Point], cells: &Cells) -> plot::Series {
     plot::Series { native, lines }
 }
 
-const BEGIN: &str = "<!-- headline-bench:begin (written by `just bench-headline`) -->";
-const END: &str = "<!-- headline-bench:end -->";
+/// The markers of section `name` (`headline`: the ones earlier runs wrote).
+fn markers(name: &str) -> (String, String) {
+    if name == "headline" {
+        (
+            "<!-- headline-bench:begin (written by `just bench-headline`) -->".into(),
+            "<!-- headline-bench:end -->".into(),
+        )
+    } else {
+        (
+            format!("<!-- headline-bench:begin {name} (written by `headline-bench --section {name}`) -->"),
+            format!("<!-- headline-bench:end {name} -->"),
+        )
+    }
+}
 
-/// Replaces the text between the headline markers in `path` (appends the
-/// section when the markers are absent; creates the file if needed).
-fn write_results(path: &Path, section: &str) -> Result<()> {
+/// Replaces the text between section `name`'s markers in `path` (appends
+/// the section when the markers are absent; creates the file if needed).
+fn write_results(path: &Path, name: &str, section: &str) -> Result<()> {
+    let (begin, end) = markers(name);
     let old =
         std::fs::read_to_string(path).unwrap_or_else(|_| "# stagevm benchmark results\n".into());
-    let new = match (old.find(BEGIN), old.find(END)) {
+    let new = match (old.find(&begin), old.find(&end)) {
         (Some(b), Some(e)) if b < e => {
-            format!("{}{BEGIN}\n{section}{}", &old[..b], &old[e..])
+            format!("{}{begin}\n{section}{}", &old[..b], &old[e..])
         }
-        _ => format!("{}\n{BEGIN}\n{section}{END}\n", old.trim_end()),
+        _ => format!("{}\n{begin}\n{section}{end}\n", old.trim_end()),
     };
     std::fs::write(path, new).with_context(|| format!("writing {}", path.display()))
 }

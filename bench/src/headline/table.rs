@@ -9,8 +9,9 @@ use std::time::Duration;
 use anyhow::Result;
 use stagevm_bench::load::BUSY_CORES;
 
-use crate::cells::{Cells, Work};
+use crate::cells::{Cells, Measure, Work};
 use crate::{Args, Point};
+use stagevm_bench::guest::GuestRun;
 use stagevm_bench::stats::Spread;
 
 /// The CPU model and caches (from `lscpu`).
@@ -40,11 +41,25 @@ fn join<T: ToString>(v: &[T]) -> String {
 }
 
 /// The section's header: machine, background load, command and workloads.
-fn header(s: &mut String, args: &Args, elapsed: Duration, others: f64) -> Result<()> {
-    writeln!(
-        s,
-        "## Headline: stage scheduling on an i-cache-bound guest workload\n"
-    )?;
+fn header(
+    s: &mut String,
+    args: &Args,
+    points: &[Point],
+    elapsed: Duration,
+    others: f64,
+) -> Result<()> {
+    if args.section == "headline" {
+        writeln!(
+            s,
+            "## Headline: stage scheduling on an i-cache-bound guest workload\n"
+        )?;
+    } else {
+        writeln!(
+            s,
+            "## Headline, shape `{}`: {} calls per stage, {} data words per thread\n",
+            args.section, args.calls, args.data_words
+        )?;
+    }
     writeln!(s, "Machine: {}.", machine())?;
     writeln!(
         s,
@@ -58,24 +73,51 @@ fn header(s: &mut String, args: &Args, elapsed: Duration, others: f64) -> Result
     };
     writeln!(
         s,
-        "Command: `just bench-headline` (= `headline-bench --footprints {} --vcpus {} --policies {} --rounds {} --threads {} --requests {} --calls {} --data-words {}{staged}`), {:.1} min; median (min–max) of {} interleaved rounds; ratios are taken per round.\n",
+        "Command: `headline-bench --footprints {} --vcpus {} --policies {} --rounds {} --threads {} --requests {} --seconds {} --calls {} --data-words {}{staged}{}` (`just bench-headline` runs the defaults), {:.1} min; median (min–max) of {} interleaved rounds; ratios are taken per round.\n",
         join(&args.footprints),
         join(&args.vcpus),
         args.policies.join(","),
         args.rounds,
         args.threads,
         args.requests,
+        args.seconds,
         args.calls,
         args.data_words,
+        if args.section == "headline" { String::new() } else { format!(" --section {}", args.section) },
         elapsed.as_secs_f64() / 60.0,
         args.rounds
     )?;
+    let requests: Vec<String> = points
+        .iter()
+        .map(|p| format!("{} at {} KiB", p.requests, p.code_kib()))
+        .collect();
     writeln!(
         s,
-        "Workload: `stage_workload`, 2 stages, {} calls per stage and request into functions chosen by the data, {} × 8 bytes of data per thread, {} threads × {} requests. All guest and native checksums agreed with the host build.\n",
-        args.calls, args.data_words, args.threads, args.requests
+        "Workload: `stage_workload`, 2 stages, {} calls per stage and request into functions chosen by the data, {} × 8 bytes of data per thread, {} threads; requests per thread (sized for runs of ≥ {} s at the native rate): {}. All guest and native checksums agreed with the host build.\n",
+        args.calls,
+        args.data_words,
+        args.threads,
+        args.seconds,
+        requests.join(", ")
+    )?;
+    writeln!(
+        s,
+        "Guest throughput is the **steady state**: requests completed between the 10 % and 90 % marks of all requests over the time between them (the guest's own TSC), which leaves out the start-up (threads spreading, `auto`'s first trial) and the tail; the whole run's figure is beside it. G = (policy ÷ better of `off`/`pinned` − 1) ÷ (native speed-up − 1), steady state, where the native reference gains ≥ 1.05×.\n"
     )?;
     Ok(())
+}
+
+/// Gain capture of `pol` at footprint `i`, `v` vCPUs (steady state), as
+/// text: "–" for the unstaged policies and where the native gain is below
+/// [`crate::targets::T1_NATIVE_MIN`].
+pub fn gain_capture(points: &[Point], cells: &Cells, i: usize, v: u32, pol: &str) -> Option<f64> {
+    let native = points[i].native_speedup().med;
+    let gains = native.is_finite() && native >= crate::targets::T1_NATIVE_MIN;
+    if pol == "off" || pol == "pinned" || !gains {
+        return None;
+    }
+    let (r, _) = cells.vs_better(Measure::Steady, Work::Footprint(i), v, pol)?;
+    r.med.is_finite().then(|| (r.med - 1.0) / (native - 1.0))
 }
 
 /// The native reference's table.
@@ -96,34 +138,61 @@ fn native(s: &mut String, points: &[Point]) -> Result<()> {
     Ok(())
 }
 
+/// `x` with `digits` decimals, "–" when it is not a number.
+fn num(x: Option<f64>, digits: usize) -> String {
+    match x {
+        Some(x) if x.is_finite() => format!("{x:.digits$}"),
+        _ => "–".into(),
+    }
+}
+
+/// The columns shared by both workloads' guest tables, after the row's
+/// key: steady req/s, vs off, vs pinned, whole-run req/s and its ratio to
+/// the better unstaged policy, then the medians of migrations, steals,
+/// spills, idle %, waits and map changes.
+fn guest_columns(cells: &Cells, w: Work, v: u32, pol: &str) -> String {
+    let (st, wh) = (Measure::Steady, Measure::Whole);
+    let count = |f: fn(&GuestRun) -> u64| num(Some(cells.med_count(w, v, pol, f)), 0);
+    format!(
+        "{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}",
+        Spread::of(&cells.rps(st, w, v, pol)).rate(),
+        cells.ratio(st, w, v, pol, "off").ratio(),
+        cells.ratio(st, w, v, pol, "pinned").ratio(),
+        Spread::of(&cells.rps(wh, w, v, pol)).rate(),
+        cells
+            .vs_better(wh, w, v, pol)
+            .map_or("–".into(), |(r, _)| r.ratio()),
+        count(|r| r.migrations),
+        count(|r| r.steals),
+        count(|r| r.spills),
+        num(Some(cells.idle(w, v, pol)), 1),
+        count(|r| r.waits),
+        count(|r| r.map_changes),
+    )
+}
+
+const GUEST_HEAD: &str = "steady req/s | vs off | vs pinned | whole-run req/s | whole vs better | migrations | steals | spills | idle % | waits | map changes |";
+
 /// The guest's table at `v` vCPUs on the footprint workload.
 fn guest(s: &mut String, args: &Args, points: &[Point], cells: &Cells, v: u32) -> Result<()> {
     writeln!(s, "\n### Guest, {v} vCPUs on 2 cores\n")?;
+    writeln!(s, "| footprint | policy | G | {GUEST_HEAD}")?;
     writeln!(
         s,
-        "| footprint | policy | req/s | vs off | vs pinned | stage events | migrations | idle % | waits | wakes | map changes |"
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )?;
-    writeln!(s, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     for (i, p) in points.iter().enumerate() {
         let w = Work::Footprint(i);
         for pol in &args.policies {
-            let Some(runs) = cells.runs(w, v, pol) else {
+            if cells.runs(w, v, pol).is_none() {
                 continue;
-            };
-            let last = runs.last().cloned().unwrap_or_default();
+            }
             writeln!(
                 s,
-                "| {} KiB | {pol} | {} | {} | {} | {} | {} | {:.1} | {} | {} | {} |",
+                "| {} KiB | {pol} | {} | {} |",
                 p.code_kib(),
-                Spread::of(&cells.rps(w, v, pol)).rate(),
-                cells.ratio(w, v, pol, "off").ratio(),
-                cells.ratio(w, v, pol, "pinned").ratio(),
-                last.stage_events,
-                last.migrations,
-                cells.idle(w, v, pol),
-                last.waits,
-                last.wakes,
-                last.map_changes
+                num(gain_capture(points, cells, i, v, pol), 2),
+                guest_columns(cells, w, v, pol)
             )?;
         }
     }
@@ -131,38 +200,27 @@ fn guest(s: &mut String, args: &Args, points: &[Point], cells: &Cells, v: u32) -
 }
 
 /// The staged (non-i-cache-bound) workload's table.
-fn staged(s: &mut String, args: &Args, cells: &Cells) -> Result<()> {
+fn staged(s: &mut String, args: &Args, cmdline: &str, cells: &Cells) -> Result<()> {
     writeln!(
         s,
         "\n### Guest, staged workload (not i-cache bound) on 2 cores\n"
     )?;
     writeln!(
         s,
-        "The test guest's default staged workload (`just bench-policies`), cmdline `{}`, in the same rounds.\n",
-        args.staged_cmdline
+        "The test guest's default staged workload (`just bench-policies`, `requests=` sized by `--seconds`), cmdline `{cmdline}`, in the same rounds.\n"
     )?;
+    writeln!(s, "| vCPUs | policy | {GUEST_HEAD}")?;
     writeln!(
         s,
-        "| vCPUs | policy | req/s | vs off | vs pinned | migrations | idle % | map changes |"
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )?;
-    writeln!(s, "|---:|---|---:|---:|---:|---:|---:|---:|")?;
     let w = Work::Staged;
     for &v in &args.vcpus {
         for pol in &args.policies {
-            let Some(runs) = cells.runs(w, v, pol) else {
+            if cells.runs(w, v, pol).is_none() {
                 continue;
-            };
-            let last = runs.last().cloned().unwrap_or_default();
-            writeln!(
-                s,
-                "| {v} | {pol} | {} | {} | {} | {} | {:.1} | {} |",
-                Spread::of(&cells.rps(w, v, pol)).rate(),
-                cells.ratio(w, v, pol, "off").ratio(),
-                cells.ratio(w, v, pol, "pinned").ratio(),
-                last.migrations,
-                cells.idle(w, v, pol),
-                last.map_changes
-            )?;
+            }
+            writeln!(s, "| {v} | {pol} | {} |", guest_columns(cells, w, v, pol))?;
         }
     }
     Ok(())
@@ -174,19 +232,20 @@ fn staged(s: &mut String, args: &Args, cells: &Cells) -> Result<()> {
 /// Never in practice (formatting into a `String`).
 pub fn report(
     args: &Args,
+    staged_cmdline: &str,
     points: &[Point],
     cells: &Cells,
     elapsed: Duration,
     others: f64,
 ) -> Result<String> {
     let mut s = String::new();
-    header(&mut s, args, elapsed, others)?;
+    header(&mut s, args, points, elapsed, others)?;
     native(&mut s, points)?;
     for &v in &args.vcpus {
         guest(&mut s, args, points, cells, v)?;
     }
     if !args.no_staged {
-        staged(&mut s, args, cells)?;
+        staged(&mut s, args, staged_cmdline, cells)?;
     }
     Ok(s)
 }

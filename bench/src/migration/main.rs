@@ -20,12 +20,17 @@
 //!
 //! Prints medians over rounds (with min–max) and the target T4, which is
 //! never called met when other processes kept the machine busy.
+//!
+//! Then the saturated mode ([`saturated`]): the CPU time a migration costs
+//! when both vCPUs have other threads to run (T4 saturated, ≤ 300 ns).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::Parser;
+
+mod saturated;
 
 use stagevm_bench::load::{Meter, BUSY_CORES};
 use stagevm_bench::stats::{median, Spread};
@@ -51,6 +56,19 @@ struct Args {
     /// for the host to drain (about two events per switch).
     #[arg(long, default_value_t = 65536)]
     ring: u32,
+    /// Saturated mode: mixing iterations after every switch (`hop_work=`),
+    /// one pair of runs (migrate, local) per value and round.
+    #[arg(long, value_delimiter = ',', default_value = "0,2000,20000")]
+    works: Vec<u64>,
+    /// Saturated mode: guest threads per vCPU (8–16 keep both vCPUs busy).
+    #[arg(long, default_value_t = 8)]
+    threads: u32,
+    /// Skip the latency sweep (hopper with idle targets).
+    #[arg(long)]
+    no_latency: bool,
+    /// Skip the saturated mode.
+    #[arg(long)]
+    no_saturated: bool,
 }
 
 /// One configuration of the sweep.
@@ -147,7 +165,7 @@ struct Sample {
 }
 
 /// The word after `key` in `line`, parsed.
-fn field<T: std::str::FromStr>(line: &str, key: &str) -> Option<T> {
+pub(crate) fn field<T: std::str::FromStr>(line: &str, key: &str) -> Option<T> {
     let rest = &line[line.find(key)? + key.len()..];
     rest.split([' ', ',']).find(|w| !w.is_empty())?.parse().ok()
 }
@@ -311,11 +329,17 @@ fn main() -> Result<()> {
             path.display()
         );
     }
+    ensure!(
+        (1..=16).contains(&args.threads),
+        "--threads {} must be 1..=16 (threads per vCPU)",
+        args.threads
+    );
     let files = [write_stages(2)?, write_stages(3)?];
     let meter = Meter::start();
     let mut runs: Vec<Vec<Sample>> = vec![Vec::new(); CONFIGS.len()];
     let mut result = Ok(());
-    'rounds: for round in 0..args.rounds {
+    let rounds = if args.no_latency { 0 } else { args.rounds };
+    'rounds: for round in 0..rounds {
         for k in 0..CONFIGS.len() {
             // Rotate the order each round so drift spreads over all configurations.
             let i = (k + round) % CONFIGS.len();
@@ -330,12 +354,25 @@ fn main() -> Result<()> {
             }
         }
     }
+    let saturated = match result {
+        Ok(()) if !args.no_saturated => saturated::sweep(&args, &files[0]).map(Some),
+        Ok(()) => Ok(None),
+        Err(e) => Err(e),
+    };
     let others = meter.others_cores();
     for f in &files {
         let _ = std::fs::remove_file(f);
     }
-    result?;
-    report(&args, &runs, others);
+    let saturated = saturated?;
+    if !args.no_latency {
+        report(&args, &runs, others);
+    }
+    if let Some(runs) = saturated {
+        saturated::report(&args, &runs, others > BUSY_CORES);
+        if args.no_latency {
+            println!("\nBackground load: other processes used {others:.2} cores on average during the runs.");
+        }
+    }
     Ok(())
 }
 
