@@ -69,7 +69,7 @@
 //!   VMM ends the VM`: the counters then stay still for the operator API
 //!   (`tests/api.rs`) until it shuts the VM down,
 //! * `hostile=NAME[,NAME…][,forever]` — attack the VMM instead of running the
-//!   staged workload (`staged::hostile`, `hostile_virtio`; tested by
+//!   staged workload (`hostile`, `hostile::virtio`; tested by
 //!   `tests/hostile.rs`): after the banner vCPU 0 runs the named attacks in
 //!   this order, prints `hostile: NAME start` and a `hostile: NAME …`
 //!   result line for each, then `hostile: done`, and shuts down with
@@ -102,7 +102,7 @@
 //!   - `counters` — impossible values in the counter blocks of vCPUs 0 and
 //!     1 (counts going backwards, idle time and counts far beyond a policy
 //!     period, state codes out of range, timed states in the far future),
-//!     a kind every 10 ms for 400 ms (`staged::hostile_counters`);
+//!     a kind every 10 ms for 400 ms (`hostile::counters`);
 //!   - `reregister` — UNREGISTER + REGISTER of a 16-stage area in a loop for
 //!     4 s;
 //! * `exit=N` — exit code to shut down with after the work (default 0),
@@ -214,7 +214,7 @@ macro_rules! println {
 }
 
 mod disk;
-mod hostile_virtio;
+mod hostile;
 mod staged;
 
 /// xorshift64 (Marsaglia, "Xorshift RNGs", J. Stat. Softw. 2003; shifts 13, 7, 17).
@@ -279,7 +279,7 @@ struct Options {
     idle: staged::IdleConfig,
     switch_cost: u64,
     /// Attacks on the VMM (`hostile=`).
-    hostile: staged::hostile::Hostile,
+    hostile: hostile::Hostile,
     /// `hold=1`: park every vCPU at the end instead of shutting down.
     hold: bool,
 }
@@ -369,7 +369,7 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
             "owned_idle_us" => opts.idle.owned_us = value.parse().map_err(|_| word)?,
             "switch_cost" => opts.switch_cost = value.parse().map_err(|_| word)?,
             "abuse" => opts.abuse = value == "1",
-            "hostile" => opts.hostile = staged::hostile::Hostile::parse(value).ok_or(word)?,
+            "hostile" => opts.hostile = hostile::Hostile::parse(value).ok_or(word)?,
             "bench" => opts.bench = value == "1",
             "hold" => opts.hold = value == "1",
             "virtio_mmio.device" if opts.virtio.is_none() => {
@@ -479,9 +479,12 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
             opts.ring,
             opts.counters,
             opts.timed_every,
-            opts.abuse,
+            opts.abuse.then_some(hostile::abuse::bad_registers),
             opts.footprint,
         );
+        if opts.abuse {
+            hostile::abuse::corrupt_ring(opts.ring);
+        }
         if let Some(p) = opts.footprint {
             println!(
                 "testguest: footprint workload: {} stages, {} functions per stage, {} bytes of code, {} calls per stage, {} data words per thread",
@@ -513,7 +516,7 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
         checksum
     );
     if opts.hostile.is_active() {
-        staged::hostile::run(vcpu as u32, &info, opts.hostile, opts.virtio, opts.exit);
+        hostile::run(vcpu as u32, &info, opts.hostile, opts.virtio, opts.exit);
     }
     if let Some(cfg) = staged_config(&opts, vcpu as u32, info.num_vcpus) {
         staged::run_vcpu(vcpu as u32, info.num_vcpus, &cfg, info.tsc_khz);

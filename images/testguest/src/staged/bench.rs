@@ -1,10 +1,12 @@
 //! `bench=1`: the stage channel's micro-benchmark, run by vCPU 0 before the
 //! staged phase; its one `bench:` line is parsed by `channel-bench`
 //! (`bench/src/channel.rs`).
+//!
+//! Depends on [`super::platform`] only.
 
 use guest_agent::Platform;
 
-use super::agent::{agent, PortIo};
+use super::platform::{agent, PortIo};
 use crate::{outl, print_line};
 
 /// `bench=1`: measures, on this vCPU in ring 3, the cost of one

@@ -9,7 +9,7 @@
 //! `hops=` switches (default 100,000, shared among the threads):
 //!
 //! 1. **Migrations**: stage `i mod N` at switch `i`, through the ordinary
-//!    stage switch (`agent::stage_switch`: the host's map, the least-loaded
+//!    stage switch (`switch::stage_switch`: the host's map, the least-loaded
 //!    rule, the run queues, a WAKE when the target is parked), with no work
 //!    in between. A switch whose next stage is served by the thread's own
 //!    vCPU does not migrate and is only counted (`stayed`).
@@ -23,13 +23,16 @@
 //! The last vCPU prints, per pass, the count, mean, median, p99 and maximum
 //! in ns, and a histogram in [`BUCKET_NS`]-ns buckets (`print`);
 //! `migration-bench` (`bench/src/migration.rs`) parses those lines.
+//!
+//! A workload (dispatched by [`super::workload`]): depends on
+//! [`super::switch`], [`super::runtime`] and [`super::platform`].
 
 use core::fmt;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use super::agent::{agent, stage_leave, stage_switch};
-use super::runtime::{alloc_pages, finish, timed_yield, Thread};
-use super::TSC_KHZ;
+use super::platform::{agent, alloc_pages, TSC_KHZ};
+use super::runtime::{finish, timed_yield, Thread};
+use super::switch::{stage_leave, stage_switch};
 use crate::print_line;
 
 /// Stage names hopper registers, in id order (`hopper=N` uses the first N).

@@ -20,128 +20,108 @@
 //! host's wake-up safety net and its report; the guest does not maintain
 //! per-stage runnable counts.
 //!
-//! Where things are:
-//! * [`runtime`] — guest threads, the context switch, per-vCPU run queues,
-//!   each vCPU's scheduler loop, idle spinning and parking, and the page
-//!   allocator;
-//! * [`agent`] — agent glue: registering the stage channel, the global
-//!   [`guest_agent::Agent`], and the stage switch that picks a vCPU and
-//!   reports through it;
-//! * [`workload`] — what the threads run: the default parse → plan →
-//!   execute request loop and the footprint workload (`workload=footprint`);
-//! * [`abuse`] — `abuse=1`: bad REGISTERs and corrupt ring entries that test
-//!   the VMM's validation;
+//! Where things are, bottom up (a module uses only those above it in this
+//! list; data flows from the workloads down to the platform):
+//! * [`platform`] — port I/O for the agent ([`PortIo`]), the global
+//!   [`guest_agent::Agent`] and the registration of the stage channel, the
+//!   page allocator ([`alloc_pages`]), the vCPU count and TSC rate;
+//! * [`config`] — the parameters as plain data ([`StagedConfig`],
+//!   [`IdleConfig`], the limits) and the per-thread job the runtime carries;
 //! * [`stats`] — guest-side counters and the `testguest:` lines printed at
 //!   the end, which the end-to-end tests and benchmarks parse;
-//! * [`bench`](mod@bench) — `bench=1`: the `stage_enter` / doorbell
-//!   micro-benchmark;
+//! * [`runtime`] — guest threads, the context switch, per-vCPU run queues,
+//!   each vCPU's scheduler loop, idle spinning and parking, and stealing;
+//!   the threads' entry function comes from the workload layer;
+//! * [`switch`] — the stage switch that picks a vCPU from the host's map,
+//!   migrates through the run queues and reports through the agent;
+//! * [`workload`] — what the threads run: the dispatch and entry
+//!   ([`workload::thread_main`]), the default parse → plan → execute request
+//!   loop ([`workload::pipeline`]) and the footprint workload
+//!   ([`workload::footprint`], `workload=footprint`);
 //! * [`hopper`] — `hopper=N`: the thread-migration micro-benchmark (seed
-//!   000's `hopper`);
-//! * [`hostile`] — `hostile=NAME,…`: attacks on the VMM instead of the
-//!   workload (`tests/hostile.rs`).
+//!   000's `hopper`), a workload too;
+//! * [`bench`](mod@bench) — `bench=1`: the `stage_enter` / doorbell
+//!   micro-benchmark (on the platform only);
+//! * this file — [`setup`], [`run_vcpu`] and [`print_counts`], which tie
+//!   the layers together for `main.rs`.
+//!
+//! The hostile modes (`abuse=1`, `hostile=…`) are in [`crate::hostile`],
+//! which builds on [`platform`]; nothing here depends on them.
 
-mod abuse;
-mod agent;
 mod bench;
+mod config;
 pub mod hopper;
-pub mod hostile;
-mod hostile_counters;
+pub(crate) mod platform;
 mod runtime;
 mod stats;
+mod switch;
 mod workload;
 
-use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::Ordering;
 
 use hypercall_abi::stage::MAX_VCPUS;
 
-pub use agent::PortIo;
 pub use bench::bench;
-pub use runtime::{alloc_pages, hold, run_vcpu};
-pub use stats::print_counts;
-pub use workload::set_request_source;
-
-/// Most stages a workload has (the footprint workload's maximum).
-pub const MAX_STAGES: usize = stage_workload::MAX_STAGES;
-/// Largest number of guest threads per vCPU.
-pub const MAX_THREADS_PER_VCPU: usize = 16;
-
-/// vCPU count (≤ `MAX_VCPUS`) and TSC frequency (kHz), set by vCPU 0 in
-/// [`setup`].
-static NUM_VCPUS: AtomicU32 = AtomicU32::new(1);
-static TSC_KHZ: AtomicU64 = AtomicU64::new(0);
-
-/// vCPUs taking part in the staged phase (those with a ring and a queue).
-fn num_vcpus() -> u32 {
-    NUM_VCPUS.load(Ordering::Relaxed)
-}
-
-/// Parameters of the staged phase, from the command line.
-#[derive(Clone, Copy, Debug)]
-pub struct StagedConfig {
-    /// Guest threads per vCPU (≤ [`MAX_THREADS_PER_VCPU`]).
-    pub threads: usize,
-    /// Requests per thread.
-    pub requests: u64,
-    /// Extra work iterations per stage and request, times the stage's weight.
-    pub work: u64,
-    /// Per-stage weights (parse, plan, execute).
-    pub weights: [u64; 3],
-    /// Reverse the weights once half of all requests (guest-wide) are done.
-    pub phase: bool,
-    /// How an idle vCPU waits for work (see [`runtime`]'s idle rule).
-    pub idle: IdleConfig,
-    /// Mixing iterations a vCPU pays when it runs a different stage than
-    /// the one it ran last (`switch_cost=`, a synthetic i-cache refill).
-    pub switch_cost: u64,
-}
-
-/// How long an idle vCPU polls its empty run queue before it parks with
-/// WAIT: briefly when it shares its host core with other vCPUs, long when
-/// the host says it is alone on its core (ABI minor 1, `StageMap::owned`),
-/// where polling costs no other vCPU anything and saves the WAIT and WAKE
-/// exits (seed 000 §5: busy-polling idle CPUs migrate in 1.3 µs and gave
-/// +22 % TPC-C against +9 % with MWAIT).
-#[derive(Clone, Copy, Debug)]
-pub struct IdleConfig {
-    /// Polling before parking on a shared core (µs; `idle_spin_us=`).
-    pub shared_us: u64,
-    /// Polling before parking on an owned core (µs; `owned_idle_us=`).
-    pub owned_us: u64,
-}
-
-impl Default for IdleConfig {
-    fn default() -> Self {
-        Self {
-            shared_us: 50,
-            owned_us: 10_000,
-        }
-    }
-}
+pub use config::{IdleConfig, StagedConfig, MAX_THREADS_PER_VCPU};
+pub use platform::{alloc_pages, PortIo, RegisterHook};
+pub use runtime::hold;
+pub use workload::pipeline::set_request_source;
 
 /// vCPU 0's part before the other vCPUs start the staged phase: the free
 /// range, hopper's sample buffers (after [`hopper::configure`]), the
 /// workload, the area and the agent (registered with the workload's stage
-/// names, with per-vCPU counters unless `counters` is false). With `abuse`,
-/// bad REGISTERs come before the
-/// registration and corrupt ring entries after it.
+/// names, with per-vCPU counters unless `counters` is false). With
+/// `before_register` (`abuse=1`'s bad REGISTERs,
+/// `crate::hostile::abuse::bad_registers`), it is called on the area before
+/// the registration.
 pub fn setup(
     info: &hypercall_abi::boot::BootInfo,
     ring_entries: u32,
     counters: bool,
     timed_every: u64,
-    abuse: bool,
+    before_register: Option<RegisterHook>,
     footprint: Option<stage_workload::Params>,
 ) {
-    runtime::init_free(info.free_start, info.free_end);
+    platform::init_free(info.free_start, info.free_end);
     hopper::init();
     if let Some(p) = footprint {
-        workload::set_footprint(&p);
+        workload::footprint::configure(&p);
     }
     let names = workload::stage_names();
-    NUM_VCPUS.store(info.num_vcpus.min(MAX_VCPUS as u32), Ordering::Relaxed);
-    TSC_KHZ.store(info.tsc_khz, Ordering::Relaxed);
-    agent::register(info, names, ring_entries, counters, timed_every, abuse);
-    if abuse && agent::agent().is_active() {
-        abuse::corrupt_ring(ring_entries);
-    }
+    platform::NUM_VCPUS.store(info.num_vcpus.min(MAX_VCPUS as u32), Ordering::Relaxed);
+    platform::TSC_KHZ.store(info.tsc_khz, Ordering::Relaxed);
+    platform::register(
+        info,
+        names,
+        ring_entries,
+        counters,
+        timed_every,
+        before_register,
+    );
+}
+
+/// This vCPU's part of the staged phase (see [`runtime::run_vcpu`]): its
+/// `cfg.threads` threads run the workload chosen in [`setup`]
+/// ([`workload::thread_main`]).
+pub fn run_vcpu(vcpu: u32, num_vcpus: u32, cfg: &StagedConfig, tsc_khz: u64) {
+    runtime::run_vcpu(
+        vcpu,
+        num_vcpus,
+        cfg,
+        tsc_khz,
+        workload::thread_main,
+        workload::new_job,
+    );
+}
+
+/// Prints the guest's own counts (see [`stats::print_counts`]), then
+/// hopper's lines when it ran ([`hopper::print`]).
+pub fn print_counts() {
+    stats::print_counts(
+        platform::agent(),
+        workload::stage_names(),
+        platform::num_vcpus() as usize,
+        platform::TSC_KHZ.load(Ordering::Relaxed),
+    );
+    hopper::print();
 }

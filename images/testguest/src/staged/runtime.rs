@@ -11,8 +11,12 @@
 //! channel's WAIT (no lost wake-ups: `parked = 1`, re-check, WAIT; a pusher
 //! raises the target's run-queue depth, pushes, then WAKEs it if parked).
 //!
-//! Memory for stacks, the channel's area and the disk comes from a bump
-//! allocator over the boot info's free range ([`alloc_pages`]).
+//! What a thread runs is not the runtime's business: [`run_vcpu`] takes the
+//! threads' entry function and the maker of their [`Job`]s from the
+//! workload layer. Thread stacks come from [`super::platform::alloc_pages`].
+//!
+//! Depends on [`super::platform`], [`super::stats`] and [`super::config`]
+//! only; the stage switch ([`super::switch`]) and the workloads build on it.
 
 use core::arch::global_asm;
 use core::ptr;
@@ -21,33 +25,13 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use guest_agent::Platform;
 use hypercall_abi::stage::{MAX_VCPUS, STAGE_NONE};
 
-use super::agent::{agent, PortIo};
+use super::config::{IdleConfig, Job, StagedConfig, MAX_THREADS_PER_VCPU};
+use super::platform::{agent, alloc_pages, num_vcpus, PortIo};
 use super::stats::{bump, count, END_TSC, START_TSC, TOTAL_REQUESTS, VCPU_COUNTS};
-use super::workload::{thread_main, Job};
-use super::IdleConfig;
-use super::{num_vcpus, StagedConfig, MAX_THREADS_PER_VCPU};
 use crate::print_line;
 
 /// Bytes of stack per guest thread.
 const THREAD_STACK: u64 = 64 << 10;
-
-/// Memory from the boot info's free range, handed out by a bump pointer.
-static FREE_NEXT: AtomicU64 = AtomicU64::new(0);
-static FREE_END: AtomicU64 = AtomicU64::new(0);
-
-/// Sets the free range `[start, end)` (GPAs; vCPU 0, before other vCPUs
-/// allocate).
-pub(super) fn init_free(start: u64, end: u64) {
-    FREE_NEXT.store(start, Ordering::Relaxed);
-    FREE_END.store(end, Ordering::Release);
-}
-
-/// Allocates `size` bytes aligned to 4 KiB; `None` when memory is exhausted.
-pub fn alloc_pages(size: u64) -> Option<u64> {
-    let size = size.next_multiple_of(4096);
-    let start = FREE_NEXT.fetch_add(size, Ordering::Relaxed);
-    (start + size <= FREE_END.load(Ordering::Acquire)).then_some(start)
-}
 
 global_asm!(
     r#"
@@ -263,14 +247,29 @@ pub(super) fn finish(t: &Thread, checksum: u64) -> ! {
     }
 }
 
-/// Creates a thread on a fresh stack, to start on `vcpu`, running its share
-/// of `cfg` (see [`Job::new`]).
-fn new_thread(id: u32, vcpu: u32, cfg: &StagedConfig) -> &'static Thread {
+/// Body of every guest thread, given by the workload layer and entered
+/// through the trampoline with the thread's [`Thread`]; it ends with
+/// [`finish`].
+pub(super) type Entry = extern "C" fn(*const Thread);
+
+/// Makes a new thread's [`Job`] under the config (the workload layer's,
+/// which may allocate the thread's data).
+pub(super) type NewJob = fn(&StagedConfig) -> Job;
+
+/// Creates a thread on a fresh stack, to start on `vcpu` in `entry`,
+/// running its share of `cfg` (the [`Job`] `new_job` makes).
+fn new_thread(
+    id: u32,
+    vcpu: u32,
+    cfg: &StagedConfig,
+    entry: Entry,
+    new_job: NewJob,
+) -> &'static Thread {
     let Some(stack) = alloc_pages(THREAD_STACK) else {
         println!("testguest: out of memory for thread stacks");
         crate::shutdown(5);
     };
-    let job = Job::new(cfg);
+    let job = new_job(cfg);
     let slot = (stack + THREAD_STACK - THREAD_HEADER) as *mut Thread;
     // SAFETY: the top THREAD_HEADER bytes of our freshly allocated, 4 KiB
     // aligned stack; nothing else uses them.
@@ -297,7 +296,7 @@ fn new_thread(id: u32, vcpu: u32, cfg: &StagedConfig) -> &'static Thread {
     let words = [
         0,
         0,
-        thread_main as *const () as u64,
+        entry as *const () as u64,
         slot as u64,
         0,
         0,
@@ -485,8 +484,16 @@ fn schedule(vcpu: u32, idle_cfg: &IdleConfig, tsc_khz: u64) {
 /// vCPUs' threads together, schedules until every thread of the guest is done
 /// (threads move between vCPUs at stage switches, following the host's
 /// stage map), then prints the checksums of the threads it created.
-/// vCPUs past [`MAX_VCPUS`] (no ring, no queue) take no part.
-pub fn run_vcpu(vcpu: u32, num_vcpus: u32, cfg: &StagedConfig, tsc_khz: u64) {
+/// vCPUs past [`MAX_VCPUS`] (no ring, no queue) take no part. The threads
+/// run `entry` with the jobs `new_job` makes (the workload layer's).
+pub(super) fn run_vcpu(
+    vcpu: u32,
+    num_vcpus: u32,
+    cfg: &StagedConfig,
+    tsc_khz: u64,
+    entry: Entry,
+    new_job: NewJob,
+) {
     let num_vcpus = num_vcpus.min(MAX_VCPUS as u32);
     if vcpu >= num_vcpus {
         return;
@@ -496,7 +503,7 @@ pub fn run_vcpu(vcpu: u32, num_vcpus: u32, cfg: &StagedConfig, tsc_khz: u64) {
     for (i, slot) in own.iter_mut().enumerate().take(threads) {
         let id = vcpu + num_vcpus * i as u32;
         let home = id % num_vcpus;
-        let t = new_thread(id, home, cfg);
+        let t = new_thread(id, home, cfg, entry, new_job);
         *slot = Some(t);
         RUNQ[home as usize].push(t);
     }

@@ -3,16 +3,18 @@
 //! and [`print_counts`], which prints them as `testguest:` lines at the end
 //! of the run. The end-to-end tests (`tests/`) and the benchmarks
 //! (`bench/src/`) parse these lines, so their format is an interface.
+//!
+//! Depends on nothing else in `staged/` but the limits of [`super::config`]:
+//! what it prints about the agent, the stages and the machine is passed in
+//! (`staged::print_counts`).
 
 use core::fmt::Write as _;
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use guest_agent::{Report, Trace};
+use guest_agent::{Agent, Platform, Report, Trace};
 use hypercall_abi::stage::MAX_VCPUS;
 
-use super::agent::agent;
-use super::workload::stage_names;
-use super::{num_vcpus, MAX_STAGES, TSC_KHZ};
+use super::config::MAX_STAGES;
 use crate::print_line;
 
 /// Adds `n` to a counter only this vCPU writes (no locked instruction:
@@ -154,17 +156,22 @@ impl core::fmt::Write for LineBuf {
 
 /// Prints the guest's own per-stage counts (compared with the VMM's by the
 /// tests), per-vCPU stage counts, migrations and the staged phase's
-/// throughput, then hopper's lines when it ran (`hopper::print`).
-pub fn print_counts() {
-    let a = agent();
+/// throughput: the agent `a`'s ring counters, the counts of the first
+/// `num_vcpus` vCPUs over the stages `names`, times from a TSC of
+/// `tsc_khz` kHz. (`staged::print_counts` then prints hopper's lines.)
+pub(super) fn print_counts<P: Platform>(
+    a: &Agent<P>,
+    names: &[&str],
+    num_vcpus: usize,
+    tsc_khz: u64,
+) {
     let layout_vcpus = a.layout().map_or(0, |l| l.num_vcpus);
     let ring_full: u64 = (0..layout_vcpus).map(|v| a.ring_full_backoffs(v)).sum();
     let ring_dropped: u64 = (0..layout_vcpus).map(|v| a.trace_dropped(v)).sum();
     let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    let n = num_vcpus() as usize;
+    let n = num_vcpus;
     let vcpus = &VCPU_COUNTS[..n];
     let total = |f: fn(&VcpuCounts) -> &AtomicU64| vcpus.iter().map(|c| load(f(c))).sum::<u64>();
-    let names = stage_names();
     // "name count name count …" over the workload's stages.
     let per_stage = |count: &dyn Fn(usize) -> u64| {
         let mut line = LineBuf::new();
@@ -224,7 +231,7 @@ pub fn print_counts() {
         permille / 10,
         permille % 10
     );
-    let khz = TSC_KHZ.load(Ordering::Relaxed).max(1);
+    let khz = tsc_khz.max(1);
     let switches = |k: usize| vcpus.iter().map(|c| load(&c.switches[k])).sum::<u64>();
     let ns = |k: usize| {
         let cycles: u64 = vcpus.iter().map(|c| load(&c.switch_cycles[k])).sum();
@@ -240,7 +247,7 @@ pub fn print_counts() {
     let start = START_TSC.load(Ordering::Relaxed);
     if start != 0 {
         let cycles = END_TSC.load(Ordering::Relaxed).saturating_sub(start).max(1);
-        let khz = TSC_KHZ.load(Ordering::Relaxed).max(1);
+        let khz = tsc_khz.max(1);
         let requests = TOTAL_REQUESTS.load(Ordering::Relaxed);
         let rps = u128::from(requests) * u128::from(khz) * 1000 / u128::from(cycles);
         println!(
@@ -250,5 +257,4 @@ pub fn print_counts() {
             rps
         );
     }
-    super::hopper::print();
 }

@@ -3,12 +3,14 @@
 //! writes bad register values and bad descriptor chains to the first
 //! `--disk`, with good 512-byte reads in between that must still work.
 //! Register offsets are the VMM's (`vmm/src/devices/virtio/mod.rs`).
+//!
+//! Depends on [`super::env`] and [`crate::staged::platform`]'s allocator.
 
 use core::sync::atomic::{fence, AtomicU64, Ordering};
 
+use super::env::{fail, tsc, Env};
 use crate::print_line;
-use crate::staged::alloc_pages;
-use crate::staged::hostile::{fail, tsc, Env};
+use crate::staged::platform::alloc_pages;
 
 /// Register offsets (VIRTIO 1.2 §4.2.2).
 mod reg {

@@ -11,21 +11,33 @@
 //!
 //! The stage-channel attacks write the ring memory directly (the area's
 //! address and layout come from the registration), as a hostile guest
-//! would; the virtio attacks are in [`crate::hostile_virtio`].
+//! would; the virtio attacks are in [`virtio`], the counter and
+//! re-registration attacks in [`counters`], and `abuse=1` (bad REGISTERs
+//! and corrupt ring entries around the staged workload's registration) in
+//! [`abuse`]; [`env`](mod@env) holds what they all use.
+//!
+//! Depends on [`crate::staged::platform`] (the agent, the registered area,
+//! the page allocator, the TSC rate); `crate::staged` does not depend on
+//! this module (`main.rs` hands [`abuse::bad_registers`] to
+//! `staged::setup`).
+
+pub mod abuse;
+mod counters;
+mod env;
+mod virtio;
 
 use core::mem::offset_of;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use guest_agent::Platform;
 use hypercall_abi::boot::BootInfo;
 use hypercall_abi::stage::{
     Layout, RingHeader, StageEvent, Status, DOORBELL_REGISTER, DOORBELL_STATUS, DOORBELL_WAKE,
     IDLE_THREAD, STAGE_NONE,
 };
 
-use super::agent::{agent, area, PortIo};
-use super::alloc_pages;
+use crate::staged::platform::{agent, alloc_pages, area, TSC_KHZ};
 use crate::{inl, outl, print_line, shutdown, stop_vcpu};
+use env::{fail, tsc, Env};
 
 /// One attack (its bit in [`Hostile`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,43 +115,6 @@ const FLOOD: u64 = 100_000;
 /// One flood doorbell in this many has its status read back (an extra exit).
 const CHECK_EVERY: u64 = 100;
 
-/// What the attacks need to know about the machine.
-pub struct Env {
-    /// Guest RAM (bytes).
-    pub mem_size: u64,
-    /// vCPUs of the VM.
-    pub num_vcpus: u32,
-    /// TSC frequency (kHz; a 3 GHz guess when the VMM gave none).
-    pub tsc_khz: u64,
-    /// GPA of the first virtio-mmio device, if any.
-    pub virtio: Option<u64>,
-}
-
-impl Env {
-    /// TSC ticks in `ms` milliseconds.
-    pub fn ticks(&self, ms: u64) -> u64 {
-        ms * self.tsc_khz
-    }
-
-    /// TSC ticks to nanoseconds.
-    pub fn ns(&self, ticks: u64) -> u64 {
-        (u128::from(ticks) * 1_000_000 / u128::from(self.tsc_khz)) as u64
-    }
-}
-
-/// The guest TSC (ticks).
-pub fn tsc() -> u64 {
-    PortIo.tsc()
-}
-
-/// Prints `hostile: FAILED …` and ends the VM with exit code 6, so a test
-/// sees that an attack could not run as designed (e.g. the VMM stopped
-/// draining).
-pub fn fail(what: core::fmt::Arguments) -> ! {
-    println!("hostile: FAILED {}", what);
-    shutdown(6)
-}
-
 /// Entry of every vCPU in hostile mode (after its checksum line); never
 /// returns. vCPU 0 runs the attacks and shuts down with `exit`.
 pub fn run(vcpu: u32, info: &BootInfo, h: Hostile, virtio: Option<(u64, usize)>, exit: u32) -> ! {
@@ -183,10 +158,10 @@ fn run_one(attack: Attack, env: &Env, verbose: bool) {
         Attack::RingWrap => ring_wrap(&Rings::get(), verbose),
         Attack::Prefill => prefill(&Rings::get(), env, verbose),
         Attack::ForgedTsc => forged_tsc(&Rings::get(), verbose),
-        Attack::VirtioBad => crate::hostile_virtio::bad_registers(env, verbose),
-        Attack::VirtioChains => crate::hostile_virtio::bad_chains(env, verbose),
-        Attack::Counters => super::hostile_counters::impossible_counters(env, verbose),
-        Attack::Reregister => super::hostile_counters::reregister_loop(env, verbose),
+        Attack::VirtioBad => virtio::bad_registers(env, verbose),
+        Attack::VirtioChains => virtio::bad_chains(env, verbose),
+        Attack::Counters => counters::impossible_counters(env, verbose),
+        Attack::Reregister => counters::reregister_loop(env, verbose),
     }
 }
 
@@ -275,7 +250,7 @@ const TSC_KHZ_GUESS: u64 = 3_000_000;
 
 /// The guest's TSC rate (kHz), or [`TSC_KHZ_GUESS`].
 fn khz() -> u64 {
-    match super::TSC_KHZ.load(Ordering::Relaxed) {
+    match TSC_KHZ.load(Ordering::Relaxed) {
         0 => TSC_KHZ_GUESS,
         k => k,
     }

@@ -1,126 +1,22 @@
-//! Agent glue: the guest's one [`Agent`] (registered by vCPU 0 in
-//! [`register`], read-only afterwards, reached through [`agent`]), its
-//! platform ([`PortIo`]), and a thread's stage switch ([`stage_switch`],
-//! [`stage_leave`]): pick the vCPU for the next stage from the host's map
-//! with `guest_agent::choose_from_map`, migrate through the run queues when
-//! it is another vCPU, and report the stage on the vCPU that runs it.
+//! A thread's stage switch ([`stage_switch`], [`stage_leave`]): pick the
+//! vCPU for the next stage from the host's map with
+//! `guest_agent::choose_from_map` (each vCPU caches the last map it read,
+//! [`MapCache`]), migrate through the run queues when it is another vCPU,
+//! and report the stage on the vCPU that runs it.
+//!
+//! Depends on [`super::runtime`] (threads, yields, queue lengths),
+//! [`super::platform`] (the agent) and [`super::stats`]; the workloads call
+//! it, the runtime does not.
 
-use core::arch::asm;
 use core::cell::UnsafeCell;
-use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use core::sync::atomic::Ordering;
 
-use guest_agent::{choose_from_map, Agent, AreaSpec, MapSnapshot, Mode, Platform};
-use hypercall_abi::stage::{DOORBELL_STATUS, MAX_STAGES, MAX_VCPUS, STAGE_NONE};
+use guest_agent::{choose_from_map, MapSnapshot};
+use hypercall_abi::stage::{MAX_STAGES, MAX_VCPUS, STAGE_NONE};
 
-use super::runtime::{alloc_pages, timed_yield, Thread};
+use super::platform::{agent, num_vcpus};
+use super::runtime::{timed_yield, Thread};
 use super::stats::{bump, count, VCPU_COUNTS};
-use super::{abuse, num_vcpus};
-use crate::{inl, outl, print_line};
-
-/// Port I/O and TSC for the agent.
-pub struct PortIo;
-
-impl Platform for PortIo {
-    fn doorbell(&self, port: u16, value: u32) {
-        outl(port, value);
-    }
-    fn doorbell_status(&self) -> u32 {
-        inl(DOORBELL_STATUS)
-    }
-    fn tsc(&self) -> u64 {
-        let (lo, hi): (u32, u32);
-        // SAFETY: rdtsc is allowed in ring 3 (CR4.TSD clear, see hypercall_abi::boot).
-        unsafe { asm!("rdtsc", out("eax") lo, out("edx") hi, options(nomem, nostack)) };
-        (u64::from(hi) << 32) | u64::from(lo)
-    }
-}
-
-/// The global agent, set by vCPU 0 before it releases the other vCPUs.
-struct AgentCell(UnsafeCell<MaybeUninit<Agent<PortIo>>>);
-// SAFETY: written once by vCPU 0 before READY is released; read-only after.
-unsafe impl Sync for AgentCell {}
-static AGENT: AgentCell = AgentCell(UnsafeCell::new(MaybeUninit::uninit()));
-static READY: AtomicBool = AtomicBool::new(false);
-/// GPA (identity-mapped) of the registered area; 0 when inactive. Read by
-/// [`super::hostile`], which writes rings directly, as a hostile guest would.
-static AREA: AtomicU64 = AtomicU64::new(0);
-
-/// GPA of the registered stage-channel area (0 when the agent is inactive).
-pub(super) fn area() -> u64 {
-    AREA.load(Ordering::Acquire)
-}
-
-/// The guest's agent (inactive when the channel is not there). Panics if
-/// called before vCPU 0 published it in [`register`].
-pub(super) fn agent() -> &'static Agent<PortIo> {
-    assert!(READY.load(Ordering::Acquire));
-    // SAFETY: initialised before READY was set (see `register`).
-    unsafe { (*AGENT.0.get()).assume_init_ref() }
-}
-
-/// vCPU 0, once: lays out an area for `info.num_vcpus` rings of
-/// `ring_entries` entries (and per-vCPU counters with `counters`, timing one
-/// visit in `timed_every`, 0 = the agent's default) and the
-/// stages `names`, registers it (an inactive agent when the layout is
-/// invalid, memory runs out or the VMM refuses), prints the `testguest:
-/// stage channel` line and publishes the agent for [`agent`]. With `abuse`,
-/// first sends [`abuse::bad_registers`] on the same area.
-pub(super) fn register(
-    info: &hypercall_abi::boot::BootInfo,
-    names: &[&str],
-    ring_entries: u32,
-    counters: bool,
-    timed_every: u64,
-    abuse: bool,
-) {
-    let mut spec = AreaSpec {
-        gpa: 0,
-        size: 0,
-        num_vcpus: info.num_vcpus,
-        stage_names: names,
-        ring_entries,
-        counters,
-        timed_every,
-    };
-    let mut area = None;
-    let agent = match spec.layout() {
-        Some(layout) => {
-            let size = layout.area_size();
-            match alloc_pages(size) {
-                Some(addr) => {
-                    area = Some(addr);
-                    if abuse {
-                        abuse::bad_registers(info.mem_size, addr, &layout);
-                    }
-                    (spec.gpa, spec.size) = (addr, size);
-                    // SAFETY: `addr` is `size` bytes of our own memory, page aligned.
-                    unsafe { Agent::register(PortIo, addr as *mut u8, &spec) }
-                        .unwrap_or_else(|_| Agent::inactive(PortIo))
-                }
-                None => Agent::inactive(PortIo),
-            }
-        }
-        None => Agent::inactive(PortIo),
-    };
-    println!(
-        "testguest: stage channel {:?} ({} stages, {} ring entries, {})",
-        agent.status(),
-        names.len(),
-        ring_entries,
-        match (agent.is_active(), agent.mode()) {
-            (false, _) => "inactive",
-            (true, Mode::Counters) => "counters",
-            (true, Mode::Rings) => "rings",
-        }
-    );
-    if let Some(addr) = area.filter(|_| agent.is_active()) {
-        AREA.store(addr, Ordering::Release);
-    }
-    // SAFETY: only vCPU 0 writes, before READY is released.
-    unsafe { (*AGENT.0.get()).write(agent) };
-    READY.store(true, Ordering::Release);
-}
 
 /// A stage map as one vCPU sees it: the snapshot and the stages it serves
 /// (bit *s*), so the common case — this vCPU serves the next stage — is one

@@ -13,6 +13,8 @@
 //!   [`REREGISTER_MS`]: the host must serve at most one planning per policy
 //!   period, and keep the events each UNREGISTER finds within a bounded
 //!   backlog, its memory and its CPU bounds.
+//!
+//! Depends on [`super::env`] and [`crate::staged::platform`].
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -22,9 +24,8 @@ use hypercall_abi::stage::{
     DOORBELL_UNREGISTER, MAX_STAGES, STAGE_DESCS_OFFSET,
 };
 
-use super::agent::{agent, area};
-use super::alloc_pages;
-use super::hostile::{fail, tsc, Env};
+use super::env::{fail, tsc, Env};
+use crate::staged::platform::{agent, alloc_pages, area};
 use crate::{inl, outl, print_line};
 
 /// Rounds of [`impossible_counters`] (10 ms each).

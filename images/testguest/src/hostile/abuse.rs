@@ -2,12 +2,16 @@
 //! tests can check the VMM's validation. Bad REGISTERs go out before the
 //! real registration ([`bad_registers`]); corrupt ring entries after it
 //! ([`corrupt_ring`], through guest-agent's `test-hooks`). Each step prints
-//! one `abuse:` line that the tests match.
+//! one `abuse:` line that the tests match. `main.rs` hands
+//! [`bad_registers`] to `staged::setup` (a `staged::RegisterHook`) and
+//! calls [`corrupt_ring`] right after it.
+//!
+//! Depends on [`crate::staged::platform`] only.
 
 use guest_agent::Platform;
 use hypercall_abi::stage::{AreaHeader, Layout, Status, DOORBELL_REGISTER, DOORBELL_STATUS};
 
-use super::agent::agent;
+use crate::staged::platform::agent;
 use crate::{inl, outl, print_line};
 
 /// Sends REGISTER for page frame `pfn` directly (no agent) and returns the
@@ -21,7 +25,7 @@ fn raw_register(pfn: u64) -> Status {
 /// bytes), wrong magic, size not page-aligned, the last two on the area at
 /// GPA `area` laid out by `layout`. Prints the status the VMM answered each
 /// with.
-pub(super) fn bad_registers(mem_size: u64, area: u64, layout: &Layout) {
+pub fn bad_registers(mem_size: u64, area: u64, layout: &Layout) {
     let outside = raw_register((mem_size >> 12) + 16);
     let header = area as *mut AreaHeader;
     let good = layout.header();
@@ -50,9 +54,13 @@ pub(super) fn bad_registers(mem_size: u64, area: u64, layout: &Layout) {
 /// Corrupt ring entries from vCPU 0: one with a wrong sequence number (a
 /// torn or forged slot), one with an out-of-range stage, then a head that
 /// jumps four rings ahead. Waits for the host to consume each step so every
-/// corruption is seen on its own.
-pub(super) fn corrupt_ring(ring_entries: u32) {
+/// corruption is seen on its own. Nothing when the agent is inactive (the
+/// registration failed).
+pub fn corrupt_ring(ring_entries: u32) {
     let a = agent();
+    if !a.is_active() {
+        return;
+    }
     if a.mode() == guest_agent::Mode::Counters && a.trace_every() == 0 {
         // The host reads no ring of a counters guest without a trace.
         println!("abuse: ring corruption skipped: counters without a trace (run with --stage-trace on, or counters=0)");

@@ -1,0 +1,57 @@
+//! What the workloads share: `switch_cost=`'s synthetic refill
+//! ([`cold_start`]), the mixing loop behind it and behind `work=` ([`mix`]),
+//! and the guest-wide count of completed requests ([`COMPLETED`]).
+//!
+//! Depends on [`crate::staged::runtime`]'s [`Thread`] only.
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use hypercall_abi::stage::MAX_VCPUS;
+
+use crate::staged::runtime::Thread;
+
+/// Per vCPU, the stage it ran last (`u32::MAX`: none yet), for `switch_cost`.
+static LAST_STAGE: [core::sync::atomic::AtomicU32; MAX_VCPUS] =
+    [const { core::sync::atomic::AtomicU32::new(u32::MAX) }; MAX_VCPUS];
+
+/// `switch_cost=N`: a synthetic refill cost, N iterations of the mixing
+/// loop whenever a vCPU runs a different stage than the one it ran last —
+/// what a cold instruction cache costs a core that switches stage, and what
+/// stage scheduling saves. A test fixture: it makes staging win by
+/// construction (the tests of `--policy auto` use it); 0 (default) is off.
+pub(super) fn cold_start(t: &Thread, stage: u32) {
+    let cost = t.job.switch_cost;
+    let vcpu = t.vcpu.load(Ordering::Relaxed) as usize;
+    let Some(last) = LAST_STAGE.get(vcpu) else {
+        return;
+    };
+    if cost != 0 && last.swap(stage, Ordering::Relaxed) != stage {
+        let mut scratch = [u64::from(stage); 8];
+        mix::<0x2545_f491_4f6c_dd1d>(&mut scratch, cost);
+        core::hint::black_box(scratch);
+    }
+}
+
+/// `n` rounds of xorshift64 mixing (with the stage's constant `K`, so each
+/// stage has its own code) folded into the request: the `work=` option's
+/// extra per-stage work (its result is only kept from being optimised
+/// away). Nothing when `n` is 0.
+#[inline(always)]
+pub(super) fn mix<const K: u64>(req: &mut [u64; 8], n: u64) {
+    if n == 0 {
+        return;
+    }
+    let mut x = req[(K & 7) as usize] | 1;
+    for i in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x = x.wrapping_add(K ^ i);
+    }
+    // Only the time counts: the result stays out of the checksum, so checksums
+    // do not depend on work=, weights= or when a phase change happens.
+    core::hint::black_box(x);
+}
+
+/// Requests completed by all threads (drives `phase=1`).
+pub(super) static COMPLETED: AtomicU64 = AtomicU64::new(0);
