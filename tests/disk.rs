@@ -145,7 +145,7 @@ fn missing_disk_file_is_named() {
 }
 
 /// The staged threads' per-thread checksum, written again from the guest's
-/// stage code (`images/testguest/src/staged/workload.rs`, with `work=0`): parse =
+/// stage code (`images/testguest/src/staged/workload/pipeline.rs`, with `work=0`): parse =
 /// FNV-1a over the request's bytes, folded into word 0; plan = insertion sort,
 /// returning words 3 ^ 5; execute = a 512-word table updated at
 /// `(w >> 7 ^ i) % 512` with `rotl(t + w, 11)`; checksum =

@@ -1,5 +1,5 @@
 //! End-to-end: a hostile test guest (`hostile=NAME`, see
-//! `images/testguest/src/staged/hostile.rs` and `hostile_virtio.rs`)
+//! `images/testguest/src/hostile/mod.rs` and `hostile/virtio.rs`)
 //! attacks the VMM through the stage channel and virtio-blk. For every
 //! attack the VMM must stay up and end as the guest asked (exit 0, no
 //! panic), count the attack in its report, print at most

@@ -7,20 +7,32 @@ use common::*;
 use stagevm_report::Report;
 
 fn boot(config: &str, cpus: &str, cmdline: &str) -> (Run, Report) {
+    boot_within(config, cpus, cmdline, std::time::Duration::from_secs(60))
+}
+
+fn boot_within(
+    config: &str,
+    cpus: &str,
+    cmdline: &str,
+    timeout: std::time::Duration,
+) -> (Run, Report) {
     let conf = std::env::temp_dir().join(format!(
         "stagevm-sched-{}-{}.toml",
         std::process::id(),
         config.len() + cmdline.len()
     ));
     std::fs::write(&conf, config).unwrap();
-    let out = boot_with_report(&[
-        "--cpus",
-        cpus,
-        "--stages",
-        conf.to_str().unwrap(),
-        "--cmdline",
-        cmdline,
-    ]);
+    let out = boot_with_report_within(
+        &[
+            "--cpus",
+            cpus,
+            "--stages",
+            conf.to_str().unwrap(),
+            "--cmdline",
+            cmdline,
+        ],
+        timeout,
+    );
     let _ = std::fs::remove_file(&conf);
     out
 }
@@ -216,4 +228,70 @@ fn auto_over_a_minute_switches_mode_at_most_once_per_phase() {
     // The losing epochs of its trials: at most 2 % of the run.
     assert!(a.losing_share <= 0.02, "{a:?}");
     assert_eq!(a.losing_share, a.losing_periods as f64 / a.periods as f64);
+}
+
+/// (steals, spills) from the guest's `testguest: work-conserving` line.
+fn steals_and_spills(stdout: &str) -> (u64, u64) {
+    let n = line_numbers(stdout, "testguest: work-conserving ");
+    (n[0], n[1])
+}
+
+/// Per vCPU and stage, the guest's runs of the stage on a vCPU the final
+/// map does not give it, summed.
+fn off_map_runs(stdout: &str, json: &Report) -> u64 {
+    let serves = |v: usize, s: usize| json.sched.stages[s].vcpus.contains(&(v as u32));
+    per_vcpu_counts(stdout)
+        .iter()
+        .enumerate()
+        .map(|(v, ran)| {
+            (0..3)
+                .filter(|s| !serves(v, *s))
+                .map(|s| ran[s])
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+#[test]
+fn an_idle_vcpu_takes_queued_threads_of_its_own_stage_only() {
+    // 4 vCPUs on 2 cores: vCPUs 0 and 2 serve parse, 1 and 3 plan and
+    // execute. A vCPU whose queue runs dry takes a thread of its stage that
+    // waits on the other vCPU of the stage; without spill_us= it never takes
+    // one of another stage.
+    let config = "[host]\ncores = \"0-1\"\n[policy]\nname = \"static\"\n\
+                  [[stage]]\nname = \"parse\"\n[[stage]]\nname = \"plan\"\n[[stage]]\nname = \"execute\"\n";
+    let (run, json) = boot(
+        config,
+        "boot=4",
+        "iters=1000 threads=4 requests=20000 work=200",
+    );
+    let vcpus: Vec<Vec<u32>> = json.sched.stages.iter().map(|s| s.vcpus.clone()).collect();
+    assert_eq!(vcpus, [vec![0, 2], vec![1, 3], vec![1, 3]]);
+    let (steals, spills) = steals_and_spills(&run.stdout);
+    assert!(steals > 0, "no steal:\n{}", run.stdout);
+    assert_eq!(spills, 0, "{}", run.stdout);
+    let [_, fallbacks, violations] = guest_migrations(&run.stdout);
+    assert_eq!((fallbacks, violations), (0, 0), "{}", run.stdout);
+    assert_eq!(off_map_runs(&run.stdout, &json), 0, "{}", run.stdout);
+}
+
+#[test]
+fn spills_happen_only_under_the_rule_and_are_counted() {
+    // parse is 8 times heavier than plan and execute: under static on 2
+    // vCPUs the plan/execute vCPU idles about a third of the time. With
+    // spill_us=2 it takes parse threads waiting on the other vCPU after 2 µs
+    // idle; each spill is one parse visit off the map, counted; without the
+    // rule there is none.
+    let config = "[host]\ncores = \"0-1\"\n[policy]\nname = \"static\"\n";
+    let cmdline = "iters=1000 threads=3 requests=5000 work=2000 weights=8,1,1";
+    let (run, json) = boot(config, "boot=2", cmdline);
+    assert_eq!(steals_and_spills(&run.stdout).1, 0, "{}", run.stdout);
+    assert_eq!(off_map_runs(&run.stdout, &json), 0, "{}", run.stdout);
+    let (run, json) = boot(config, "boot=2", &format!("{cmdline} spill_us=2"));
+    let (_, spills) = steals_and_spills(&run.stdout);
+    assert!(spills > 0, "no spill:\n{}", run.stdout);
+    // Every spill ran exactly one visit off the map, and nothing else did.
+    assert_eq!(off_map_runs(&run.stdout, &json), spills, "{}", run.stdout);
+    let [_, fallbacks, violations] = guest_migrations(&run.stdout);
+    assert_eq!((fallbacks, violations), (0, 0), "{}", run.stdout);
 }

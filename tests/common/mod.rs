@@ -250,9 +250,15 @@ pub fn guest_args_with_report<'a>(report: &'a Path, args: &[&'a str]) -> Vec<&'a
 /// holding the [`VmLock`]; asserts exit 0 without a panic and returns the
 /// run and its report.
 pub fn boot_with_report(args: &[&str]) -> (Run, stagevm_report::Report) {
+    boot_with_report_within(args, Duration::from_secs(60))
+}
+
+/// [`boot_with_report`] for a run that may take up to `timeout` (the
+/// minute-long tests).
+pub fn boot_with_report_within(args: &[&str], timeout: Duration) -> (Run, stagevm_report::Report) {
     let _lock = vm_lock();
     let report = report_path("report");
-    let run = run(&guest_args_with_report(&report, args));
+    let run = wait(spawn(&guest_args_with_report(&report, args)), timeout);
     run.assert_no_panic();
     assert_eq!(run.code(), 0, "{run:#?}");
     let json = stagevm_report::Report::read(&report)

@@ -61,9 +61,10 @@ pub fn parse(stdout: &str) -> Option<Busy> {
 }
 
 /// Switches in all for a run with `work` iterations between switches:
-/// about a second of work on 2 vCPUs, between 20,000 and 400,000.
+/// about a second on 2 vCPUs at ~1.5 ns per iteration and ~150 ns per
+/// switch, between 40,000 and 4,000,000.
 pub fn hops_for(work: u64) -> u64 {
-    (800_000_000 / (work + 2000)).clamp(20_000, 400_000)
+    (4_000_000_000 / (3 * work + 300)).clamp(40_000, 4_000_000)
 }
 
 /// Boots one saturated run: `pass` is `migrate` or `local`.
@@ -196,7 +197,7 @@ mod tests {
         // (2.0 ms − 1.7 ms) over 1000 migrations: 300 ns each.
         assert_eq!(cpu_per_migration(&m, &l), 300.0);
         assert!(cpu_per_migration(&l, &m).is_nan());
-        assert_eq!(hops_for(0), 400_000);
-        assert_eq!(hops_for(20_000), 36_363);
+        assert_eq!(hops_for(0), 4_000_000);
+        assert_eq!(hops_for(20_000), 66_334);
     }
 }

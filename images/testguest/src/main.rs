@@ -41,6 +41,11 @@
 //!   queue this long before it parks with WAIT (default 50),
 //! * `owned_idle_us=N` — the same for a vCPU the host says is alone on its
 //!   core (ABI minor 1; default 10000; 0 parks at once),
+//! * `spill_us=N` — work conservation across stages: a vCPU idle this long
+//!   with no thread of its own stages waiting anywhere takes a thread of
+//!   another stage for the rest of that thread's visit (a spill, counted;
+//!   default 0 = never). Threads of its own stages waiting on other vCPUs
+//!   are always taken (steals), spill or not,
 //! * `switch_cost=N` — a synthetic i-cache refill: N mixing iterations
 //!   whenever a vCPU runs a different stage than the one it ran last (a
 //!   test fixture under which staging wins by construction; default 0),
@@ -64,6 +69,11 @@
 //!   `testguest: hopper …` lines (count, mean, p50, p99, max in ns and a
 //!   200 ns histogram per pass). `requests=` is ignored, and `threads=`
 //!   defaults to one thread in the whole guest (given, it is per vCPU),
+//! * `hop_work=N` — hopper's threads run N mixing iterations after every
+//!   switch (default 0), and `hop_pass=migrate|local|both` — which passes
+//!   run (default both): with many threads per vCPU, `migration-bench`'s
+//!   saturated mode compares the busy vCPU time of a `migrate` run with a
+//!   `local` one (the `testguest: busy …` line),
 //! * `hold=1` — once every vCPU finished, park them all (WAIT, 1 s at a
 //!   time) instead of shutting down, after `testguest: holding until the
 //!   VMM ends the VM`: the counters then stay still for the operator API
@@ -272,6 +282,10 @@ struct Options {
     /// Hopper's stages (0: off) and switches per pass.
     hopper: u32,
     hops: u64,
+    /// `hop_work=`: hopper's mixing iterations after every switch.
+    hop_work: u64,
+    /// `hop_pass=`: which of hopper's passes run.
+    hop_pass: staged::hopper::Passes,
     /// The first virtio-mmio device (GPA, bytes), from `virtio_mmio.device=`.
     virtio: Option<(u64, usize)>,
     disk_write: bool,
@@ -313,6 +327,8 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         threads_given: false,
         hopper: 0,
         hops: 100_000,
+        hop_work: 0,
+        hop_pass: staged::hopper::Passes::Both,
         virtio: None,
         disk_write: false,
         disk_chunk: 64 * 1024,
@@ -350,6 +366,8 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
                 Ok(n @ (0 | 2 | 3)) => opts.hopper = n,
                 _ => return Err(word),
             },
+            "hop_work" => opts.hop_work = value.parse().map_err(|_| word)?,
+            "hop_pass" => opts.hop_pass = staged::hopper::Passes::parse(value).ok_or(word)?,
             "hops" => match value.parse() {
                 Ok(n) if n > 0 => opts.hops = n,
                 _ => return Err(word),
@@ -367,6 +385,7 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
             },
             "idle_spin_us" => opts.idle.shared_us = value.parse().map_err(|_| word)?,
             "owned_idle_us" => opts.idle.owned_us = value.parse().map_err(|_| word)?,
+            "spill_us" => opts.idle.spill_us = value.parse().map_err(|_| word)?,
             "switch_cost" => opts.switch_cost = value.parse().map_err(|_| word)?,
             "abuse" => opts.abuse = value == "1",
             "hostile" => opts.hostile = hostile::Hostile::parse(value).ok_or(word)?,
@@ -473,7 +492,7 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
             // SAFETY: deliberately faults; the VMM ends the VM.
             unsafe { asm!("hlt") };
         }
-        staged::hopper::configure(opts.hopper, opts.hops);
+        staged::hopper::configure(opts.hopper, opts.hops, opts.hop_work, opts.hop_pass);
         staged::setup(
             &info,
             opts.ring,

@@ -43,6 +43,10 @@ pub struct IdleConfig {
     pub shared_us: u64,
     /// Polling before parking on an owned core (µs; `owned_idle_us=`).
     pub owned_us: u64,
+    /// Idle time after which a vCPU with no thread of its own stages to
+    /// take may take a thread of another stage for the rest of its visit
+    /// (a spill; µs; `spill_us=`; 0 = never, the default).
+    pub spill_us: u64,
 }
 
 impl Default for IdleConfig {
@@ -50,6 +54,7 @@ impl Default for IdleConfig {
         Self {
             shared_us: 50,
             owned_us: 10_000,
+            spill_us: 0,
         }
     }
 }

@@ -22,7 +22,7 @@
 //! pass (guest-wide; a tenth of a pass shorter than 10,000) are dropped.
 //! The last vCPU prints, per pass, the count, mean, median, p99 and maximum
 //! in ns, and a histogram in [`BUCKET_NS`]-ns buckets (`print`);
-//! `migration-bench` (`bench/src/migration.rs`) parses those lines.
+//! `migration-bench` (`bench/src/migration/`) parses those lines.
 //!
 //! A workload (dispatched by [`super::workload`]): depends on
 //! [`super::switch`], [`super::runtime`] and [`super::platform`].
@@ -44,10 +44,41 @@ pub const BUCKET_NS: u64 = 200;
 /// Histogram buckets before the overflow bucket: [0, 10 µs) in 200 ns steps.
 const BUCKETS: usize = 50;
 
-/// Stages (0: hopper off) and switches per pass guest-wide, set by vCPU 0
-/// in [`configure`] before the other vCPUs start the staged phase.
+/// Stages (0: hopper off), switches per pass guest-wide, mixing iterations
+/// after every switch and the passes that run ([`Passes`] as 0/1/2), set
+/// by vCPU 0 in [`configure`] before the other vCPUs start the staged
+/// phase.
 static STAGES: AtomicU32 = AtomicU32::new(0);
 static HOPS: AtomicU64 = AtomicU64::new(0);
+static WORK: AtomicU64 = AtomicU64::new(0);
+static PASSES_RUN: AtomicU32 = AtomicU32::new(0);
+
+/// Which of hopper's passes run (`hop_pass=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Passes {
+    /// Migrations, then local switches (the default).
+    Both,
+    /// Migrations only (`migrate`).
+    Migrate,
+    /// Local switches only (`local`).
+    Local,
+}
+
+impl Passes {
+    /// `both`, `migrate` or `local`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "both" => Some(Self::Both),
+            "migrate" => Some(Self::Migrate),
+            "local" => Some(Self::Local),
+            _ => None,
+        }
+    }
+
+    fn runs(k: u32, pass: usize) -> bool {
+        matches!((k, pass), (0, _) | (1, 0) | (2, 1))
+    }
+}
 
 /// One pass's samples: a buffer of TSC deltas (ticks) in guest memory,
 /// filled through an atomic index by whichever vCPU resumes a thread.
@@ -115,9 +146,17 @@ impl Pass {
 static PASSES: [Pass; 2] = [Pass::new(), Pass::new()];
 
 /// Turns hopper on with `stages` stages (2 or 3) and `hops` switches per
-/// pass guest-wide (vCPU 0, before `staged::setup`); 0 stages leaves it off.
-pub fn configure(stages: u32, hops: u64) {
+/// pass guest-wide, `work` mixing iterations after every switch, running
+/// `passes` (vCPU 0, before `staged::setup`); 0 stages leaves it off.
+pub fn configure(stages: u32, hops: u64, work: u64, passes: Passes) {
     HOPS.store(hops, Ordering::Relaxed);
+    WORK.store(work, Ordering::Relaxed);
+    let k = match passes {
+        Passes::Both => 0,
+        Passes::Migrate => 1,
+        Passes::Local => 2,
+    };
+    PASSES_RUN.store(k, Ordering::Relaxed);
     STAGES.store(stages.min(NAMES.len() as u32), Ordering::Relaxed);
 }
 
@@ -143,6 +182,10 @@ pub(super) fn init() {
     if stages().is_none() {
         return;
     }
+    if PASSES_RUN.load(Ordering::Relaxed) != 0 {
+        // One pass only (`hop_pass=`): no samples, see `thread_main`.
+        return;
+    }
     let cap = HOPS.load(Ordering::Relaxed);
     for pass in &PASSES {
         let Some(buf) = alloc_pages(cap.saturating_mul(8).max(8)) else {
@@ -156,20 +199,52 @@ pub(super) fn init() {
 
 /// Body of a hopper thread: `t.job.requests` switches round-robin over the
 /// stages (stage `i mod N`, starting at stage 0 so the first switch stays),
-/// then as many local yields, each timed; then it reports its exit and ends
-/// with its switch count as checksum.
+/// then as many local yields, each timed (`hop_pass=` runs one pass only;
+/// `hop_work=` iterations of [`spin`] after each switch); then it reports
+/// its exit and ends with its switch count as checksum.
 pub(super) fn thread_main(t: &Thread, stages: u32) -> ! {
     let hops = t.job.requests;
-    for i in 0..hops {
-        let ticks = stage_switch(t, (i % u64::from(stages)) as u32);
-        PASSES[0].record(ticks);
+    let work = WORK.load(Ordering::Relaxed);
+    let k = PASSES_RUN.load(Ordering::Relaxed);
+    let mut x = u64::from(t.id) | 1;
+    // With one pass (`hop_pass=`, migration-bench's saturated mode) no
+    // samples are kept: their shared index would make every switch a
+    // contended atomic on both vCPUs, which is not what is measured.
+    let sampled = k == 0;
+    if Passes::runs(k, 0) {
+        for i in 0..hops {
+            let ticks = stage_switch(t, (i % u64::from(stages)) as u32);
+            if sampled {
+                PASSES[0].record(ticks);
+            }
+            x = spin(x, work);
+        }
     }
-    for _ in 0..hops {
-        let ticks = timed_yield(t, 0);
-        PASSES[1].record(Some(ticks));
+    if Passes::runs(k, 1) {
+        for _ in 0..hops {
+            let ticks = timed_yield(t, 0);
+            if sampled {
+                PASSES[1].record(Some(ticks));
+            }
+            x = spin(x, work);
+        }
     }
+    core::hint::black_box(x);
     stage_leave(t);
     finish(t, hops)
+}
+
+/// `n` rounds of xorshift64 on `x`: the work between two switches
+/// (`hop_work=`), the same in both passes.
+#[inline(never)]
+fn spin(mut x: u64, n: u64) -> u64 {
+    for i in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x = x.wrapping_add(i);
+    }
+    x
 }
 
 /// `ticks` of the TSC in ns.

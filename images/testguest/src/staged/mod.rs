@@ -52,9 +52,11 @@ mod bench;
 mod config;
 pub mod hopper;
 pub(crate) mod platform;
+mod runq;
 mod runtime;
 mod stats;
 mod switch;
+mod thread;
 mod workload;
 
 use core::sync::atomic::Ordering;

@@ -57,7 +57,9 @@ pub(crate) fn area() -> u64 {
 }
 
 /// The guest's agent (inactive when the channel is not there). Panics if
-/// called before vCPU 0 published it in [`register`].
+/// called before vCPU 0 published it in [`register`]. Inlined: every stage
+/// switch calls it, and the agent's address folds into its callers.
+#[inline]
 pub(crate) fn agent() -> &'static Agent<PortIo> {
     assert!(READY.load(Ordering::Acquire));
     // SAFETY: initialised before READY was set (see `register`).

@@ -18,185 +18,24 @@
 //! Depends on [`super::platform`], [`super::stats`] and [`super::config`]
 //! only; the stage switch ([`super::switch`]) and the workloads build on it.
 
-use core::arch::global_asm;
-use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use guest_agent::Platform;
 use hypercall_abi::stage::{MAX_VCPUS, STAGE_NONE};
 
-use super::config::{IdleConfig, Job, StagedConfig, MAX_THREADS_PER_VCPU};
-use super::platform::{agent, alloc_pages, num_vcpus, PortIo};
+use super::config::{IdleConfig, StagedConfig, MAX_THREADS_PER_VCPU};
+use super::platform::{agent, num_vcpus, PortIo};
+use super::runq::{queue_len, RUNQ};
 use super::stats::{bump, count, END_TSC, START_TSC, TOTAL_REQUESTS, VCPU_COUNTS};
+use super::thread::{new_thread, testguest_ctx_switch, NONE};
+pub(super) use super::thread::{Entry, NewJob, Thread};
 use crate::print_line;
 
-/// Bytes of stack per guest thread.
-const THREAD_STACK: u64 = 64 << 10;
-
-global_asm!(
-    r#"
-    .global testguest_ctx_switch
-testguest_ctx_switch:
-    push rbp
-    push rbx
-    push r12
-    push r13
-    push r14
-    push r15
-    mov [rdi], rsp
-    mov rsp, rsi
-    pop r15
-    pop r14
-    pop r13
-    pop r12
-    pop rbx
-    pop rbp
-    ret
-    .global testguest_thread_trampoline
-testguest_thread_trampoline:
-    mov rdi, r12
-    call r13
-    ud2
-"#
-);
-
-extern "C" {
-    /// Saves callee-saved registers and RSP into `*save`, switches to `to`.
-    fn testguest_ctx_switch(save: *mut u64, to: u64);
-    fn testguest_thread_trampoline();
-}
-
-/// Thread id and vCPU value meaning "none".
-const NONE: u32 = u32::MAX;
-/// Bytes at the top of each thread's stack allocation that hold its
-/// [`Thread`] (the stack grows down from below them).
-const THREAD_HEADER: u64 = 256;
-const _: () = assert!(core::mem::size_of::<Thread>() as u64 <= THREAD_HEADER);
 /// Longest back-off between two checks of an empty run queue (PAUSEs).
 const IDLE_MAX_SPIN: u32 = 64;
 /// Timeout of one WAIT of an idle vCPU (µs).
 const IDLE_WAIT_US: u32 = 1000;
 
-/// A cooperative guest thread. It lives at the top of its own stack
-/// allocation and moves between vCPUs' run queues: whoever popped it from a
-/// queue owns it until it is pushed again (the queue locks order the
-/// accesses), so every mutable field is an atomic used as a plain cell.
-#[repr(C, align(64))]
-pub(super) struct Thread {
-    /// Saved stack pointer while the thread is not running (written by
-    /// `testguest_ctx_switch`).
-    rsp: AtomicU64,
-    /// Next thread in the run queue it is on (under the queue's lock).
-    next: AtomicPtr<Thread>,
-    /// vCPU that runs it now or last ran it (set by the scheduler that resumes it).
-    pub(super) vcpu: AtomicU32,
-    /// vCPU it asked to move to at its last stage switch, or [`NONE`]; taken by
-    /// the scheduler once the thread's context is saved.
-    pub(super) migrate_to: AtomicU32,
-    /// Stage it is in, or `STAGE_NONE` between requests.
-    pub(super) stage: AtomicU32,
-    /// Set when all its requests are done.
-    done: AtomicBool,
-    /// Checksum of its requests (final once `done`).
-    checksum: AtomicU64,
-    /// Unique id (`vcpu + num_vcpus × i` of the vCPU that created it).
-    pub(super) id: u32,
-    /// What it runs (requests and their parameters).
-    pub(super) job: Job,
-}
-
-/// A vCPU's run queue: a FIFO of threads linked through [`Thread::next`],
-/// under a spinlock, usable from any vCPU. 128-byte aligned: two vCPUs'
-/// queues never share a pair of cache lines (the adjacent-line prefetcher
-/// moves lines in pairs).
-#[repr(C, align(128))]
-struct RunQueue {
-    lock: AtomicBool,
-    len: AtomicU32,
-    head: AtomicPtr<Thread>,
-    tail: AtomicPtr<Thread>,
-}
-
-impl RunQueue {
-    const fn new() -> Self {
-        Self {
-            lock: AtomicBool::new(false),
-            len: AtomicU32::new(0),
-            head: AtomicPtr::new(ptr::null_mut()),
-            tail: AtomicPtr::new(ptr::null_mut()),
-        }
-    }
-
-    fn lock(&self) {
-        while self
-            .lock
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            while self.lock.load(Ordering::Relaxed) {
-                core::hint::spin_loop();
-            }
-        }
-    }
-
-    fn unlock(&self) {
-        self.lock.store(false, Ordering::Release);
-    }
-
-    /// Lock-free check; sequentially consistent so that a vCPU that published
-    /// `parked = 1` and then sees an empty queue cannot miss a pusher that
-    /// then reads `parked` (no lost wake-ups).
-    fn is_empty(&self) -> bool {
-        self.len.load(Ordering::SeqCst) == 0
-    }
-
-    fn push(&self, t: &'static Thread) {
-        let p = t as *const Thread as *mut Thread;
-        t.next.store(ptr::null_mut(), Ordering::Relaxed);
-        self.lock();
-        let tail = self.tail.load(Ordering::Relaxed);
-        if tail.is_null() {
-            self.head.store(p, Ordering::Relaxed);
-        } else {
-            // SAFETY: threads on a queue are live (they are never freed).
-            unsafe { (*tail).next.store(p, Ordering::Relaxed) };
-        }
-        self.tail.store(p, Ordering::Relaxed);
-        self.len.fetch_add(1, Ordering::SeqCst);
-        self.unlock();
-    }
-
-    fn pop(&self) -> Option<&'static Thread> {
-        self.pop_if(|_| true)
-    }
-
-    /// Pops the head thread if `take` accepts it (under the queue's lock).
-    fn pop_if(&self, take: impl Fn(&Thread) -> bool) -> Option<&'static Thread> {
-        if self.len.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        self.lock();
-        let head = self.head.load(Ordering::Relaxed);
-        // SAFETY: threads on a queue are live and never freed.
-        if head.is_null() || !take(unsafe { &*head }) {
-            self.unlock();
-            return None;
-        }
-        // SAFETY: as above.
-        let t: &'static Thread = unsafe { &*head };
-        let next = t.next.load(Ordering::Relaxed);
-        self.head.store(next, Ordering::Relaxed);
-        if next.is_null() {
-            self.tail.store(ptr::null_mut(), Ordering::Relaxed);
-        }
-        self.len.fetch_sub(1, Ordering::SeqCst);
-        self.unlock();
-        Some(t)
-    }
-}
-
-/// Per-vCPU run queues.
-static RUNQ: [RunQueue; MAX_VCPUS] = [const { RunQueue::new() }; MAX_VCPUS];
 /// Per vCPU, the scheduler loop's saved stack pointer while a thread runs
 /// (written and read only on that vCPU).
 static SCHED_RSP: [SchedRsp; MAX_VCPUS] = [const { SchedRsp(AtomicU64::new(0)) }; MAX_VCPUS];
@@ -247,75 +86,6 @@ pub(super) fn finish(t: &Thread, checksum: u64) -> ! {
     }
 }
 
-/// Body of every guest thread, given by the workload layer and entered
-/// through the trampoline with the thread's [`Thread`]; it ends with
-/// [`finish`].
-pub(super) type Entry = extern "C" fn(*const Thread);
-
-/// Makes a new thread's [`Job`] under the config (the workload layer's,
-/// which may allocate the thread's data).
-pub(super) type NewJob = fn(&StagedConfig) -> Job;
-
-/// Creates a thread on a fresh stack, to start on `vcpu` in `entry`,
-/// running its share of `cfg` (the [`Job`] `new_job` makes).
-fn new_thread(
-    id: u32,
-    vcpu: u32,
-    cfg: &StagedConfig,
-    entry: Entry,
-    new_job: NewJob,
-) -> &'static Thread {
-    let Some(stack) = alloc_pages(THREAD_STACK) else {
-        println!("testguest: out of memory for thread stacks");
-        crate::shutdown(5);
-    };
-    let job = new_job(cfg);
-    let slot = (stack + THREAD_STACK - THREAD_HEADER) as *mut Thread;
-    // SAFETY: the top THREAD_HEADER bytes of our freshly allocated, 4 KiB
-    // aligned stack; nothing else uses them.
-    unsafe {
-        slot.write(Thread {
-            rsp: AtomicU64::new(0),
-            next: AtomicPtr::new(ptr::null_mut()),
-            vcpu: AtomicU32::new(vcpu),
-            migrate_to: AtomicU32::new(NONE),
-            stage: AtomicU32::new(STAGE_NONE),
-            done: AtomicBool::new(false),
-            checksum: AtomicU64::new(0),
-            id,
-            job,
-        })
-    };
-    // SAFETY: initialised just above, never freed.
-    let t: &'static Thread = unsafe { &*slot };
-    // Initial frame popped by testguest_ctx_switch: r15, r14, r13 (entry),
-    // r12 (argument), rbx, rbp, then the return address (the trampoline),
-    // placed so RSP is 16-byte aligned at the trampoline's `call`.
-    let top = slot as u64;
-    let frame = (top - 56) as *mut u64;
-    let words = [
-        0,
-        0,
-        entry as *const () as u64,
-        slot as u64,
-        0,
-        0,
-        testguest_thread_trampoline as *const () as u64,
-    ];
-    for (k, word) in words.iter().enumerate() {
-        // SAFETY: inside the freshly allocated stack, below the Thread.
-        unsafe { frame.add(k).write(*word) };
-    }
-    t.rsp.store(frame as u64, Ordering::Relaxed);
-    t
-}
-
-/// `vcpu`'s run-queue length (the guest's own, for the least-loaded
-/// choice).
-pub(super) fn queue_len(vcpu: u32) -> u32 {
-    RUNQ[vcpu as usize].len.load(Ordering::Relaxed)
-}
-
 /// Publishes `vcpu`'s queue length as its run-queue depth in the shared
 /// area: the hint the host's safety-net wake reads for a parked vCPU. Only
 /// done where it matters — before this vCPU parks, and when queuing on a
@@ -338,14 +108,25 @@ fn enqueue(t: &'static Thread, vcpu: u32, from: u32) {
     }
 }
 
-/// Work stealing under an unstaged map: an idle `vcpu` that serves every
-/// stage takes the first waiting thread of the busiest other run queue, as
-/// an OS balances its run queues. Without it, threads that a staged map
-/// gathered on some vCPUs stay there after the map turns unstaged
-/// (`--policy auto`'s trials) and the other vCPUs idle. Under a staged map
-/// threads move only at stage switches, as before. Returns whether it took
-/// one (counted as a migration, as the host counts it).
-fn steal(vcpu: u32) -> bool {
+/// Work conservation of an idle `vcpu` (issue 23): it takes a waiting
+/// thread from another vCPU's run queue, the longest queue first,
+///
+/// * a thread whose current stage it serves — under an unstaged map any
+///   thread, as an OS balances its run queues (without it, threads a
+///   staged map gathered on some vCPUs stay there after the map turns
+///   unstaged, as in `--policy auto`'s trials); under a staged map only a
+///   thread of a stage the map gives this vCPU, queued behind others on
+///   another vCPU of the stage (seed 000 balances a stage's threads over
+///   its cores, §4.4): a thread between requests stays where it is, its
+///   next stage is not known yet;
+/// * else, with `spill`, any thread inside a stage: a **spill**, off the
+///   map, for a bounded time — the thread runs the rest of its current
+///   stage visit here and follows the map again at its next switch
+///   ([`Thread::spilled`]).
+///
+/// Returns whether it took one (counted as a migration, as the host counts
+/// it, and as a steal or a spill).
+fn steal(vcpu: u32, spill: bool) -> bool {
     let a = agent();
     let n = num_vcpus();
     let map = a.read_map();
@@ -354,25 +135,50 @@ fn steal(vcpu: u32) -> bool {
             .iter()
             .all(|mask| *mask == 0 || (vcpu < 64 && mask & (1 << vcpu) != 0))
     });
-    if !unstaged {
+    let mut victims = [0u32; MAX_VCPUS];
+    let mut k = 0;
+    for v in (0..n).filter(|v| *v != vcpu && !RUNQ[*v as usize].is_empty()) {
+        victims[k] = v;
+        k += 1;
+    }
+    if k == 0 {
         return false;
     }
-    let Some(victim) = (0..n)
-        .filter(|v| *v != vcpu)
-        .max_by_key(|v| RUNQ[*v as usize].len.load(Ordering::Relaxed))
-        .filter(|v| !RUNQ[*v as usize].is_empty())
-    else {
-        return false;
+    let victims = &mut victims[..k];
+    victims.sort_unstable_by_key(|v| core::cmp::Reverse(queue_len(*v)));
+    let mine = |t: &Thread| match t.stage.load(Ordering::Relaxed) {
+        STAGE_NONE => unstaged,
+        // A stage no vCPU serves runs anywhere (a counted fallback).
+        stage => map.is_none_or(|m| {
+            m.serves(stage, vcpu) || m.vcpus.get(stage as usize).is_some_and(|mask| *mask == 0)
+        }),
     };
-    let serves = |t: &Thread| {
-        let stage = t.stage.load(Ordering::Relaxed);
-        stage == STAGE_NONE || map.is_none_or(|m| m.serves(stage, vcpu))
-    };
-    let Some(t) = RUNQ[victim as usize].pop_if(serves) else {
+    let in_a_stage = |t: &Thread| t.stage.load(Ordering::Relaxed) != STAGE_NONE;
+    let took = victims
+        .iter()
+        .find_map(|v| RUNQ[*v as usize].take_first(mine))
+        .map(|t| (t, false))
+        .or_else(|| {
+            (spill && !unstaged)
+                .then(|| {
+                    victims
+                        .iter()
+                        .find_map(|v| RUNQ[*v as usize].take_first(in_a_stage))
+                })
+                .flatten()
+                .map(|t| (t, true))
+        });
+    let Some((t, spilled)) = took else {
         return false;
     };
     let stage = t.stage.load(Ordering::Relaxed);
     let counts = &VCPU_COUNTS[vcpu as usize];
+    if spilled {
+        t.spilled.store(true, Ordering::Relaxed);
+        bump(&counts.spills, 1);
+    } else {
+        bump(&counts.steals, 1);
+    }
     if let Some(m) = counts.migrations_in.get(stage as usize) {
         bump(&counts.migrations, 1);
         bump(m, 1);
@@ -408,13 +214,19 @@ fn idle(vcpu: u32, idle: &IdleConfig, tsc_khz: u64) {
     // stage's (the policy's load is vCPU time per stage).
     count(vcpu, a.vcpu_idle(vcpu), &VCPU_COUNTS[vcpu as usize].idles);
     let spin_cycles = idle_spin_cycles(vcpu, idle, tsc_khz);
+    // `spill_us=`: after this long idle, threads of other stages may be
+    // taken (0: never).
+    let spill_cycles = tsc_khz.saturating_mul(idle.spill_us) / 1000;
     let mut polls = 0u32;
     let start = PortIo.tsc();
     let mut spin = 1u32;
     while q.is_empty() && LIVE.load(Ordering::SeqCst) != 0 {
         polls = polls.wrapping_add(1);
-        if polls % STEAL_EVERY == 1 && steal(vcpu) {
-            break;
+        if polls % STEAL_EVERY == 1 {
+            let spill = spill_cycles != 0 && PortIo.tsc().wrapping_sub(start) >= spill_cycles;
+            if steal(vcpu, spill) {
+                break;
+            }
         }
         if a.is_active() && PortIo.tsc().wrapping_sub(start) >= spin_cycles {
             publish_depth(vcpu);

@@ -48,6 +48,26 @@ pub(super) fn count(vcpu: u32, report: Report, counter: &AtomicU64) {
     }
 }
 
+/// TSC when the guest-wide count of completed requests reached 10 % and
+/// 90 % of all requests (0: not yet): the steady middle of the run, which
+/// leaves out the start-up and the tail where few threads remain.
+pub(super) static MARKS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// The 10 % and 90 % marks of `total` requests.
+fn marks(total: u64) -> [u64; 2] {
+    [total / 10, total - total / 10]
+}
+
+/// Which steady-state mark `completed` requests done guest-wide (the value
+/// the completing thread's increment made) reach, if any: the caller then
+/// records the TSC in [`MARKS`] (read only there: a TSC read costs tens of
+/// ns here).
+#[inline]
+pub(super) fn mark_at(completed: u64) -> Option<usize> {
+    let m = marks(TOTAL_REQUESTS.load(Ordering::Relaxed));
+    (completed == m[0] || completed == m[1]).then_some(usize::from(completed == m[1]))
+}
+
 /// Guest-side per-vCPU counts, written only by their vCPU, on cache lines
 /// of their own, 128-byte aligned (the adjacent-line prefetcher moves pairs
 /// of lines): shared counters would bounce between vCPUs at every switch and
@@ -72,6 +92,10 @@ pub(super) struct VcpuCounts {
     /// yielding to running again, summed.
     pub(super) switches: [AtomicU64; 2],
     pub(super) switch_cycles: [AtomicU64; 2],
+    /// Threads this vCPU took from other vCPUs' queues while idle: of a
+    /// stage it serves (steals), and of other stages (spills, `spill_us=`).
+    pub(super) steals: AtomicU64,
+    pub(super) spills: AtomicU64,
     /// WAITs sent while idle.
     pub(super) waits: AtomicU64,
     /// WAKEs sent to parked vCPUs.
@@ -103,6 +127,8 @@ pub(super) static VCPU_COUNTS: [VcpuCounts; MAX_VCPUS] = [const {
         trace_dropped: AtomicU64::new(0),
         switches: [const { AtomicU64::new(0) }; 2],
         switch_cycles: [const { AtomicU64::new(0) }; 2],
+        steals: AtomicU64::new(0),
+        spills: AtomicU64::new(0),
         waits: AtomicU64::new(0),
         wakes: AtomicU64::new(0),
         idle_cycles: AtomicU64::new(0),
@@ -232,6 +258,20 @@ pub(super) fn print_counts<P: Platform>(
         permille % 10
     );
     let khz = tsc_khz.max(1);
+    // Busy vCPU time (not idle) over the vCPUs' time in the staged phase,
+    // in ns: what migration-bench's saturated mode compares.
+    let vcpu_ns = u128::from(phase) * n as u128 * 1_000_000 / u128::from(khz);
+    let idle_ns = u128::from(idle) * 1_000_000 / u128::from(khz);
+    println!(
+        "testguest: busy {} ns of {} ns vCPU time in the staged phase",
+        vcpu_ns.saturating_sub(idle_ns),
+        vcpu_ns
+    );
+    println!(
+        "testguest: work-conserving steals {}, spills {}",
+        total(|c| &c.steals),
+        total(|c| &c.spills)
+    );
     let switches = |k: usize| vcpus.iter().map(|c| load(&c.switches[k])).sum::<u64>();
     let ns = |k: usize| {
         let cycles: u64 = vcpus.iter().map(|c| load(&c.switch_cycles[k])).sum();
@@ -256,5 +296,15 @@ pub(super) fn print_counts<P: Platform>(
             cycles / khz,
             rps
         );
+        let [a, b] = [0, 1].map(|k| MARKS[k].load(Ordering::Relaxed));
+        let m = marks(requests);
+        if a != 0 && b > a && m[1] > m[0] {
+            let n = m[1] - m[0];
+            let rps = u128::from(n) * u128::from(khz) * 1000 / u128::from(b - a);
+            println!(
+                "testguest: steady phase {n} requests in {} ms, {rps} requests/s (from 10 % to 90 % of {requests})",
+                (b - a) / khz
+            );
+        }
     }
 }

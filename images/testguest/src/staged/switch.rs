@@ -65,7 +65,9 @@ fn map_on(vcpu: u32) -> Option<&'static MapView> {
 /// that runs it, right before the stage's code runs.
 /// If the map changed while the thread waited and its new vCPU no longer
 /// serves the stage, it moves again: a stage only runs where the current map
-/// puts it, or as a counted fallback when no vCPU serves it.
+/// puts it, as a counted fallback when no vCPU serves it, or as a counted
+/// spill when an idle vCPU of another stage took the waiting thread
+/// (`spill_us=`, `runtime::steal`; the spill ends at the next switch).
 /// Returns the time the thread spent migrating (TSC ticks from just before
 /// its first yield to just after it resumed on its final vCPU, summed over
 /// the moves), or `None` when it stayed on its vCPU.
@@ -73,6 +75,11 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
     let a = agent();
     let mut cur = t.vcpu.load(Ordering::Relaxed);
     let old = t.stage.swap(stage, Ordering::Relaxed);
+    // A spill ends at the thread's next switch (see `runtime::steal`).
+    if t.spilled.load(Ordering::Relaxed) {
+        t.spilled.store(false, Ordering::Relaxed);
+    }
+    let mut spilled = false;
     let mut first = true;
     let mut migrated: Option<u64> = None;
     loop {
@@ -88,12 +95,22 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
             } else if !map.serves(stage, cur) {
                 // The least-loaded rule on the snapshot just read, so the
                 // fallback test and the choice see the same map.
+                // Only the candidates' queue lengths are read, and none for
+                // a stage one vCPU serves: each is a line other vCPUs
+                // write, a cross-core miss per read.
                 let n = num_vcpus() as usize;
-                let mut loads = [0u32; MAX_VCPUS];
-                for (v, load) in loads.iter_mut().enumerate().take(n) {
-                    *load = super::runtime::queue_len(v as u32);
-                }
-                target = choose_from_map(map, stage, cur, &loads[..n]);
+                let mask = map.vcpus[stage as usize];
+                target = if mask.count_ones() == 1 && (mask.trailing_zeros() as usize) < n {
+                    mask.trailing_zeros()
+                } else {
+                    let mut loads = [u32::MAX; MAX_VCPUS];
+                    for (v, load) in loads.iter_mut().enumerate().take(n.min(64)) {
+                        if mask & (1 << v) != 0 {
+                            *load = super::runq::queue_len(v as u32);
+                        }
+                    }
+                    choose_from_map(map, stage, cur, &loads[..n])
+                };
             }
         }
         if target == cur {
@@ -113,6 +130,13 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
         let waited = timed_yield(t, 1);
         migrated = Some(migrated.unwrap_or(0).wrapping_add(waited));
         cur = t.vcpu.load(Ordering::Relaxed);
+        // A load, not a swap: no locked instruction on the common path.
+        if t.spilled.load(Ordering::Relaxed) {
+            t.spilled.store(false, Ordering::Relaxed);
+            // An idle vCPU of another stage took it: run the visit there.
+            spilled = true;
+            break;
+        }
         match map_on(cur) {
             Some(v) if v.snap.vcpus[stage as usize] != 0 && v.here & (1 << stage) == 0 => {
                 // The map moved under us while we waited: go again.
@@ -132,7 +156,7 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
         &counts.reported[stage as usize],
     );
     bump(&counts.ran[stage as usize], 1);
-    if let Some(v) = map_on(cur) {
+    if let Some(v) = map_on(cur).filter(|_| !spilled) {
         if v.snap.vcpus[stage as usize] != 0 && v.here & (1 << stage) == 0 {
             bump(&counts.violations, 1);
         }

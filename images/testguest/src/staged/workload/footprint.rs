@@ -8,7 +8,7 @@
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use super::shared::{cold_start, COMPLETED};
+use super::shared::{cold_start, complete};
 use crate::staged::runtime::{finish, Thread};
 use crate::staged::switch::{stage_leave, stage_switch};
 
@@ -61,7 +61,7 @@ pub(super) fn thread_main(t: &Thread, p: &stage_workload::Params) -> ! {
             x = stage_workload::run_stage(s, x, p, data);
         }
         stage_leave(t);
-        COMPLETED.fetch_add(1, Ordering::Relaxed);
+        complete();
         checksum = stage_workload::fold(checksum, x);
     }
     finish(t, checksum)

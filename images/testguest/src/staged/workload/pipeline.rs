@@ -10,7 +10,7 @@
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use super::shared::{cold_start, mix, COMPLETED};
+use super::shared::{cold_start, complete, mix, COMPLETED};
 use crate::staged::config::MAX_STAGES;
 use crate::staged::runtime::{finish, Thread};
 use crate::staged::switch::{stage_leave, stage_switch};
@@ -106,7 +106,7 @@ pub(super) fn thread_main(t: &Thread) -> ! {
         cold_start(t, 2);
         let c = execute(&mut req, &mut table, work[2]);
         stage_leave(t);
-        COMPLETED.fetch_add(1, Ordering::Relaxed);
+        complete();
         checksum = checksum.rotate_left(3) ^ a ^ b.wrapping_mul(3) ^ c;
     }
     finish(t, checksum)

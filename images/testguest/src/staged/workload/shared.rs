@@ -8,7 +8,11 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use hypercall_abi::stage::MAX_VCPUS;
 
+use guest_agent::Platform;
+
+use crate::staged::platform::PortIo;
 use crate::staged::runtime::Thread;
+use crate::staged::stats::{mark_at, MARKS};
 
 /// Per vCPU, the stage it ran last (`u32::MAX`: none yet), for `switch_cost`.
 static LAST_STAGE: [core::sync::atomic::AtomicU32; MAX_VCPUS] =
@@ -55,3 +59,14 @@ pub(super) fn mix<const K: u64>(req: &mut [u64; 8], n: u64) {
 
 /// Requests completed by all threads (drives `phase=1`).
 pub(super) static COMPLETED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one completed request guest-wide and notes the steady-state
+/// marks (`stats::mark_at`); returns the count before it.
+#[inline]
+pub(super) fn complete() -> u64 {
+    let before = COMPLETED.fetch_add(1, Ordering::Relaxed);
+    if let Some(k) = mark_at(before + 1) {
+        MARKS[k].store(PortIo.tsc(), Ordering::Relaxed);
+    }
+    before
+}
