@@ -20,6 +20,15 @@
 //! host's wake-up safety net and its report; the guest does not maintain
 //! per-stage runnable counts.
 //!
+//! Work conservation (issue 23): a vCPU whose queue runs dry takes a
+//! waiting thread of a stage the map gives it from another vCPU's queue (a
+//! steal: the stage's threads spread over the stage's vCPUs, as seed 000
+//! balances a stage over its cores, §4.4); with `spill_us=N`, after N µs of
+//! idle with no such thread anywhere, it takes a thread of another stage for
+//! the rest of that thread's visit (a spill, off the map for one visit,
+//! counted). Both are printed (`testguest: work-conserving steals S, spills
+//! P`) and the benchmarks report them.
+//!
 //! Where things are, bottom up (a module uses only those above it in this
 //! list; data flows from the workloads down to the platform):
 //! * [`platform`] — port I/O for the agent ([`PortIo`]), the global
@@ -29,9 +38,13 @@
 //!   [`IdleConfig`], the limits) and the per-thread job the runtime carries;
 //! * [`stats`] — guest-side counters and the `testguest:` lines printed at
 //!   the end, which the end-to-end tests and benchmarks parse;
-//! * [`runtime`] — guest threads, the context switch, per-vCPU run queues,
-//!   each vCPU's scheduler loop, idle spinning and parking, and stealing;
-//!   the threads' entry function comes from the workload layer;
+//! * [`thread`] — a guest thread ([`thread::Thread`], at the top of its own
+//!   stack), the context switch and the creation of threads;
+//! * [`runq`] — the per-vCPU run queues (spinlocked FIFOs any vCPU may
+//!   push to, or take a thread from);
+//! * [`runtime`] — each vCPU's scheduler loop, idle spinning and parking,
+//!   and work conservation (steals and spills); the threads' entry function
+//!   comes from the workload layer;
 //! * [`switch`] — the stage switch that picks a vCPU from the host's map,
 //!   migrates through the run queues and reports through the agent;
 //! * [`workload`] — what the threads run: the dispatch and entry

@@ -12,7 +12,7 @@
 //! raises the target's run-queue depth, pushes, then WAKEs it if parked).
 //!
 //! What a thread runs is not the runtime's business: [`run_vcpu`] takes the
-//! threads' entry function and the maker of their [`Job`]s from the
+//! threads' entry function and the maker of their [`Job`](super::config::Job)s from the
 //! workload layer. Thread stacks come from [`super::platform::alloc_pages`].
 //!
 //! Depends on [`super::platform`], [`super::stats`] and [`super::config`]

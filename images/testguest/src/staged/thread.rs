@@ -93,7 +93,7 @@ pub(super) struct Thread {
 
 /// Body of every guest thread, given by the workload layer and entered
 /// through the trampoline with the thread's [`Thread`]; it ends with
-/// [`finish`].
+/// [`super::runtime::finish`].
 pub(super) type Entry = extern "C" fn(*const Thread);
 
 /// Makes a new thread's [`Job`] under the config (the workload layer's,
