@@ -12,11 +12,12 @@
 //! raises the target's run-queue depth, pushes, then WAKEs it if parked).
 //!
 //! What a thread runs is not the runtime's business: [`run_vcpu`] takes the
-//! threads' entry function and the maker of their [`Job`](super::config::Job)s from the
-//! workload layer. Thread stacks come from [`super::platform::alloc_pages`].
+//! threads' entry function and the maker of their
+//! [`Job`](super::config::Job)s from the workload layer. Thread stacks come from [`super::platform::alloc_pages`].
 //!
-//! Depends on [`super::platform`], [`super::stats`] and [`super::config`]
-//! only; the stage switch ([`super::switch`]) and the workloads build on it.
+//! Depends on [`super::thread`], [`super::runq`], [`super::platform`],
+//! [`super::stats`] and [`super::config`] only; the stage switch
+//! ([`super::switch`]) and the workloads build on it.
 
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
