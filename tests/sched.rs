@@ -205,11 +205,16 @@ fn auto_steps_aside_where_staging_is_forced_to_lose() {
 #[test]
 fn auto_over_a_minute_switches_mode_at_most_once_per_phase() {
     // The default workload with parse eight times heavier than the rest,
-    // reversed half-way (phase=1): ~56,000 requests/s here, so 560,000
-    // requests per thread run about a minute — what auto is for (a server
-    // runs for hours; its trials must not flap or cost much).
-    let (run, json) =
-        auto_run("iters=1000 threads=3 requests=560000 work=2000 weights=8,1,1 phase=1");
+    // reversed half-way (phase=1): ~53,000–56,000 requests/s here, so
+    // 560,000 requests per thread run about a minute — what auto is for (a
+    // server runs for hours; its trials must not flap or cost much).
+    let config = "[host]\ncores = \"0-1\"\n[policy]\nname = \"auto\"\n";
+    let (run, json) = boot_within(
+        config,
+        "boot=2",
+        "iters=1000 threads=3 requests=560000 work=2000 weights=8,1,1 phase=1",
+        std::time::Duration::from_secs(150),
+    );
     let a = json.sched.auto.expect("auto reports what its trials cost");
     let seconds = a.periods as f64 * json.sched.period_ms as f64 / 1000.0;
     eprintln!("auto over {seconds:.0} s: {a:?}");

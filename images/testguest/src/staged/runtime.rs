@@ -174,10 +174,11 @@ fn steal(vcpu: u32, spill: bool) -> bool {
     };
     let stage = t.stage.load(Ordering::Relaxed);
     let counts = &VCPU_COUNTS[vcpu as usize];
-    if spilled {
-        t.spilled.store(true, Ordering::Relaxed);
-        bump(&counts.spills, 1);
-    } else {
+    // A spill is counted where the visit runs (`switch::stage_switch`): a
+    // spilled thread may still be taken back by a vCPU of its stage first,
+    // which clears the mark.
+    t.spilled.store(spilled, Ordering::Relaxed);
+    if !spilled {
         bump(&counts.steals, 1);
     }
     if let Some(m) = counts.migrations_in.get(stage as usize) {

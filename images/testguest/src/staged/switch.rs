@@ -134,6 +134,7 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
         if t.spilled.load(Ordering::Relaxed) {
             t.spilled.store(false, Ordering::Relaxed);
             // An idle vCPU of another stage took it: run the visit there.
+            bump(&VCPU_COUNTS[cur as usize].spills, 1);
             spilled = true;
             break;
         }
