@@ -136,11 +136,23 @@ fn steal(vcpu: u32, spill: bool) -> bool {
             .iter()
             .all(|mask| *mask == 0 || (vcpu < 64 && mask & (1 << vcpu) != 0))
     });
+    // Under a staged map a thread of this vCPU's stages waits only on a
+    // vCPU that serves one of them too: the others' queues are not locked
+    // (a locked scan bounces the busy vCPU's queue line) unless a spill may
+    // take from them.
+    let mine_mask = map.map_or(u64::MAX, |m| {
+        m.vcpus
+            .iter()
+            .filter(|mask| vcpu < 64 && *mask & (1 << vcpu) != 0)
+            .fold(0, |acc, mask| acc | mask)
+    });
     let mut victims = [0u32; MAX_VCPUS];
     let mut k = 0;
     for v in (0..n).filter(|v| *v != vcpu && !RUNQ[*v as usize].is_empty()) {
-        victims[k] = v;
-        k += 1;
+        if spill || unstaged || (v < 64 && mine_mask & (1 << v) != 0) {
+            victims[k] = v;
+            k += 1;
+        }
     }
     if k == 0 {
         return false;
@@ -155,8 +167,10 @@ fn steal(vcpu: u32, spill: bool) -> bool {
         }),
     };
     let in_a_stage = |t: &Thread| t.stage.load(Ordering::Relaxed) != STAGE_NONE;
+    let shares = |v: &u32| unstaged || (*v < 64 && mine_mask & (1 << *v) != 0);
     let took = victims
         .iter()
+        .filter(|v| shares(v))
         .find_map(|v| RUNQ[*v as usize].take_first(mine))
         .map(|t| (t, false))
         .or_else(|| {
