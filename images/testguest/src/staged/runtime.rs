@@ -166,8 +166,11 @@ fn steal(vcpu: u32, spill: bool) -> bool {
             m.serves(stage, vcpu) || m.vcpus.get(stage as usize).is_some_and(|mask| *mask == 0)
         }),
     };
-    let in_a_stage = |t: &Thread| t.stage.load(Ordering::Relaxed) != STAGE_NONE;
-    let shares = |v: &u32| unstaged || (*v < 64 && mine_mask & (1 << *v) != 0);
+    let other_stage = |t: &Thread| t.stage.load(Ordering::Relaxed) != STAGE_NONE && !mine(t);
+    // With a spill allowed every queue is scanned anyway: a thread of this
+    // vCPU's stages found there (a spilled one, or one after a map change)
+    // is a steal.
+    let shares = |v: &u32| unstaged || spill || (*v < 64 && mine_mask & (1 << *v) != 0);
     let took = victims
         .iter()
         .filter(|v| shares(v))
@@ -178,7 +181,7 @@ fn steal(vcpu: u32, spill: bool) -> bool {
                 .then(|| {
                     victims
                         .iter()
-                        .find_map(|v| RUNQ[*v as usize].take_first(in_a_stage))
+                        .find_map(|v| RUNQ[*v as usize].take_first(other_stage))
                 })
                 .flatten()
                 .map(|t| (t, true))
