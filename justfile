@@ -79,7 +79,7 @@ bench-boot: build
 bench-channel: build
     cargo run --release -q -p stagevm-bench --bin channel-bench -- --stagevm {{stagevm}} --kernel {{guest}}
 
-# Guest thread migration latency between vCPUs (hopper, seed 000): owned/shared cores × spinning/parked targets.
+# Guest thread migration between vCPUs (hopper, seed 000): latency on owned/shared cores × spinning/parked targets, then the CPU a migration costs when both vCPUs are busy (saturated mode).
 bench-migration *ARGS: build
     cargo run --release -q -p stagevm-bench --bin migration-bench -- --stagevm {{stagevm}} --kernel {{guest}} {{ARGS}}
 
@@ -96,7 +96,8 @@ bench-disk: build
     cargo run --release -q -p stagevm-bench --bin disk-bench -- --stagevm {{stagevm}} --kernel {{guest}}
 
 # The headline: guest requests/s across code footprints × policies × {2,4} vCPUs next to the native
-# host reference; prints the table and targets, writes bench/RESULTS.md's section and bench/headline.png.
+# host reference, each run ≥ 5 s and judged in steady state (~1 h for the 10 footprints; `--footprints` to narrow);
+# prints the tables and targets, writes bench/RESULTS.md's section and bench/headline.png.
 bench-headline *ARGS: build
     cargo run --release -q -p stagevm-bench --bin headline-bench -- --stagevm {{stagevm}} --kernel {{guest}} {{ARGS}}
 

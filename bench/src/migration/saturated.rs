@@ -143,7 +143,7 @@ pub fn report(args: &Args, runs: &Runs, busy: bool) {
         "\nSaturated migration cost: `hopper=2` on 2 vCPUs (`static`, stage cores {}), {} threads per vCPU, W mixing iterations after every switch; CPU per migration = (busy vCPU time migrating − busy vCPU time with local switches) ÷ migrations, per round, median (min–max) of {} rounds.\n",
         args.stage_cores, args.threads, args.rounds
     );
-    println!("| W (iterations) | switches | migrations | busy % migrating | busy % local | CPU per migration (ns) | CPU per switch, local (ns) |");
+    println!("| W (iterations) | switches | migrations | busy % migrating | busy % local | CPU per migration (ns) | busy vCPU time per local switch and its work (ns) |");
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     let mut worst: Option<(u64, f64)> = None;
     for (w, rounds) in args.works.iter().zip(runs) {
