@@ -231,26 +231,50 @@ fn run_once(args: &Args, cfg: Config, stages: &Path) -> Result<Sample> {
     if cfg.parked {
         cmdline.push_str(" owned_idle_us=0 idle_spin_us=0");
     }
+    let drain = cfg.drain_us.to_string();
+    let stdout = boot_hopper(
+        args,
+        cfg.stages,
+        stages,
+        &["--drain-period-us", &drain],
+        &cmdline,
+    )
+    .with_context(|| cfg.label())?;
+    parse(&stdout).with_context(|| format!("no hopper lines in the guest output:\n{stdout}"))
+}
+
+/// Boots hopper once under `static` on `vcpus` vCPUs with stage file
+/// `stages`, stagevm arguments `extra` and guest command line `cmdline`;
+/// returns the guest's output.
+///
+/// # Errors
+/// When stagevm cannot be started or exits unsuccessfully.
+pub(crate) fn boot_hopper(
+    args: &Args,
+    vcpus: u32,
+    stages: &Path,
+    extra: &[&str],
+    cmdline: &str,
+) -> Result<String> {
     let out = Command::new(&args.target.stagevm)
         .arg("--kernel")
         .arg(&args.target.kernel)
-        .args(["--cpus", &format!("boot={}", cfg.stages), "--stages"])
+        .args(["--cpus", &format!("boot={vcpus}"), "--stages"])
         .arg(stages)
         .args(["--policy", "static", "--stage-cores", &args.stage_cores])
-        .args(["--drain-period-us", &cfg.drain_us.to_string()])
-        .args(["--cmdline", &cmdline])
+        .args(extra)
+        .args(["--cmdline", cmdline])
         .output()
         .with_context(|| format!("running {}", args.target.stagevm.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() {
         bail!(
-            "stagevm ({}) failed ({}): {}\n{stdout}",
-            cfg.label(),
+            "stagevm (cmdline \"{cmdline}\") failed ({}): {}\n{stdout}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    parse(&stdout).with_context(|| format!("no hopper lines in the guest output:\n{stdout}"))
+    Ok(stdout)
 }
 
 /// Prints the results table, the T4 line and the background load.

@@ -23,13 +23,12 @@
 //! as median (min–max).
 
 use std::path::Path;
-use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 use stagevm_bench::stats::Spread;
 
-use crate::{field, Args};
+use crate::{boot_hopper, field, Args};
 
 /// T4 (saturated): the bound on CPU time per migration (ns).
 pub const T4_CPU_NS: f64 = 300.0;
@@ -74,23 +73,7 @@ fn run_once(args: &Args, stages: &Path, work: u64, pass: &str) -> Result<Busy> {
         hops_for(work),
         args.threads
     );
-    let out = Command::new(&args.target.stagevm)
-        .arg("--kernel")
-        .arg(&args.target.kernel)
-        .args(["--cpus", "boot=2", "--stages"])
-        .arg(stages)
-        .args(["--policy", "static", "--stage-cores", &args.stage_cores])
-        .args(["--cmdline", &cmdline])
-        .output()
-        .with_context(|| format!("running {}", args.target.stagevm.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        bail!(
-            "stagevm (saturated, {cmdline}) failed ({}): {}\n{stdout}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let stdout = boot_hopper(args, 2, stages, &[], &cmdline)?;
     parse(&stdout)
         .with_context(|| format!("no busy/migrations lines in the guest output:\n{stdout}"))
 }
