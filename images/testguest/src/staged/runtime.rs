@@ -13,7 +13,8 @@
 //!
 //! What a thread runs is not the runtime's business: [`run_vcpu`] takes the
 //! threads' entry function and the maker of their
-//! [`Job`](super::config::Job)s from the workload layer. Thread stacks come from [`super::platform::alloc_pages`].
+//! [`Job`](super::config::Job)s from the workload layer. Thread stacks come
+//! from [`super::platform::alloc_pages`].
 //!
 //! Depends on [`super::thread`], [`super::runq`], [`super::platform`],
 //! [`super::stats`] and [`super::config`] only; the stage switch
@@ -139,7 +140,9 @@ fn steal(vcpu: u32, spill: bool) -> bool {
     // Under a staged map a thread of this vCPU's stages waits only on a
     // vCPU that serves one of them too: the others' queues are not locked
     // (a locked scan bounces the busy vCPU's queue line) unless a spill may
-    // take from them.
+    // take from them. With a spill allowed every queue is scanned for a
+    // thread of this vCPU's stages first (a spilled one, or one queued
+    // before a map change): taking it is a steal.
     let mine_mask = map.map_or(u64::MAX, |m| {
         m.vcpus
             .iter()
@@ -167,13 +170,8 @@ fn steal(vcpu: u32, spill: bool) -> bool {
         }),
     };
     let other_stage = |t: &Thread| t.stage.load(Ordering::Relaxed) != STAGE_NONE && !mine(t);
-    // With a spill allowed every queue is scanned anyway: a thread of this
-    // vCPU's stages found there (a spilled one, or one after a map change)
-    // is a steal.
-    let shares = |v: &u32| unstaged || spill || (*v < 64 && mine_mask & (1 << *v) != 0);
     let took = victims
         .iter()
-        .filter(|v| shares(v))
         .find_map(|v| RUNQ[*v as usize].take_first(mine))
         .map(|t| (t, false))
         .or_else(|| {
