@@ -138,11 +138,12 @@ fn expect_config_error(config: &str, extra: &[&str], needles: &[&str]) {
     let _ = std::fs::remove_file(&path);
     run.assert_no_panic();
     assert_eq!(run.code(), i32::from(EXIT_VMM_ERROR), "{run:#?}");
-    let line = run
+    // The error from its line on (a TOML syntax error spans several lines).
+    let at = run
         .stderr
-        .lines()
-        .find(|l| l.starts_with("stagevm: error: "))
+        .find("stagevm: error: ")
         .unwrap_or_else(|| panic!("no error line: {}", run.stderr));
+    let line = &run.stderr[at..];
     for needle in needles {
         assert!(line.contains(needle), "'{line}' should name '{needle}'");
     }
@@ -380,4 +381,56 @@ fn failing_serial_output_is_logged_rate_limited() {
         "{}",
         run.stderr
     );
+}
+
+/// A TOML syntax error in `--stages` shows the file's path and toml's own
+/// message: the line, the line's text and a caret under the error.
+#[test]
+fn a_stages_syntax_error_shows_path_line_and_caret() {
+    let guest = guest_image();
+    let path = std::env::temp_dir().join(format!("stagevm-caret-{}.toml", std::process::id()));
+    std::fs::write(&path, "[host]\ncores = 0-1\n").unwrap();
+    expect_vmm_error(
+        &[
+            "--kernel",
+            guest.to_str().unwrap(),
+            "--stages",
+            path.to_str().unwrap(),
+        ],
+        &[
+            &format!("stagevm: error: {}: ", path.display()),
+            "line 2",
+            "2 | cores = 0-1",
+            "^",
+        ],
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A value the file gives that is wrong names the file; one from a
+/// command-line option names the option.
+#[test]
+fn a_bad_value_names_the_stages_file() {
+    expect_config_error(
+        "[policy]\nname = \"fastest\"\n",
+        &[],
+        &["--stages ", "stagevm-bad-", "policy.name = 'fastest'"],
+    );
+}
+
+/// A path in a directory that does not exist says which directory.
+#[test]
+fn a_missing_directory_is_named() {
+    let guest = guest_image();
+    let dir = format!("/nonexistent-stagevm-{}", std::process::id());
+    for (option, value, shown) in [
+        ("--report", format!("{dir}/r.json"), "--report"),
+        ("--api-socket", format!("{dir}/a.sock"), "--api-socket"),
+        ("--serial", format!("file={dir}/s.log"), "serial file"),
+    ] {
+        expect_vmm_error(
+            &["--kernel", guest.to_str().unwrap(), option, &value],
+            &[shown, &format!("its directory {dir} does not exist")],
+        );
+    }
 }

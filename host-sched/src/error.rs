@@ -1,7 +1,8 @@
 //! host-sched's errors: every one a line naming the key and the value.
 
 /// A configuration or scheduling error: one line naming the key and the
-/// value. The VMM wraps it with `#[source]`.
+/// value (a TOML syntax error: toml's message with the line and a caret).
+/// The VMM wraps it with `#[source]`.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ConfigError {
     /// The file cannot be read.
@@ -17,7 +18,8 @@ pub enum ConfigError {
     Toml {
         /// Where the text came from (a path).
         origin: String,
-        /// toml's message on one line, with the line and text of the error.
+        /// toml's own message: line and column, the line with a caret, and
+        /// what was expected (several lines).
         message: String,
     },
     /// A value is not a CPU list.

@@ -133,3 +133,17 @@ pub enum VmmError {
 pub fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmmError {
     move |source| VmmError::Kvm { what, source }
 }
+
+/// Why opening or creating `path` failed, for an error naming the path: a
+/// missing file whose directory is missing too says which directory (the
+/// bare "No such file or directory" leaves the user to guess which one).
+pub fn describe_path_error(path: &std::path::Path, e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.exists() {
+                return format!("its directory {} does not exist", dir.display());
+            }
+        }
+    }
+    e.to_string()
+}

@@ -145,7 +145,15 @@ fn resolve_sched(cli: &Cli) -> Result<host_sched::vm::Setup, String> {
         housekeeping: cli.housekeeping.clone(),
         policy: cli.policy.clone(),
     };
-    host_sched::vm::Setup::new(config, &overrides, topo).map_err(|e| e.to_string())
+    host_sched::vm::Setup::new(config, &overrides, topo).map_err(|e| {
+        // A value from the file is named with the file; one from a
+        // command-line option names the option (`--policy = …`).
+        let e = e.to_string();
+        match &cli.stages {
+            Some(path) if !e.starts_with("--") => format!("--stages {}: {e}", path.display()),
+            _ => e,
+        }
+    })
 }
 
 /// Opens `--report PATH` for writing: created with mode 0600 (or
@@ -162,7 +170,11 @@ fn open_report(path: &std::path::Path) -> Result<std::fs::File, String> {
         .open(path)
         .map_err(|e| match e.raw_os_error() {
             Some(libc::ELOOP) => format!("--report {}: is a symbolic link", path.display()),
-            _ => format!("--report {}: {e}", path.display()),
+            _ => format!(
+                "--report {}: {}",
+                path.display(),
+                stagevm::error::describe_path_error(path, &e)
+            ),
         })?;
     let meta = file
         .metadata()

@@ -80,10 +80,28 @@ fn errors_name_key_and_value() {
         ("[[stage]]\nmin_cores = 1", "missing field `name`"),
     ];
     for (text, needle) in cases {
-        let e = resolve_text(text).unwrap_err().to_string();
+        let e = resolve_text(text).unwrap_err();
+        let is_toml = matches!(e, ConfigError::Toml { .. });
+        let e = e.to_string();
         assert!(e.contains(needle), "{text:?}: {e}");
-        assert!(!e.contains('\n'), "one line: {e}");
+        // Only toml's own syntax message spans lines (its caret line).
+        assert!(is_toml || !e.contains('\n'), "one line: {e}");
     }
+}
+
+#[test]
+fn a_toml_syntax_error_shows_the_line_and_a_caret() {
+    let e = Config::from_toml("[host]\ncores = 0-1\n", "my.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("my.toml: "), "{e}");
+    assert!(e.contains("line 2"), "{e}");
+    assert!(e.contains("cores = 0-1"), "{e}");
+    assert!(
+        e.lines()
+            .any(|l| l.trim_start_matches([' ', '|']).starts_with('^')),
+        "{e}"
+    );
 }
 
 #[test]

@@ -16,9 +16,10 @@ pub enum SocketError {
     /// The path exists and is not a socket.
     #[error("--api-socket {0}: exists and is not a socket")]
     NotASocket(String),
-    /// Binding, removing a stale socket or setting the mode failed.
+    /// Binding, removing a stale socket or setting the mode failed (the
+    /// path, and why: `crate::error::describe_path_error`).
     #[error("--api-socket {0}: {1}")]
-    Io(String, std::io::Error),
+    Io(String, String),
 }
 
 /// A bound API socket; its path is removed when this is dropped.
@@ -38,7 +39,9 @@ impl ApiSocket {
     /// permissions, and `umask` is process-wide.
     pub fn bind(path: &Path) -> Result<Self, SocketError> {
         let name = path.display().to_string();
-        let io = |e: std::io::Error| SocketError::Io(name.clone(), e);
+        let io = |e: std::io::Error| {
+            SocketError::Io(name.clone(), crate::error::describe_path_error(path, &e))
+        };
         match std::fs::symlink_metadata(path) {
             Ok(meta) if !meta.file_type().is_socket() => return Err(SocketError::NotASocket(name)),
             Ok(_) => match UnixStream::connect(path) {

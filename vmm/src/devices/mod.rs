@@ -85,7 +85,8 @@ impl Bus {
                     .append(true)
                     .open(path)
                     .map_err(|e| {
-                        io::Error::new(e.kind(), format!("serial file {}: {e}", path.display()))
+                        let why = crate::error::describe_path_error(path, &e);
+                        io::Error::new(e.kind(), format!("serial file {}: {why}", path.display()))
                     })?,
             ),
         };
