@@ -318,6 +318,19 @@ pub(super) fn print() {
         return;
     };
     let owned = agent().read_map().map_or(0, |m| m.owned);
+    let pass = match PASSES_RUN.load(Ordering::Relaxed) {
+        1 => "migrate",
+        2 => "local",
+        _ => "",
+    };
+    if !pass.is_empty() {
+        // One pass, no samples: its cost is in the `testguest: busy` line.
+        println!(
+            "testguest: hopper {stages} stages, {} switches in all, hop_pass={pass} (no samples), owned vCPUs {owned:#x}",
+            HOPS.load(Ordering::Relaxed)
+        );
+        return;
+    }
     let dropped: u64 = PASSES
         .iter()
         .map(|p| {
