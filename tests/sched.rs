@@ -300,3 +300,36 @@ fn spills_happen_only_under_the_rule_and_are_counted() {
     let [_, fallbacks, violations] = guest_migrations(&run.stdout);
     assert_eq!((fallbacks, violations), (0, 0), "{}", run.stdout);
 }
+
+#[test]
+fn hopper_single_passes_migrate_every_switch_or_none() {
+    // migration-bench's saturated mode: with hop_pass=migrate every switch
+    // of 8 threads per vCPU moves to the other vCPU; with hop_pass=local the
+    // same number of yields moves none. Both print the busy vCPU time.
+    let config = "[host]\ncores = \"0-1\"\n[policy]\nname = \"static\"\n\
+                  [[stage]]\nname = \"hop0\"\n[[stage]]\nname = \"hop1\"\n";
+    for (pass, migrating) in [("migrate", true), ("local", false)] {
+        let (run, _) = boot(
+            config,
+            "boot=2",
+            &format!("iters=1 hopper=2 hops=16000 threads=8 hop_work=100 hop_pass={pass}"),
+        );
+        let [migrations, fallbacks, violations] = guest_migrations(&run.stdout);
+        assert_eq!((fallbacks, violations), (0, 0), "{}", run.stdout);
+        if migrating {
+            // Every switch but the first of the 8 threads that start on
+            // stage 0's vCPU.
+            assert!(migrations >= 16000 - 16, "{migrations}\n{}", run.stdout);
+        } else {
+            assert_eq!(migrations, 0, "{}", run.stdout);
+        }
+        let busy = line_numbers(&run.stdout, "testguest: busy ");
+        assert!(busy[0] > 0 && busy[0] <= busy[1], "{busy:?}");
+        assert!(
+            run.stdout
+                .contains(&format!("hop_pass={pass} (no samples)")),
+            "{}",
+            run.stdout
+        );
+    }
+}
