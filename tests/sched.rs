@@ -205,14 +205,19 @@ fn auto_steps_aside_where_staging_is_forced_to_lose() {
 #[test]
 fn auto_over_a_minute_switches_mode_at_most_once_per_phase() {
     // The default workload with parse eight times heavier than the rest,
-    // reversed half-way (phase=1): ~53,000–56,000 requests/s here, so
-    // 560,000 requests per thread run about a minute — what auto is for (a
-    // server runs for hours; its trials must not flap or cost much).
+    // reversed half-way (phase=1), sized from a short run to last about a
+    // minute on this machine (~53,000 requests/s here) — what auto is for
+    // (a server runs for hours; its trials must not flap or cost much).
     let config = "[host]\ncores = \"0-1\"\n[policy]\nname = \"auto\"\n";
+    let work = "iters=1000 threads=3 work=2000 weights=8,1,1 phase=1";
+    let (probe, _) = boot(config, "boot=2", &format!("{work} requests=20000"));
+    let rps = line_numbers(&probe.stdout, "testguest: staged phase ")[2];
+    // 6 threads in all; at least as many requests as the short run.
+    let requests = (rps * 60 / 6).max(20_000);
     let (run, json) = boot_within(
         config,
         "boot=2",
-        "iters=1000 threads=3 requests=560000 work=2000 weights=8,1,1 phase=1",
+        &format!("{work} requests={requests}"),
         std::time::Duration::from_secs(150),
     );
     let a = json.sched.auto.expect("auto reports what its trials cost");
