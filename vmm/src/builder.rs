@@ -360,26 +360,7 @@ fn attach_disks(
             path: path.clone(),
             reason,
         };
-        use std::os::unix::fs::OpenOptionsExt;
-        // The type first: a FIFO would block the open, a directory would
-        // open read-only and fail every request.
-        let meta = std::fs::metadata(&disk.path)
-            .map_err(|e| disk_err(crate::error::describe_path_error(&disk.path, &e)))?;
-        disk_kind(&meta.file_type()).map_err(disk_err)?;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(!disk.readonly)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&disk.path)
-            .map_err(|e| disk_err(crate::error::describe_path_error(&disk.path, &e)))?;
-        // Again on what was opened (the path may have changed meanwhile).
-        let meta = file.metadata().map_err(|e| disk_err(e.to_string()))?;
-        let len = match disk_kind(&meta.file_type()).map_err(disk_err)? {
-            DiskKind::File => meta.len(),
-            DiskKind::BlockDevice => block_device_size(&file)
-                .map_err(|e| disk_err(format!("block device size (BLKGETSIZE64): {e}")))?,
-        };
-        lock_disk(&file, disk.readonly).map_err(disk_err)?;
+        let (file, len) = virtio::disk::open(&disk.path, disk.readonly).map_err(disk_err)?;
         if len < virtio::block::SECTOR_SIZE {
             return Err(disk_err(format!(
                 "{len} bytes is smaller than one 512-byte sector"
@@ -413,80 +394,6 @@ fn attach_disks(
         blocks.push((Arc::new(block), ioeventfd));
     }
     Ok(blocks)
-}
-
-/// What a `--disk` path may be.
-enum DiskKind {
-    /// A regular file: its length is the disk's size.
-    File,
-    /// A block device: sized with `BLKGETSIZE64`.
-    BlockDevice,
-}
-
-/// The kind of a `--disk` path, or why it cannot be a disk (a directory, a
-/// FIFO, a socket, a character device).
-fn disk_kind(t: &std::fs::FileType) -> Result<DiskKind, String> {
-    use std::os::unix::fs::FileTypeExt;
-    let what = if t.is_file() {
-        return Ok(DiskKind::File);
-    } else if t.is_block_device() {
-        return Ok(DiskKind::BlockDevice);
-    } else if t.is_dir() {
-        "a directory"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_socket() {
-        "a socket"
-    } else if t.is_char_device() {
-        "a character device"
-    } else {
-        "not a regular file"
-    };
-    Err(format!(
-        "is {what}; a disk is a regular file or a block device"
-    ))
-}
-
-nix::ioctl_read!(
-    /// `BLKGETSIZE64` (linux/fs.h: `_IOR(0x12, 114, size_t)`): a block
-    /// device's size in bytes.
-    blkgetsize64,
-    0x12,
-    114,
-    u64
-);
-
-/// A block device's size in bytes.
-fn block_device_size(file: &std::fs::File) -> nix::Result<u64> {
-    use std::os::fd::AsRawFd;
-    let mut size = 0u64;
-    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points
-    // at `size`; the descriptor is ours and open.
-    unsafe { blkgetsize64(file.as_raw_fd(), &mut size) }?;
-    Ok(size)
-}
-
-/// Takes an advisory lock on a disk image for as long as the VMM holds it
-/// open: shared for a read-only disk, exclusive for a writable one (as
-/// Cloud Hypervisor does), so two VMMs cannot write one image. The error
-/// says who holds it.
-fn lock_disk(file: &std::fs::File, readonly: bool) -> Result<(), String> {
-    use std::os::fd::AsRawFd;
-    let kind = if readonly {
-        libc::LOCK_SH
-    } else {
-        libc::LOCK_EX
-    };
-    // SAFETY: flock(2) on a descriptor we own; it touches no memory.
-    if unsafe { libc::flock(file.as_raw_fd(), kind | libc::LOCK_NB) } == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        "locked by another process (another VMM uses this image)".into()
-    } else {
-        format!("cannot lock: {e}")
-    })
 }
 
 fn append_word(cmdline: &mut String, word: &str) {

@@ -27,6 +27,7 @@
 //! irqfd (described in the DSDT, [`crate::arch::x86_64::acpi`]).
 
 pub mod block;
+pub mod disk;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
