@@ -45,7 +45,7 @@ pub const BUCKET_NS: u64 = 200;
 const BUCKETS: usize = 50;
 
 /// Stages (0: hopper off), switches per pass guest-wide, mixing iterations
-/// after every switch and the passes that run ([`Passes`] as 0/1/2), set
+/// after every switch and the passes that run ([`Passes`] as its `u32`), set
 /// by vCPU 0 in [`configure`] before the other vCPUs start the staged
 /// phase.
 static STAGES: AtomicU32 = AtomicU32::new(0);
@@ -53,15 +53,16 @@ static HOPS: AtomicU64 = AtomicU64::new(0);
 static WORK: AtomicU64 = AtomicU64::new(0);
 static PASSES_RUN: AtomicU32 = AtomicU32::new(0);
 
-/// Which of hopper's passes run (`hop_pass=`).
+/// Which of hopper's passes run (`hop_pass=`), kept in [`PASSES_RUN`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
 pub enum Passes {
     /// Migrations, then local switches (the default).
-    Both,
+    Both = 0,
     /// Migrations only (`migrate`).
-    Migrate,
+    Migrate = 1,
     /// Local switches only (`local`).
-    Local,
+    Local = 2,
 }
 
 impl Passes {
@@ -75,8 +76,21 @@ impl Passes {
         }
     }
 
-    fn runs(k: u32, pass: usize) -> bool {
-        matches!((k, pass), (0, _) | (1, 0) | (2, 1))
+    /// The passes [`configure`] chose.
+    fn current() -> Self {
+        match PASSES_RUN.load(Ordering::Relaxed) {
+            1 => Self::Migrate,
+            2 => Self::Local,
+            _ => Self::Both,
+        }
+    }
+
+    /// Whether pass `pass` (0: migrations, 1: local switches) runs.
+    fn runs(self, pass: usize) -> bool {
+        matches!(
+            (self, pass),
+            (Self::Both, _) | (Self::Migrate, 0) | (Self::Local, 1)
+        )
     }
 }
 
@@ -151,12 +165,7 @@ static PASSES: [Pass; 2] = [Pass::new(), Pass::new()];
 pub fn configure(stages: u32, hops: u64, work: u64, passes: Passes) {
     HOPS.store(hops, Ordering::Relaxed);
     WORK.store(work, Ordering::Relaxed);
-    let k = match passes {
-        Passes::Both => 0,
-        Passes::Migrate => 1,
-        Passes::Local => 2,
-    };
-    PASSES_RUN.store(k, Ordering::Relaxed);
+    PASSES_RUN.store(passes as u32, Ordering::Relaxed);
     STAGES.store(stages.min(NAMES.len() as u32), Ordering::Relaxed);
 }
 
@@ -182,7 +191,7 @@ pub(super) fn init() {
     if stages().is_none() {
         return;
     }
-    if PASSES_RUN.load(Ordering::Relaxed) != 0 {
+    if Passes::current() != Passes::Both {
         // One pass only (`hop_pass=`): no samples, see `thread_main`.
         return;
     }
@@ -205,13 +214,13 @@ pub(super) fn init() {
 pub(super) fn thread_main(t: &Thread, stages: u32) -> ! {
     let hops = t.job.requests;
     let work = WORK.load(Ordering::Relaxed);
-    let k = PASSES_RUN.load(Ordering::Relaxed);
+    let passes = Passes::current();
     let mut x = u64::from(t.id) | 1;
     // With one pass (`hop_pass=`, migration-bench's saturated mode) no
     // samples are kept: their shared index would make every switch a
     // contended atomic on both vCPUs, which is not what is measured.
-    let sampled = k == 0;
-    if Passes::runs(k, 0) {
+    let sampled = passes == Passes::Both;
+    if passes.runs(0) {
         for i in 0..hops {
             let ticks = stage_switch(t, (i % u64::from(stages)) as u32);
             if sampled {
@@ -220,7 +229,7 @@ pub(super) fn thread_main(t: &Thread, stages: u32) -> ! {
             x = spin(x, work);
         }
     }
-    if Passes::runs(k, 1) {
+    if passes.runs(1) {
         for _ in 0..hops {
             let ticks = timed_yield(t, 0);
             if sampled {
@@ -318,10 +327,10 @@ pub(super) fn print() {
         return;
     };
     let owned = agent().read_map().map_or(0, |m| m.owned);
-    let pass = match PASSES_RUN.load(Ordering::Relaxed) {
-        1 => "migrate",
-        2 => "local",
-        _ => "",
+    let pass = match Passes::current() {
+        Passes::Migrate => "migrate",
+        Passes::Local => "local",
+        Passes::Both => "",
     };
     if !pass.is_empty() {
         // One pass, no samples: its cost is in the `testguest: busy` line.

@@ -284,10 +284,8 @@ pub(super) fn print_counts<P: Platform>(
         ns(0),
         switches(0)
     );
-    let start = START_TSC.load(Ordering::Relaxed);
     if start != 0 {
-        let cycles = END_TSC.load(Ordering::Relaxed).saturating_sub(start).max(1);
-        let khz = tsc_khz.max(1);
+        let cycles = phase.max(1);
         let requests = TOTAL_REQUESTS.load(Ordering::Relaxed);
         let rps = u128::from(requests) * u128::from(khz) * 1000 / u128::from(cycles);
         println!(
