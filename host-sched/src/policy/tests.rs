@@ -199,14 +199,24 @@ fn a_vcpu_owns_its_core_only_when_alone_on_it() {
 }
 
 /// Drives `auto` for `periods` periods, reporting `rate(mode)` requests/s
-/// for the mode of each period; returns the modes it ran.
-fn drive_auto(p: &mut auto::Auto, periods: usize, mut rate: impl FnMut(bool) -> f64) -> Vec<bool> {
+/// for the mode of each period, on an even load; returns the modes it ran.
+fn drive_auto(p: &mut auto::Auto, periods: usize, rate: impl FnMut(bool) -> f64) -> Vec<bool> {
+    drive_auto_with(p, periods, |_| [0.5, 0.5], rate)
+}
+
+/// [`drive_auto`] with `load(period)` as each period's stage load.
+fn drive_auto_with(
+    p: &mut auto::Auto,
+    periods: usize,
+    mut load: impl FnMut(usize) -> [f64; 2],
+    mut rate: impl FnMut(bool) -> f64,
+) -> Vec<bool> {
     let static_plan = build(PolicyKind::Static, ctx(2, 2, 2)).plan(&[]);
     let mut modes = Vec::new();
     let mut staged = false;
-    for _ in 0..periods {
+    for i in 0..periods {
         p.observe_rate(rate(staged));
-        let plan = p.plan(&[0.5, 0.5]);
+        let plan = p.plan(&load(i));
         staged = plan.stage_vcpus == static_plan.stage_vcpus;
         modes.push(staged);
     }
@@ -409,20 +419,17 @@ fn auto_starts_a_trial_on_a_lasting_stage_mix_change_not_on_a_burst() {
         first_trial_after: 0,
         ..Default::default()
     };
-    let static_plan = build(PolicyKind::Static, ctx(2, 2, 2)).plan(&[]);
     // Unstaged wins; the mix then moves for `burst` periods and back.
     let trials_after = |burst: usize| {
         let mut p = auto::Auto::new(ctx(2, 2, 2), params);
-        let mut staged = false;
-        for i in 0..400 {
-            p.observe_rate(if staged { 80.0 } else { 100.0 });
-            let load = if (100..100 + burst).contains(&i) {
+        let load = |i: usize| {
+            if (100..100 + burst).contains(&i) {
                 [0.95, 0.05]
             } else {
                 [0.5, 0.5]
-            };
-            staged = p.plan(&load).stage_vcpus == static_plan.stage_vcpus;
-        }
+            }
+        };
+        drive_auto_with(&mut p, 400, load, |s| if s { 80.0 } else { 100.0 });
         p.stats().trials
     };
     assert_eq!(trials_after(3), 1, "a 3-period burst is not a new mix");

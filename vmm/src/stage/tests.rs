@@ -17,6 +17,15 @@ fn memory() -> GuestMemoryMmap {
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap()
 }
 
+/// A device of 2 vCPUs over `mem` with a counters area of 3 stages and
+/// `ring_entries` entries laid out (not yet registered) at [`AREA`].
+fn counters_device(mem: &GuestMemoryMmap, ring_entries: u32) -> (Layout, StageDevice) {
+    let layout = Layout::new(2, 3, ring_entries).unwrap().with_counters();
+    mem.write_obj(Obj(layout.header()), GuestAddress(AREA))
+        .unwrap();
+    (layout, StageDevice::new(mem.clone(), MEM, 2, 0, 0))
+}
+
 fn register(dev: &StageDevice) -> Status {
     dev.doorbell(0, DOORBELL_REGISTER, &((AREA >> 12) as u32).to_le_bytes());
     let mut st = [0u8; 4];
@@ -367,10 +376,7 @@ fn backoff_sums_saturate() {
 fn unregister_keeps_the_counters_for_one_last_read() {
     use hypercall_abi::stage::{stage_code, VcpuCounters};
     let mem = memory();
-    let layout = Layout::new(2, 3, 8).unwrap().with_counters();
-    mem.write_obj(Obj(layout.header()), GuestAddress(AREA))
-        .unwrap();
-    let dev = StageDevice::new(mem.clone(), MEM, 2, 0, 0);
+    let (layout, dev) = counters_device(&mem, 8);
     let first = dev
         .doorbell(0, DOORBELL_REGISTER, &((AREA >> 12) as u32).to_le_bytes())
         .unwrap();
@@ -407,10 +413,7 @@ fn unregister_keeps_the_counters_for_one_last_read() {
 #[test]
 fn unregister_in_a_loop_keeps_a_bounded_trace_backlog() {
     let mem = memory();
-    let layout = Layout::new(2, 3, 4096).unwrap().with_counters();
-    mem.write_obj(Obj(layout.header()), GuestAddress(AREA))
-        .unwrap();
-    let dev = StageDevice::new(mem.clone(), MEM, 2, 0, 0);
+    let (layout, dev) = counters_device(&mem, 4096);
     let fill = || {
         for vcpu in 0..2 {
             let ring = AREA + layout.ring_offset(vcpu);
