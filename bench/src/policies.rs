@@ -51,8 +51,9 @@ struct Args {
     seconds: f64,
 }
 
-fn run_once(args: &Args, cmdline: &str, policy: &str) -> Result<GuestRun> {
-    let boot = Boot {
+/// One boot of the guest under `policy` with `cmdline`.
+fn boot<'a>(args: &'a Args, cmdline: &'a str, policy: &'a str) -> Boot<'a> {
+    Boot {
         target: &args.target,
         vcpus: args.cpus,
         policy,
@@ -60,8 +61,7 @@ fn run_once(args: &Args, cmdline: &str, policy: &str) -> Result<GuestRun> {
         memory: None,
         stages: None,
         extra: &[],
-    };
-    GuestRun::parse(&boot.run()?)
+    }
 }
 
 /// Mean µs of `sched_setaffinity` on a spinning thread: moving it between
@@ -106,16 +106,7 @@ fn main() -> Result<()> {
         bail!("--rounds and --policies must not be empty");
     }
     let cmdline = if args.seconds > 0.0 {
-        let boot = Boot {
-            target: &args.target,
-            vcpus: args.cpus,
-            policy: "off",
-            cmdline: &args.cmdline,
-            memory: None,
-            stages: None,
-            extra: &[],
-        };
-        stagevm_bench::guest::sized_cmdline(&boot, args.seconds)?
+        stagevm_bench::guest::sized_cmdline(&boot(&args, &args.cmdline, "off"), args.seconds)?
     } else {
         args.cmdline.clone()
     };
@@ -130,7 +121,8 @@ fn main() -> Result<()> {
                 args.rounds,
                 args.policies[i]
             );
-            samples[i].push(run_once(&args, &cmdline, &args.policies[i])?);
+            let run = boot(&args, &cmdline, &args.policies[i]).run()?;
+            samples[i].push(GuestRun::parse(&run)?);
         }
     }
     let medians = |f: fn(&GuestRun) -> f64| -> Vec<f64> {

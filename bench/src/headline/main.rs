@@ -322,16 +322,7 @@ fn staged_round(
         for k in 0..args.policies.len() {
             let policy = &args.policies[(k + round) % args.policies.len()];
             bar.set_message(format!("round {} staged {policy} {v} vCPUs", round + 1));
-            let boot = Boot {
-                target: &args.target,
-                vcpus: v,
-                policy,
-                cmdline,
-                memory: None,
-                stages: None,
-                extra: &[],
-            };
-            let run = GuestRun::parse(&boot.run()?)?;
+            let run = GuestRun::parse(&staged_boot(args, cmdline, v, policy).run()?)?;
             cells.push(Work::Staged, v, policy, run);
             bar.inc(1);
         }
@@ -409,16 +400,21 @@ fn size_runs(args: &Args, points: &mut [Point]) -> Result<String> {
     if args.no_staged {
         return Ok(args.staged_cmdline.clone());
     }
-    let boot = Boot {
+    let boot = staged_boot(args, &args.staged_cmdline, args.vcpus[0], "off");
+    stagevm_bench::guest::sized_cmdline(&boot, args.seconds)
+}
+
+/// One boot of the staged (non-i-cache-bound) workload.
+fn staged_boot<'a>(args: &'a Args, cmdline: &'a str, vcpus: u32, policy: &'a str) -> Boot<'a> {
+    Boot {
         target: &args.target,
-        vcpus: args.vcpus[0],
-        policy: "off",
-        cmdline: &args.staged_cmdline,
+        vcpus,
+        policy,
+        cmdline,
         memory: None,
         stages: None,
         extra: &[],
-    };
-    stagevm_bench::guest::sized_cmdline(&boot, args.seconds)
+    }
 }
 
 /// Series for the plot: per vCPU count, per policy, (footprint KiB,
