@@ -1,0 +1,118 @@
+//! The filters against what the threads use, and a forbidden call ending
+//! a process with the seccomp message.
+
+use super::*;
+
+const KINDS: [ThreadKind; 5] = [
+    ThreadKind::Vcpu,
+    ThreadKind::StageSched,
+    ThreadKind::IoBlk,
+    ThreadKind::Main,
+    ThreadKind::Api,
+];
+
+#[test]
+fn every_thread_kind_has_a_filter_and_modes_parse() {
+    for kind in KINDS {
+        assert!(program(kind, SeccompMode::Trap).unwrap().is_some());
+        assert!(program(kind, SeccompMode::Off).unwrap().is_none());
+        let numbers: Vec<i64> = allowed(kind).iter().map(|s| s.0).collect();
+        assert!(!numbers.contains(&libc::SYS_execve));
+        // No entry twice (in its own list or the common one).
+        let mut unique = numbers.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), numbers.len(), "{kind:?}: {numbers:?}");
+        // `ioctl` is allowed with its requests or not at all (an empty
+        // rule list would allow every request).
+        assert_eq!(
+            numbers.contains(&libc::SYS_ioctl),
+            !allowed_ioctls(kind).is_empty(),
+            "{kind:?}"
+        );
+        let names = allowed_syscalls(kind);
+        assert!(names.contains(&"fcntl") && names.contains(&"exit_group"));
+        // `openat` passes the first filter; only stage-sched's succeeds.
+        assert!(names.contains(&"openat"));
+        // The deny filter: every openat, or (stage-sched) one that writes.
+        let deny = denied(kind).unwrap();
+        let conditional = !deny[&libc::SYS_openat].is_empty();
+        assert_eq!(conditional, kind == ThreadKind::StageSched, "{kind:?}");
+        assert!(deny_program(kind).is_ok());
+    }
+    for kind in [ThreadKind::Api, ThreadKind::Main] {
+        assert!(!allowed_syscalls(kind).contains(&"ioctl"), "{kind:?}");
+    }
+    assert_eq!("log".parse(), Ok(SeccompMode::Log));
+    assert!("yes".parse::<SeccompMode>().unwrap_err().contains("'yes'"));
+}
+
+#[test]
+fn vcpu_ioctl_numbers_are_the_kernels() {
+    // From <linux/kvm.h> (x86-64).
+    let expected = [
+        ("KVM_RUN", 0xae80),
+        ("KVM_GET_REGS", 0x8090_ae81),
+        ("KVM_SET_REGS", 0x4090_ae82),
+        ("KVM_GET_SREGS", 0x8138_ae83),
+        ("KVM_GET_FPU", 0x81a0_ae8c),
+        ("KVM_GET_MP_STATE", 0x8004_ae98),
+        ("KVM_GET_VCPU_EVENTS", 0x8040_ae9f),
+        ("KVM_SET_VCPU_EVENTS", 0x4040_aea0),
+    ];
+    assert_eq!(allowed_ioctls(ThreadKind::Vcpu), &expected[..]);
+}
+
+/// Runs `call` in a forked child under `kind`'s filter (SIGSYS without
+/// a handler: the child dies of it) and returns the child's wait status.
+fn under_filter(kind: ThreadKind, call: fn() -> i32) -> i32 {
+    let prog = program(kind, SeccompMode::Trap).unwrap().unwrap();
+    // SAFETY: the child makes only async-signal-safe calls (prctl,
+    // seccomp, the call under test, _exit) and never returns.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = match seccompiler::apply_filter(&prog) {
+            Ok(()) => call(),
+            Err(_) => 100,
+        };
+        // SAFETY: _exit(2) ends the child without running anything else.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child; `status` outlives the call.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    status
+}
+
+#[test]
+fn the_vcpu_filter_checks_the_ioctl_request() {
+    // KVM_RUN on a closed descriptor: allowed, fails with EBADF.
+    let run = under_filter(ThreadKind::Vcpu, || {
+        // SAFETY: an ioctl on descriptor -1 touches no memory.
+        let r = unsafe { libc::ioctl(-1, 0xae80, 0) };
+        i32::from(r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF))
+    });
+    assert!(
+        libc::WIFEXITED(run) && libc::WEXITSTATUS(run) == 1,
+        "status {run:#x}"
+    );
+    // Any other request: SIGSYS.
+    let other = under_filter(ThreadKind::Vcpu, || {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int, to `n`.
+        unsafe { libc::ioctl(libc::STDERR_FILENO, libc::FIONREAD, &mut n) };
+        0
+    });
+    assert!(
+        libc::WIFSIGNALED(other) && libc::WTERMSIG(other) == libc::SIGSYS,
+        "status {other:#x}"
+    );
+    // No ioctl at all in the api thread.
+    let api = under_filter(ThreadKind::Api, || {
+        // SAFETY: as above.
+        unsafe { libc::ioctl(-1, 0xae80, 0) };
+        0
+    });
+    assert!(libc::WIFSIGNALED(api) && libc::WTERMSIG(api) == libc::SIGSYS);
+}
