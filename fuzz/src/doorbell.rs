@@ -182,7 +182,11 @@ fn run(mem: &GuestMemoryMmap, data: &[u8]) {
                 let masks: Vec<u64> = (0..inp.below(MAX_STAGES as u32 + 3))
                     .map(|_| inp.u64())
                     .collect();
-                dev.publish(&masks, inp.u64());
+                dev.publish(
+                    &masks,
+                    inp.u64(),
+                    hypercall_abi::stage::VisitPolicy::from_code(inp.below(7) as u64).unwrap_or_default(),
+                );
             }
             13 => {
                 // Guest-written parking hints, then the host's safety net.

@@ -187,7 +187,11 @@ fn run(mem: &GuestMemoryMmap, data: &[u8]) {
             .doorbell(vcpu, DOORBELL_REGISTER, &pfn.to_le_bytes())
             .is_none());
         assert!(dev.drain().events.is_empty());
-        dev.publish(&[u64::MAX; MAX_STAGES], inp.u64());
+        dev.publish(
+            &[u64::MAX; MAX_STAGES],
+            inp.u64(),
+            hypercall_abi::stage::VisitPolicy::Cohort,
+        );
         dev.doorbell(vcpu, DOORBELL_UNREGISTER, &[]);
         assert!(!dev.report().registered);
     }

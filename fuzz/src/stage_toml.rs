@@ -31,6 +31,7 @@ pub fn fuzz(data: &[u8]) {
         cores: inp.bool().then(|| cpulist(&mut inp)),
         housekeeping: (inp.one_in(4)).then(|| cpulist(&mut inp)),
         policy: (inp.one_in(4)).then(|| inp.pick(&POLICIES).to_string()),
+        visit: (inp.one_in(4)).then(|| inp.pick(&VISITS).to_string()),
     };
     let guest: Vec<String> = (0..inp.below(5))
         .map(|_| inp.pick(&NAMES).to_string())
@@ -52,6 +53,7 @@ const POLICIES: [&str; 7] = [
     "fast",
     "",
 ];
+const VISITS: [&str; 4] = ["fifo", "cohort", "color", "lifo"];
 const NAMES: [&str; 8] = ["parse", "plan", "execute", "commit", "", "a", "parse ", "é"];
 
 fn set(mask: u16) -> CpuSet {

@@ -43,6 +43,7 @@ extern crate std;
 use core::ptr;
 use core::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
+pub use hypercall_abi::stage::VisitPolicy;
 use hypercall_abi::stage::{
     stage_code, state_word, validate_header, AreaHeader, Layout, StageDesc, StageMap, Status,
     VcpuState, CODE_IDLE, CODE_NONE, DOORBELL_REGISTER, DOORBELL_UNREGISTER, DOORBELL_WAIT,
@@ -52,6 +53,7 @@ use hypercall_abi::stage::{
 
 mod counters;
 mod ring;
+pub mod visit;
 
 /// What the agent needs from the machine it runs on.
 pub trait Platform {
@@ -159,6 +161,10 @@ pub struct MapSnapshot {
     /// The vCPUs alone on their host core (ABI minor 1); 0 from a host
     /// that does not publish it (minor 0), so such a guest parks as in v1.0.
     pub owned: u64,
+    /// The stage-visit policy the host asks for (ABI minor 3,
+    /// [`StageMap::visit`]); [`VisitPolicy::Fifo`] from an older host or
+    /// for a code this guest does not know.
+    pub visit: VisitPolicy,
 }
 
 impl MapSnapshot {
@@ -563,19 +569,26 @@ impl<P: Platform> Agent<P> {
                 *v = unsafe { ptr::read_volatile(map.add(1 + i)) };
             }
             // SAFETY: words of the map (`StageMap` is 24 words).
-            let (owned, minor) = unsafe {
+            let (owned, minor, visit) = unsafe {
                 (
                     ptr::read_volatile(map.add(MAP_OWNED)),
                     ptr::read_volatile(map.add(MAP_MINOR)),
+                    ptr::read_volatile(map.add(MAP_VISIT)),
                 )
             };
             fence(Ordering::Acquire);
             if epoch_word.load(Ordering::Relaxed) == epoch {
                 let owned = if minor >= 1 { owned } else { 0 };
+                let visit = if minor >= 3 {
+                    VisitPolicy::from_code(visit).unwrap_or_default()
+                } else {
+                    VisitPolicy::Fifo
+                };
                 return Some(MapSnapshot {
                     epoch,
                     vcpus,
                     owned,
+                    visit,
                 });
             }
         }
@@ -585,6 +598,7 @@ impl<P: Platform> Agent<P> {
 /// Word indices of [`StageMap`] fields.
 const MAP_OWNED: usize = core::mem::offset_of!(StageMap, owned) / 8;
 const MAP_MINOR: usize = core::mem::offset_of!(StageMap, minor) / 8;
+const MAP_VISIT: usize = core::mem::offset_of!(StageMap, visit) / 8;
 pub(crate) const MAP_TRACE_EVERY: usize = core::mem::offset_of!(StageMap, trace_every) / 8;
 
 /// Which vCPU `stage` should run on for a thread now on `current`, given a

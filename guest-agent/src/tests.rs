@@ -61,6 +61,7 @@ fn map(vcpus: [u64; 3]) -> MapSnapshot {
         epoch: 2,
         vcpus: m,
         owned: 0,
+        visit: hypercall_abi::stage::VisitPolicy::Fifo,
     }
 }
 

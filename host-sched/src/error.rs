@@ -84,6 +84,14 @@ pub enum ConfigError {
         /// Its value.
         value: String,
     },
+    /// No such stage-visit policy.
+    #[error("{key} = '{value}': unknown visit policy (fifo, cohort, srpt, dbr, mg1, color)")]
+    UnknownVisit {
+        /// The key or option.
+        key: String,
+        /// Its value.
+        value: String,
+    },
     /// A value outside its range.
     #[error("{key} = {value}: must be {expected}")]
     OutOfRange {

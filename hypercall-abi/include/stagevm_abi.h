@@ -11,8 +11,15 @@
 
 #define STAGEVM_AREA_MAGIC 0x314e414843475453ULL /* "STGCHAN1" little endian */
 #define STAGEVM_ABI_VERSION 1u
-#define STAGEVM_ABI_MINOR 2ull /* 1: map owned, minor; 2: counters, lossy trace rings */
+#define STAGEVM_ABI_MINOR 3ull /* 1: map owned, minor; 2: counters, lossy trace rings; 3: map visit */
 #define STAGEVM_AREA_FLAG_COUNTERS 1u /* header flags: counter blocks follow the rings */
+/* Minor 3: stage-visit policies (stagevm_stage_map.visit, seed 002 ch. 3). */
+#define STAGEVM_VISIT_FIFO 0ull
+#define STAGEVM_VISIT_COHORT 1ull
+#define STAGEVM_VISIT_SRPT 2ull
+#define STAGEVM_VISIT_DBR 3ull
+#define STAGEVM_VISIT_MG1 4ull
+#define STAGEVM_VISIT_COLOR 5ull
 #define STAGEVM_MAX_STAGES 16u
 #define STAGEVM_MAX_VCPUS 64u
 #define STAGEVM_MAX_RING_ENTRIES 65536u
@@ -64,7 +71,8 @@ struct stagevm_stage_map {
 	uint64_t owned; /* minor 1: vCPUs alone on their host core */
 	uint64_t minor; /* the host's STAGEVM_ABI_MINOR; 0 from a v1.0 host */
 	uint64_t trace_every; /* minor 2, host-written: 0 no trace, N every Nth event */
-	uint64_t reserved[4];
+	uint64_t visit; /* minor 3: stage-visit policy, STAGEVM_VISIT_* (unknown = FIFO) */
+	uint64_t reserved[3];
 };
 
 struct stagevm_vcpu_state {

@@ -59,7 +59,9 @@ pub const ABI_VERSION: u32 = 1;
 /// * 2 — per-vCPU stage counters ([`VcpuCounters`], [`AREA_FLAG_COUNTERS`]),
 ///   lossy trace rings ([`StageMap::trace_every`],
 ///   [`RingHeader::trace_dropped`]) and [`AreaHeader::register_tsc`].
-pub const ABI_MINOR: u64 = 2;
+/// * 3 — [`StageMap::visit`]: the stage-visit policy the host asks each
+///   vCPU's scheduler to use ([`VisitPolicy`], temporal staging).
+pub const ABI_MINOR: u64 = 3;
 /// [`AreaHeader::flags`] bit (minor 2): the guest laid out one
 /// [`VcpuCounters`] block per vCPU after the rings
 /// ([`Layout::counters_offset`]) and, once the host's map says `minor` ≥ 2,
@@ -212,8 +214,14 @@ pub struct StageMap {
     /// the vCPU's ring too (1 = every event). Only read by a guest that uses
     /// counters.
     pub trace_every: u64,
+    /// Minor 3: the stage-visit policy's code ([`VisitPolicy::code`]),
+    /// written under the seqlock with the masks: the order in which each
+    /// vCPU's scheduler serves the threads queued for the stages it serves
+    /// (temporal staging, seed 002 §3.1). 0 ([`VisitPolicy::Fifo`]) from an
+    /// older host; a code the guest does not know means FIFO.
+    pub visit: u64,
     /// Reserved, 0.
-    pub reserved: [u64; 4],
+    pub reserved: [u64; 3],
 }
 
 /// Per-ring control block (192 bytes, three 64-byte cache lines so guest and
@@ -316,6 +324,7 @@ const _: () = assert!(core::mem::offset_of!(RingHeader, full_backoffs) == 128);
 const _: () = assert!(core::mem::offset_of!(RingHeader, trace_dropped) == 136);
 const _: () = assert!(core::mem::offset_of!(AreaHeader, register_tsc) == 48);
 const _: () = assert!(core::mem::offset_of!(StageMap, trace_every) == 152);
+const _: () = assert!(core::mem::offset_of!(StageMap, visit) == 160);
 const _: () = assert!(core::mem::size_of::<StageEvent>() == 32);
 const _: () = assert!(core::mem::offset_of!(StageEvent, stage) == 16);
 const _: () = assert!(core::mem::offset_of!(StageEvent, thread) == 20);
@@ -465,6 +474,8 @@ pub fn validate_header(h: &AreaHeader, vm_vcpus: u32) -> Result<Layout, Status> 
 
 mod counters;
 pub use counters::*;
+mod visit;
+pub use visit::VisitPolicy;
 
 /// FNV-1a (32-bit) of a stage name, for compact logs (Fowler, Noll, Vo).
 pub fn name_hash(name: &[u8]) -> u32 {

@@ -55,6 +55,10 @@ int main(void) {
     P("flag_counters", STAGEVM_AREA_FLAG_COUNTERS);
     P("hdr.register_tsc", offsetof(struct stagevm_area_header, register_tsc));
     P("map.trace_every", offsetof(struct stagevm_stage_map, trace_every));
+    P("map.visit", offsetof(struct stagevm_stage_map, visit));
+    P("visit_fifo", STAGEVM_VISIT_FIFO); P("visit_cohort", STAGEVM_VISIT_COHORT);
+    P("visit_srpt", STAGEVM_VISIT_SRPT); P("visit_dbr", STAGEVM_VISIT_DBR);
+    P("visit_mg1", STAGEVM_VISIT_MG1); P("visit_color", STAGEVM_VISIT_COLOR);
     P("ring.trace_dropped", offsetof(struct stagevm_ring_header, trace_dropped));
     P("code_bits", STAGEVM_STATE_CODE_BITS); P("code_mask", STAGEVM_STATE_CODE_MASK);
     P("state_timed", STAGEVM_STATE_TIMED); P("state_low_mask", STAGEVM_STATE_LOW_MASK);
@@ -162,6 +166,13 @@ int main(void) {
             offset_of!(AreaHeader, register_tsc) as u64,
         ),
         ("map.trace_every", offset_of!(StageMap, trace_every) as u64),
+        ("map.visit", offset_of!(StageMap, visit) as u64),
+        ("visit_fifo", VisitPolicy::Fifo.code()),
+        ("visit_cohort", VisitPolicy::Cohort.code()),
+        ("visit_srpt", VisitPolicy::Srpt.code()),
+        ("visit_dbr", VisitPolicy::Dbr.code()),
+        ("visit_mg1", VisitPolicy::Mg1.code()),
+        ("visit_color", VisitPolicy::Color.code()),
         (
             "ring.trace_dropped",
             offset_of!(RingHeader, trace_dropped) as u64,

@@ -100,7 +100,11 @@ pub fn follow_the_map(kind: HostKind) {
             let mut n = 0u64;
             while flipping.load(Ordering::Acquire) {
                 std::thread::sleep(Duration::from_millis(3));
-                dev.publish(if n.is_multiple_of(2) { &a } else { &b }, 0);
+                dev.publish(
+                    if n.is_multiple_of(2) { &a } else { &b },
+                    0,
+                    hypercall_abi::stage::VisitPolicy::Fifo,
+                );
                 if let Some(f) = &old_minor {
                     use std::os::unix::fs::FileExt;
                     let at = STAGE_MAP_OFFSET + std::mem::offset_of!(StageMap, minor) as u64;

@@ -100,6 +100,11 @@ struct Cli {
     #[arg(long, value_name = "NAME")]
     policy: Option<String>,
 
+    /// Stage-visit policy of the guest's vCPU schedulers (temporal staging),
+    /// overriding policy.visit: fifo, cohort, srpt, dbr, mg1, color.
+    #[arg(long, value_name = "NAME")]
+    visit: Option<String>,
+
     /// Stage cores as a CPU list (e.g. 0-1), overriding host.cores.
     #[arg(long, value_name = "CPUS")]
     stage_cores: Option<String>,
@@ -144,6 +149,7 @@ fn resolve_sched(cli: &Cli) -> Result<host_sched::vm::Setup, String> {
         cores: cli.stage_cores.clone(),
         housekeeping: cli.housekeeping.clone(),
         policy: cli.policy.clone(),
+        visit: cli.visit.clone(),
     };
     host_sched::vm::Setup::new(config, &overrides, topo).map_err(|e| {
         // A value from the file is named with the file; one from a

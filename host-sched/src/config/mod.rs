@@ -32,7 +32,7 @@ pub use update::{BudgetsUpdate, PolicyUpdate};
 mod update;
 
 use crate::cpuset::CpuSet;
-use crate::policy::PolicyKind;
+use crate::policy::{PolicyKind, VisitPolicy};
 use crate::topology::Topology;
 
 /// `[host]`.
@@ -61,6 +61,11 @@ pub struct PolicySection {
     /// Minimum improvement (in cores) for a new allocation, ≥ 0.
     #[serde(default = "default_hysteresis")]
     pub hysteresis: f64,
+    /// Stage-visit policy of the guest's vCPU schedulers (temporal
+    /// staging: `fifo`, `cohort`, `srpt`, `dbr`, `mg1`, `color`; seed 002
+    /// ch. 3); `auto` chooses its own.
+    #[serde(default = "default_visit")]
+    pub visit: String,
 }
 
 fn default_policy() -> String {
@@ -75,6 +80,9 @@ fn default_smoothing() -> f64 {
 fn default_hysteresis() -> f64 {
     0.1
 }
+fn default_visit() -> String {
+    "fifo".into()
+}
 
 impl Default for PolicySection {
     fn default() -> Self {
@@ -83,6 +91,7 @@ impl Default for PolicySection {
             period_ms: default_period(),
             smoothing: default_smoothing(),
             hysteresis: default_hysteresis(),
+            visit: default_visit(),
         }
     }
 }
@@ -200,6 +209,8 @@ pub struct Resolved {
     pub smoothing: f64,
     /// Hysteresis in cores.
     pub hysteresis: f64,
+    /// Stage-visit policy (temporal staging, ABI minor 3).
+    pub visit: VisitPolicy,
 }
 
 fn range(key: &str, value: impl std::fmt::Display, expected: &'static str) -> ConfigError {
@@ -219,6 +230,8 @@ pub struct Overrides {
     pub housekeeping: Option<String>,
     /// `--policy`.
     pub policy: Option<String>,
+    /// `--visit`.
+    pub visit: Option<String>,
 }
 
 fn cpulist(key: &str, text: &str) -> Result<CpuSet, ConfigError> {
@@ -266,6 +279,7 @@ pub fn resolve(
     let (housekeeping, helpers_share_stage_cores) =
         resolve_housekeeping(config, overrides, topo, cores_key, &stage_cores)?;
     let policy = resolve_policy(config, overrides)?;
+    let visit = resolve_visit(config, overrides)?;
     let budgets = resolve_budgets(config, cores_key, &stage_cores)?;
     let p = &config.policy;
     Ok(Resolved {
@@ -277,6 +291,20 @@ pub fn resolve(
         period: Duration::from_millis(p.period_ms),
         smoothing: p.smoothing,
         hysteresis: p.hysteresis,
+        visit,
+    })
+}
+
+/// The stage-visit policy: `--visit`, else `policy.visit`.
+fn resolve_visit(config: &Config, overrides: &Overrides) -> Result<VisitPolicy, ConfigError> {
+    let (key, text) = chosen(
+        ("--visit", overrides.visit.as_deref()),
+        ("policy.visit", Some(config.policy.visit.as_str())),
+    );
+    let text = text.unwrap_or_default();
+    VisitPolicy::parse(text).ok_or_else(|| ConfigError::UnknownVisit {
+        key: key.into(),
+        value: text.into(),
     })
 }
 
@@ -454,6 +482,7 @@ impl Resolved {
             budgets,
             smoothing: self.smoothing,
             hysteresis: self.hysteresis,
+            visit: self.visit,
         }
     }
 

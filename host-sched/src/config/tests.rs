@@ -180,6 +180,7 @@ fn overrides_folded_in_resolve_like_the_command_line() {
         cores: Some("1-2".into()),
         housekeeping: Some("0".into()),
         policy: Some("pinned".into()),
+        visit: Some("cohort".into()),
     };
     let with_cli = resolve(&config, &overrides, &topo()).unwrap();
     let folded = resolve(

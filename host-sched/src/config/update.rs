@@ -25,6 +25,10 @@ pub struct PolicyUpdate {
     /// Cores a new allocation must gain, ≥ 0 (`policy.hysteresis`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hysteresis: Option<f64>,
+    /// Stage-visit policy of the guest's schedulers (`policy.visit`:
+    /// `fifo`, `cohort`, `srpt`, `dbr`, `mg1`, `color`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visit: Option<String>,
 }
 
 /// `PUT /api/v1/stages.budgets`: replaces the `[host]` table (stage and
@@ -57,6 +61,9 @@ impl PolicyUpdate {
         if let Some(v) = self.hysteresis {
             s += &format!(", hysteresis {v}");
         }
+        if let Some(v) = &self.visit {
+            s += &format!(", visit {v}");
+        }
         s
     }
 }
@@ -86,7 +93,8 @@ impl BudgetsUpdate {
 impl Config {
     /// This configuration with the command-line overrides folded in
     /// (`--stage-cores` as `host.cores`, `--housekeeping` as
-    /// `host.housekeeping`, `--policy` as `policy.name`): resolving the
+    /// `host.housekeeping`, `--policy` as `policy.name`, `--visit` as
+    /// `policy.visit`): resolving the
     /// result without overrides gives what resolving `self` with them gave.
     pub fn with_overrides(mut self, overrides: &Overrides) -> Self {
         if let Some(cores) = &overrides.cores {
@@ -97,6 +105,9 @@ impl Config {
         }
         if let Some(policy) = &overrides.policy {
             self.policy.name = policy.clone();
+        }
+        if let Some(visit) = &overrides.visit {
+            self.policy.visit = visit.clone();
         }
         self
     }
@@ -113,6 +124,9 @@ impl Config {
         }
         if let Some(v) = update.hysteresis {
             self.policy.hysteresis = v;
+        }
+        if let Some(v) = &update.visit {
+            self.policy.visit = v.clone();
         }
         self
     }

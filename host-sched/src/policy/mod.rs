@@ -12,6 +12,7 @@ pub mod auto;
 
 use crate::config::Budget;
 use crate::cpuset::CpuSet;
+pub use hypercall_abi::stage::VisitPolicy;
 
 /// Which policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -71,6 +72,10 @@ pub struct Plan {
     /// Per stage, cores allocated to it (its entry of the requirement vector;
     /// 0 for a stage served by the victim core).
     pub requirement: Vec<usize>,
+    /// The stage-visit policy each vCPU's scheduler uses (temporal staging,
+    /// ABI minor 3): the operator's `[policy] visit` ([`Context::visit`]),
+    /// or `auto`'s choice.
+    pub visit: VisitPolicy,
 }
 
 impl Plan {
@@ -111,6 +116,9 @@ pub struct Context {
     pub smoothing: f64,
     /// Improvement in cores a new allocation needs (proportional).
     pub hysteresis: f64,
+    /// The operator's stage-visit policy (`[policy] visit`, default fifo),
+    /// put into every plan (`auto` chooses its own, see [`auto`]).
+    pub visit: VisitPolicy,
 }
 
 /// Consecutive policy periods a new allocation must be computed before the
@@ -196,6 +204,7 @@ impl Policy for Unstaged {
             stage_cores: vec![all.clone(); stages],
             vcpu_cores,
             requirement: vec![ctx.cores.len(); stages],
+            visit: ctx.visit,
         }
     }
 }
@@ -515,6 +524,7 @@ pub fn plan_from_assignment(ctx: &Context, assignment: &[Option<usize>]) -> Plan
         stage_cores,
         vcpu_cores,
         requirement,
+        visit: ctx.visit,
     }
 }
 

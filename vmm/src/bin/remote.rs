@@ -58,6 +58,9 @@ enum Command {
         /// Cores a new allocation must gain (≥ 0).
         #[arg(long, value_name = "CORES")]
         hysteresis: Option<f64>,
+        /// Stage-visit policy: fifo, cohort, srpt, dbr, mg1 or color.
+        #[arg(long, value_name = "NAME")]
+        visit: Option<String>,
     },
     /// Replaces `[host]` cores and the `[[stage]]` budgets from a stages file
     /// (its `[policy]` table, if any, is not sent: use `policy`).
@@ -176,12 +179,14 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             period_ms,
             smoothing,
             hysteresis,
+            visit,
         } => {
             let update = PolicyUpdate {
                 name: name.clone(),
                 period_ms: *period_ms,
                 smoothing: *smoothing,
                 hysteresis: *hysteresis,
+                visit: visit.clone(),
             };
             (
                 "PUT",

@@ -104,7 +104,7 @@ impl StageSched {
         let served = c.register(registered, Instant::now());
         let plan = c.plan();
         if let Some(device) = &self.device {
-            device.publish(&plan.stage_vcpus, plan.owned_vcpus());
+            device.publish(&plan.stage_vcpus, plan.owned_vcpus(), plan.visit);
         }
         if served {
             self.pinner.apply(plan);
@@ -170,7 +170,7 @@ impl StageSched {
         if let Some(Decision { plan, map_changed }) = c.period(Instant::now()) {
             if map_changed {
                 if let Some(device) = &self.device {
-                    device.publish(&plan.stage_vcpus, plan.owned_vcpus());
+                    device.publish(&plan.stage_vcpus, plan.owned_vcpus(), plan.visit);
                 }
             }
             self.pinner.apply(&plan);

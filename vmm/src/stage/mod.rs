@@ -32,6 +32,7 @@ use std::time::Duration;
 use hypercall_abi::boot::KERNEL_MIN_GPA;
 use hypercall_abi::stage::{
     validate_header, AreaHeader, Layout, StageDesc, StageMap, Status, VcpuCounters, VcpuState,
+    VisitPolicy,
     ABI_MINOR, DOORBELL_REGISTER, DOORBELL_STATUS, DOORBELL_UNREGISTER, DOORBELL_WAIT,
     DOORBELL_WAKE, MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, WAIT_MAX_US,
 };
@@ -461,8 +462,9 @@ impl StageDevice {
 
     /// Publishes a new stage map: per stage, the vCPUs serving it (stages
     /// past the registered count are ignored), and `owned`, the vCPUs alone
-    /// on their host core (ABI minor 1). No-op without an area.
-    pub fn publish(&self, stage_vcpus: &[u64], owned: u64) {
+    /// on their host core (ABI minor 1), and `visit`, the stage-visit policy
+    /// of each vCPU's scheduler (ABI minor 3). No-op without an area.
+    pub fn publish(&self, stage_vcpus: &[u64], owned: u64, visit: VisitPolicy) {
         let mut guard = self.lock();
         let inner = &mut *guard;
         let Some(area) = inner.area.as_mut() else {
@@ -496,6 +498,11 @@ impl StageDevice {
         store(
             self.trace_every.load(Ordering::Relaxed),
             core::mem::offset_of!(StageMap, trace_every) as u64,
+            Ordering::Relaxed,
+        );
+        store(
+            visit.code(),
+            core::mem::offset_of!(StageMap, visit) as u64,
             Ordering::Relaxed,
         );
         area.epoch += 2;

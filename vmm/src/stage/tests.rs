@@ -75,7 +75,7 @@ fn agent_and_device_agree_under_concurrent_draining() {
     }
     .unwrap();
     assert_eq!(agent.status(), Status::Ok);
-    dev.publish(&[0b11; 3], 0);
+    dev.publish(&[0b11; 3], 0, hypercall_abi::stage::VisitPolicy::Fifo);
     assert_eq!(agent.read_map().unwrap().vcpus[..3], [0b11; 3]);
     let names: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
     let done = Arc::new(AtomicBool::new(false));

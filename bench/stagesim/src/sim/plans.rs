@@ -87,6 +87,7 @@ impl Plans {
             epoch: 0,
             vcpus: Default::default(),
             owned: 0,
+            visit: policy::VisitPolicy::Fifo,
         };
         anyhow::ensure!(
             stages <= map.vcpus.len(),
@@ -101,6 +102,7 @@ impl Plans {
                 budgets,
                 smoothing: cfg.smoothing,
                 hysteresis: cfg.hysteresis,
+                visit: policy::VisitPolicy::Fifo,
             },
         );
         let plan = policy.plan(&vec![0.0; stages]);
