@@ -252,6 +252,26 @@ fn config_unknown_policy_and_key() {
     );
 }
 
+/// An unknown stage-visit policy names the option, or the file and its key.
+#[test]
+fn config_unknown_visit() {
+    expect_config_error(
+        "",
+        &["--visit", "lifo"],
+        &["--visit = 'lifo'", "unknown visit policy"],
+    );
+    expect_config_error(
+        "[policy]\nvisit = \"x\"\n",
+        &[],
+        &[
+            "--stages ",
+            "stagevm-bad-",
+            "policy.visit = 'x'",
+            "unknown visit policy",
+        ],
+    );
+}
+
 /// A FIFO as `--kernel` used to block start-up forever (issue 14 D14); it is
 /// refused at once, before it is opened.
 #[test]

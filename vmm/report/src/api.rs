@@ -53,6 +53,10 @@ pub struct VmInfo {
     pub stage_device: bool,
     /// Policy name now.
     pub policy: String,
+    /// Stage-visit policy of the plan applied now (`fifo`, `cohort`, `srpt`,
+    /// `dbr`, `mg1`, `color`; `auto`'s choice under `auto`).
+    #[serde(default)]
+    pub visit: String,
     /// Policy period now (ms).
     pub period_ms: u64,
     /// Stage cores now (cpulist).

@@ -235,6 +235,11 @@ pub struct TimelineEntry {
     /// made through the operator API (`--api-socket`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// The stage-visit policy of the period's plan, published in the stage
+    /// map (temporal staging: `fifo`, `cohort`, `srpt`, `dbr`, `mg1`,
+    /// `color`; `auto`'s choice under `auto`). Empty in an older report.
+    #[serde(default)]
+    pub visit: String,
 }
 
 /// Per stage, where it runs now.
@@ -253,8 +258,13 @@ pub struct StagePlacement {
 /// What the scheduler did.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SchedReport {
-    /// Policy name (`off`, `pinned`, `static`, `proportional`).
+    /// Policy name (`off`, `pinned`, `static`, `proportional`, `auto`).
     pub policy: String,
+    /// The stage-visit policy of the plan applied now (at the end, for the
+    /// final report): the operator's `[policy] visit` / `--visit`, or
+    /// `auto`'s choice. Empty in an older report.
+    #[serde(default)]
+    pub visit: String,
     /// Policy period (ms).
     pub period_ms: u64,
     /// Stage cores (cpulist).
@@ -420,6 +430,7 @@ mod tests {
         };
         let sched = SchedReport {
             policy: "static".into(),
+            visit: "fifo".into(),
             period_ms: 20,
             stage_cores: "0".into(),
             housekeeping: "0".into(),

@@ -8,10 +8,16 @@ use crate::{escape, BlockReport, ChannelReport, SchedReport};
 /// `stagevm:` line each, newline-terminated.
 pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport, disks: &[BlockReport]) -> String {
     let mut s = String::new();
+    // An older report has no visit policy: its guests served FIFO.
+    let visit = if sc.visit.is_empty() {
+        "fifo"
+    } else {
+        &sc.visit
+    };
     let _ = writeln!(
         s,
-        "stagevm: policy {} (period {} ms), stage cores {}, housekeeping {}",
-        sc.policy, sc.period_ms, sc.stage_cores, sc.housekeeping
+        "stagevm: policy {} (period {} ms, visit {}), stage cores {}, housekeeping {}",
+        sc.policy, sc.period_ms, visit, sc.stage_cores, sc.housekeeping
     );
     for w in &sc.warnings {
         let _ = writeln!(s, "stagevm: warning: {w}");

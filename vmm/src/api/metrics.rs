@@ -25,6 +25,7 @@
 //! | `stagevm_map_epoch` | gauge | — | `map_epoch` |
 //! | `stagevm_repins_total` | counter | — | `sched.repins` |
 //! | `stagevm_policy_info` | gauge (1) | `policy` | `sched.policy` |
+//! | `stagevm_visit_policy_info` | gauge (1) | `policy` | `sched.visit` |
 //! | `stagevm_log_lines_suppressed_total` | counter | — | `log_lines_suppressed` |
 
 use host_sched::cpuset::CpuSet;
@@ -168,6 +169,15 @@ pub fn render(view: &StagesView, log_lines_suppressed: u64) -> prometheus::Resul
     )?;
     policy.with_label_values(&[&s.policy]).set(1);
     b.registry.register(Box::new(policy))?;
+    let visit = IntGaugeVec::new(
+        Opts::new(
+            "stagevm_visit_policy_info",
+            "The stage-visit policy of the plan now, published in the stage map (value 1)",
+        ),
+        &["policy"],
+    )?;
+    visit.with_label_values(&[&s.visit]).set(1);
+    b.registry.register(Box::new(visit))?;
     let core = b.gauge_vec(
         "stagevm_vcpu_core",
         "1 for each core a vCPU thread may run on (its affinity)",

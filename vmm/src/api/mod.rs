@@ -21,6 +21,8 @@
 //! one-line message naming key and value and nothing queued when invalid,
 //! and `202` when valid; the `stage-sched` thread applies them at its next
 //! policy period and records them in the timeline with `source = "api"`.
+//! A policy change may carry the stage-visit policy (`"visit": "cohort"`),
+//! published with the next stage map even when nothing else changed.
 //! The routes and bodies are listed in [`stagevm_report::api`].
 
 pub mod client;
@@ -280,6 +282,7 @@ fn info(ctx: &ApiContext) -> VmInfo {
         memory_bytes: ctx.vm.memory_bytes,
         stage_device: ctx.sched.device().is_some(),
         policy: s.policy,
+        visit: s.visit,
         period_ms: s.period_ms,
         stage_cores: s.stage_cores,
         housekeeping: s.housekeeping,

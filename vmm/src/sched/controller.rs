@@ -103,7 +103,8 @@ impl Guest {
 pub struct Decision {
     /// The plan to apply.
     pub plan: Plan,
-    /// Whether its stage map differs from the previous one (publish it).
+    /// Whether its stage map (masks, owned vCPUs or visit policy) differs
+    /// from the previous one (publish it).
     pub map_changed: bool,
 }
 
@@ -335,7 +336,8 @@ impl Controller {
         }
         let map_changed = registered_now
             || plan.stage_vcpus != self.plan.stage_vcpus
-            || plan.owned_vcpus() != self.plan.owned_vcpus();
+            || plan.owned_vcpus() != self.plan.owned_vcpus()
+            || plan.visit != self.plan.visit;
         if map_changed {
             self.map_changes += 1;
         }
@@ -371,6 +373,7 @@ impl Controller {
             mode,
             decision,
             source: from_api.then(|| "api".to_string()),
+            visit: self.plan.visit.name().into(),
         });
     }
 

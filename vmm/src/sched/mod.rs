@@ -91,6 +91,7 @@ impl StageSched {
         });
         SchedReport {
             policy: r.policy.name().into(),
+            visit: c.plan().visit.name().into(),
             period_ms: r.period.as_millis() as u64,
             stage_cores: r.stage_cores.to_string(),
             housekeeping: r.housekeeping.to_string(),

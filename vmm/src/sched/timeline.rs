@@ -21,6 +21,7 @@ fn entry_bytes(e: &TimelineEntry) -> usize {
             .iter()
             .map(|s| s.as_ref().map_or(0, String::capacity))
             .sum::<usize>()
+        + e.visit.capacity()
 }
 
 /// The policy periods, newest last, within [`MAX_TIMELINE_BYTES`] (or the
@@ -121,6 +122,7 @@ mod tests {
                 .is_multiple_of(10)
                 .then(|| "decided".to_string()),
             source: None,
+            visit: "fifo".into(),
         }
     }
 
