@@ -40,25 +40,29 @@ impl Vm {
     /// Boots the test guest on 2 vCPUs under [`CONFIG`] with `cmdline`
     /// (plus `hold=1`) and waits until the socket answers.
     fn boot(cmdline: &str) -> Self {
+        Self::boot_with(cmdline, &[])
+    }
+
+    /// As [`Vm::boot`], with `extra` options for `stagevm`.
+    fn boot_with(cmdline: &str, extra: &[&str]) -> Self {
         let lock = vm_lock();
         let config = report_path("api-config").with_extension("toml");
         std::fs::write(&config, CONFIG).unwrap();
         let socket = report_path("api").with_extension("sock");
         let report = report_path("api-report");
         let cmdline = format!("{cmdline} hold=1");
-        let args = guest_args_with_report(
-            &report,
-            &[
-                "--cpus",
-                "boot=2",
-                "--stages",
-                config.to_str().unwrap(),
-                "--api-socket",
-                socket.to_str().unwrap(),
-                "--cmdline",
-                &cmdline,
-            ],
-        );
+        let mut args = vec![
+            "--cpus",
+            "boot=2",
+            "--stages",
+            config.to_str().unwrap(),
+            "--api-socket",
+            socket.to_str().unwrap(),
+            "--cmdline",
+            &cmdline,
+        ];
+        args.extend_from_slice(extra);
+        let args = guest_args_with_report(&report, &args);
         let child = spawn(&args);
         let vm = Self {
             child: Some(child),
@@ -453,6 +457,129 @@ fn remote_cli_reads_and_changes_the_vm() {
     };
     assert_eq!(report.sched.policy, "pinned");
     assert_eq!(report.sched.period_ms, 50);
+}
+
+/// The stage-visit policy (temporal staging) end to end on the host:
+/// `--visit cohort` shows in `vm.info`, `/stages`, `/metrics`; a live change
+/// of the visit policy alone (the same `static` plan otherwise) is published
+/// in a new stage map within 2 policy periods and recorded in the timeline
+/// and the final report; an unknown visit policy is refused naming it.
+#[test]
+fn visit_policy_is_shown_and_changed_live() {
+    // Long enough (~10 s) that the guest still schedules when the visit
+    // policy changes: it prints each policy its map names.
+    let vm = Vm::boot_with(
+        "iters=1000 threads=2 requests=1500000",
+        &["--visit", "cohort"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !vm.stages().stage_channel.is_some_and(|c| c.registered) {
+        assert!(Instant::now() < deadline, "the guest never registered");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let info: VmInfo = vm.get("/api/v1/vm.info");
+    assert_eq!(
+        (info.policy.as_str(), info.visit.as_str()),
+        ("static", "cohort")
+    );
+    assert_eq!(vm.stages().sched.visit, "cohort");
+    let metrics = || {
+        let (status, text) = http(&vm.socket, "GET", "/metrics", b"");
+        assert_eq!(status, 200, "{text}");
+        text
+    };
+    let text = metrics();
+    assert!(
+        text.contains("# TYPE stagevm_visit_policy_info gauge")
+            && text.contains("stagevm_visit_policy_info{policy=\"cohort\"} 1"),
+        "{text}"
+    );
+
+    // An unknown visit policy: 400, one line naming key and value, nothing
+    // queued.
+    let body = br#"{"name":"static","visit":"lifo"}"#;
+    let (status, answer) = http(&vm.socket, "PUT", "/api/v1/stages.policy", body);
+    assert_eq!(status, 400, "{answer}");
+    let error: stagevm_report::api::ApiError = serde_json::from_str(&answer).unwrap();
+    assert!(
+        error
+            .error
+            .contains("policy.visit = 'lifo': unknown visit policy")
+            && !error.error.contains('\n'),
+        "{error:?}"
+    );
+    assert_eq!(vm.stages().pending, None);
+
+    // The visit policy alone changes: the stage map is published again.
+    let epoch = vm.stages().stage_channel.unwrap().map_epoch;
+    let t = vm.put(
+        "/api/v1/stages.policy",
+        r#"{"name":"static","visit":"srpt"}"#,
+    );
+    let deadline = t + Duration::from_secs(5);
+    loop {
+        let view = vm.stages();
+        let now_epoch = view.stage_channel.map_or(0, |c| c.map_epoch);
+        if view.sched.visit == "srpt" && now_epoch > epoch {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "visit {} epoch {now_epoch} (was {epoch})",
+            view.sched.visit
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    within_two_periods(t.elapsed(), "visit policy, cohort -> srpt");
+    let new_epoch = vm.stages().stage_channel.map_or(0, |c| c.map_epoch);
+    let info: VmInfo = vm.get("/api/v1/vm.info");
+    assert_eq!(info.visit, "srpt");
+    let text = metrics();
+    assert!(
+        text.contains("stagevm_visit_policy_info{policy=\"srpt\"} 1") && !text.contains("cohort"),
+        "{text}"
+    );
+
+    // Let the guest's vCPU 0 print what its next pick read.
+    std::thread::sleep(Duration::from_millis(200));
+    let (run, report) = vm.shutdown();
+    // The guest used the policy of the file and then the API's, from the
+    // very map that carried it (its scheduler reads the map at every pick).
+    let said: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("testguest: visit policy"))
+        .collect();
+    assert_eq!(
+        said,
+        [
+            "testguest: visit policy cohort (map epoch 2)".to_string(),
+            format!("testguest: visit policy srpt (map epoch {new_epoch})"),
+        ],
+        "{}",
+        run.stdout
+    );
+    assert_eq!(report.sched.visit, "srpt");
+    assert!(
+        run.stderr
+            .contains("stagevm: policy static (period 100 ms, visit srpt)"),
+        "{}",
+        run.stderr
+    );
+    // The timeline: cohort until the change, srpt from the period that
+    // applied it on.
+    let tl = &report.sched.timeline;
+    let at = tl
+        .iter()
+        .position(|e| e.source.as_deref() == Some("api"))
+        .unwrap_or_else(|| panic!("no api entry: {tl:?}"));
+    assert_eq!(
+        tl[at].decision.as_deref(),
+        Some("applied: policy static, visit srpt")
+    );
+    assert!(tl[..at].iter().all(|e| e.visit == "cohort"), "{tl:?}");
+    assert!(tl[at..].iter().all(|e| e.visit == "srpt"), "{tl:?}");
+    assert!(tl[at].map_changed, "{:?}", tl[at]);
 }
 
 #[test]

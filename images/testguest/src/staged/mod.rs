@@ -64,6 +64,7 @@
 mod bench;
 mod config;
 pub mod hopper;
+mod map;
 pub(crate) mod platform;
 mod runq;
 mod runtime;

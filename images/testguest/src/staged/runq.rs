@@ -1,12 +1,14 @@
 //! The per-vCPU run queues ([`RUNQ`]): a FIFO of [`Thread`]s per vCPU in
-//! guest memory, spinlocked, usable from any vCPU.
+//! guest memory, spinlocked, usable from any vCPU, which also counts its
+//! threads per stage (the lengths a stage-visit policy orders by), and the
+//! queue the vCPUs share under the Color visit policy ([`SHARED`]).
 //!
 //! Depends on [`super::thread`] only.
 
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 
-use hypercall_abi::stage::MAX_VCPUS;
+use hypercall_abi::stage::{MAX_STAGES, MAX_VCPUS, STAGE_NONE};
 
 use super::thread::Thread;
 
@@ -20,6 +22,24 @@ pub(super) struct RunQueue {
     pub(super) len: AtomicU32,
     head: AtomicPtr<Thread>,
     tail: AtomicPtr<Thread>,
+    /// Threads queued per class ([`class`]: the stage a thread enters, or
+    /// [`NO_STAGE`] between requests), written under the lock.
+    stage_lens: [AtomicU32; CLASSES],
+}
+
+/// Queue classes: one per stage and [`NO_STAGE`].
+pub(super) const CLASSES: usize = MAX_STAGES + 1;
+/// The class of threads outside any stage (new, or between requests).
+pub(super) const NO_STAGE: usize = MAX_STAGES;
+
+/// A thread's class: the stage it is in (and runs when resumed), or
+/// [`NO_STAGE`]. A queued thread's stage does not change (only the thread
+/// itself changes it, while it runs).
+fn class(t: &Thread) -> usize {
+    match t.stage.load(Ordering::Relaxed) {
+        STAGE_NONE => NO_STAGE,
+        s => (s as usize).min(NO_STAGE),
+    }
 }
 
 impl RunQueue {
@@ -29,7 +49,34 @@ impl RunQueue {
             len: AtomicU32::new(0),
             head: AtomicPtr::new(ptr::null_mut()),
             tail: AtomicPtr::new(ptr::null_mut()),
+            stage_lens: [const { AtomicU32::new(0) }; CLASSES],
         }
+    }
+
+    /// Threads queued per stage (`out[s]`, stages `0..out.len()`), read
+    /// without the lock (a hint: a take may still find none).
+    pub(super) fn stage_lens(&self, out: &mut [u32]) {
+        for (o, l) in out.iter_mut().zip(&self.stage_lens) {
+            *o = l.load(Ordering::Relaxed);
+        }
+    }
+
+    /// Unlinks and returns the first thread of class `c` (a stage, or
+    /// [`NO_STAGE`]), if any.
+    pub(super) fn take_class(&self, c: usize) -> Option<&'static Thread> {
+        if self.stage_lens.get(c)?.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        self.take_first(|t| class(t) == c)
+    }
+
+    fn count(&self, t: &Thread, up: bool) {
+        let l = &self.stage_lens[class(t)];
+        let v = l.load(Ordering::Relaxed);
+        l.store(
+            if up { v + 1 } else { v.saturating_sub(1) },
+            Ordering::Relaxed,
+        );
     }
 
     fn lock(&self) {
@@ -67,6 +114,7 @@ impl RunQueue {
             unsafe { (*tail).next.store(p, Ordering::Relaxed) };
         }
         self.tail.store(p, Ordering::Relaxed);
+        self.count(t, true);
         self.len.fetch_add(1, Ordering::SeqCst);
         self.unlock();
     }
@@ -98,6 +146,7 @@ impl RunQueue {
                 if next.is_null() {
                     self.tail.store(prev, Ordering::Relaxed);
                 }
+                self.count(t, false);
                 self.len.fetch_sub(1, Ordering::SeqCst);
                 self.unlock();
                 return Some(t);
@@ -128,6 +177,7 @@ impl RunQueue {
         if next.is_null() {
             self.tail.store(ptr::null_mut(), Ordering::Relaxed);
         }
+        self.count(t, false);
         self.len.fetch_sub(1, Ordering::SeqCst);
         self.unlock();
         Some(t)
@@ -136,6 +186,11 @@ impl RunQueue {
 
 /// Per-vCPU run queues.
 pub(super) static RUNQ: [RunQueue; MAX_VCPUS] = [const { RunQueue::new() }; MAX_VCPUS];
+/// The queue every vCPU serves under the Color visit policy (seed 002
+/// §3.1.4): threads that yielded at a stage switch, in arrival order, each
+/// tagged by its stage (its class); a vCPU takes the oldest of a stage it
+/// serves.
+pub(super) static SHARED: RunQueue = RunQueue::new();
 /// `vcpu`'s run-queue length (the guest's own, for the least-loaded
 /// choice).
 pub(super) fn queue_len(vcpu: u32) -> u32 {

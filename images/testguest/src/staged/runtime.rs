@@ -11,23 +11,32 @@
 //! channel's WAIT (no lost wake-ups: `parked = 1`, re-check, WAIT; a pusher
 //! raises the target's run-queue depth, pushes, then WAKEs it if parked).
 //!
+//! Which queued thread runs next is the host's stage-visit policy (the
+//! map's `visit`, ABI minor 3): FIFO, or temporal staging — threads wait
+//! in per-stage queues at every stage switch and [`guest_agent::visit`]'s
+//! [`Visitor`] picks the stage to serve (Cohort, SRPT, DBR, MG1), or the
+//! vCPUs share one queue tagged by stage (Color, [`SHARED`]).
+//!
 //! What a thread runs is not the runtime's business: [`run_vcpu`] takes the
 //! threads' entry function and the maker of their
 //! [`Job`](super::config::Job)s from the workload layer. Thread stacks come
 //! from [`super::platform::alloc_pages`].
 //!
-//! Depends on [`super::thread`], [`super::runq`], [`super::platform`],
-//! [`super::stats`] and [`super::config`] only; the stage switch
+//! Depends on [`super::thread`], [`super::runq`], [`super::map`],
+//! [`super::platform`], [`super::stats`] and [`super::config`] only; the stage switch
 //! ([`super::switch`]) and the workloads build on it.
 
+use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use guest_agent::Platform;
-use hypercall_abi::stage::{MAX_VCPUS, STAGE_NONE};
+use guest_agent::visit::Visitor;
+use guest_agent::{Platform, VisitPolicy};
+use hypercall_abi::stage::{MAX_STAGES, MAX_VCPUS, STAGE_NONE};
 
 use super::config::{IdleConfig, StagedConfig, MAX_THREADS_PER_VCPU};
+use super::map::{map_on, visit_on};
 use super::platform::{agent, num_vcpus, PortIo};
-use super::runq::{queue_len, RUNQ};
+use super::runq::{queue_len, NO_STAGE, RUNQ, SHARED};
 use super::stats::{bump, count, END_TSC, START_TSC, TOTAL_REQUESTS, VCPU_COUNTS};
 use super::thread::{new_thread, testguest_ctx_switch, NONE};
 pub(super) use super::thread::{Entry, NewJob, Thread};
@@ -224,9 +233,11 @@ fn idle_spin_cycles(vcpu: u32, idle: &IdleConfig, tsc_khz: u64) -> u64 {
 /// with exponential back-off (PAUSE), then, with an active channel, parks the
 /// vCPU (`parked = 1`, re-check, WAIT) until a WAKE or the timeout. Other
 /// vCPUs WAKE it only while it is parked.
-fn idle(vcpu: u32, idle: &IdleConfig, tsc_khz: u64) {
+fn idle(vcpu: u32, idle: &IdleConfig, tsc_khz: u64, shared: bool) {
     let a = agent();
     let q = &RUNQ[vcpu as usize];
+    // Work for this vCPU: its own queue, and Color's shared one.
+    let empty = || q.is_empty() && (!shared || SHARED.is_empty());
     // The host counts this vCPU's time as idle from here, not as the last
     // stage's (the policy's load is vCPU time per stage).
     count(vcpu, a.vcpu_idle(vcpu), &VCPU_COUNTS[vcpu as usize].idles);
@@ -237,7 +248,7 @@ fn idle(vcpu: u32, idle: &IdleConfig, tsc_khz: u64) {
     let mut polls = 0u32;
     let start = PortIo.tsc();
     let mut spin = 1u32;
-    while q.is_empty() && LIVE.load(Ordering::SeqCst) != 0 {
+    while empty() && LIVE.load(Ordering::SeqCst) != 0 {
         polls = polls.wrapping_add(1);
         if polls % STEAL_EVERY == 1 {
             let spill = spill_cycles != 0 && PortIo.tsc().wrapping_sub(start) >= spill_cycles;
@@ -248,7 +259,7 @@ fn idle(vcpu: u32, idle: &IdleConfig, tsc_khz: u64) {
         if a.is_active() && PortIo.tsc().wrapping_sub(start) >= spin_cycles {
             publish_depth(vcpu);
             a.set_parked(vcpu, true);
-            if q.is_empty() && LIVE.load(Ordering::SeqCst) != 0 {
+            if empty() && LIVE.load(Ordering::SeqCst) != 0 {
                 a.wait(IDLE_WAIT_US);
                 bump(&VCPU_COUNTS[vcpu as usize].waits, 1);
             }
@@ -271,24 +282,131 @@ fn idle(vcpu: u32, idle: &IdleConfig, tsc_khz: u64) {
     );
 }
 
+/// Per vCPU, its stage-visit state (touched only by that vCPU's
+/// scheduler loop; `None` until its first temporal pick).
+#[repr(C, align(128))]
+struct VisitorCell(UnsafeCell<Option<Visitor>>);
+// SAFETY: entry v is used only by vCPU v's scheduler loop, never across a
+// thread's run.
+unsafe impl Sync for VisitorCell {}
+static VISITORS: [VisitorCell; MAX_VCPUS] =
+    [const { VisitorCell(UnsafeCell::new(None)) }; MAX_VCPUS];
+
+/// Whether Color's shared queue is the one `vcpu` serves: under Color with
+/// a map that gives it every stage (`off`/`pinned`: Gordon's replicated
+/// stage graph). Under a staged map a shared queue would hand it threads
+/// of stages it does not serve, so there Color keeps each vCPU's own queue
+/// in arrival order, tagged by stage.
+fn color_shared(vcpu: u32, visit: VisitPolicy) -> bool {
+    visit == VisitPolicy::Color
+        && map_on(vcpu).is_some_and(|v| {
+            let n = agent().layout().map_or(0, |l| l.num_stages as usize);
+            (0..n.min(MAX_STAGES)).all(|s| v.here & (1 << s) != 0)
+        })
+}
+
+/// The next thread `vcpu` runs under `visit`, and the stage whose queue it
+/// came from when a [`Visitor`] chose it: FIFO pops its queue; Color its
+/// own queue (new threads, arrivals), then the shared one; the polling
+/// policies threads between requests first, then the stage `visitor`
+/// picks from the per-stage lengths.
+fn pick(
+    vcpu: u32,
+    visit: VisitPolicy,
+    visitor: &mut Visitor,
+) -> Option<(&'static Thread, Option<usize>)> {
+    let q = &RUNQ[vcpu as usize];
+    match visit {
+        VisitPolicy::Fifo => q.pop().map(|t| (t, None)),
+        VisitPolicy::Color => q
+            .pop()
+            .or_else(|| color_shared(vcpu, visit).then(|| SHARED.pop()).flatten())
+            .map(|t| (t, None)),
+        _ => {
+            if let Some(t) = q.take_class(NO_STAGE) {
+                return Some((t, None));
+            }
+            let mut lens = [0u32; MAX_STAGES];
+            q.stage_lens(&mut lens);
+            match visitor.next(&lens) {
+                // A steal may have taken the chosen thread: then any.
+                Some(s) => q
+                    .take_class(s)
+                    .map(|t| (t, Some(s)))
+                    .or_else(|| q.pop().map(|t| (t, None))),
+                None => q.pop().map(|t| (t, None)),
+            }
+        }
+    }
+}
+
+/// `vcpu`'s stage-visit state for `visit` (created on first use, reset
+/// when the policy changes).
+#[allow(clippy::mut_from_ref)]
+fn visitor_on(vcpu: u32, visit: VisitPolicy) -> &'static mut Visitor {
+    // SAFETY: vCPU `vcpu`'s own entry (see `VisitorCell`); its scheduler
+    // loop holds the reference only between two picks.
+    let cell = unsafe { &mut *VISITORS[vcpu as usize].0.get() };
+    let stages = agent()
+        .layout()
+        .map_or(MAX_STAGES, |l| l.num_stages as usize);
+    let v = cell.get_or_insert_with(|| Visitor::new(visit, stages));
+    v.set_policy(visit);
+    v
+}
+
+/// vCPU 0 prints the visit policy each time the map it reads names a new
+/// one (`testguest: visit policy NAME (map epoch E)`): the tests check an
+/// operator's change reached the guest.
+fn say_visit(vcpu: u32, visit: VisitPolicy, last: &mut Option<VisitPolicy>) {
+    if vcpu == 0 && *last != Some(visit) {
+        *last = Some(visit);
+        println!(
+            "testguest: visit policy {} (map epoch {})",
+            visit.name(),
+            agent().map_epoch()
+        );
+    }
+}
+
 /// `vcpu`'s scheduler loop: runs the threads of its queue until every thread
-/// of the guest is done. A thread that yields is queued again here, or on
-/// the vCPU it asked to move to.
+/// of the guest is done, in the order of the map's visit policy ([`pick`]).
+/// A thread that yields is queued again here (Color: on the shared queue),
+/// or on the vCPU it asked to move to.
 fn schedule(vcpu: u32, idle_cfg: &IdleConfig, tsc_khz: u64) {
     let a = agent();
     let n = num_vcpus();
     let sched_rsp = SCHED_RSP[vcpu as usize].0.as_ptr();
+    let counts = &VCPU_COUNTS[vcpu as usize];
+    let mut said = None;
+    let mut last_stage = None;
     loop {
-        let Some(t) = RUNQ[vcpu as usize].pop() else {
+        let visit = visit_on(vcpu);
+        say_visit(vcpu, visit, &mut said);
+        let visitor = visitor_on(vcpu, visit);
+        let Some((t, from)) = pick(vcpu, visit, visitor) else {
             if LIVE.load(Ordering::SeqCst) == 0 {
                 return;
             }
-            idle(vcpu, idle_cfg, tsc_khz);
+            idle(vcpu, idle_cfg, tsc_khz, color_shared(vcpu, visit));
             continue;
         };
         t.vcpu.store(vcpu, Ordering::Relaxed);
+        let stage = t.stage.load(Ordering::Relaxed);
+        if visit.is_temporal() && stage != STAGE_NONE {
+            // A stage visit starts when the stage served changes.
+            if last_stage != Some(stage) {
+                bump(&counts.visits, 1);
+                last_stage = Some(stage);
+            }
+            bump(&counts.visit_threads, 1);
+        }
+        let t0 = if from.is_some() { PortIo.tsc() } else { 0 };
         // SAFETY: resumes the thread; it switches back into `sched_rsp`.
         unsafe { testguest_ctx_switch(sched_rsp, t.rsp.load(Ordering::Relaxed)) };
+        if let Some(s) = from {
+            visitor_on(vcpu, visit).served(s, PortIo.tsc().wrapping_sub(t0));
+        }
         // Only now, with its context saved, may the thread become visible to
         // another vCPU.
         if t.done.load(Ordering::Acquire) {
@@ -304,7 +422,14 @@ fn schedule(vcpu: u32, idle_cfg: &IdleConfig, tsc_khz: u64) {
             continue;
         }
         let target = t.migrate_to.swap(NONE, Ordering::Relaxed);
-        enqueue(t, if target < n { target } else { vcpu }, vcpu);
+        if target >= n
+            && t.stage.load(Ordering::Relaxed) != STAGE_NONE
+            && color_shared(vcpu, visit_on(vcpu))
+        {
+            SHARED.push(t);
+        } else {
+            enqueue(t, if target < n { target } else { vcpu }, vcpu);
+        }
     }
 }
 

@@ -96,6 +96,10 @@ pub(super) struct VcpuCounts {
     /// stage it serves (steals), and of other stages (spills, `spill_us=`).
     pub(super) steals: AtomicU64,
     pub(super) spills: AtomicU64,
+    /// Under a temporal visit policy: stage visits (runs of threads of one
+    /// stage served back to back) and the threads served in them.
+    pub(super) visits: AtomicU64,
+    pub(super) visit_threads: AtomicU64,
     /// WAITs sent while idle.
     pub(super) waits: AtomicU64,
     /// WAKEs sent to parked vCPUs.
@@ -129,6 +133,8 @@ pub(super) static VCPU_COUNTS: [VcpuCounts; MAX_VCPUS] = [const {
         switch_cycles: [const { AtomicU64::new(0) }; 2],
         steals: AtomicU64::new(0),
         spills: AtomicU64::new(0),
+        visits: AtomicU64::new(0),
+        visit_threads: AtomicU64::new(0),
         waits: AtomicU64::new(0),
         wakes: AtomicU64::new(0),
         idle_cycles: AtomicU64::new(0),
@@ -271,6 +277,12 @@ pub(super) fn print_counts<P: Platform>(
         "testguest: work-conserving steals {}, spills {}",
         total(|c| &c.steals),
         total(|c| &c.spills)
+    );
+    let (visits, threads) = (total(|c| &c.visits), total(|c| &c.visit_threads));
+    println!(
+        "testguest: stage visits {visits}, threads served in them {threads} ({}.{:02} per visit)",
+        threads / visits.max(1),
+        threads % visits.max(1) * 100 / visits.max(1)
     );
     let switches = |k: usize| vcpus.iter().map(|c| load(&c.switches[k])).sum::<u64>();
     let ns = |k: usize| {

@@ -8,55 +8,15 @@
 //! [`super::platform`] (the agent) and [`super::stats`]; the workloads call
 //! it, the runtime does not.
 
-use core::cell::UnsafeCell;
 use core::sync::atomic::Ordering;
 
-use guest_agent::{choose_from_map, MapSnapshot};
-use hypercall_abi::stage::{MAX_STAGES, MAX_VCPUS, STAGE_NONE};
+use guest_agent::choose_from_map;
+use hypercall_abi::stage::{MAX_VCPUS, STAGE_NONE};
 
+use super::map::map_on;
 use super::platform::{agent, num_vcpus};
 use super::runtime::{timed_yield, Thread};
 use super::stats::{bump, count, VCPU_COUNTS};
-
-/// A stage map as one vCPU sees it: the snapshot and the stages it serves
-/// (bit *s*), so the common case — this vCPU serves the next stage — is one
-/// bit test.
-struct MapView {
-    snap: MapSnapshot,
-    here: u64,
-}
-
-/// Per vCPU, the last stage map it read (touched only by code on that vCPU).
-#[repr(C, align(128))]
-struct MapCache(UnsafeCell<Option<MapView>>);
-// SAFETY: entry v is read and written only by code running on vCPU v, one
-// context at a time (the cooperative runtime), never across a yield.
-unsafe impl Sync for MapCache {}
-static MAP_CACHE: [MapCache; MAX_VCPUS] = [const { MapCache(UnsafeCell::new(None)) }; MAX_VCPUS];
-
-/// The current stage map as seen on `vcpu` (the caller runs there): one
-/// epoch load, and a seqlock copy only when the host published a new map
-/// since this vCPU's last read. `None` without a channel or before the
-/// first map. The reference is valid until this vCPU's next call.
-fn map_on(vcpu: u32) -> Option<&'static MapView> {
-    let a = agent();
-    let epoch = a.map_epoch();
-    if epoch == 0 {
-        return None;
-    }
-    // SAFETY: this vCPU's own entry (see `MapCache`); no reference to it
-    // is held across this call by code on this vCPU.
-    let cache = unsafe { &mut *MAP_CACHE[vcpu as usize].0.get() };
-    if cache.as_ref().is_none_or(|m| m.snap.epoch != epoch) {
-        *cache = a.read_map().map(|snap| MapView {
-            here: (0..MAX_STAGES as u32)
-                .filter(|s| snap.serves(*s, vcpu))
-                .fold(0, |m, s| m | 1 << s),
-            snap,
-        });
-    }
-    cache.as_ref()
-}
 
 /// Switches `t` to `stage`. Picks the vCPU for the stage from the host's map
 /// (the least loaded of the stage's vCPUs unless the current one serves it),
@@ -81,9 +41,11 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
     }
     let mut spilled = false;
     let mut first = true;
+    let mut queued = false;
     let mut migrated: Option<u64> = None;
     loop {
         let mut target = cur;
+        let temporal = map_on(cur).is_some_and(|v| v.snap.visit.is_temporal());
         if let Some(view) = map_on(cur).filter(|v| v.here & (1 << stage) == 0) {
             let map = &view.snap;
             if map.vcpus[stage as usize] == 0 {
@@ -114,9 +76,28 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
             }
         }
         if target == cur {
-            // This vCPU serves the stage: go on running, as a thread of an
-            // OS would (threads take turns at request ends, `stage_leave`).
-            break;
+            if !temporal || queued {
+                // This vCPU serves the stage: go on running, as a thread of
+                // an OS would (threads take turns at request ends,
+                // `stage_leave`).
+                break;
+            }
+            // Temporal staging (a visit policy in the map): wait in the
+            // stage's queue here, so the scheduler serves one stage's
+            // threads back to back in the policy's order
+            // (`runtime::schedule`). It may resume on another vCPU (Color's
+            // shared queue, a steal): check the map there.
+            queued = true;
+            timed_yield(t, 0);
+            cur = t.vcpu.load(Ordering::Relaxed);
+            if t.spilled.load(Ordering::Relaxed) {
+                t.spilled.store(false, Ordering::Relaxed);
+                bump(&VCPU_COUNTS[cur as usize].spills, 1);
+                spilled = true;
+                break;
+            }
+            first = false;
+            continue;
         }
         let from = &VCPU_COUNTS[cur as usize];
         bump(&from.migrations, 1);
@@ -129,6 +110,9 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
         // through its queue.
         let waited = timed_yield(t, 1);
         migrated = Some(migrated.unwrap_or(0).wrapping_add(waited));
+        // It waited in the stage's queue on the target (ordered by its
+        // visit policy there).
+        queued = true;
         cur = t.vcpu.load(Ordering::Relaxed);
         // A load, not a swap: no locked instruction on the common path.
         if t.spilled.load(Ordering::Relaxed) {
@@ -166,7 +150,9 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
 }
 
 /// `t` finished its request: reports the exit, leaves its stage and yields
-/// so the threads on its vCPU take turns, a request each.
+/// so the threads on its vCPU take turns, a request each. Under a temporal
+/// visit policy it does not yield here: it yields at its next request's
+/// first stage switch, into that stage's queue.
 pub(super) fn stage_leave(t: &Thread) {
     let a = agent();
     let vcpu = t.vcpu.load(Ordering::Relaxed);
@@ -176,5 +162,7 @@ pub(super) fn stage_leave(t: &Thread) {
         &VCPU_COUNTS[vcpu as usize].exits,
     );
     t.stage.store(STAGE_NONE, Ordering::Relaxed);
-    timed_yield(t, 0);
+    if !map_on(vcpu).is_some_and(|v| v.snap.visit.is_temporal()) {
+        timed_yield(t, 0);
+    }
 }
