@@ -99,8 +99,9 @@ fn budgets_body(file: &Path) -> anyhow::Result<Vec<u8>> {
 fn print_table(view: &StagesView) {
     let s = &view.sched;
     println!(
-        "policy {} · period {} ms · stage cores {} · housekeeping {} · map changes {}{}",
+        "policy {} · visit {} · period {} ms · stage cores {} · housekeeping {} · map changes {}{}",
         s.policy,
+        s.visit,
         s.period_ms,
         s.stage_cores,
         s.housekeeping,
