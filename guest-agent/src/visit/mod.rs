@@ -68,7 +68,7 @@ pub const STARVE_AFTER: u32 = 64;
 /// Default [`Thresholds::jump_len`] (threads): Cohort jumps to a stage
 /// whose queue holds this many. Above the test guest's threads per vCPU
 /// (≤ 16), so cohorts of a closed pipeline are never split; a thread
-/// count this large is a backlog worth serving first. Seed 002 (§3.3)
+/// count this large is a backlog worth serving first. Seed 002 (§4.3.6)
 /// notes that a static threshold is hard to set in general.
 pub const COHORT_JUMP_LEN: u32 = 32;
 /// Entries of the MG1 polling table: seed 002 §3.1.1, "in practice the
@@ -338,29 +338,29 @@ impl Visitor {
             .iter()
             .fold(0u64, |a, b| a.saturating_add(*b));
         let mut weight = [0u64; MAX_STAGES];
-        for s in 0..n {
+        for (w, busy) in weight.iter_mut().zip(&self.busy).take(n) {
             let rho = if total == 0 {
                 ONE / n as u64
             } else {
                 // busy / total in 2^-20 units without overflow.
-                ((u128::from(self.busy[s]) * u128::from(ONE)) / u128::from(total)) as u64
+                ((u128::from(*busy) * u128::from(ONE)) / u128::from(total)) as u64
             };
-            weight[s] = (rho * (ONE - rho.min(ONE))).isqrt();
+            *w = (rho * (ONE - rho.min(ONE))).isqrt();
         }
         let sum: u64 = weight[..n].iter().sum();
         let mut count = [1usize; MAX_STAGES];
         if sum > 0 {
-            for s in 0..n {
-                count[s] = ((weight[s] as u128 * MG1_TABLE as u128 / sum as u128) as usize).max(1);
+            for (c, w) in count.iter_mut().zip(&weight).take(n) {
+                *c = ((u128::from(*w) * MG1_TABLE as u128 / u128::from(sum)) as usize).max(1);
             }
         }
         // Entries keyed by their position in the table, (2k + 1) / (2 n_i).
         let mut keys = [(0u64, 0u8); TABLE_CAP];
         let mut len = 0;
-        for s in 0..n {
-            for k in 0..count[s] {
+        for (s, c) in count.iter().enumerate().take(n) {
+            for k in 0..*c {
                 if len < TABLE_CAP {
-                    keys[len] = (((2 * k + 1) as u64) * ONE / (2 * count[s] as u64), s as u8);
+                    keys[len] = (((2 * k + 1) as u64) * ONE / (2 * *c as u64), s as u8);
                     len += 1;
                 }
             }
