@@ -146,7 +146,8 @@ impl Host {
     /// Publishes a stage map through the device (as an old host, with
     /// minor 1).
     pub fn publish(&self, stage_vcpus: &[u64], owned: u64) {
-        self.dev.publish(stage_vcpus, owned, hypercall_abi::stage::VisitPolicy::Fifo);
+        self.dev
+            .publish(stage_vcpus, owned, hypercall_abi::stage::VisitPolicy::Fifo);
         self.old_minor();
     }
 

@@ -32,8 +32,7 @@ use std::time::Duration;
 use hypercall_abi::boot::KERNEL_MIN_GPA;
 use hypercall_abi::stage::{
     validate_header, AreaHeader, Layout, StageDesc, StageMap, Status, VcpuCounters, VcpuState,
-    VisitPolicy,
-    ABI_MINOR, DOORBELL_REGISTER, DOORBELL_STATUS, DOORBELL_UNREGISTER, DOORBELL_WAIT,
+    VisitPolicy, ABI_MINOR, DOORBELL_REGISTER, DOORBELL_STATUS, DOORBELL_UNREGISTER, DOORBELL_WAIT,
     DOORBELL_WAKE, MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, WAIT_MAX_US,
 };
 use stagevm_report::{ChannelReport, VcpuRingStats};
