@@ -114,6 +114,72 @@ fn guest_checksums_equal_the_host_build_under_every_policy() {
     }
 }
 
+/// Temporal staging (the map's visit policy, issue 24): under `pinned`
+/// with each visit policy, and under `static` with cohort, the guest
+/// computes the host build's checksums, every request enters both stages,
+/// and the polling policies serve several threads per stage visit
+/// (`testguest: stage visits V, threads served in them T`), FIFO none.
+#[test]
+fn every_visit_policy_computes_the_host_checksums() {
+    let cpus = 2u32;
+    let want = host_checksums(cpus * THREADS_PER_VCPU as u32);
+    let total = u64::from(cpus) * THREADS_PER_VCPU * REQUESTS;
+    let cases = [
+        ("pinned", "fifo"),
+        ("pinned", "cohort"),
+        ("pinned", "srpt"),
+        ("pinned", "dbr"),
+        ("pinned", "mg1"),
+        ("pinned", "color"),
+        ("static", "cohort"),
+    ];
+    for (policy, visit) in cases {
+        let (run, _) = boot_with_report(&[
+            "--cpus",
+            "boot=2",
+            "--stages",
+            &stages_config(),
+            "--policy",
+            policy,
+            "--visit",
+            visit,
+            "--cmdline",
+            &cmdline(),
+        ]);
+        let what = format!("{policy} + {visit}");
+        assert!(
+            run.stdout
+                .contains(&format!("testguest: visit policy {visit} (map epoch 2)")),
+            "{what}: {}",
+            run.stdout
+        );
+        assert_eq!(thread_checksums(&run.stdout), want, "{what}");
+        let guest = line_numbers(&run.stdout, "testguest: stage events ");
+        assert_eq!(
+            [guest[1], guest[3], guest[4]],
+            [total; 3],
+            "{what}: {guest:?}"
+        );
+        // "stage visits V, threads served in them T (X.YY per visit)"
+        let v = line_numbers(&run.stdout, "testguest: stage visits ");
+        let (visits, threads) = (v[0], v[1]);
+        if visit == "fifo" {
+            assert_eq!((visits, threads), (0, 0), "{what}");
+        } else {
+            // Each thread is served once per stage it enters.
+            assert_eq!(threads, 2 * total, "{what}");
+            if visit != "color" {
+                // Cohorts form: more than one thread per visit on average
+                // (3 threads per vCPU, 2 stages).
+                assert!(
+                    threads > visits * 3 / 2,
+                    "{what}: {visits} visits, {threads} threads"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn bad_footprint_parameters_are_named() {
     let guest = guest_image();

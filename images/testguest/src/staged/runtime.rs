@@ -355,12 +355,17 @@ fn visitor_on(vcpu: u32, visit: VisitPolicy) -> &'static mut Visitor {
     v
 }
 
+/// The visit policy vCPU 0 printed last (its code + 1; 0: none yet).
+static SAID: AtomicU64 = AtomicU64::new(0);
+
 /// vCPU 0 prints the visit policy each time the map it reads names a new
 /// one (`testguest: visit policy NAME (map epoch E)`): the tests check an
-/// operator's change reached the guest.
-fn say_visit(vcpu: u32, visit: VisitPolicy, last: &mut Option<VisitPolicy>) {
-    if vcpu == 0 && *last != Some(visit) {
-        *last = Some(visit);
+/// operator's change reached the guest. The first is printed before the
+/// threads are released ([`run_vcpu`]): a line on the serial port costs
+/// milliseconds here, as long as a short run.
+fn say_visit(vcpu: u32, visit: VisitPolicy) {
+    if vcpu == 0 && SAID.load(Ordering::Relaxed) != visit.code() + 1 {
+        SAID.store(visit.code() + 1, Ordering::Relaxed);
         println!(
             "testguest: visit policy {} (map epoch {})",
             visit.name(),
@@ -378,11 +383,10 @@ fn schedule(vcpu: u32, idle_cfg: &IdleConfig, tsc_khz: u64) {
     let n = num_vcpus();
     let sched_rsp = SCHED_RSP[vcpu as usize].0.as_ptr();
     let counts = &VCPU_COUNTS[vcpu as usize];
-    let mut said = None;
     let mut last_stage = None;
     loop {
         let visit = visit_on(vcpu);
-        say_visit(vcpu, visit, &mut said);
+        say_visit(vcpu, visit);
         let visitor = visitor_on(vcpu, visit);
         let Some((t, from)) = pick(vcpu, visit, visitor) else {
             if LIVE.load(Ordering::SeqCst) == 0 {
@@ -468,6 +472,7 @@ pub(super) fn run_vcpu(
         while ARRIVED.load(Ordering::Acquire) < num_vcpus {
             core::hint::spin_loop();
         }
+        say_visit(vcpu, visit_on(vcpu));
         START_TSC.store(PortIo.tsc().max(1), Ordering::Relaxed);
         RELEASED.store(true, Ordering::Release);
     } else {
