@@ -173,14 +173,17 @@ fn auto_run(cmdline: &str) -> (Run, Report) {
 #[test]
 fn auto_stages_where_staging_is_forced_to_win() {
     // switch_cost charges 20,000 mixing iterations whenever a vCPU changes
-    // stage: `pinned` pays it twice per request, `static` never.
+    // stage: `pinned` pays it twice per request, `static` never, `pinned`
+    // with cohorts once per visit.
     let (run, json) = auto_run(
         "iters=1000 threads=2 requests=25000 workload=footprint stages=2 funcs=64 calls=50 switch_cost=20000",
     );
     assert_eq!(json.sched.policy, "auto");
     let keeps = auto_keeps(&json);
     assert!(!keeps.is_empty(), "no decision: {:#?}", json.sched.timeline);
-    assert_eq!(keeps[0].0, "staged", "{keeps:?}\n{}", run.stdout);
+    // Spatial never pays the switch cost; temporal (cohorts) pays it once
+    // per stage visit: either wins, and so may both.
+    assert_ne!(keeps[0].0, "unstaged", "{keeps:?}\n{}", run.stdout);
     assert!(keeps[0].1.contains("requests/s"), "{keeps:?}");
 }
 

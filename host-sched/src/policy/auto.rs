@@ -1,22 +1,70 @@
 //! `auto`: stage scheduling that pays or steps aside.
 //!
-//! The policy runs short, interleaved **trial epochs** of a staged plan
-//! (the `static` policy's) and the unstaged `pinned` plan, measures the
-//! guest's completed-request rate in each (the VMM counts `stage_exit`
-//! events per policy period), and keeps the faster mode: staged only when it
-//! beats unstaged by a margin, so noise never flips it towards the mode that
-//! can lose (do no harm). It trials again after a hold time and when the
-//! stage mix (each stage's share of the load) moves.
+//! Staging can be spatial, temporal, both or neither, and `auto` chooses
+//! among these four **modes** by trial:
+//!
+//! | mode       | stage map (spatial)                 | visit order (temporal) |
+//! |------------|-------------------------------------|------------------------|
+//! | `unstaged` | `pinned`: every vCPU, every stage   | FIFO                   |
+//! | `temporal` | `pinned`                            | the temporal policy    |
+//! | `spatial`  | `static`: stages partitioned        | FIFO                   |
+//! | `both`     | `static`                            | the temporal policy    |
+//!
+//! Why four: seed 002 §3.2 weighs *replicating* every stage on every core
+//! against *partitioning* the stages over the cores. Partitioning (spatial
+//! staging) keeps each core's i-cache on one stage's code but moves a thread
+//! at every stage switch; replicating costs no migration but mixes every
+//! stage's code on each core, unless each core orders its visits so that it
+//! serves one stage's threads back to back (temporal staging: replicate plus
+//! a visit order, [`VisitPolicy`]). Which of the two wins, whether their
+//! combination beats either, and whether any beats an OS scheduler depends
+//! on the workload's code size and stage mix and on the host. The temporal
+//! policy is the operator's `[policy] visit` when it names one
+//! ([`Context::visit`]), else [`DEFAULT_TEMPORAL`].
+//!
+//! The policy runs short, interleaved **trial epochs** of the modes
+//! (unstaged first, then temporal, spatial, both, round after round),
+//! measures the guest's completed-request rate in each (the VMM counts
+//! `stage_exit` events per policy period), and keeps the fastest mode, but
+//! a mode other than unstaged only when it beats unstaged by a margin, so
+//! noise never flips it towards a mode that can lose (do no harm). A mode
+//! clearly behind another is dropped from the rest of a trial, and a clear
+//! winner ends it early (see the `trial` submodule). It trials again after
+//! a hold time and when the stage mix (each stage's share of the load)
+//! moves; while a mode other than unstaged is held, its rate falling below
+//! the unstaged rate of its trial ends the hold unstaged.
+//!
+//! Ties (equal mean rates) go to the simpler mode, in the order unstaged <
+//! temporal < spatial < both ([`Mode::ALL`]): temporal changes only the
+//! order in which each vCPU serves its own threads (a yield at each stage
+//! switch, no migration, no map change); spatial moves a thread to another
+//! vCPU at every stage switch (exits and wake-ups); both does both.
+//!
+//! Cost: a full trial runs `epoch_periods` × modes × `rounds` policy periods
+//! (3 × 4 × 3 = 36 by default, against 18 with two modes), three quarters
+//! of them in modes it does not keep (half with two). The early cut
+//! shortens most trials (12 periods when every staging loses clearly), and
+//! [`AutoParams::candidates`] can leave modes out (e.g. the temporal ones
+//! for a guest without visit policies, which would run them as FIFO).
 //!
 //! Why trials and not a model: on these machines the cost of a migration
 //! (exits, idle, hand-off) and the gain in i-cache misses both depend on the
 //! workload and the host, and neither can be read from counters here (no
-//! cache counters); measuring the request rate under both plans is the one
+//! cache counters); measuring the request rate under each mode is the one
 //! signal that decides what the user wants. The seeds' result that staging
 //! wins only when code overflows the caches (seed 000 §5, seed 004) is why
 //! the unstaged plan is the default whenever the difference is in the noise.
 
-use super::{build, Context, Plan, Policy, PolicyKind};
+mod trial;
+
+use super::{build, Context, Plan, Policy, PolicyKind, VisitPolicy};
+use trial::Trial;
+
+/// The temporal policy of the `temporal` and `both` modes when the operator
+/// named none (`[policy] visit` is FIFO): Cohort scheduling, the plainest
+/// temporal order (each stage's queue drained in turn, an elevator over the
+/// stages) and the only one that needs no per-stage measurements.
+pub const DEFAULT_TEMPORAL: VisitPolicy = VisitPolicy::Cohort;
 
 /// Parameters of `auto` (policy periods are the unit of time).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -24,13 +72,15 @@ pub struct AutoParams {
     /// Periods per trial epoch, the first of which is not measured (the
     /// threads move to the new plan then).
     pub epoch_periods: u32,
-    /// Epochs of each mode in a full trial (interleaved: unstaged, staged,
-    /// unstaged, …).
+    /// Epochs of each mode in a full trial (interleaved: unstaged,
+    /// temporal, spatial, both, unstaged, …).
     pub rounds: u32,
-    /// Fraction by which staged must beat unstaged to be kept (0.03 = 3 %).
+    /// Fraction by which a mode must beat unstaged to be kept (0.03 = 3 %).
     pub margin: f64,
-    /// A difference this large after any round decides at once (cuts the
-    /// time spent in a clearly worse mode).
+    /// A gap this large (a fraction of the unstaged rate) between two
+    /// modes, each measured over a full epoch, decides between them: the
+    /// slower is dropped from the trial. Twice this decides on one
+    /// measured period each.
     pub decisive: f64,
     /// Periods a decision holds before the next trial.
     pub hold_periods: u32,
@@ -51,12 +101,15 @@ pub struct AutoParams {
     /// run that long never pays for a trial (do no harm on short runs).
     pub first_trial_after: u32,
     /// Weight of the newest period in the moving average of the rate while
-    /// staged is held. Once the hold settled (`mix_settle` periods), staged
-    /// falling below the unstaged rate its trial measured (by the margin)
-    /// ends the hold unstaged: a trial's few periods can catch a staged
-    /// transient (every core busy, caches warm, before threads queue at the
-    /// busiest stage's cores) that the sustained rate does not keep.
+    /// a mode other than unstaged is held. Once the hold settled
+    /// (`mix_settle` periods), that rate falling below the unstaged rate
+    /// its trial measured (by the margin) ends the hold unstaged: a trial's
+    /// few periods can catch a staged transient (every core busy, caches
+    /// warm, before threads queue at the busiest stage's cores) that the
+    /// sustained rate does not keep.
     pub fall_back_smoothing: f64,
+    /// The modes trialled against unstaged (unstaged always is).
+    pub candidates: Modes,
 }
 
 impl Default for AutoParams {
@@ -73,26 +126,71 @@ impl Default for AutoParams {
             mix_persist: 10,
             first_trial_after: 10,
             fall_back_smoothing: 0.25,
+            candidates: Modes::ALL,
         }
     }
 }
 
-/// Which plan `auto` runs.
+/// Which plan and visit order `auto` runs (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// The staged plan (`static`).
-    Staged,
-    /// The unstaged plan (`pinned`).
+    /// The `pinned` plan, FIFO visits: no staging.
     Unstaged,
+    /// The `pinned` plan, the temporal visit policy.
+    Temporal,
+    /// The `static` plan, FIFO visits.
+    Spatial,
+    /// The `static` plan, the temporal visit policy.
+    Both,
 }
 
 impl Mode {
-    /// `staged` or `unstaged`.
+    /// Every mode, simplest first: the trial order and the order ties go
+    /// by.
+    pub const ALL: [Mode; 4] = [Mode::Unstaged, Mode::Temporal, Mode::Spatial, Mode::Both];
+
+    /// `unstaged`, `temporal`, `spatial` or `both`.
     pub fn name(self) -> &'static str {
         match self {
-            Mode::Staged => "staged",
             Mode::Unstaged => "unstaged",
+            Mode::Temporal => "temporal",
+            Mode::Spatial => "spatial",
+            Mode::Both => "both",
         }
+    }
+
+    /// Its position in [`Mode::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// True for the modes that run the `static` plan (spatial staging).
+    pub fn is_spatial(self) -> bool {
+        matches!(self, Mode::Spatial | Mode::Both)
+    }
+
+    /// True for the modes that run the temporal visit policy.
+    pub fn is_temporal(self) -> bool {
+        matches!(self, Mode::Temporal | Mode::Both)
+    }
+}
+
+/// A set of [`Mode`]s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Modes(u8);
+
+impl Modes {
+    /// Every mode.
+    pub const ALL: Modes = Modes(0b1111);
+
+    /// The set of `modes`.
+    pub fn of(modes: &[Mode]) -> Self {
+        Self(modes.iter().fold(0, |s, m| s | 1 << m.index()))
+    }
+
+    /// True when `mode` is in the set.
+    pub fn contains(self, mode: Mode) -> bool {
+        self.0 & 1 << mode.index() != 0
     }
 }
 
@@ -101,20 +199,15 @@ impl Mode {
 pub struct AutoDecision {
     /// The mode it runs next.
     pub mode: Mode,
-    /// One line: a trial step or the decision with the rates it compared.
+    /// One line: a trial step or the decision with every mode's rate
+    /// (requests/s).
     pub what: String,
 }
 
 #[derive(Debug)]
 enum State {
-    /// Measuring: the mode of the current epoch, the period within it, and
-    /// the measured rates of each mode (requests/s per measured period).
-    Trial {
-        mode: Mode,
-        period: u32,
-        staged: Vec<f64>,
-        unstaged: Vec<f64>,
-    },
+    /// Measuring the modes.
+    Trial(Trial),
     /// Running `mode` for `left` more periods; `average` is the moving
     /// average of the stage-load shares, `reference` their average over the
     /// hold's first periods.
@@ -123,8 +216,8 @@ enum State {
         left: u32,
         average: Vec<f64>,
         reference: Option<Vec<f64>>,
-        /// Staged holds: the unstaged rate the trial measured and the
-        /// moving average of the rate since.
+        /// Holds of a mode other than unstaged: the unstaged rate the trial
+        /// measured and the moving average of the rate since (requests/s).
         guard: Option<(f64, Option<f64>)>,
         /// Consecutive periods the shares have been away from `reference`.
         away: u32,
@@ -133,17 +226,17 @@ enum State {
 
 /// What `auto` has spent on trials so far (policy periods), for the report:
 /// a server runs for hours, so what matters is the share of its time spent
-/// in the mode that lost.
+/// in the modes that lost.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AutoStats {
     /// Policy periods `auto` planned.
     pub periods: u64,
     /// Trials started (the first, hold-overs and stage-mix changes).
     pub trials: u64,
-    /// Periods spent in trials (both modes).
+    /// Periods spent in trials (all modes).
     pub trial_periods: u64,
-    /// Periods a finished trial spent in the mode it did not keep (its
-    /// losing epochs, each with its unmeasured first period).
+    /// Periods a finished trial spent in the modes it did not keep (their
+    /// epochs, each with its unmeasured first period).
     pub losing_periods: u64,
     /// Holds whose mode differs from the previous hold's: switches of mode
     /// outside trials.
@@ -152,26 +245,18 @@ pub struct AutoStats {
 
 /// The `auto` policy (see the module docs).
 pub struct Auto {
-    staged: Box<dyn Policy>,
+    spatial: Box<dyn Policy>,
     unstaged: Box<dyn Policy>,
+    /// The visit policy of the temporal modes.
+    temporal: VisitPolicy,
     params: AutoParams,
     state: State,
     /// Requests/s of the period that just ended (set by `observe_rate`).
     rate: Option<f64>,
     decision: Option<AutoDecision>,
     stats: AutoStats,
-    /// Periods of the running trial in each mode: (staged, unstaged).
-    trial_modes: (u64, u64),
     /// The mode of the last hold (`None` before the first decision).
     last_hold: Option<Mode>,
-}
-
-fn mean(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        0.0
-    } else {
-        v.iter().sum::<f64>() / v.len() as f64
-    }
 }
 
 fn shares(load: &[f64]) -> Vec<f64> {
@@ -188,11 +273,18 @@ fn shares(load: &[f64]) -> Vec<f64> {
 }
 
 impl Auto {
-    /// `auto` over `ctx` with `params`.
+    /// `auto` over `ctx` with `params`; the temporal modes use `ctx.visit`
+    /// when it is temporal, else [`DEFAULT_TEMPORAL`].
     pub fn new(ctx: Context, params: AutoParams) -> Self {
+        let temporal = if ctx.visit.is_temporal() {
+            ctx.visit
+        } else {
+            DEFAULT_TEMPORAL
+        };
         Self {
-            staged: build(PolicyKind::Static, ctx.clone()),
+            spatial: build(PolicyKind::Static, ctx.clone()),
             unstaged: build(PolicyKind::Pinned, ctx),
+            temporal,
             params,
             state: State::Hold {
                 mode: Mode::Unstaged,
@@ -205,7 +297,6 @@ impl Auto {
             rate: None,
             decision: None,
             stats: AutoStats::default(),
-            trial_modes: (0, 0),
             last_hold: None,
         }
     }
@@ -215,55 +306,21 @@ impl Auto {
         self.stats
     }
 
+    /// The visit policy of the temporal modes.
+    pub fn temporal_policy(&self) -> VisitPolicy {
+        self.temporal
+    }
+
     fn start_trial(&mut self) -> Mode {
         self.stats.trials += 1;
-        self.trial_modes = (0, 0);
-        self.state = State::Trial {
-            mode: Mode::Unstaged,
-            period: 0,
-            staged: Vec::new(),
-            unstaged: Vec::new(),
-        };
+        self.state = State::Trial(Trial::new(self.params.candidates));
         Mode::Unstaged
     }
 
-    /// The decision of a trial from the rates measured so far, if there is
-    /// one: staged only when it beats unstaged by the margin.
-    fn verdict(&self, staged: &[f64], unstaged: &[f64], done: bool) -> Option<(Mode, String)> {
-        if staged.is_empty() || unstaged.is_empty() {
-            return None;
-        }
-        let (s, u) = (mean(staged), mean(unstaged));
-        let gain = if u > 0.0 { s / u - 1.0 } else { 0.0 };
-        let full = (self.params.epoch_periods - 1).max(1) as usize;
-        let enough = staged.len() >= full && unstaged.len() >= full;
-        // Twice the decisive difference decides on one sample each: a mode
-        // that bad is not worth the rest of its epoch.
-        let glaring = gain.abs() >= 2.0 * self.params.decisive;
-        if !done && !glaring && (!enough || gain.abs() < self.params.decisive) {
-            return None;
-        }
-        let mode = if gain > self.params.margin {
-            Mode::Staged
-        } else {
-            Mode::Unstaged
-        };
-        Some((
-            mode,
-            format!(
-                "keep {}: staged {s:.0} vs unstaged {u:.0} requests/s ({:+.1} %, margin {:.0} %, {} + {} periods)",
-                mode.name(),
-                gain * 100.0,
-                self.params.margin * 100.0,
-                staged.len(),
-                unstaged.len()
-            ),
-        ))
-    }
-
-    /// Ends the trial: holds `mode` (see [`AutoParams::hold_periods`]);
-    /// `unstaged_rate` is the unstaged rate the trial measured (a staged
-    /// hold falls back when it drops below it).
+    /// Ends the trial, if one runs, and holds `mode` (see
+    /// [`AutoParams::hold_periods`]); `unstaged_rate` is the unstaged rate
+    /// the trial measured (a hold of another mode falls back when its rate
+    /// drops below it).
     fn hold(
         &mut self,
         mode: Mode,
@@ -271,12 +328,8 @@ impl Auto {
         load: &[f64],
         unstaged_rate: f64,
     ) -> (Mode, String) {
-        if matches!(self.state, State::Trial { .. }) {
-            let (staged, unstaged) = std::mem::take(&mut self.trial_modes);
-            self.stats.losing_periods += match mode {
-                Mode::Staged => unstaged,
-                Mode::Unstaged => staged,
-            };
+        if let State::Trial(trial) = &self.state {
+            self.stats.losing_periods += trial.losing_periods(mode);
         }
         if self.last_hold.is_some_and(|m| m != mode) {
             self.stats.mode_switches += 1;
@@ -287,7 +340,7 @@ impl Auto {
             left: self.params.hold_periods,
             average: shares(load),
             reference: None,
-            guard: (mode == Mode::Staged).then_some((unstaged_rate, None)),
+            guard: (mode != Mode::Unstaged).then_some((unstaged_rate, None)),
             away: 0,
         };
         (mode, what)
@@ -295,72 +348,41 @@ impl Auto {
 
     /// Advances the trial by the period that just ended; returns the next
     /// mode and what happened.
-    fn step_trial(&mut self, load: &[f64]) -> (Mode, String) {
+    fn step_trial(&mut self, load: &[f64], rate: Option<f64>) -> (Mode, String) {
         let p = self.params;
-        let rate = self.rate.take();
-        let State::Trial {
-            mode,
-            period,
-            staged,
-            unstaged,
-        } = &mut self.state
-        else {
+        let State::Trial(trial) = &mut self.state else {
             unreachable!("step_trial runs in a trial");
         };
-        // The period that just ended ran `mode`.
         self.stats.trial_periods += 1;
-        match mode {
-            Mode::Staged => self.trial_modes.0 += 1,
-            Mode::Unstaged => self.trial_modes.1 += 1,
+        trial.record(rate);
+        let dropped = trial.cut(&p);
+        let over = trial.epoch_over(&p);
+        if let Some((mode, what)) = trial.verdict(&p, over) {
+            let u = trial.unstaged_rate();
+            return self.hold(mode, what, load, u);
         }
-        // The first period of an epoch is the move to the new plan; a period
-        // without a completed request says nothing about either mode.
-        if *period > 0 {
-            if let Some(r) = rate.filter(|r| r.is_finite() && *r > 0.0) {
-                match mode {
-                    Mode::Staged => staged.push(r),
-                    Mode::Unstaged => unstaged.push(r),
-                }
-            }
+        if over {
+            trial.advance();
         }
-        *period += 1;
-        if *period < p.epoch_periods {
-            let (s, u) = (staged.clone(), unstaged.clone());
-            let (current, next_period) = (*mode, *period + 1);
-            if current == Mode::Staged {
-                if let Some((next, what)) = self.verdict(&s, &u, false) {
-                    return self.hold(next, what, load, mean(&u));
-                }
-            }
-            let what = format!("trial {} {next_period}/{}", current.name(), p.epoch_periods);
-            return (current, what);
-        }
-        // Epoch over: after a staged epoch a round is complete.
-        let rounds_done = (staged.len().min(unstaged.len()) as u32) / (p.epoch_periods - 1).max(1);
-        let (s, u) = (staged.clone(), unstaged.clone());
-        let finished_mode = *mode;
-        if finished_mode == Mode::Staged {
-            let done = rounds_done >= p.rounds;
-            if let Some((next, what)) = self.verdict(&s, &u, done) {
-                return self.hold(next, what, load, mean(&u));
-            }
-        }
-        let next = match finished_mode {
-            Mode::Staged => Mode::Unstaged,
-            Mode::Unstaged => Mode::Staged,
+        let what = format!(
+            "trial {} {}/{}",
+            trial.mode.name(),
+            trial.period + 1,
+            p.epoch_periods
+        );
+        let what = if dropped.is_empty() {
+            what
+        } else {
+            format!("{dropped}; {what}")
         };
-        if let State::Trial { mode, period, .. } = &mut self.state {
-            *mode = next;
-            *period = 0;
-        }
-        (next, format!("trial {} 1/{}", next.name(), p.epoch_periods))
+        (trial.mode, what)
     }
 
     fn step(&mut self, load: &[f64]) -> (Mode, String) {
         let p = self.params;
         let rate = self.rate.take();
         self.stats.periods += 1;
-        if let State::Hold {
+        let State::Hold {
             mode,
             left,
             average,
@@ -368,50 +390,50 @@ impl Auto {
             guard,
             away,
         } = &mut self.state
+        else {
+            return self.step_trial(load, rate);
+        };
+        let settled = p.hold_periods.saturating_sub(*left) >= p.mix_settle;
+        if let (Some((unstaged, avg)), Some(r)) =
+            (guard.as_mut(), rate.filter(|r| r.is_finite() && *r > 0.0))
         {
-            let settled = p.hold_periods.saturating_sub(*left) >= p.mix_settle;
-            if let (Some((unstaged, avg)), Some(r)) =
-                (guard.as_mut(), rate.filter(|r| r.is_finite() && *r > 0.0))
-            {
-                let a = avg.map_or(r, |a| a + p.fall_back_smoothing * (r - a));
-                *avg = Some(a);
-                if settled && a < *unstaged * (1.0 - p.margin) {
-                    let what = format!(
-                        "keep unstaged: staged fell to {a:.0} requests/s in its hold, below the {:.0} unstaged ran at in the trial",
-                        *unstaged
-                    );
-                    return self.hold(Mode::Unstaged, what, load, 0.0);
-                }
+            let a = avg.map_or(r, |a| a + p.fall_back_smoothing * (r - a));
+            *avg = Some(a);
+            if settled && a < *unstaged * (1.0 - p.margin) {
+                let what = format!(
+                    "keep unstaged: {} fell to {a:.0} requests/s in its hold, below the {:.0} unstaged ran at in the trial",
+                    mode.name(),
+                    *unstaged
+                );
+                return self.hold(Mode::Unstaged, what, load, 0.0);
             }
-            if load.iter().any(|l| *l > 0.0) {
-                for (a, s) in average.iter_mut().zip(shares(load)) {
-                    *a += p.mix_smoothing * (s - *a);
-                }
-            }
-            if reference.is_none() && settled {
-                *reference = Some(average.clone());
-            }
-            let moved: f64 = reference.as_ref().map_or(0.0, |r| {
-                r.iter()
-                    .zip(average.iter())
-                    .map(|(a, b)| (a - b).abs())
-                    .sum()
-            });
-            *away = if moved > p.mix_change { *away + 1 } else { 0 };
-            if *left == 0 || *away >= p.mix_persist.max(1) {
-                let why = if *left == 0 {
-                    "hold over"
-                } else {
-                    "stage mix changed"
-                };
-                let mode = self.start_trial();
-                return (mode, format!("{why}: trial {}", mode.name()));
-            }
-            *left -= 1;
-            return (*mode, String::new());
         }
-        self.rate = rate;
-        self.step_trial(load)
+        if load.iter().any(|l| *l > 0.0) {
+            for (a, s) in average.iter_mut().zip(shares(load)) {
+                *a += p.mix_smoothing * (s - *a);
+            }
+        }
+        if reference.is_none() && settled {
+            *reference = Some(average.clone());
+        }
+        let moved: f64 = reference.as_ref().map_or(0.0, |r| {
+            r.iter()
+                .zip(average.iter())
+                .map(|(a, b)| (a - b).abs())
+                .sum()
+        });
+        *away = if moved > p.mix_change { *away + 1 } else { 0 };
+        if *left == 0 || *away >= p.mix_persist.max(1) {
+            let why = if *left == 0 {
+                "hold over"
+            } else {
+                "stage mix changed"
+            };
+            let mode = self.start_trial();
+            return (mode, format!("{why}: trial {}", mode.name()));
+        }
+        *left -= 1;
+        (*mode, String::new())
     }
 }
 
@@ -420,16 +442,21 @@ impl Policy for Auto {
         PolicyKind::Auto
     }
 
+    /// The plan of the mode `auto` runs next: the `static` or `pinned`
+    /// plan, with [`Plan::visit`] FIFO or the temporal policy.
     fn plan(&mut self, load: &[f64]) -> Plan {
         // Both plans follow the load, so either is ready when chosen.
-        let staged = self.staged.plan(load);
+        let spatial = self.spatial.plan(load);
         let unstaged = self.unstaged.plan(load);
         let (mode, what) = self.step(load);
         self.decision = (!what.is_empty()).then_some(AutoDecision { mode, what });
-        match mode {
-            Mode::Staged => staged,
-            Mode::Unstaged => unstaged,
-        }
+        let mut plan = if mode.is_spatial() { spatial } else { unstaged };
+        plan.visit = if mode.is_temporal() {
+            self.temporal
+        } else {
+            VisitPolicy::Fifo
+        };
+        plan
     }
 
     fn observe_rate(&mut self, requests_per_s: f64) {

@@ -17,6 +17,7 @@ fn ctx(cores: usize, vcpus: u32, stages: usize) -> Context {
             .collect(),
         smoothing: 0.7,
         hysteresis: 0.1,
+        visit: VisitPolicy::Fifo,
     }
 }
 
@@ -198,53 +199,197 @@ fn a_vcpu_owns_its_core_only_when_alone_on_it() {
     assert_eq!(plan.owned_vcpus(), 0);
 }
 
-/// Drives `auto` for `periods` periods, reporting `rate(mode)` requests/s
-/// for the mode of each period, on an even load; returns the modes it ran.
-fn drive_auto(p: &mut auto::Auto, periods: usize, rate: impl FnMut(bool) -> f64) -> Vec<bool> {
-    drive_auto_with(p, periods, |_| [0.5, 0.5], rate)
+/// The mode a plan of `auto` over `ctx(2, 2, 2)` runs, checking that the
+/// plan is exactly the `pinned` or the `static` one with FIFO visits or
+/// `temporal` ones.
+fn mode_of(plan: &Plan, temporal: VisitPolicy) -> auto::Mode {
+    let [pinned, partitioned] =
+        [PolicyKind::Pinned, PolicyKind::Static].map(|k| build(k, ctx(2, 2, 2)).plan(&[]));
+    let spatial = plan.stage_vcpus == partitioned.stage_vcpus;
+    let base = if spatial { partitioned } else { pinned };
+    assert_eq!(
+        *plan,
+        Plan {
+            visit: plan.visit,
+            ..base
+        }
+    );
+    assert!(
+        [VisitPolicy::Fifo, temporal].contains(&plan.visit),
+        "{:?}",
+        plan.visit
+    );
+    match (spatial, plan.visit.is_temporal()) {
+        (false, false) => auto::Mode::Unstaged,
+        (false, true) => auto::Mode::Temporal,
+        (true, false) => auto::Mode::Spatial,
+        (true, true) => auto::Mode::Both,
+    }
 }
 
-/// [`drive_auto`] with `load(period)` as each period's stage load.
+/// Drives `auto` for `periods` periods, reporting `rate(mode)` requests/s
+/// for the mode of each period, on an even load; returns the modes it ran.
+fn drive_auto(
+    p: &mut auto::Auto,
+    periods: usize,
+    rate: impl FnMut(auto::Mode) -> f64,
+) -> Vec<auto::Mode> {
+    drive_auto_with(p, periods, |_| [0.5, 0.5], rate).0
+}
+
+/// [`drive_auto`] with `load(period)` as each period's stage load; returns
+/// the modes and the decisions with their periods. Every plan must be the
+/// one of its mode, and every decision name that mode.
 fn drive_auto_with(
     p: &mut auto::Auto,
     periods: usize,
     mut load: impl FnMut(usize) -> [f64; 2],
-    mut rate: impl FnMut(bool) -> f64,
-) -> Vec<bool> {
-    let static_plan = build(PolicyKind::Static, ctx(2, 2, 2)).plan(&[]);
+    mut rate: impl FnMut(auto::Mode) -> f64,
+) -> (Vec<auto::Mode>, Vec<(usize, auto::AutoDecision)>) {
     let mut modes = Vec::new();
-    let mut staged = false;
+    let mut decisions = Vec::new();
+    let mut mode = auto::Mode::Unstaged;
     for i in 0..periods {
-        p.observe_rate(rate(staged));
+        p.observe_rate(rate(mode));
         let plan = p.plan(&load(i));
-        staged = plan.stage_vcpus == static_plan.stage_vcpus;
-        modes.push(staged);
+        mode = mode_of(&plan, p.temporal_policy());
+        if let Some(d) = p.decision() {
+            assert_eq!(d.mode, mode, "period {i}: {}", d.what);
+            decisions.push((i, d));
+        }
+        modes.push(mode);
     }
-    modes
+    (modes, decisions)
+}
+
+/// Requests/s per mode: unstaged, temporal, spatial, both.
+fn rates(r: [f64; 4]) -> impl Fn(auto::Mode) -> f64 {
+    move |m| r[m.index()]
+}
+
+/// `auto` with its first trial at once.
+fn auto_now(params: auto::AutoParams) -> auto::Auto {
+    auto::Auto::new(
+        ctx(2, 2, 2),
+        auto::AutoParams {
+            first_trial_after: 0,
+            ..params
+        },
+    )
 }
 
 #[test]
-fn auto_keeps_staged_only_when_it_is_faster_by_the_margin() {
+fn auto_keeps_temporal_when_it_is_fastest_by_more_than_the_margin() {
+    use auto::Mode::*;
+    let mut p = auto_now(Default::default());
+    let rate = rates([1000.0, 1100.0, 900.0, 1050.0]);
+    let (modes, decisions) = drive_auto_with(&mut p, 80, |_| [0.5, 0.5], rate);
+    let trial = modes.iter().rposition(|m| *m != Temporal).unwrap();
+    assert!(trial < 36, "{modes:?}");
+    assert!(
+        modes[trial + 1..].iter().all(|m| *m == Temporal),
+        "{modes:?}"
+    );
+    for m in auto::Mode::ALL {
+        assert!(modes[..=trial].contains(&m), "{m:?} tried: {modes:?}");
+    }
+    // The decision names every mode's rate.
+    let what: Vec<_> = decisions
+        .into_iter()
+        .map(|(_, d)| d.what)
+        .filter(|w| w.starts_with("keep"))
+        .collect();
+    assert_eq!(what.len(), 1, "{what:?}");
+    assert!(
+        what[0].starts_with(
+            "keep temporal: unstaged 1000, temporal 1100 (+10.0 %), spatial 900 dropped, both 1050"
+        ),
+        "{what:?}"
+    );
+    assert!(what[0].contains("requests/s (margin 3 %"), "{what:?}");
+}
+
+#[test]
+fn auto_keeps_unstaged_when_every_mode_is_within_the_margin() {
+    let params = auto::AutoParams::default();
+    let mut p = auto_now(params);
+    let modes = drive_auto(&mut p, 80, rates([1000.0, 1020.0, 1010.0, 1025.0]));
+    // A full trial: every mode's epochs in every round.
+    let trial = 4 * (params.rounds * params.epoch_periods) as usize;
+    assert!(
+        modes[trial..].iter().all(|m| *m == auto::Mode::Unstaged),
+        "{modes:?}"
+    );
+    for m in auto::Mode::ALL {
+        let ran = modes[..trial].iter().filter(|x| **x == m).count();
+        assert_eq!(
+            ran,
+            (params.rounds * params.epoch_periods) as usize,
+            "{m:?}"
+        );
+    }
+    let d = p.decision();
+    assert!(d.is_none() || d.unwrap().mode == auto::Mode::Unstaged);
+    assert_eq!(p.stats().losing_periods, 3 * 9);
+}
+
+#[test]
+fn auto_keeps_both_when_both_is_best() {
+    let mut p = auto_now(Default::default());
+    let modes = drive_auto(&mut p, 80, rates([1000.0, 1100.0, 1120.0, 1250.0]));
+    assert!(
+        modes[36..].iter().all(|m| *m == auto::Mode::Both),
+        "{modes:?}"
+    );
+    // The map is partitioned and the visits temporal (asserted for every
+    // period by `mode_of`): here Cohort, the default.
+    assert_eq!(p.temporal_policy(), auto::DEFAULT_TEMPORAL);
+    let plan = p.plan(&[0.5, 0.5]);
+    assert_eq!(plan.visit, VisitPolicy::Cohort);
+    assert_eq!(plan.stage_vcpus, [0b01, 0b10]);
+}
+
+#[test]
+fn auto_ties_go_to_the_simpler_mode() {
+    // Spatial and both equally fast, well above unstaged: spatial.
+    let mut p = auto_now(Default::default());
+    let modes = drive_auto(&mut p, 80, rates([1000.0, 1000.0, 1200.0, 1200.0]));
+    assert!(
+        modes[40..].iter().all(|m| *m == auto::Mode::Spatial),
+        "{modes:?}"
+    );
+}
+
+#[test]
+fn auto_runs_the_operators_temporal_policy() {
+    let mut c = ctx(2, 2, 2);
+    c.visit = VisitPolicy::Srpt;
     let params = auto::AutoParams {
         first_trial_after: 0,
         ..Default::default()
     };
-    // Staged 20 % faster: chosen after the first round (decisive), then held.
-    let mut p = auto::Auto::new(ctx(2, 2, 2), params);
-    let modes = drive_auto(&mut p, 60, |s| if s { 120.0 } else { 100.0 });
-    assert!(modes[20..].iter().all(|s| *s), "{modes:?}");
-    let d = p.decision();
-    assert!(d.is_none() || d.unwrap().mode == auto::Mode::Staged);
-    // Staged 20 % slower: back to unstaged for good.
-    let mut p = auto::Auto::new(ctx(2, 2, 2), params);
-    let modes = drive_auto(&mut p, 60, |s| if s { 80.0 } else { 100.0 });
-    assert!(modes[20..].iter().all(|s| !*s), "{modes:?}");
-    // Within the margin (staged 2 % faster): unstaged, after the full trial.
-    let mut p = auto::Auto::new(ctx(2, 2, 2), params);
-    let modes = drive_auto(&mut p, 60, |s| if s { 102.0 } else { 100.0 });
-    let trial = 2 * params.rounds as usize * params.epoch_periods as usize;
-    assert!(modes[trial + 1..].iter().all(|s| !*s), "{modes:?}");
-    assert!(modes[..trial].iter().any(|s| *s), "both modes were tried");
+    let mut p = auto::Auto::new(c, params);
+    assert_eq!(p.temporal_policy(), VisitPolicy::Srpt);
+    // Temporal wins; its plans visit by SRPT (checked by `mode_of`), the
+    // others FIFO although the operator named SRPT.
+    let modes = drive_auto(&mut p, 60, rates([1000.0, 1300.0, 900.0, 1000.0]));
+    assert_eq!(modes.last(), Some(&auto::Mode::Temporal));
+    let plan = p.plan(&[0.5, 0.5]);
+    assert_eq!(plan.visit, VisitPolicy::Srpt);
+    assert!(plan.stage_vcpus.iter().all(|m| *m == 0b11));
+}
+
+#[test]
+fn auto_trials_only_its_candidates() {
+    use auto::Mode::*;
+    let mut p = auto_now(auto::AutoParams {
+        candidates: auto::Modes::of(&[Spatial]),
+        ..Default::default()
+    });
+    // Temporal would win, but it is not a candidate.
+    let modes = drive_auto(&mut p, 60, rates([1000.0, 2000.0, 1200.0, 2000.0]));
+    assert!(modes.iter().all(|m| [Unstaged, Spatial].contains(m)));
+    assert!(modes[20..].iter().all(|m| *m == Spatial), "{modes:?}");
 }
 
 #[test]
@@ -255,44 +400,44 @@ fn auto_trials_again_after_its_hold_and_records_why() {
         ..Default::default()
     };
     let mut p = auto::Auto::new(ctx(2, 2, 2), params);
-    let mut decisions = Vec::new();
-    let static_plan = build(PolicyKind::Static, ctx(2, 2, 2)).plan(&[]);
-    let mut staged = false;
-    for i in 0..80 {
-        // Staged wins at first, loses later.
-        let rate = match (staged, i < 30) {
-            (true, true) | (false, false) => 130.0,
-            _ => 100.0,
-        };
-        p.observe_rate(rate);
-        staged = p.plan(&[0.5, 0.5]).stage_vcpus == static_plan.stage_vcpus;
-        if let Some(d) = p.decision() {
-            decisions.push((i, d.mode, d.what));
-        }
-    }
+    let mut i = 0;
+    let (_, decisions) = drive_auto_with(
+        &mut p,
+        100,
+        |_| [0.5, 0.5],
+        |m| {
+            i += 1;
+            // Temporal wins at first, loses later.
+            match (m == auto::Mode::Temporal, i <= 30) {
+                (true, true) | (false, false) => 130.0,
+                _ => 100.0,
+            }
+        },
+    );
+    let decisions: Vec<_> = decisions
+        .into_iter()
+        .map(|(i, d)| (i, d.mode, d.what))
+        .collect();
     let keeps: Vec<_> = decisions
         .iter()
         .filter(|(_, _, w)| w.starts_with("keep"))
         .collect();
     assert!(keeps.len() >= 2, "{decisions:?}");
-    assert_eq!(keeps[0].1, auto::Mode::Staged);
+    assert_eq!(keeps[0].1, auto::Mode::Temporal);
     assert_eq!(keeps.last().unwrap().1, auto::Mode::Unstaged);
     assert!(keeps[0].2.contains("requests/s"));
     assert!(decisions.iter().any(|(_, _, w)| w.starts_with("hold over")));
+    assert!(decisions.iter().any(|(_, _, w)| w.starts_with("drop ")));
 }
 
 #[test]
 fn auto_ignores_periods_without_requests() {
-    let mut p = auto::Auto::new(
-        ctx(2, 2, 2),
-        auto::AutoParams {
-            first_trial_after: 0,
-            ..Default::default()
-        },
-    );
+    let mut p = auto_now(Default::default());
     // No request ever completes: it never decides, it keeps trying.
-    let modes = drive_auto(&mut p, 40, |_| 0.0);
-    assert!(modes.iter().any(|s| *s) && modes.iter().any(|s| !*s));
+    let modes = drive_auto(&mut p, 60, |_| 0.0);
+    for m in auto::Mode::ALL {
+        assert!(modes.contains(&m), "{m:?}: {modes:?}");
+    }
     assert!(p.decision().is_none_or(|d| d.what.starts_with("trial")));
 }
 
@@ -330,49 +475,64 @@ proptest! {
 fn auto_runs_unstaged_before_its_first_trial() {
     let params = auto::AutoParams::default();
     let mut p = auto::Auto::new(ctx(2, 2, 2), params);
-    // Staged would win, but a run shorter than the first hold never tries it.
-    let modes = drive_auto(&mut p, params.first_trial_after as usize, |s| {
-        if s {
-            200.0
-        } else {
-            100.0
-        }
-    });
-    assert!(modes.iter().all(|s| !*s), "{modes:?}");
+    // Staging would win, but a run shorter than the first hold never tries it.
+    let modes = drive_auto(
+        &mut p,
+        params.first_trial_after as usize,
+        rates([100.0, 200.0, 200.0, 200.0]),
+    );
+    assert!(
+        modes.iter().all(|m| *m == auto::Mode::Unstaged),
+        "{modes:?}"
+    );
 }
 
 #[test]
-fn auto_falls_back_when_held_staged_drops_below_the_trial_unstaged_rate() {
+fn auto_falls_back_when_the_held_mode_drops_below_the_trial_unstaged_rate() {
     let params = auto::AutoParams {
         first_trial_after: 0,
         ..Default::default()
     };
-    // The trial sees staged 40 % faster (a transient); held, staged runs at
-    // 60 % of unstaged: back to unstaged once the hold settled.
+    for held in [auto::Mode::Temporal, auto::Mode::Spatial, auto::Mode::Both] {
+        // The trial sees `held` 40 % faster (a transient); held, it runs at
+        // 60 % of unstaged: back to unstaged once the hold settled.
+        let mut p = auto::Auto::new(ctx(2, 2, 2), params);
+        let mut periods_held = 0;
+        let modes = drive_auto(&mut p, 80, |m| {
+            if m != held {
+                return if m == auto::Mode::Unstaged {
+                    100.0
+                } else {
+                    90.0
+                };
+            }
+            periods_held += 1;
+            if periods_held <= 3 {
+                140.0
+            } else {
+                60.0
+            }
+        });
+        let first = modes.iter().position(|m| *m == held).expect("tried");
+        let last = modes.iter().rposition(|m| *m == held).unwrap();
+        // Its epoch, the others' (cut at once), then the settled hold.
+        assert!(
+            last < first + 3 + 2 * 2 + 2 * params.mix_settle as usize,
+            "{held:?}: {modes:?}"
+        );
+        assert!(modes[last - 5..=last].iter().all(|m| *m == held));
+        assert!(
+            modes[last + 1..].iter().all(|m| *m == auto::Mode::Unstaged),
+            "{held:?}: {modes:?}"
+        );
+    }
+    // A held mode that keeps its rate is kept.
     let mut p = auto::Auto::new(ctx(2, 2, 2), params);
-    let mut periods_staged = 0;
-    let modes = drive_auto(&mut p, 80, |s| {
-        if !s {
-            return 100.0;
-        }
-        periods_staged += 1;
-        if periods_staged <= 3 {
-            140.0
-        } else {
-            60.0
-        }
-    });
-    let first_staged = modes.iter().position(|s| *s).expect("staged was tried");
-    let last_staged = modes.iter().rposition(|s| *s).unwrap();
+    let modes = drive_auto(&mut p, 80, rates([100.0, 140.0, 90.0, 90.0]));
     assert!(
-        last_staged < first_staged + 3 + 2 * params.mix_settle as usize,
+        modes[20..].iter().all(|m| *m == auto::Mode::Temporal),
         "{modes:?}"
     );
-    assert!(modes[last_staged + 1..].iter().all(|s| !*s), "{modes:?}");
-    // Staged that keeps its rate is kept.
-    let mut p = auto::Auto::new(ctx(2, 2, 2), params);
-    let modes = drive_auto(&mut p, 80, |s| if s { 140.0 } else { 100.0 });
-    assert!(modes[20..].iter().all(|s| *s), "{modes:?}");
 }
 
 #[test]
@@ -381,19 +541,19 @@ fn auto_counts_what_its_trials_cost() {
         first_trial_after: 0,
         ..Default::default()
     };
-    // Staged 20 % slower: one trial, its staged epochs lost, no switch of
-    // mode outside it.
+    // Every staging 20 % slower: one trial, its other modes' epochs lost,
+    // no switch of mode outside it.
     let mut p = auto::Auto::new(ctx(2, 2, 2), params);
-    let modes = drive_auto(&mut p, 60, |s| if s { 80.0 } else { 100.0 });
+    let modes = drive_auto(&mut p, 60, rates([100.0, 80.0, 80.0, 80.0]));
     let st = p.stats();
     assert_eq!(st.periods, 60);
     assert_eq!(st.trials, 1);
-    let staged = modes.iter().filter(|s| **s).count() as u64;
+    let staged = modes.iter().filter(|m| **m != auto::Mode::Unstaged).count() as u64;
     assert_eq!(st.losing_periods, staged, "{st:?} {modes:?}");
     assert!(st.losing_periods > 0 && st.losing_periods < st.trial_periods);
-    assert!(st.trial_periods <= 2 * u64::from(params.rounds * params.epoch_periods));
+    assert!(st.trial_periods <= 4 * u64::from(params.rounds * params.epoch_periods));
     assert_eq!(st.mode_switches, 0);
-    // Staged wins, then (after the hold) loses: one switch of mode.
+    // Temporal wins, then (after the hold) loses: one switch of mode.
     let params = auto::AutoParams {
         first_trial_after: 0,
         hold_periods: 20,
@@ -401,9 +561,9 @@ fn auto_counts_what_its_trials_cost() {
     };
     let mut p = auto::Auto::new(ctx(2, 2, 2), params);
     let mut i = 0;
-    drive_auto(&mut p, 80, |s| {
+    drive_auto(&mut p, 100, |m| {
         i += 1;
-        match (s, i < 30) {
+        match (m == auto::Mode::Temporal, i < 40) {
             (true, true) | (false, false) => 130.0,
             _ => 100.0,
         }
@@ -429,7 +589,7 @@ fn auto_starts_a_trial_on_a_lasting_stage_mix_change_not_on_a_burst() {
                 [0.5, 0.5]
             }
         };
-        drive_auto_with(&mut p, 400, load, |s| if s { 80.0 } else { 100.0 });
+        drive_auto_with(&mut p, 400, load, rates([100.0, 80.0, 80.0, 80.0]));
         p.stats().trials
     };
     assert_eq!(trials_after(3), 1, "a 3-period burst is not a new mix");

@@ -202,31 +202,24 @@ fn validation(o: &mut String, ctx: &Ctx, traces: &[&String]) {
     }
 }
 
-/// What `auto` chose in one replay: its last decision's mode and how many
-/// keep-staged and keep-unstaged decisions it took.
+/// What `auto` chose in one replay: its last decision's mode (`spatial`,
+/// `temporal`, `both` or `unstaged`) and how many decisions kept a staged
+/// mode (any but unstaged) and how many kept unstaged. The simulator does
+/// not model visit orders, so its temporal modes measure as unstaged.
 fn auto_choice(r: &SimResult) -> String {
-    let staged = r
-        .auto_decisions
-        .iter()
-        .filter(|(_, d)| d.contains("keep staged"))
-        .count();
-    let unstaged = r
-        .auto_decisions
-        .iter()
-        .filter(|(_, d)| d.contains("keep unstaged"))
-        .count();
-    let last = r
-        .auto_decisions
-        .iter()
-        .rev()
-        .find(|(_, d)| d.contains("keep"))
-        .map_or("unstaged (no decision)", |(_, d)| {
-            if d.contains("keep staged") {
-                "staged"
-            } else {
-                "unstaged"
-            }
-        });
+    // A decision's text is "MODE: keep KEPT: …".
+    let kept = |d: &str| {
+        d.split("keep ")
+            .nth(1)
+            .and_then(|rest| rest.split(':').next())
+            .map(str::to_string)
+    };
+    let keeps: Vec<String> = r.auto_decisions.iter().filter_map(|(_, d)| kept(d)).collect();
+    let unstaged = keeps.iter().filter(|k| *k == "unstaged").count();
+    let staged = keeps.len() - unstaged;
+    let last = keeps
+        .last()
+        .map_or("unstaged (no decision)".to_string(), Clone::clone);
     format!("{last} ({staged}× staged, {unstaged}× unstaged)")
 }
 
