@@ -95,9 +95,10 @@ bench-policies: build
 bench-disk: build
     cargo run --release -q -p stagevm-bench --bin disk-bench -- --stagevm {{stagevm}} --kernel {{guest}}
 
-# The headline: guest requests/s across code footprints × policies × {2,4} vCPUs next to the native
-# host reference, each run ≥ 5 s and judged in steady state (~1 h for the 10 footprints; `--footprints` to narrow);
-# prints the tables and targets, writes bench/RESULTS.md's section and bench/headline.png.
+# The headline: guest requests/s across code footprints × policies (pinned and static also × stage-visit
+# policies, `--visits`) × {2,4} vCPUs next to the native host references (whole, spatial, cohort), each run ≥ 5 s
+# and judged in steady state (~2 h for the 10 footprints; `--footprints` to narrow, `--section temporal` to keep
+# the headline section); prints the tables and targets, writes bench/RESULTS.md's section and bench/headline.png.
 bench-headline *ARGS: build
     cargo run --release -q -p stagevm-bench --bin headline-bench -- --stagevm {{stagevm}} --kernel {{guest}} {{ARGS}}
 

@@ -414,7 +414,10 @@ fn remote_cli_reads_and_changes_the_vm() {
     }
     let (code, out, _) = remote(&["stages"]);
     assert_eq!(code, 0);
-    assert!(out.starts_with("policy pinned · visit fifo · period 50 ms"), "{out}");
+    assert!(
+        out.starts_with("policy pinned · visit fifo · period 50 ms"),
+        "{out}"
+    );
     assert!(
         out.contains("[api]: applied: policy pinned, period_ms 50"),
         "{out}"

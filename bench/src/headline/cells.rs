@@ -1,6 +1,7 @@
 //! What the sweep measured and the statistics over its rounds.
 //!
-//! Every cell (workload, vCPUs, policy) gets one run per round and the
+//! Every cell (workload, vCPUs, scheduling — a [`crate::modes::Sched`]'s
+//! label such as `pinned+cohort`) gets one run per round and the
 //! rounds are interleaved, so run `r` of two cells ran close together:
 //! ratios are taken per round (run `r` of one cell over run `r` of the
 //! other) and summarised as median and min–max ([`Spread`]).
@@ -9,6 +10,8 @@ use std::collections::BTreeMap;
 
 use stagevm_bench::guest::GuestRun;
 use stagevm_bench::stats::{median, Spread};
+
+use crate::modes::{OFF, PINNED};
 
 /// Which workload a cell ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -39,7 +42,7 @@ impl Measure {
     }
 }
 
-/// The guest runs, keyed (workload, vCPUs, policy), one per round.
+/// The guest runs, keyed (workload, vCPUs, cell label), one per round.
 #[derive(Debug, Default)]
 pub struct Cells(BTreeMap<(Work, u32, String), Vec<GuestRun>>);
 
@@ -88,8 +91,9 @@ impl Cells {
         Spread::of(&per_round)
     }
 
-    /// `policy` over the better (by median) of `off` and `pinned`, by `m`,
-    /// and which one that was (`None` when neither ran).
+    /// `policy` over the better (by median) of the unstaged baselines
+    /// `off` and `pinned+fifo`, by `m`, and which one that was (`None`
+    /// when neither ran).
     pub fn vs_better(
         &self,
         m: Measure,
@@ -97,12 +101,24 @@ impl Cells {
         v: u32,
         policy: &str,
     ) -> Option<(Spread, &'static str)> {
+        let better = self.best_of(m, w, v, [OFF, PINNED])?;
+        Some((self.ratio(m, w, v, policy, better), better))
+    }
+
+    /// Of `labels`, the cell with the highest median requests/s by `m`
+    /// (`None` when none ran).
+    pub fn best_of<'a>(
+        &self,
+        m: Measure,
+        w: Work,
+        v: u32,
+        labels: impl IntoIterator<Item = &'a str>,
+    ) -> Option<&'a str> {
         let med = |b: &str| self.med_rps(m, w, v, b);
-        let better = ["off", "pinned"]
+        labels
             .into_iter()
             .filter(|b| med(b).is_finite())
-            .max_by(|a, b| med(a).total_cmp(&med(b)))?;
-        Some((self.ratio(m, w, v, policy, better), better))
+            .max_by(|a, b| med(a).total_cmp(&med(b)))
     }
 }
 
@@ -123,7 +139,7 @@ mod tests {
         let mut c = Cells::default();
         for (off, pinned, auto) in [(100.0, 90.0, 110.0), (50.0, 60.0, 45.0), (80.0, 70.0, 88.0)] {
             c.push(Work::Staged, 2, "off", run(off));
-            c.push(Work::Staged, 2, "pinned", run(pinned));
+            c.push(Work::Staged, 2, PINNED, run(pinned));
             c.push(Work::Staged, 2, "auto", run(auto));
         }
         let r = c.ratio(Measure::Whole, Work::Staged, 2, "auto", "off");
@@ -133,6 +149,13 @@ mod tests {
             .vs_better(Measure::Whole, Work::Staged, 2, "auto")
             .unwrap();
         assert_eq!(better, "off");
+        let best = c.best_of(
+            Measure::Whole,
+            Work::Staged,
+            2,
+            [PINNED, "auto", "static+cohort"],
+        );
+        assert_eq!(best, Some("auto"));
         assert!(c
             .ratio(Measure::Whole, Work::Staged, 4, "auto", "off")
             .med

@@ -1,19 +1,23 @@
 //! `headline-bench`: does stage scheduling make a guest faster?
 //!
 //! One run sweeps the total code footprint of the generated workload
-//! (`stage_workload`, 2 stages) × `--policy off, pinned, static,
-//! proportional, auto` × {2, 4} vCPUs, booting the test guest with
-//! `workload=footprint` on stagevm; beside each footprint it runs the same
-//! generated workload natively on two host cores, whole requests per core
-//! and one stage per core with a ring hand-off (the reference, as
-//! code-footprint probe (`docs/design.md`)). Every guest run's per-thread
+//! (`stage_workload`, 2 stages) × the guest cells × {2, 4} vCPUs, booting
+//! the test guest with `workload=footprint` on stagevm. The cells
+//! ([`modes`]) are the host policies `off, pinned, static, proportional,
+//! auto`, with `pinned` and `static` once per stage-visit policy of
+//! `--visits` (`pinned+cohort`: temporal staging; `static+cohort`: spatial
+//! and temporal). Beside each footprint it runs the same generated workload
+//! natively on two host cores three ways ([`native`]): whole requests per
+//! core, one half of the stages per core with a ring hand-off (spatial, as
+//! code-footprint probe (`docs/design.md`)), and each core's connections in
+//! cohorts, stage by stage (temporal). Every guest run's per-thread
 //! checksums are compared with the native runs'. In the same rounds it runs
 //! the test guest's default staged workload (`just bench-policies`, not
-//! i-cache bound) under every policy at each vCPU count, so a policy that
+//! i-cache bound) under every cell at each vCPU count, so a policy that
 //! helps one workload can be seen not to hurt the other.
 //!
 //! Runs are interleaved round by round (all footprints × vCPU counts ×
-//! policies, then the staged workload, then again) so machine noise spreads
+//! cells, then the staged workload, then again) so machine noise spreads
 //! over every cell; medians and min–max of the rounds are reported (ratios
 //! per round: [`cells`]). It prints the tables ([`table`]), whether the
 //! issue's targets are met ([`targets`]), writes the section of
@@ -28,19 +32,22 @@ use indicatif::{ProgressBar, ProgressStyle};
 use stage_workload::{funcs_for_bytes, Params};
 
 mod cells;
+mod modes;
 mod native;
 mod plot;
 mod table;
 mod targets;
 
 use cells::{Cells, Measure, Work};
+use modes::Sched;
+use native::Mode;
 use stagevm_bench::guest::{Boot, GuestRun, STAGED_CMDLINE};
 use stagevm_bench::load::Meter;
 use stagevm_bench::stats::Spread;
 use stagevm_bench::target::Target;
 
-/// Sweeps code footprint × policy × vCPUs with the guest and the native
-/// reference, plus the staged workload under every policy.
+/// Sweeps code footprint × policy × visit policy × vCPUs with the guest and
+/// the native references, plus the staged workload under every cell.
 #[derive(Parser, Debug)]
 #[command(name = "headline-bench", about)]
 pub struct Args {
@@ -53,16 +60,24 @@ pub struct Args {
         default_value = "64,128,256,512,768,1024,1536,2048,3072,4096"
     )]
     footprints: Vec<usize>,
-    /// vCPU counts (of both workloads).
+    /// vCPU counts (of both workloads; `--cpus boot=N`).
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     vcpus: Vec<u32>,
-    /// Policies (of both workloads).
+    /// Host policies (of both workloads); `pinned` and `static` run once
+    /// per `--visits` entry, the others with FIFO visits (`auto` chooses
+    /// its own visit policy).
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "off,pinned,static,proportional,auto"
     )]
     policies: Vec<String>,
+    /// Stage-visit policies (temporal staging, stagevm's `--visit`) under
+    /// which `pinned` and `static` run: fifo, cohort, srpt, dbr, mg1,
+    /// color; `fifo` (the unstaged baseline `pinned+fifo` and spatial
+    /// staging alone, `static+fifo`) always runs.
+    #[arg(long, value_delimiter = ',', default_value = "fifo,cohort,srpt,color")]
+    visits: Vec<String>,
     /// Rounds (medians and min–max are reported).
     #[arg(long, default_value_t = 5)]
     rounds: usize,
@@ -103,7 +118,9 @@ pub struct Args {
     #[arg(long, default_value = "bench/RESULTS.md")]
     results: PathBuf,
     /// Name of the results section (its markers carry it): a second shape
-    /// run with other parameters keeps its own section.
+    /// run with other parameters keeps its own section, e.g. `--section
+    /// temporal` for a run about the visit policies, which leaves the
+    /// `headline` section as it is.
     #[arg(long, default_value = "headline")]
     section: String,
     /// PNG plot to write.
@@ -123,8 +140,9 @@ pub struct Point {
     /// Requests per thread (native and guest runs alike: the checksums
     /// depend on it).
     requests: u64,
-    /// Native requests/s: whole, staged (one per round).
-    native: [Vec<f64>; 2],
+    /// Native requests/s per [`Mode`] (indexed by [`Mode::index`]: whole,
+    /// spatial, cohort), one per round.
+    native: [Vec<f64>; 3],
     /// The checksums every run must reproduce.
     want: Vec<u64>,
 }
@@ -135,11 +153,12 @@ impl Point {
         stage_workload::code_bytes(2, self.params.funcs) / 1024
     }
 
-    /// The native reference's speed-up (staged ÷ whole), per round.
-    fn native_speedup(&self) -> Spread {
-        let per_round: Vec<f64> = self.native[1]
+    /// A native reference's gain over `whole` (`mode` ÷ whole requests/s),
+    /// per round (1 for `whole` itself).
+    fn native_gain(&self, mode: Mode) -> Spread {
+        let per_round: Vec<f64> = self.native[mode.index()]
             .iter()
-            .zip(&self.native[0])
+            .zip(&self.native[Mode::Whole.index()])
             .map(|(s, w)| s / w)
             .collect();
         Spread::of(&per_round)
@@ -153,7 +172,7 @@ fn footprint_run(
     p: &Params,
     requests: u64,
     vcpus: u32,
-    policy: &str,
+    sched: &Sched,
     want: &[u64],
 ) -> Result<GuestRun> {
     let cmdline = format!(
@@ -165,14 +184,15 @@ fn footprint_run(
         args.threads / vcpus,
         requests
     );
+    let extra = sched.extra();
     let out = Boot {
         target: &args.target,
         vcpus,
-        policy,
+        policy: &sched.policy,
         cmdline: &cmdline,
         memory: Some(&args.memory),
         stages: Some(&args.stages),
-        extra: &[],
+        extra: &extra,
     }
     .run()?;
     let mut seen = 0;
@@ -189,8 +209,9 @@ fn footprint_run(
             .with_context(|| format!("bad thread line '{line}'"))?;
         ensure!(
             want.get(id) == Some(&sum),
-            "thread {id}: guest checksum {sum:#018x}, host build {:?} (policy {policy}, {vcpus} vCPUs, funcs {})",
+            "thread {id}: guest checksum {sum:#018x}, host build {:?} ({}, {vcpus} vCPUs, funcs {})",
             want.get(id).map(|w| format!("{w:#018x}")),
+            sched.label(),
             p.funcs
         );
         seen += 1;
@@ -222,6 +243,12 @@ fn check(args: &Args) -> Result<()> {
         ensure!(
             host_sched::policy::PolicyKind::parse(p).is_some(),
             "unknown policy '{p}' (off, pinned, static, proportional, auto)"
+        );
+    }
+    for v in &args.visits {
+        ensure!(
+            host_sched::policy::VisitPolicy::parse(v).is_some(),
+            "unknown visit policy '{v}' (fifo, cohort, srpt, dbr, mg1, color)"
         );
     }
     for path in [&args.target.stagevm, &args.target.kernel, &args.stages] {
@@ -256,17 +283,18 @@ fn points(args: &Args) -> Result<Vec<Point>> {
             kib,
             params,
             requests: args.requests,
-            native: [Vec::new(), Vec::new()],
+            native: Default::default(),
             want: Vec::new(),
         });
     }
     Ok(points)
 }
 
-/// One round's runs at one footprint: the native reference both ways, then
-/// every vCPU count × policy (the policy order rotates each round).
+/// One round's runs at one footprint: the native reference every way, then
+/// every vCPU count × cell (the cell order rotates each round).
 fn footprint_round(
     args: &Args,
+    scheds: &[Sched],
     round: usize,
     i: usize,
     point: &mut Point,
@@ -274,35 +302,37 @@ fn footprint_round(
     bar: &ProgressBar,
 ) -> Result<()> {
     let cores = [args.native_cores[0], args.native_cores[1]];
-    for (k, staged) in [false, true].into_iter().enumerate() {
+    for mode in Mode::ALL {
         bar.set_message(format!(
             "round {} native {} {} KiB",
             round + 1,
-            if staged { "staged" } else { "whole" },
+            mode.name(),
             point.kib
         ));
-        let run = native::run(&point.params, args.threads, point.requests, cores, staged)?;
+        let run = native::run(&point.params, args.threads, point.requests, cores, mode)?;
         if point.want.is_empty() {
             point.want = run.checksums.clone();
         }
         ensure!(
             run.checksums == point.want,
-            "native checksums differ between runs at {} KiB (staged={staged})",
-            point.kib
+            "native checksums differ between runs at {} KiB ({})",
+            point.kib,
+            mode.name()
         );
-        point.native[k].push(run.rps);
+        point.native[mode.index()].push(run.rps);
         bar.inc(1);
     }
     for &v in &args.vcpus {
-        for k in 0..args.policies.len() {
-            let policy = &args.policies[(k + round) % args.policies.len()];
+        for k in 0..scheds.len() {
+            let sched = &scheds[(k + round) % scheds.len()];
+            let label = sched.label();
             bar.set_message(format!(
-                "round {} guest {policy} {v} vCPUs {} KiB",
+                "round {} guest {label} {v} vCPUs {} KiB",
                 round + 1,
                 point.kib
             ));
-            let run = footprint_run(args, &point.params, point.requests, v, policy, &point.want)?;
-            cells.push(Work::Footprint(i), v, policy, run);
+            let run = footprint_run(args, &point.params, point.requests, v, sched, &point.want)?;
+            cells.push(Work::Footprint(i), v, &label, run);
             bar.inc(1);
         }
     }
@@ -310,20 +340,23 @@ fn footprint_round(
 }
 
 /// One round of the staged (non-i-cache-bound) workload: every vCPU count
-/// × policy (the policy order rotates each round).
+/// × cell (the cell order rotates each round).
 fn staged_round(
     args: &Args,
+    scheds: &[Sched],
     cmdline: &str,
     round: usize,
     cells: &mut Cells,
     bar: &ProgressBar,
 ) -> Result<()> {
     for &v in &args.vcpus {
-        for k in 0..args.policies.len() {
-            let policy = &args.policies[(k + round) % args.policies.len()];
-            bar.set_message(format!("round {} staged {policy} {v} vCPUs", round + 1));
-            let run = GuestRun::parse(&staged_boot(args, cmdline, v, policy).run()?)?;
-            cells.push(Work::Staged, v, policy, run);
+        for k in 0..scheds.len() {
+            let sched = &scheds[(k + round) % scheds.len()];
+            let label = sched.label();
+            bar.set_message(format!("round {} staged {label} {v} vCPUs", round + 1));
+            let extra = sched.extra();
+            let run = GuestRun::parse(&staged_boot(args, cmdline, v, sched, &extra).run()?)?;
+            cells.push(Work::Staged, v, &label, run);
             bar.inc(1);
         }
     }
@@ -334,8 +367,10 @@ fn main() -> Result<()> {
     let args = Args::parse();
     check(&args)?;
     let mut points = points(&args)?;
-    let guest_cells = args.vcpus.len() * args.policies.len();
-    let per_round = points.len() * (2 + guest_cells) + if args.no_staged { 0 } else { guest_cells };
+    let scheds = modes::scheds(&args.policies, &args.visits);
+    let guest_cells = args.vcpus.len() * scheds.len();
+    let per_round = points.len() * (Mode::ALL.len() + guest_cells)
+        + if args.no_staged { 0 } else { guest_cells };
     let bar = ProgressBar::new((args.rounds * per_round) as u64);
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
@@ -349,10 +384,10 @@ fn main() -> Result<()> {
     let staged_cmdline = size_runs(&args, &mut points)?;
     for round in 0..args.rounds {
         for (i, point) in points.iter_mut().enumerate() {
-            footprint_round(&args, round, i, point, &mut cells, &bar)?;
+            footprint_round(&args, &scheds, round, i, point, &mut cells, &bar)?;
         }
         if !args.no_staged {
-            staged_round(&args, &staged_cmdline, round, &mut cells, &bar)?;
+            staged_round(&args, &scheds, &staged_cmdline, round, &mut cells, &bar)?;
         }
     }
     bar.finish_and_clear();
@@ -360,12 +395,18 @@ fn main() -> Result<()> {
     // What other processes ran meanwhile, in cores: the staged runs hand
     // requests between two cores and suffer most from a busy neighbour.
     let others = meter.others_cores();
-    let mut text = table::report(&args, &staged_cmdline, &points, &cells, elapsed, others)?;
-    text.push_str(&targets::report(&args, &points, &cells, others)?);
+    let sweep = table::Sweep {
+        args: &args,
+        scheds: &scheds,
+        points: &points,
+        cells: &cells,
+    };
+    let mut text = table::report(&sweep, &staged_cmdline, elapsed, others)?;
+    text.push_str(&targets::report(&sweep, others)?);
     text.push_str(&format!("\nPlot: `{}`.\n", args.plot.display()));
     print!("{text}");
     write_results(&args.results, &args.section, &text)?;
-    plot::write(&args.plot, &plot_series(&args, &points, &cells))?;
+    plot::write(&args.plot, &plot_series(&sweep))?;
     println!(
         "wrote {} and {}",
         args.results.display(),
@@ -385,7 +426,7 @@ fn size_runs(args: &Args, points: &mut [Point]) -> Result<String> {
     }
     let cores = [args.native_cores[0], args.native_cores[1]];
     for p in points.iter_mut() {
-        let run = native::run(&p.params, args.threads, args.requests, cores, false)?;
+        let run = native::run(&p.params, args.threads, args.requests, cores, Mode::Whole)?;
         p.requests = stagevm_bench::guest::requests_for(
             args.seconds,
             run.rps,
@@ -400,56 +441,73 @@ fn size_runs(args: &Args, points: &mut [Point]) -> Result<String> {
     if args.no_staged {
         return Ok(args.staged_cmdline.clone());
     }
-    let boot = staged_boot(args, &args.staged_cmdline, args.vcpus[0], "off");
+    let off = Sched {
+        policy: "off".into(),
+        visit: None,
+    };
+    let boot = staged_boot(args, &args.staged_cmdline, args.vcpus[0], &off, &[]);
     stagevm_bench::guest::sized_cmdline(&boot, args.seconds)
 }
 
-/// One boot of the staged (non-i-cache-bound) workload.
-fn staged_boot<'a>(args: &'a Args, cmdline: &'a str, vcpus: u32, policy: &'a str) -> Boot<'a> {
+/// One boot of the staged (non-i-cache-bound) workload under `sched`
+/// (`extra`: its [`Sched::extra`]).
+fn staged_boot<'a>(
+    args: &'a Args,
+    cmdline: &'a str,
+    vcpus: u32,
+    sched: &'a Sched,
+    extra: &'a [&'a str],
+) -> Boot<'a> {
     Boot {
         target: &args.target,
         vcpus,
-        policy,
+        policy: &sched.policy,
         cmdline,
         memory: None,
         stages: None,
-        extra: &[],
+        extra,
     }
 }
 
-/// Series for the plot: per vCPU count, per policy, (footprint KiB,
-/// median speed-up over `off`).
-fn plot_series(args: &Args, points: &[Point], cells: &Cells) -> plot::Series {
-    let xs: Vec<f64> = points.iter().map(|p| p.code_kib() as f64).collect();
-    let native: Vec<(f64, f64)> = xs
-        .iter()
-        .zip(points)
-        .map(|(x, p)| (*x, p.native_speedup().med))
-        .collect();
+/// Series for the plot: the native gains, and per vCPU count, per cell
+/// but `off`, (footprint KiB, median speed-up over `off`).
+fn plot_series(sw: &table::Sweep) -> plot::Series {
+    let xs: Vec<f64> = sw.points.iter().map(|p| p.code_kib() as f64).collect();
+    let native = |m: Mode| -> Vec<(f64, f64)> {
+        xs.iter()
+            .zip(sw.points)
+            .map(|(x, p)| (*x, p.native_gain(m).med))
+            .filter(|(_, y)| y.is_finite())
+            .collect()
+    };
     let mut lines = Vec::new();
-    for &v in &args.vcpus {
-        for (k, pol) in args
-            .policies
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| *p != "off")
-        {
-            let ys: Vec<(f64, f64)> = (0..points.len())
+    for &v in &sw.args.vcpus {
+        for (k, sched) in sw.scheds.iter().enumerate() {
+            let label = sched.label();
+            if label == modes::OFF {
+                continue;
+            }
+            let ys: Vec<(f64, f64)> = (0..sw.points.len())
                 .map(|i| {
-                    let r = cells.ratio(Measure::Steady, Work::Footprint(i), v, pol, "off");
+                    let w = Work::Footprint(i);
+                    let r = sw.cells.ratio(Measure::Steady, w, v, &label, modes::OFF);
                     (xs[i], r.med)
                 })
                 .filter(|(_, y)| y.is_finite())
                 .collect();
             lines.push(plot::Line {
-                label: format!("{pol}, {v} vCPUs"),
+                label: format!("{label}, {v} vCPUs"),
                 vcpus: v,
                 color: k,
                 points: ys,
             });
         }
     }
-    plot::Series { native, lines }
+    plot::Series {
+        native: native(Mode::Spatial),
+        cohort: native(Mode::Cohort),
+        lines,
+    }
 }
 
 /// The markers of section `name` (`headline`: the ones earlier runs wrote).

@@ -1,13 +1,19 @@
 //! The host reference: the generated workload run natively on two host
-//! cores, both ways, as code-footprint probe (`docs/design.md`) does.
+//! cores, three ways ([`Mode`]), as code-footprint probe (`docs/design.md`)
+//! does for the first two.
 //!
 //! * **whole** — each core's thread runs whole requests of its connections
 //!   (connection `c` on core `c mod 2`), a request per connection in turn;
-//! * **staged** — core A runs the first half of the stages of every request,
-//!   core B the second half; a request passes from A to B through a
-//!   single-producer ring and the connection token comes back through a
-//!   second ring, so each connection has one request in flight and its
-//!   requests run in order (its checksum equals the sequential one).
+//! * **spatial** (staged) — core A runs the first half of the stages of
+//!   every request, core B the second half; a request passes from A to B
+//!   through a single-producer ring and the connection token comes back
+//!   through a second ring, so each connection has one request in flight
+//!   and its requests run in order (its checksum equals the sequential one);
+//! * **cohort** (temporal staging, Larus & Parkes' cohort scheduling) — each
+//!   core runs its own connections as in *whole*, but stage by stage: stage
+//!   `s` of the current request of every one of its connections back to
+//!   back, then stage `s + 1`, so a stage's code runs over and over on the
+//!   core without any migration.
 //!
 //! A connection stands for one guest thread: the same ids, requests, data
 //! working sets and checksums (`stage_workload::thread_checksum`).
@@ -20,6 +26,38 @@ use anyhow::{Context, Result};
 use host_sched::cpuset::CpuSet;
 use host_sched::topology::{gettid, set_thread_affinity};
 use stage_workload::{fold, init_data, request_seed, run_stage, Params};
+
+/// How the native reference splits the work over its two cores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Each core runs whole requests of its connections (no staging).
+    Whole,
+    /// Core A runs the first half of the stages, core B the second half;
+    /// connections are handed over through rings (spatial staging).
+    Spatial,
+    /// Each core runs its own connections stage by stage, a cohort of all
+    /// its connections per stage (temporal staging, no migration).
+    Cohort,
+}
+
+impl Mode {
+    /// Every mode, in the order of [`Mode::index`].
+    pub const ALL: [Mode; 3] = [Mode::Whole, Mode::Spatial, Mode::Cohort];
+
+    /// The mode's position in [`Mode::ALL`] (0, 1, 2).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Its lower-case name (`whole`, `spatial`, `cohort`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Mode::Whole => "whole",
+            Mode::Spatial => "spatial",
+            Mode::Cohort => "cohort",
+        }
+    }
+}
 
 /// One native run's result.
 #[derive(Clone, Debug)]
@@ -69,7 +107,8 @@ impl Ring {
 }
 
 /// A connection's state: its data working set, next request, checksum and
-/// the value between the two halves of a request.
+/// the value between two stages of a request (between the two halves in
+/// [`Mode::Spatial`], between cohorts in [`Mode::Cohort`]).
 struct Conn {
     data: Vec<u64>,
     next: u64,
@@ -116,8 +155,104 @@ fn pin(core: usize) -> Result<()> {
     set_thread_affinity(gettid(), &set).with_context(|| format!("pinning to core {core}"))
 }
 
+/// Runs the requests of this core's connections (`side`: connection `c`
+/// on core `c mod 2`), whole ([`Mode::Whole`]) or in cohorts
+/// ([`Mode::Cohort`]).
+fn run_own(
+    side: usize,
+    cohort: bool,
+    conns: &Conns,
+    params: &Params,
+    connections: u32,
+    requests: u64,
+) {
+    let mine: Vec<usize> = (side..connections as usize).step_by(2).collect();
+    for _ in 0..requests {
+        if cohort {
+            for s in 0..params.stages {
+                for &c in &mine {
+                    // SAFETY: connection c belongs to this side only.
+                    let conn = unsafe { conns.get(c) };
+                    let x = if s == 0 {
+                        request_seed(c as u32, conn.next)
+                    } else {
+                        conn.x
+                    };
+                    conn.x = run_stage(s, x, params, &mut conn.data);
+                }
+            }
+            for &c in &mine {
+                // SAFETY: connection c belongs to this side only.
+                let conn = unsafe { conns.get(c) };
+                conn.checksum = fold(conn.checksum, conn.x);
+                conn.next += 1;
+            }
+        } else {
+            for &c in &mine {
+                // SAFETY: connection c belongs to this side only.
+                let conn = unsafe { conns.get(c) };
+                let mut x = request_seed(c as u32, conn.next);
+                for s in 0..params.stages {
+                    x = run_stage(s, x, params, &mut conn.data);
+                }
+                conn.checksum = fold(conn.checksum, x);
+                conn.next += 1;
+            }
+        }
+    }
+}
+
+/// [`Mode::Spatial`]'s work on `side`: side 0 runs the first `split`
+/// stages of every request, side 1 the rest, connection tokens passing
+/// through `to_b` (A → B) and `to_a` (B → A).
+fn run_spatial(
+    side: usize,
+    split: usize,
+    conns: &Conns,
+    rings: [&Ring; 2],
+    params: &Params,
+    total: u64,
+    connections: u32,
+) {
+    let [to_b, to_a] = rings;
+    if side == 0 {
+        // Front half: every connection starts available.
+        for c in 0..u64::from(connections) {
+            to_a.push(c);
+        }
+        for _ in 0..total {
+            let c = to_a.pop() as usize;
+            // SAFETY: the token for c came through `to_a`.
+            let conn = unsafe { conns.get(c) };
+            let mut x = request_seed(c as u32, conn.next);
+            for s in 0..split {
+                x = run_stage(s, x, params, &mut conn.data);
+            }
+            conn.x = x;
+            to_b.push(c as u64);
+        }
+        // Drain the tokens that come back.
+        for _ in 0..connections {
+            to_a.pop();
+        }
+    } else {
+        for _ in 0..total {
+            let c = to_b.pop() as usize;
+            // SAFETY: the token for c came through `to_b`.
+            let conn = unsafe { conns.get(c) };
+            let mut x = conn.x;
+            for s in split..params.stages {
+                x = run_stage(s, x, params, &mut conn.data);
+            }
+            conn.checksum = fold(conn.checksum, x);
+            conn.next += 1;
+            to_a.push(c as u64);
+        }
+    }
+}
+
 /// Runs `connections × requests` requests natively on `cores` (two host
-/// cores), whole (`staged = false`) or one half of the stages per core.
+/// cores) the way `mode` says.
 ///
 /// # Errors
 /// When a thread cannot be pinned.
@@ -126,7 +261,7 @@ pub fn run(
     connections: u32,
     requests: u64,
     cores: [usize; 2],
-    staged: bool,
+    mode: Mode,
 ) -> Result<NativeRun> {
     let conns = Arc::new(Conns::new(connections, params));
     let split = params.stages.div_ceil(2);
@@ -139,52 +274,27 @@ pub fn run(
             std::thread::spawn(move || -> Result<()> {
                 pin(cores[side])?;
                 let total = u64::from(connections) * requests;
-                if !staged {
-                    let mine: Vec<usize> = (side..connections as usize).step_by(2).collect();
-                    for _ in 0..requests {
-                        for &c in &mine {
-                            // SAFETY: connection c belongs to this side only.
-                            let conn = unsafe { conns.get(c) };
-                            let mut x = request_seed(c as u32, conn.next);
-                            for s in 0..params.stages {
-                                x = run_stage(s, x, &params, &mut conn.data);
-                            }
-                            conn.checksum = fold(conn.checksum, x);
-                            conn.next += 1;
-                        }
+                match mode {
+                    Mode::Whole | Mode::Cohort => {
+                        run_own(
+                            side,
+                            mode == Mode::Cohort,
+                            &conns,
+                            &params,
+                            connections,
+                            requests,
+                        );
                     }
-                } else if side == 0 {
-                    // Front half: every connection starts available.
-                    for c in 0..u64::from(connections) {
-                        to_a.push(c);
-                    }
-                    for _ in 0..total {
-                        let c = to_a.pop() as usize;
-                        // SAFETY: the token for c came through `to_a`.
-                        let conn = unsafe { conns.get(c) };
-                        let mut x = request_seed(c as u32, conn.next);
-                        for s in 0..split {
-                            x = run_stage(s, x, &params, &mut conn.data);
-                        }
-                        conn.x = x;
-                        to_b.push(c as u64);
-                    }
-                    // Drain the tokens that come back.
-                    for _ in 0..connections {
-                        to_a.pop();
-                    }
-                } else {
-                    for _ in 0..total {
-                        let c = to_b.pop() as usize;
-                        // SAFETY: the token for c came through `to_b`.
-                        let conn = unsafe { conns.get(c) };
-                        let mut x = conn.x;
-                        for s in split..params.stages {
-                            x = run_stage(s, x, &params, &mut conn.data);
-                        }
-                        conn.checksum = fold(conn.checksum, x);
-                        conn.next += 1;
-                        to_a.push(c as u64);
+                    Mode::Spatial => {
+                        run_spatial(
+                            side,
+                            split,
+                            &conns,
+                            [&to_b, &to_a],
+                            &params,
+                            total,
+                            connections,
+                        );
                     }
                 }
                 Ok(())
@@ -214,7 +324,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn both_ways_give_the_sequential_checksums() {
+    fn every_mode_gives_the_sequential_checksums() {
         let p = Params {
             stages: 2,
             funcs: 64,
@@ -230,10 +340,20 @@ mod tests {
             .iter()
             .collect();
         let cores = [allowed[0], *allowed.get(1).unwrap_or(&allowed[0])];
-        for staged in [false, true] {
-            let r = run(&p, 6, 30, cores, staged).unwrap();
-            assert_eq!(r.checksums, want, "staged={staged}");
+        for mode in Mode::ALL {
+            let r = run(&p, 6, 30, cores, mode).unwrap();
+            assert_eq!(r.checksums, want, "mode {}", mode.name());
             assert!(r.rps > 0.0);
+        }
+        // A stage count not divisible by two: the cohorts and the halves
+        // still keep each connection's order.
+        let p3 = Params { stages: 3, ..p };
+        let want3: Vec<u64> = (0..5)
+            .map(|c| stage_workload::thread_checksum(c, 7, &p3, &mut data))
+            .collect();
+        for mode in Mode::ALL {
+            let r = run(&p3, 5, 7, cores, mode).unwrap();
+            assert_eq!(r.checksums, want3, "3 stages, mode {}", mode.name());
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The headline plot: guest speed-up over `off` vs code footprint, one line
-//! per policy and vCPU count, plus the native reference (staged / whole).
+//! per cell (policy + visit policy) and vCPU count, plus the native
+//! references (spatial ÷ whole, cohort ÷ whole).
 
 use std::path::Path;
 
@@ -12,7 +13,7 @@ pub struct Line {
     pub label: String,
     /// vCPUs (2 vCPUs draw thick, others thin).
     pub vcpus: u32,
-    /// Colour index (the policy's: a policy keeps its colour across vCPU
+    /// Colour index (the cell's: a cell keeps its colour across vCPU
     /// counts).
     pub color: usize,
     /// (footprint KiB, median speed-up over `off`).
@@ -21,8 +22,10 @@ pub struct Line {
 
 /// What to draw.
 pub struct Series {
-    /// (footprint KiB, native staged / whole, median).
+    /// (footprint KiB, native spatial ÷ whole, median).
     pub native: Vec<(f64, f64)>,
+    /// (footprint KiB, native cohort ÷ whole, median).
+    pub cohort: Vec<(f64, f64)>,
     /// The guest's lines.
     pub lines: Vec<Line>,
 }
@@ -45,6 +48,7 @@ pub fn write(path: &Path, series: &Series) -> Result<()> {
     let all = series
         .native
         .iter()
+        .chain(series.cohort.iter())
         .chain(series.lines.iter().flat_map(|l| l.points.iter()));
     let (mut xmin, mut xmax, mut ymin, mut ymax) = (f64::MAX, 0f64, f64::MAX, 0f64);
     for (x, y) in all {
@@ -72,19 +76,36 @@ pub fn write(path: &Path, series: &Series) -> Result<()> {
         .x_labels(8)
         .x_label_formatter(&|x| format!("{x:.0}"))
         .x_desc("total code footprint (KiB, log scale)")
-        .y_desc("requests/s ÷ off (native: staged ÷ whole)")
+        .y_desc("requests/s ÷ off (native: spatial or cohort ÷ whole)")
         .label_style(("sans-serif", 16))
         .draw()
         .map_err(|e| anyhow!("{e}"))?;
-    let palette = [BLUE, RED, GREEN, MAGENTA, CYAN, RGBColor(200, 120, 0)];
+    let palette = [
+        BLUE,
+        RED,
+        GREEN,
+        MAGENTA,
+        CYAN,
+        RGBColor(200, 120, 0),
+        RGBColor(120, 60, 180),
+        RGBColor(0, 120, 120),
+        RGBColor(160, 160, 0),
+        RGBColor(120, 120, 120),
+    ];
     chart
         .draw_series(LineSeries::new(
             series.native.iter().copied(),
             BLACK.stroke_width(3),
         ))
         .map_err(|e| anyhow!("{e}"))?
-        .label("native host reference (2 cores)")
+        .label("native spatial reference (2 cores)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(3)));
+    let grey = RGBColor(90, 90, 90).stroke_width(3);
+    chart
+        .draw_series(LineSeries::new(series.cohort.iter().copied(), grey))
+        .map_err(|e| anyhow!("{e}"))?
+        .label("native cohort reference (2 cores)")
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], grey));
     for line in &series.lines {
         let (label, pts) = (&line.label, &line.points);
         let color = palette[line.color % palette.len()];
