@@ -53,7 +53,7 @@ use stagevm_bench::target::Target;
 pub struct Args {
     #[command(flatten)]
     target: Target,
-    /// Total code footprints to sweep (KiB, over both stages).
+    /// Total code footprints to sweep (KiB, over all the workload's stages).
     #[arg(
         long,
         value_delimiter = ',',
@@ -98,6 +98,11 @@ pub struct Args {
     /// Function calls per stage and request.
     #[arg(long, default_value_t = 400)]
     calls: u32,
+    /// Stages of the footprint workload (1..=4; the footprint is shared
+    /// equally). The `--stages` file must name exactly these stages, or none
+    /// (`bench/headline-stages-any.toml`).
+    #[arg(long, default_value_t = 2)]
+    workload_stages: usize,
     /// Data working set per thread (8-byte words).
     #[arg(long, default_value_t = 512)]
     data_words: usize,
@@ -150,7 +155,7 @@ pub struct Point {
 impl Point {
     /// The code the footprint really has (KiB).
     fn code_kib(&self) -> usize {
-        stage_workload::code_bytes(2, self.params.funcs) / 1024
+        stage_workload::code_bytes(self.params.stages, self.params.funcs) / 1024
     }
 
     /// A native reference's gain over `whole` (`mode` ÷ whole requests/s),
@@ -267,8 +272,8 @@ fn points(args: &Args) -> Result<Vec<Point>> {
     let mut points: Vec<Point> = Vec::new();
     for &kib in &args.footprints {
         let params = Params {
-            stages: 2,
-            funcs: funcs_for_bytes(2, kib * 1024),
+            stages: args.workload_stages,
+            funcs: funcs_for_bytes(args.workload_stages, kib * 1024),
             calls: args.calls,
             data_words: args.data_words,
         };

@@ -60,11 +60,15 @@
 
 use hypercall_abi::stage::{VisitPolicy, MAX_STAGES};
 
-/// Default [`Thresholds::starve_after`] (threads served elsewhere): with
-/// the test guest's ≤ 16 threads per vCPU, four full cohorts of other
-/// stages; far above what the orders need in a closed pipeline, so it only
-/// bounds pathological orders (a stage that refills itself).
-pub const STARVE_AFTER: u32 = 64;
+/// Default [`Thresholds::starve_after`] (threads served elsewhere): four
+/// full rounds of a 4-stage pipeline at the test guest's 16 threads per
+/// vCPU (4 × 4 × 16), so a thread waits at most ~20 ms at ~70 µs per visit.
+/// Far above what the orders need in a closed pipeline (3 × 16 = 48 serves
+/// of other stages per round), even with twice the threads on a vCPU after
+/// an imbalance; it only bounds pathological orders (a stage that refills
+/// itself). A smaller bound fragments cohorts when a vCPU holds more
+/// threads than usual.
+pub const STARVE_AFTER: u32 = 256;
 /// Default [`Thresholds::jump_len`] (threads): Cohort jumps to a stage
 /// whose queue holds this many. Above the test guest's threads per vCPU
 /// (≤ 16), so cohorts of a closed pipeline are never split; a thread

@@ -32,6 +32,20 @@ struct VcpuTotals {
 /// guest can grow by inventing thread ids).
 const MAX_TRACKED_THREADS: usize = 1 << 16;
 
+/// One load window ([`Accounting::take_window`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Window {
+    /// Per stage, vCPU time (ns).
+    pub busy: Vec<u64>,
+    /// Requests completed (`stage_exit`s).
+    pub requests: u64,
+    /// Stage entries (`stage_enter`s).
+    pub entries: u64,
+    /// A counters guest: the window's length (ns, the reads' own); `None`
+    /// for a rings guest (the caller's period is the window).
+    pub length_ns: Option<u64>,
+}
+
 /// Counters per stage since REGISTER, and the load window.
 #[derive(Debug, Default)]
 pub struct Accounting {
@@ -52,6 +66,11 @@ pub struct Accounting {
     window_ns: Vec<u64>,
     /// Requests completed (valid `stage_exit` events) in the same window.
     window_requests: u64,
+    /// Stage entries (valid `stage_enter` events) in the same window.
+    window_entries: u64,
+    /// Requests completed and stage entries since REGISTER.
+    total_requests: u64,
+    total_entries: u64,
     /// A counters guest: the window's length (ticks of the counter reads
     /// since the last [`Accounting::take_window`]), which the load divides
     /// by, so no vCPU counts for more than one.
@@ -131,6 +150,12 @@ impl Accounting {
             }
             let requests = d.counts[CODE_NONE as usize];
             self.window_requests = self.window_requests.saturating_add(requests);
+            self.total_requests = self.total_requests.saturating_add(requests);
+            let entries = (0..self.stages.len())
+                .map(|s| d.counts[stage_code(s as u32) as usize])
+                .fold(0u64, u64::saturating_add);
+            self.window_entries = self.window_entries.saturating_add(entries);
+            self.total_entries = self.total_entries.saturating_add(entries);
             if let Some(t) = self.vcpu_totals.get_mut(v) {
                 t.events = t
                     .events
@@ -198,9 +223,12 @@ impl Accounting {
                 self.current[v] = None;
                 if ev.thread != IDLE_THREAD {
                     self.window_requests += 1;
+                    self.total_requests += 1;
                 }
             } else if let Some(s) = self.stages.get_mut(ev.stage as usize) {
                 s.events += 1;
+                self.window_entries += 1;
+                self.total_entries += 1;
                 if previous.map(|(p, _)| p) != Some(ev.stage) {
                     s.arrivals += 1;
                 }
@@ -232,21 +260,30 @@ impl Accounting {
         }
     }
 
-    /// vCPU time per stage (ns), requests completed, and for a counters
-    /// guest the window's length (ns, the reads' own), since the previous
-    /// call; starts a new window.
-    pub fn take_window(&mut self) -> (Vec<u64>, u64, Option<u64>) {
-        let window = self.window_ns.clone();
+    /// What the guest did since the previous call ([`Window`]); starts a
+    /// new window.
+    pub fn take_window(&mut self) -> Window {
+        let busy = self.window_ns.clone();
         self.window_ns.iter_mut().for_each(|w| *w = 0);
         let length = std::mem::take(&mut self.window_ticks);
-        (
-            window,
-            std::mem::take(&mut self.window_requests),
-            self.counters
+        Window {
+            busy,
+            requests: std::mem::take(&mut self.window_requests),
+            entries: std::mem::take(&mut self.window_entries),
+            length_ns: self
+                .counters
                 .as_ref()
                 .map(|_| self.ticks_to_ns(length))
                 .filter(|ns| *ns > 0),
-        )
+        }
+    }
+
+    /// Stage entries per completed request since REGISTER (`None` before
+    /// the first request): how many stages a request enters, whatever the
+    /// placement or visit order.
+    pub fn entries_per_request(&self) -> Option<f64> {
+        (self.total_requests > 0 && self.total_entries > 0)
+            .then(|| self.total_entries as f64 / self.total_requests as f64)
     }
 
     /// Writes the accounting's part of the channel report: `stages`,

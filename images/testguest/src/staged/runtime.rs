@@ -181,8 +181,25 @@ fn steal(vcpu: u32, spill: bool) -> bool {
     let other_stage = |t: &Thread| t.stage.load(Ordering::Relaxed) != STAGE_NONE && !mine(t);
     let took = victims
         .iter()
-        .find_map(|v| RUNQ[*v as usize].take_first(mine))
-        .map(|t| (t, false))
+        .find_map(|v| RUNQ[*v as usize].take_first(mine).map(|t| (t, *v)))
+        .map(|(t, v)| {
+            // Under a temporal visit policy a lone thread would run its
+            // visits alone (a cohort of one) here: take more of its stage's
+            // queue on the victim, up to half the victim's queue, so a
+            // cohort moves (the usual batch of a load balancer).
+            if visit_on(vcpu).is_temporal() && t.stage.load(Ordering::Relaxed) != STAGE_NONE {
+                let class = t.stage.load(Ordering::Relaxed);
+                let more = queue_len(v) / 2;
+                for _ in 0..more {
+                    let same = |o: &Thread| o.stage.load(Ordering::Relaxed) == class && mine(o);
+                    match RUNQ[v as usize].take_first(same) {
+                        Some(o) => adopt(vcpu, o, false),
+                        None => break,
+                    }
+                }
+            }
+            (t, false)
+        })
         .or_else(|| {
             (spill && !unstaged)
                 .then(|| {
@@ -196,6 +213,14 @@ fn steal(vcpu: u32, spill: bool) -> bool {
     let Some((t, spilled)) = took else {
         return false;
     };
+    adopt(vcpu, t, spilled);
+    true
+}
+
+/// Queues `t`, taken from another vCPU's queue by an idle `vcpu` (a steal,
+/// or a spill when `spilled`), here, counting it as a migration.
+fn adopt(vcpu: u32, t: &'static Thread, spilled: bool) {
+    let a = agent();
     let stage = t.stage.load(Ordering::Relaxed);
     let counts = &VCPU_COUNTS[vcpu as usize];
     // A spill is counted where the visit runs (`switch::stage_switch`): a
@@ -212,11 +237,44 @@ fn steal(vcpu: u32, spill: bool) -> bool {
         a.count_migration(vcpu, STAGE_NONE, stage);
     }
     RUNQ[vcpu as usize].push(t);
-    true
 }
 
 /// Polls between two steal attempts of an idle vCPU.
 const STEAL_EVERY: u32 = 16;
+
+/// Threads a busy vCPU serves between two balance checks under a temporal
+/// visit policy ([`balance`]).
+const BALANCE_EVERY: u32 = 64;
+
+/// Balance of a busy `vcpu` under a temporal visit policy: a cohort is as
+/// large as the vCPU's share of the threads, and in a closed loop no vCPU
+/// idles, so an imbalance left by a mode change (an `auto` trial of
+/// spatial staging gathers threads on some vCPUs) would never be undone by
+/// steals. When the longest other queue holds more than 2 threads more than
+/// this vCPU's, it takes half the difference, of stages it serves (as a
+/// load balancer's periodic pull; counted as steals).
+fn balance(vcpu: u32) {
+    let n = num_vcpus();
+    let own = queue_len(vcpu);
+    let Some(v) = (0..n).filter(|v| *v != vcpu).max_by_key(|v| queue_len(*v)) else {
+        return;
+    };
+    let theirs = queue_len(v);
+    if theirs <= own + 2 {
+        return;
+    }
+    let map = agent().read_map();
+    let ok = |t: &Thread| match t.stage.load(Ordering::Relaxed) {
+        STAGE_NONE => false,
+        stage => map.is_none_or(|m| m.serves(stage, vcpu)),
+    };
+    for _ in 0..(theirs - own) / 2 {
+        match RUNQ[v as usize].take_first(ok) {
+            Some(t) => adopt(vcpu, t, false),
+            None => break,
+        }
+    }
+}
 
 /// TSC ticks an idle `vcpu` polls before parking: [`IdleConfig::owned_us`]
 /// when the current map says it is alone on its host core, else
@@ -384,9 +442,16 @@ fn schedule(vcpu: u32, idle_cfg: &IdleConfig, tsc_khz: u64) {
     let sched_rsp = SCHED_RSP[vcpu as usize].0.as_ptr();
     let counts = &VCPU_COUNTS[vcpu as usize];
     let mut last_stage = None;
+    let mut picks = 0u32;
     loop {
         let visit = visit_on(vcpu);
         say_visit(vcpu, visit);
+        if visit.is_temporal() {
+            picks = picks.wrapping_add(1);
+            if picks % BALANCE_EVERY == 0 {
+                balance(vcpu);
+            }
+        }
         let visitor = visitor_on(vcpu, visit);
         let Some((t, from)) = pick(vcpu, visit, visitor) else {
             if LIVE.load(Ordering::SeqCst) == 0 {
