@@ -185,7 +185,8 @@ fn run(mem: &GuestMemoryMmap, data: &[u8]) {
                 dev.publish(
                     &masks,
                     inp.u64(),
-                    hypercall_abi::stage::VisitPolicy::from_code(inp.below(7) as u64).unwrap_or_default(),
+                    hypercall_abi::stage::VisitPolicy::from_code(inp.below(7) as u64)
+                        .unwrap_or_default(),
                 );
             }
             13 => {
