@@ -214,7 +214,11 @@ fn auto_choice(r: &SimResult) -> String {
             .and_then(|rest| rest.split(':').next())
             .map(str::to_string)
     };
-    let keeps: Vec<String> = r.auto_decisions.iter().filter_map(|(_, d)| kept(d)).collect();
+    let keeps: Vec<String> = r
+        .auto_decisions
+        .iter()
+        .filter_map(|(_, d)| kept(d))
+        .collect();
     let unstaged = keeps.iter().filter(|k| *k == "unstaged").count();
     let staged = keeps.len() - unstaged;
     let last = keeps

@@ -448,7 +448,7 @@ fn schedule(vcpu: u32, idle_cfg: &IdleConfig, tsc_khz: u64) {
         say_visit(vcpu, visit);
         if visit.is_temporal() {
             picks = picks.wrapping_add(1);
-            if picks % BALANCE_EVERY == 0 {
+            if picks.is_multiple_of(BALANCE_EVERY) {
                 balance(vcpu);
             }
         }
