@@ -94,17 +94,29 @@ impl Plans {
             "{stages} stages (groups): the guest agent's stage map holds at most {}",
             map.vcpus.len()
         );
-        let mut policy = policy::build(
-            kind,
-            policy::Context {
-                cores: (0..n).collect(),
-                num_vcpus: n as u32,
-                budgets,
-                smoothing: cfg.smoothing,
-                hysteresis: cfg.hysteresis,
-                visit: policy::VisitPolicy::Fifo,
-            },
-        );
+        let ctx = policy::Context {
+            cores: (0..n).collect(),
+            num_vcpus: n as u32,
+            budgets,
+            smoothing: cfg.smoothing,
+            hysteresis: cfg.hysteresis,
+            visit: policy::VisitPolicy::Fifo,
+        };
+        // The replay does not model visit orders (a temporal mode would run
+        // as unstaged): `auto` trials unstaged against spatial only, the
+        // very code the VMM runs with fewer candidates.
+        let mut policy: Box<dyn policy::Policy> = if kind == policy::PolicyKind::Auto {
+            use policy::auto::{Auto, AutoParams, Mode, Modes};
+            Box::new(Auto::new(
+                ctx,
+                AutoParams {
+                    candidates: Modes::of(&[Mode::Unstaged, Mode::Spatial]),
+                    ..AutoParams::default()
+                },
+            ))
+        } else {
+            policy::build(kind, ctx)
+        };
         let plan = policy.plan(&vec![0.0; stages]);
         let period_total = cfg.period.saturating_mul(n as u64);
         let mut p = Self {

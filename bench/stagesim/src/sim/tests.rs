@@ -179,7 +179,10 @@ fn auto_runs_host_sched_trials_and_decides() {
             .unwrap_or_else(|| panic!("no decision at cost {cost}: {:?}", r.auto_decisions));
         decided.push(last.1.clone());
     }
-    assert!(decided[0].starts_with("staged: keep staged"), "{decided:?}");
+    assert!(
+        decided[0].starts_with("spatial: keep spatial"),
+        "{decided:?}"
+    );
     assert!(
         decided[1].starts_with("unstaged: keep unstaged"),
         "{decided:?}"
