@@ -61,10 +61,13 @@ use super::{build, Context, Plan, Policy, PolicyKind, VisitPolicy};
 use trial::Trial;
 
 /// The temporal policy of the `temporal` and `both` modes when the operator
-/// named none (`[policy] visit` is FIFO): Cohort scheduling, the plainest
-/// temporal order (each stage's queue drained in turn, an elevator over the
-/// stages) and the only one that needs no per-stage measurements.
-pub const DEFAULT_TEMPORAL: VisitPolicy = VisitPolicy::Cohort;
+/// named none (`[policy] visit` is FIFO): SRPT (the pipeline's last stage
+/// first), which needs no per-stage measurements. On the headline's
+/// 4-stage shape, where temporal staging gains most (2–4 MiB of code), it
+/// was the best visit policy or within 1 % of it (cohort: up to 4.7 %
+/// behind; bench/RESULTS.md, "temporal"), and seed 002 (§4.3.6) found it
+/// among the best on both its servers.
+pub const DEFAULT_TEMPORAL: VisitPolicy = VisitPolicy::Srpt;
 
 /// Parameters of `auto` (policy periods are the unit of time).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -208,9 +211,9 @@ pub struct AutoDecision {
 enum State {
     /// Measuring the modes.
     Trial(Trial),
-    /// Running `mode` for `left` more periods; `average` is the moving
-    /// average of the stage-load shares, `reference` their average over the
-    /// hold's first periods.
+    /// Running `mode` for `left` more periods; `average` is the average of
+    /// the stage-load shares (the plain mean over the hold's first
+    /// periods, which becomes `reference`, then a moving average).
     Hold {
         mode: Mode,
         left: u32,
@@ -409,8 +412,18 @@ impl Auto {
             }
         }
         if load.iter().any(|l| *l > 0.0) {
+            // Until the hold settles, the plain mean of its periods (with
+            // the trial's last one): the reference must not be one noisy
+            // period, and under a temporal visit policy a period's shares
+            // swing by ±0.2 (a vCPU serves one stage for milliseconds).
+            // After that, the moving average.
+            let weight = if reference.is_none() {
+                1.0 / f64::from(p.hold_periods.saturating_sub(*left) + 2)
+            } else {
+                p.mix_smoothing
+            };
             for (a, s) in average.iter_mut().zip(shares(load)) {
-                *a += p.mix_smoothing * (s - *a);
+                *a += weight * (s - *a);
             }
         }
         if reference.is_none() && settled {

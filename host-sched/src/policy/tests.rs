@@ -342,10 +342,10 @@ fn auto_keeps_both_when_both_is_best() {
         "{modes:?}"
     );
     // The map is partitioned and the visits temporal (asserted for every
-    // period by `mode_of`): here Cohort, the default.
+    // period by `mode_of`): here SRPT, the default.
     assert_eq!(p.temporal_policy(), auto::DEFAULT_TEMPORAL);
     let plan = p.plan(&[0.5, 0.5]);
-    assert_eq!(plan.visit, VisitPolicy::Cohort);
+    assert_eq!(plan.visit, VisitPolicy::Srpt);
     assert_eq!(plan.stage_vcpus, [0b01, 0b10]);
 }
 
