@@ -45,9 +45,14 @@ impl Vm {
 
     /// As [`Vm::boot`], with `extra` options for `stagevm`.
     fn boot_with(cmdline: &str, extra: &[&str]) -> Self {
+        Self::boot_config(CONFIG, cmdline, extra)
+    }
+
+    /// As [`Vm::boot_with`], with the `--stages` file's text `config`.
+    fn boot_config(config_text: &str, cmdline: &str, extra: &[&str]) -> Self {
         let lock = vm_lock();
         let config = report_path("api-config").with_extension("toml");
-        std::fs::write(&config, CONFIG).unwrap();
+        std::fs::write(&config, config_text).unwrap();
         let socket = report_path("api").with_extension("sock");
         let report = report_path("api-report");
         let cmdline = format!("{cmdline} hold=1");
@@ -462,19 +467,21 @@ fn remote_cli_reads_and_changes_the_vm() {
     assert_eq!(report.sched.period_ms, 50);
 }
 
-/// The stage-visit policy (temporal staging) end to end on the host:
-/// `--visit cohort` shows in `vm.info`, `/stages`, `/metrics`; a live change
-/// of the visit policy alone (the same `static` plan otherwise) is published
-/// in a new stage map within 2 policy periods and recorded in the timeline
-/// and the final report; an unknown visit policy is refused naming it.
+/// The stage-visit policy (temporal staging) end to end: the `--stages`
+/// file's `visit = "cohort"` shows in `vm.info`, `/stages`, `/metrics` and
+/// the guest uses it; a live change of the visit policy alone (the same
+/// `static` plan otherwise) is published in a new stage map within 2
+/// policy periods, the guest uses it from that very map, and the timeline
+/// and the final report record it; an unknown visit policy is refused
+/// naming it.
 #[test]
 fn visit_policy_is_shown_and_changed_live() {
     // Long enough (~10 s) that the guest still schedules when the visit
     // policy changes: it prints each policy its map names.
-    let vm = Vm::boot_with(
-        "iters=1000 threads=2 requests=1500000",
-        &["--visit", "cohort"],
-    );
+    // The visit policy of the `--stages` file (`[policy] visit`).
+    let config = CONFIG.replace("period_ms = 100\n", "period_ms = 100\nvisit = \"cohort\"\n");
+    assert!(config.contains("visit = \"cohort\""));
+    let vm = Vm::boot_config(&config, "iters=1000 threads=2 requests=1500000", &[]);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !vm.stages().stage_channel.is_some_and(|c| c.registered) {
         assert!(Instant::now() < deadline, "the guest never registered");
