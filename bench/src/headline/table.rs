@@ -88,11 +88,18 @@ fn header(s: &mut String, sw: &Sweep, elapsed: Duration, others: f64) -> Result<
         "Background load: other processes used {others:.2} cores on average during the sweep (from /proc/stat minus this benchmark's own CPU time){}.",
         if others > BUSY_CORES { " — the machine was not quiet; staged runs suffer most from a busy neighbour" } else { "" }
     )?;
-    let staged = if args.no_staged {
+    let mut staged = if args.no_staged {
         " --no-staged".to_string()
     } else {
         String::new()
     };
+    if args.workload_stages != 2 {
+        staged += &format!(
+            " --workload-stages {} --stages {}",
+            args.workload_stages,
+            args.stages.display()
+        );
+    }
     writeln!(
         s,
         "Command: `headline-bench --footprints {} --vcpus {} --policies {} --visits {} --rounds {} --threads {} --requests {} --seconds {} --calls {} --data-words {}{staged}{}` (`just bench-headline` runs the defaults), {:.1} min; median (min–max) of {} interleaved rounds; ratios are taken per round.\n",
@@ -116,7 +123,8 @@ fn header(s: &mut String, sw: &Sweep, elapsed: Duration, others: f64) -> Result<
         .collect();
     writeln!(
         s,
-        "Workload: `stage_workload`, 2 stages, {} calls per stage and request into functions chosen by the data, {} × 8 bytes of data per thread, {} threads; requests per thread (sized for runs of ≥ {} s at the native rate): {}. All guest and native checksums agreed with the host build.\n",
+        "Workload: `stage_workload`, {} stages, {} calls per stage and request into functions chosen by the data, {} × 8 bytes of data per thread, {} threads; requests per thread (sized for runs of ≥ {} s at the native rate): {}. All guest and native checksums agreed with the host build.\n",
+        args.workload_stages,
         args.calls,
         args.data_words,
         args.threads,
