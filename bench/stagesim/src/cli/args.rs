@@ -42,6 +42,14 @@ pub struct ReplayArgs {
     /// 000's 1.7 µs IPI propagation.
     #[arg(long, default_value = "1700,4250", value_parser = list::<u64>)]
     pub migration_cycles: std::vec::Vec<u64>,
+    /// CPU a migration costs the core the thread arrives on, cycles, charged when it first runs
+    /// the thread (the source pays --migration-cycles); 0 keeps the source-only model.
+    #[arg(long, default_value_t = 0)]
+    pub migration_target_cycles: u64,
+    /// Latency of a migration, cycles: the thread is runnable on its target only this long after
+    /// it left its source, while the cores run other threads (no CPU); 0: at once.
+    #[arg(long, default_value_t = 0)]
+    pub migration_latency: u64,
     /// Merge stages into coarser groups for the staged policies, e.g.
     /// `front=net_read,dispatch,parse;plan=open_lock,optimize;exec=execute,innodb;finish=commit,send`;
     /// `-` = the trace's own stages. Repeatable: each grouping is replayed. Unlisted stages stay alone.

@@ -208,6 +208,8 @@ fn configs(a: &ReplayArgs, p: &Plan) -> anyhow::Result<Vec<SimConfig>> {
                     for &lw in weights {
                         let mut c = base(g)?;
                         c.migration_cycles = cost;
+                        c.migration_target_cycles = a.migration_target_cycles;
+                        c.migration_latency = a.migration_latency;
                         c.min_visit = mv;
                         c.steal = st;
                         if lw {

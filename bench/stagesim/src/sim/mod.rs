@@ -54,7 +54,9 @@
 //!   least-loaded core serving the stage (fewest threads queued or running;
 //!   ties: lowest index), chosen by the guest agent's own rule
 //!   ([`guest_agent::choose_from_map`]): the source core pays
-//!   `migration_cycles` and the thread may run on the target from then on.
+//!   `migration_cycles`, the thread may run on the target
+//!   `migration_latency` cycles later, and the target pays
+//!   `migration_target_cycles` when it first runs it.
 //!   Threads outside any stage (`0xFFFF`, or before their first marker) stay
 //!   where they are.
 //!
@@ -71,7 +73,9 @@
 //! L2 hit: `l2_hit`; L2 miss: `l3_hit` — when no L3 is simulated the real
 //! machine's 32 MiB shared L3 is assumed to hold the line —; L3 miss:
 //! `memory`) with data penalties scaled by `data_penalty_scale`, plus
-//! `migration_cycles` per migration. Each core's clock advances by the cycles
+//! per migration `migration_cycles` on the source and
+//! `migration_target_cycles` on the target (a steal: both on the core that
+//! steals); `migration_latency` only delays the thread. Each core's clock advances by the cycles
 //! of what it runs and waits (idle) when it has no work. Reported: per-core
 //! IPC = instructions / busy cycles, and machine throughput = instructions /
 //! (wall cycles of the measured window). Each core's window runs from its
@@ -240,8 +244,21 @@ pub struct SimConfig {
     /// 2.5 GHz, the mean migration between vCPUs that own their cores that
     /// `just bench-migration` measured — bench/RESULTS.md, migration
     /// microbenchmark; seed 000's 1.7 µs bare-metal IPI propagation, the
-    /// lower bound of IPI-based migration it cites, is 4250).
+    /// lower bound of IPI-based migration it cites, is 4250). Charged as
+    /// busy time on the core the thread leaves (the source's CPU share of
+    /// a migration).
     pub migration_cycles: u64,
+    /// CPU a migration costs the core the thread arrives on, charged when
+    /// that core first runs it (the queue hand-off and the thread state's
+    /// lines; 0 by default, as before this field existed).
+    pub migration_target_cycles: u64,
+    /// Latency of a migration: the thread becomes runnable on its target
+    /// only this many cycles after it left its source; the target runs
+    /// other threads meanwhile, so it costs no CPU (0 by default). Seed
+    /// 000's 1.3 µs and `just bench-migration`'s 677 ns to an idle
+    /// spinning target are latencies of this kind; its saturated mode
+    /// measures the CPU (source + target) instead.
+    pub migration_latency: u64,
     /// Cache geometry.
     pub caches: Hierarchy,
     /// Cycle model.
@@ -327,6 +344,8 @@ impl SimConfig {
             warmup_pct: 10.0,
             period: 1_000_000,
             migration_cycles: 1700,
+            migration_target_cycles: 0,
+            migration_latency: 0,
             caches: Hierarchy::default(),
             model: CycleModel::default(),
             smoothing: 0.7,

@@ -151,7 +151,14 @@ impl<'a> Replay<'a> {
         let stages = groups.len();
         let ns = stages + 1; // dense group indices plus "no stage"
         let baseline = cfg.policy == SimPolicy::Baseline;
-        let sched = Sched::new(trace, &cfg.caches, n, baseline, stages)?;
+        let sched = Sched::new(
+            trace,
+            &cfg.caches,
+            n,
+            baseline,
+            stages,
+            cfg.migration_latency,
+        )?;
         let l3 = match cfg.caches.l3 {
             Some(g) => Some(Cache::new(g, "L3")?),
             None => None,
@@ -232,10 +239,21 @@ impl<'a> Replay<'a> {
             let Some(t) = self.sched.take(k, src) else {
                 break;
             };
-            if matches!(src, Source::Steal(..)) {
-                let cost = self.cfg.migration_cycles;
+            // A thread that migrated here costs this core its share when
+            // it first runs here; a steal costs the thief both shares (the
+            // core it was queued on did nothing).
+            let arriving = std::mem::take(&mut self.sched.threads[t].arriving);
+            let stolen = matches!(src, Source::Steal(..));
+            let cost = if stolen {
+                self.cfg.migration_cycles + self.cfg.migration_target_cycles
+            } else if arriving {
+                self.cfg.migration_target_cycles
+            } else {
+                0
+            };
+            if stolen || cost > 0 {
                 let st = self.acct.at(k, self.sched.threads[t].stage);
-                st.steals += 1;
+                st.steals += u64::from(stolen);
                 st.migration_cycles += cost;
                 self.sched.cores[k].clock += cost as f64;
             }

@@ -33,6 +33,9 @@ pub(super) struct ThreadState {
     /// Times its stream was replayed from the start again
     /// ([`super::SimConfig::repeat`]).
     pub laps: u32,
+    /// It migrated and the core it arrives on has not run it yet (that
+    /// core pays [`super::SimConfig::migration_target_cycles`]).
+    pub arriving: bool,
 }
 
 /// Where a core's next chunk comes from.
@@ -91,17 +94,22 @@ pub(super) struct Sched {
     baseline: bool,
     /// Scratch: threads queued or running per core.
     loads: Vec<u32>,
+    /// Cycles from a thread leaving its source core to being runnable on
+    /// its target ([`super::SimConfig::migration_latency`]).
+    latency: f64,
 }
 
 impl Sched {
     /// `n` idle cores; every thread with events queued on the global queue
     /// (`baseline`) or on core *i* mod `n` (thread *i*), in stage `none`.
+    /// A migration makes its thread runnable `latency` cycles after it left.
     pub fn new(
         trace: &Trace,
         caches: &Hierarchy,
         n: usize,
         baseline: bool,
         none: usize,
+        latency: u64,
     ) -> Result<Self, GeometryError> {
         let mut cores: Vec<Core> = (0..n)
             .map(|_| {
@@ -122,6 +130,7 @@ impl Sched {
                 ready_at: 0.0,
                 visit: 0,
                 laps: 0,
+                arriving: false,
             })
             .collect();
         let mut global = VecDeque::new();
@@ -141,6 +150,7 @@ impl Sched {
             global,
             baseline,
             loads: Vec::with_capacity(n),
+            latency: latency as f64,
         })
     }
 
@@ -238,12 +248,16 @@ impl Sched {
             SliceEnd::Done => core.current = None,
             SliceEnd::Migrate(target) => {
                 core.current = None;
-                self.threads[t].ready_at = core.clock;
+                self.threads[t].ready_at = core.clock + self.latency;
+                self.threads[t].arriving = true;
                 self.cores[target].queue.push_back(t);
             }
             SliceEnd::Block { delay, target } => {
                 core.current = None;
                 self.threads[t].ready_at = core.clock + delay;
+                // A migration decided at the same marker: the target pays
+                // its share (the think time hides the latency).
+                self.threads[t].arriving = target.is_some_and(|j| j != k);
                 match target {
                     _ if self.baseline => self.global.push_back(t),
                     Some(j) => self.cores[j].queue.push_back(t),

@@ -207,3 +207,93 @@ fn repeated_streams_run_every_lap() {
         "captured is replayed once"
     );
 }
+
+/// A thread of `visits`: per (stage, blocks) a stage marker and that many
+/// 4-instruction blocks of straight-line code.
+fn thread_of(tid: u32, visits: &[(u16, u64)]) -> ThreadStream {
+    let mut events = Vec::new();
+    let mut instrs = 0;
+    for &(stage, blocks) in visits {
+        events.push(pack_stage(stage));
+        for b in 0..blocks {
+            events.push(pack_fetch(
+                0x100_0000 * (u64::from(stage) + 1) + b * 16,
+                16,
+                4,
+            ));
+            instrs += 4;
+        }
+    }
+    ThreadStream {
+        tid,
+        events,
+        instrs,
+    }
+}
+
+/// `static` on 2 cores (stage `a` on core 0, `b` on core 1) with a cycle
+/// model of exactly one cycle per instruction and free caches, so every
+/// cycle of a replay is accounted for: instructions, the migration's source
+/// and target CPU, and its latency.
+fn exact_static(threads: Vec<ThreadStream>) -> super::SimResult {
+    let instrs = threads.iter().map(|t| t.instrs).sum();
+    let trace = Trace {
+        threads,
+        stages: ["a", "b"]
+            .iter()
+            .enumerate()
+            .map(|(id, name)| StageInfo {
+                id: id as u16,
+                name: name.to_string(),
+            })
+            .collect(),
+        instrs,
+        ..Default::default()
+    };
+    let mut cfg = SimConfig::new(SimPolicy::Static, 2, 1 << 40);
+    cfg.warmup_pct = 0.0;
+    cfg.period = 1 << 40;
+    cfg.migration_cycles = 300;
+    cfg.migration_target_cycles = 200;
+    cfg.migration_latency = 5000;
+    cfg.model = super::CycleModel {
+        base_cpi: 1.0,
+        l2_hit: 0.0,
+        l3_hit: 0.0,
+        memory: 0.0,
+        data_penalty_scale: 0.0,
+    };
+    super::simulate(&trace, &cfg, &mut |_| {}).unwrap()
+}
+
+#[test]
+fn a_migration_costs_source_and_target_cpu_and_its_latency_idles_the_target() {
+    // One thread, 1000 instructions in `a` on core 0, then 1000 in `b` on
+    // core 1: core 0 busy 1000 + 300 (source), the thread runnable on core
+    // 1 at 1300 + 5000 (latency), core 1 busy 200 (target) + 1000 from
+    // then on: the last core ends at 1300 + 5000 + 200 + 1000 = 7500.
+    let r = exact_static(vec![thread_of(0, &[(0, 250), (1, 250)])]);
+    assert_eq!(r.total.counters.migrations, 1);
+    assert_eq!(r.total.counters.migration_cycles, 500);
+    assert_eq!(r.total.cycles, 2500.0);
+    assert_eq!(r.per_core[0].cycles, 1300.0);
+    assert_eq!(r.per_core[1].cycles, 1200.0);
+    assert_eq!(r.window_cycles, 7500.0);
+    assert_eq!(r.throughput_ipc, 2000.0 / 7500.0);
+}
+
+#[test]
+fn a_busy_target_hides_the_latency_but_not_the_cpu() {
+    // Thread 1 keeps core 1 busy for 8000 cycles in `b`; thread 0 leaves
+    // core 0 at 1300 and is runnable at 6300, while core 1 is still busy:
+    // core 1 runs it at 8000 + 200 (target), ends at 9200. The latency
+    // costs nothing; the CPU does.
+    let r = exact_static(vec![
+        thread_of(0, &[(0, 250), (1, 250)]),
+        thread_of(1, &[(1, 2000)]),
+    ]);
+    assert_eq!(r.total.counters.migrations, 1);
+    assert_eq!(r.per_core[0].cycles, 1300.0);
+    assert_eq!(r.per_core[1].cycles, 8000.0 + 200.0 + 1000.0);
+    assert_eq!(r.window_cycles, 9200.0);
+}
