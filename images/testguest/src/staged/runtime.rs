@@ -366,13 +366,9 @@ fn color_shared(vcpu: u32, visit: VisitPolicy) -> bool {
 /// The next thread `vcpu` runs under `visit`, and the stage whose queue it
 /// came from when a [`Visitor`] chose it: FIFO pops its queue; Color its
 /// own queue (new threads, arrivals), then the shared one; the polling
-/// policies threads between requests first, then the stage `visitor`
-/// picks from the per-stage lengths.
-fn pick(
-    vcpu: u32,
-    visit: VisitPolicy,
-    visitor: &mut Visitor,
-) -> Option<(&'static Thread, Option<usize>)> {
+/// policies threads between requests first, then the stage the vCPU's
+/// [`Visitor`] picks from the per-stage lengths.
+fn pick(vcpu: u32, visit: VisitPolicy) -> Option<(&'static Thread, Option<usize>)> {
     let q = &RUNQ[vcpu as usize];
     match visit {
         VisitPolicy::Fifo => q.pop().map(|t| (t, None)),
@@ -386,7 +382,7 @@ fn pick(
             }
             let mut lens = [0u32; MAX_STAGES];
             q.stage_lens(&mut lens);
-            match visitor.next(&lens) {
+            match visitor_on(vcpu, visit).next(&lens) {
                 // A steal may have taken the chosen thread: then any.
                 Some(s) => q
                     .take_class(s)
@@ -452,8 +448,7 @@ fn schedule(vcpu: u32, idle_cfg: &IdleConfig, tsc_khz: u64) {
                 balance(vcpu);
             }
         }
-        let visitor = visitor_on(vcpu, visit);
-        let Some((t, from)) = pick(vcpu, visit, visitor) else {
+        let Some((t, from)) = pick(vcpu, visit) else {
             if LIVE.load(Ordering::SeqCst) == 0 {
                 return;
             }

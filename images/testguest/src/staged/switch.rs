@@ -45,8 +45,10 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
     let mut migrated: Option<u64> = None;
     loop {
         let mut target = cur;
-        let temporal = map_on(cur).is_some_and(|v| v.snap.visit.is_temporal());
-        if let Some(view) = map_on(cur).filter(|v| v.here & (1 << stage) == 0) {
+        // One read of the map per pass (an epoch load when unchanged).
+        let view = map_on(cur);
+        let temporal = view.is_some_and(|v| v.snap.visit.is_temporal());
+        if let Some(view) = view.filter(|v| v.here & (1 << stage) == 0) {
             let map = &view.snap;
             if map.vcpus[stage as usize] == 0 {
                 // No vCPU serves the stage: run it here and say so.
