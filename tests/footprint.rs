@@ -31,6 +31,23 @@ fn stages_config() -> String {
         .to_string()
 }
 
+/// Boots the footprint workload ([`cmdline`]) on 2 vCPUs with the
+/// headline's stage configuration and `args`.
+fn boot_footprint(args: &[&str]) -> (Run, stagevm_report::Report) {
+    let stages = stages_config();
+    let cmdline = cmdline();
+    let mut all = vec![
+        "--cpus",
+        "boot=2",
+        "--stages",
+        &stages,
+        "--cmdline",
+        &cmdline,
+    ];
+    all.extend_from_slice(args);
+    boot_with_report(&all)
+}
+
 /// `thread N: vcpu V, requests R, checksum 0x…` lines: (id, checksum).
 fn thread_checksums(stdout: &str) -> Vec<(u32, u64)> {
     let mut v: Vec<(u32, u64)> = stdout
@@ -58,16 +75,7 @@ fn guest_checksums_equal_the_host_build_under_every_policy() {
     let cpus = 2u32;
     let want = host_checksums(cpus * THREADS_PER_VCPU as u32);
     for policy in ["off", "static"] {
-        let (run, json) = boot_with_report(&[
-            "--cpus",
-            "boot=2",
-            "--stages",
-            &stages_config(),
-            "--policy",
-            policy,
-            "--cmdline",
-            &cmdline(),
-        ]);
+        let (run, json) = boot_footprint(&["--policy", policy]);
         assert!(
             run.stdout.contains(&format!(
                 "footprint workload: 2 stages, {} functions per stage, {} bytes of code",
@@ -134,18 +142,7 @@ fn every_visit_policy_computes_the_host_checksums() {
         ("static", "cohort"),
     ];
     for (policy, visit) in cases {
-        let (run, _) = boot_with_report(&[
-            "--cpus",
-            "boot=2",
-            "--stages",
-            &stages_config(),
-            "--policy",
-            policy,
-            "--visit",
-            visit,
-            "--cmdline",
-            &cmdline(),
-        ]);
+        let (run, _) = boot_footprint(&["--policy", policy, "--visit", visit]);
         let what = format!("{policy} + {visit}");
         assert!(
             run.stdout

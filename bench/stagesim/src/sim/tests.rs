@@ -5,6 +5,18 @@ use super::replay::Replay;
 use super::{BlockRule, SimConfig, SimPolicy};
 use crate::stream::{pack_fetch, pack_stage, StageInfo, ThreadStream, Trace};
 
+/// The trace's stage table for `names` (ids in order).
+fn stage_infos(names: &[&str]) -> Vec<StageInfo> {
+    names
+        .iter()
+        .enumerate()
+        .map(|(id, name)| StageInfo {
+            id: id as u16,
+            name: name.to_string(),
+        })
+        .collect()
+}
+
 /// `threads` identical threads of `blocks` basic blocks (4 instructions,
 /// 16 bytes each, sequential code); with `stage_every`, a `net_read` marker
 /// (stage 0) before every `stage_every`-th block and `work` (stage 1) after.
@@ -31,14 +43,7 @@ fn trace(threads: u32, blocks: u64, stage_every: Option<u64>) -> Trace {
                 instrs,
             })
             .collect(),
-        stages: ["net_read", "work"]
-            .iter()
-            .enumerate()
-            .map(|(id, name)| StageInfo {
-                id: id as u16,
-                name: name.to_string(),
-            })
-            .collect(),
+        stages: stage_infos(&["net_read", "work"]),
         instrs: instrs * u64::from(threads),
         ..Default::default()
     }
@@ -146,14 +151,7 @@ fn two_stage_trace(threads: u32, requests: u64, visit: u64, kib: u64) -> Trace {
                 instrs,
             })
             .collect(),
-        stages: ["a", "b"]
-            .iter()
-            .enumerate()
-            .map(|(id, name)| StageInfo {
-                id: id as u16,
-                name: name.to_string(),
-            })
-            .collect(),
+        stages: stage_infos(&["a", "b"]),
         instrs: instrs * u64::from(threads),
         ..Default::default()
     }
@@ -239,14 +237,7 @@ fn exact_static(threads: Vec<ThreadStream>) -> super::SimResult {
     let instrs = threads.iter().map(|t| t.instrs).sum();
     let trace = Trace {
         threads,
-        stages: ["a", "b"]
-            .iter()
-            .enumerate()
-            .map(|(id, name)| StageInfo {
-                id: id as u16,
-                name: name.to_string(),
-            })
-            .collect(),
+        stages: stage_infos(&["a", "b"]),
         instrs,
         ..Default::default()
     };

@@ -92,9 +92,7 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
             queued = true;
             timed_yield(t, 0);
             cur = t.vcpu.load(Ordering::Relaxed);
-            if t.spilled.load(Ordering::Relaxed) {
-                t.spilled.store(false, Ordering::Relaxed);
-                bump(&VCPU_COUNTS[cur as usize].spills, 1);
+            if took_spill(t, cur) {
                 spilled = true;
                 break;
             }
@@ -116,11 +114,7 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
         // visit policy there).
         queued = true;
         cur = t.vcpu.load(Ordering::Relaxed);
-        // A load, not a swap: no locked instruction on the common path.
-        if t.spilled.load(Ordering::Relaxed) {
-            t.spilled.store(false, Ordering::Relaxed);
-            // An idle vCPU of another stage took it: run the visit there.
-            bump(&VCPU_COUNTS[cur as usize].spills, 1);
+        if took_spill(t, cur) {
             spilled = true;
             break;
         }
@@ -149,6 +143,19 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
         }
     }
     migrated
+}
+
+/// Whether an idle vCPU of another stage took `t` while it waited (a
+/// spill, `runtime::steal`), now running on `cur`: then the mark is taken
+/// and the spill counted there, and the thread runs its visit on `cur`. A
+/// load, not a swap: no locked instruction on the common path.
+fn took_spill(t: &Thread, cur: u32) -> bool {
+    if !t.spilled.load(Ordering::Relaxed) {
+        return false;
+    }
+    t.spilled.store(false, Ordering::Relaxed);
+    bump(&VCPU_COUNTS[cur as usize].spills, 1);
+    true
 }
 
 /// `t` finished its request: reports the exit, leaves its stage and yields
