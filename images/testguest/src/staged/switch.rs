@@ -48,6 +48,9 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
         // One read of the map per pass (an epoch load when unchanged).
         let view = map_on(cur);
         let temporal = view.is_some_and(|v| v.snap.visit.is_temporal());
+        if first {
+            t.temporal.store(temporal, Ordering::Relaxed);
+        }
         if let Some(view) = view.filter(|v| v.here & (1 << stage) == 0) {
             let map = &view.snap;
             if map.vcpus[stage as usize] == 0 {
@@ -171,7 +174,7 @@ pub(super) fn stage_leave(t: &Thread) {
         &VCPU_COUNTS[vcpu as usize].exits,
     );
     t.stage.store(STAGE_NONE, Ordering::Relaxed);
-    if !map_on(vcpu).is_some_and(|v| v.snap.visit.is_temporal()) {
+    if !t.temporal.load(Ordering::Relaxed) {
         timed_yield(t, 0);
     }
 }

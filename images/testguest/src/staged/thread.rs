@@ -81,6 +81,11 @@ pub(super) struct Thread {
     /// current stage visit there and follows the map again at its next
     /// switch. Taken (cleared) by the stage switch when it resumes.
     pub(super) spilled: AtomicBool,
+    /// Whether the map's visit policy was temporal at its last stage switch
+    /// (then it does not yield at the end of its request: it yields at its
+    /// next switch, into that stage's queue). Its own line: no map read at
+    /// every request's end.
+    pub(super) temporal: AtomicBool,
     /// Set when all its requests are done.
     pub(super) done: AtomicBool,
     /// Checksum of its requests (final once `done`).
@@ -125,6 +130,7 @@ pub(super) fn new_thread(
             migrate_to: AtomicU32::new(NONE),
             stage: AtomicU32::new(STAGE_NONE),
             spilled: AtomicBool::new(false),
+            temporal: AtomicBool::new(false),
             done: AtomicBool::new(false),
             checksum: AtomicU64::new(0),
             id,
