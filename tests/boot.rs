@@ -153,3 +153,41 @@ fn serial_goes_to_a_file() {
         [(0, 3, 1000, expected_checksum(0, 1000))]
     );
 }
+
+/// The JSON report says which layout and which `stagevm` wrote it, when the
+/// VM started (the host's clock) and how long it ran (issue 28).
+#[test]
+fn the_report_names_its_schema_version_start_and_duration() {
+    let before = std::time::SystemTime::now();
+    let t0 = std::time::Instant::now();
+    let (_, report) = boot_with_report(&["--cpus", "boot=1", "--cmdline", "iters=1000"]);
+    let (after, took) = (std::time::SystemTime::now(), t0.elapsed());
+    let ms = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+    };
+    assert_eq!(report.schema, stagevm_report::REPORT_SCHEMA);
+    assert_eq!(report.stagevm_version, env!("CARGO_PKG_VERSION"));
+    assert!(
+        (ms(before)..=ms(after)).contains(&report.started_unix_ms),
+        "started {} not in [{}, {}]",
+        report.started_unix_ms,
+        ms(before),
+        ms(after)
+    );
+    assert!(
+        report.duration_ms <= took.as_millis() as u64,
+        "ran {} ms in a {} ms test",
+        report.duration_ms,
+        took.as_millis()
+    );
+    // The serialised form carries them by name.
+    let json = serde_json::to_value(&report).unwrap();
+    for key in [
+        "schema",
+        "stagevm_version",
+        "started_unix_ms",
+        "duration_ms",
+    ] {
+        assert!(json.get(key).is_some(), "no {key} in {json}");
+    }
+}

@@ -65,6 +65,10 @@ pub struct RunOutcome {
     pub sched: SchedReport,
     /// Per virtio-blk disk, its counters.
     pub disks: Vec<BlockReport>,
+    /// When the VM started to run (the host's clock).
+    pub started: std::time::SystemTime,
+    /// How long it ran, from starting its vCPUs to its end.
+    pub duration: Duration,
 }
 
 impl RunOutcome {
@@ -72,6 +76,13 @@ impl RunOutcome {
     /// no copy of a long run's timeline).
     pub fn into_report(self) -> Report {
         Report {
+            schema: stagevm_report::REPORT_SCHEMA,
+            stagevm_version: env!("CARGO_PKG_VERSION").to_string(),
+            started_unix_ms: self
+                .started
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            duration_ms: self.duration.as_millis() as u64,
             exit_code: self.exit.exit_code(),
             exit: self.exit.describe(),
             stage_channel: self.channel,
@@ -122,10 +133,11 @@ impl Vmm {
         let sched = self.sched.clone();
         let main_cpu = crate::sched::ThreadCpu::start(sched.pinner());
         let stop = Arc::new(AtomicBool::new(false));
+        let started = (std::time::SystemTime::now(), Instant::now());
         let threads = self.start_threads(&stop)?;
         crate::seccomp::install(ThreadKind::Main, self.seccomp).map_err(std::io::Error::other)?;
         self.wait_for_exit(&signals)?;
-        Ok(self.shutdown(&stop, threads, main_cpu))
+        Ok(self.shutdown(&stop, threads, main_cpu, started))
     }
 
     fn start_threads(&mut self, stop: &Arc<AtomicBool>) -> Result<Threads, VmmError> {
@@ -269,6 +281,7 @@ impl Vmm {
         stop: &AtomicBool,
         threads: Threads,
         main_cpu: crate::sched::ThreadCpu<'_>,
+        (started, t0): (std::time::SystemTime, Instant),
     ) -> RunOutcome {
         stop.store(true, Ordering::Release);
         if let Some(device) = self.sched.device() {
@@ -311,6 +324,8 @@ impl Vmm {
             channel,
             sched,
             disks: self.bus.block_reports(),
+            started,
+            duration: t0.elapsed(),
         }
     }
 }

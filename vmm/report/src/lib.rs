@@ -348,6 +348,20 @@ pub struct BlockReport {
 /// The JSON report of one run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
+    /// Version of the report's layout ([`REPORT_SCHEMA`]); 0 in a report
+    /// written before the field existed.
+    #[serde(default)]
+    pub schema: u32,
+    /// The `stagevm` that wrote it (its package version).
+    #[serde(default)]
+    pub stagevm_version: String,
+    /// When the VM started to run (ms since the Unix epoch, UTC; the host's
+    /// clock).
+    #[serde(default)]
+    pub started_unix_ms: u64,
+    /// How long the VM ran (ms), from starting its vCPUs to its end.
+    #[serde(default)]
+    pub duration_ms: u64,
     /// Exit status of `stagevm`.
     pub exit_code: u8,
     /// How the VM ended, as text.
@@ -363,6 +377,11 @@ pub struct Report {
     #[serde(default)]
     pub log_lines_suppressed: u64,
 }
+
+/// The report layout's version ([`Report::schema`]): 1 is the first
+/// versioned layout (issue 28). A field added later that older readers can
+/// ignore keeps the number; a change of a field's meaning raises it.
+pub const REPORT_SCHEMA: u32 = 1;
 
 /// Why a report file could not be read or written.
 #[derive(Debug)]
