@@ -499,6 +499,13 @@ fn visit_policy_is_shown_and_changed_live() {
         text
     };
     let text = metrics();
+    // Info gauges carry `_info` (Prometheus' naming rule), the vCPUs'
+    // cores among them.
+    assert!(
+        text.contains("# TYPE stagevm_vcpu_core_info gauge")
+            && text.contains("stagevm_vcpu_core_info{core=\"0\",vcpu=\"0\"} 1"),
+        "{text}"
+    );
     assert!(
         text.contains("# TYPE stagevm_visit_policy_info gauge")
             && text.contains("stagevm_visit_policy_info{policy=\"cohort\"} 1"),

@@ -10,7 +10,7 @@
 //! | `stagevm_stage_occupancy_seconds_total` | counter | `stage` | `stages[].occupancy_ns` / 1e9 |
 //! | `stagevm_stage_occupancy_ratio` | gauge | `stage` | `occupancy_ns` / (`busy_ns` × vCPUs) |
 //! | `stagevm_stage_vcpus` | gauge | `stage` | `sched.stages[].vcpus` (count) |
-//! | `stagevm_vcpu_core` | gauge (1) | `vcpu`, `core` | `sched.vcpus[].affinity` |
+//! | `stagevm_vcpu_core_info` | gauge (1) | `vcpu`, `core` | `sched.vcpus[].affinity` |
 //! | `stagevm_ring_events_total` | counter | — | `vcpus[].events` summed |
 //! | `stagevm_ring_dropped_total` | counter | — | `dropped` |
 //! | `stagevm_requests_total` | counter | — | `requests` |
@@ -179,7 +179,7 @@ pub fn render(view: &StagesView, log_lines_suppressed: u64) -> prometheus::Resul
     visit.with_label_values(&[&s.visit]).set(1);
     b.registry.register(Box::new(visit))?;
     let core = b.gauge_vec(
-        "stagevm_vcpu_core",
+        "stagevm_vcpu_core_info",
         "1 for each core a vCPU thread may run on (its affinity)",
         &["vcpu", "core"],
     )?;
