@@ -274,14 +274,13 @@ impl Visitor {
                 return Some(r);
             }
         }
-        let mut s = self.current.unwrap_or(0);
         if self.current.is_none() && lens[0] > 0 {
             return Some(0);
         }
-        for _ in 0..2 * n {
-            if n == 1 {
-                break;
-            }
+        let mut s = self.current.unwrap_or(0).min(n - 1);
+        // Two sweeps visit every stage; with one stage there is nowhere to go.
+        let steps = if n > 1 { 2 * n } else { 0 };
+        for _ in 0..steps {
             if self.up && s + 1 >= n {
                 self.up = false;
             } else if !self.up && s == 0 {

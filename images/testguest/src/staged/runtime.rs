@@ -401,10 +401,12 @@ fn visitor_on(vcpu: u32, visit: VisitPolicy) -> &'static mut Visitor {
     // SAFETY: vCPU `vcpu`'s own entry (see `VisitorCell`); its scheduler
     // loop holds the reference only between two picks.
     let cell = unsafe { &mut *VISITORS[vcpu as usize].0.get() };
-    let stages = agent()
-        .layout()
-        .map_or(MAX_STAGES, |l| l.num_stages as usize);
-    let v = cell.get_or_insert_with(|| Visitor::new(visit, stages));
+    let v = cell.get_or_insert_with(|| {
+        let stages = agent()
+            .layout()
+            .map_or(MAX_STAGES, |l| l.num_stages as usize);
+        Visitor::new(visit, stages)
+    });
     v.set_policy(visit);
     v
 }
