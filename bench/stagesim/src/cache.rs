@@ -162,6 +162,21 @@ impl Cache {
             .collect()
     }
 
+    /// Removes line number `line` if present (the entries behind it move up
+    /// one place and the set's last entry becomes empty); `true` if it was
+    /// there. Used when another core writes the line
+    /// ([`crate::sim::SimConfig`]'s transfer model).
+    pub fn invalidate_line(&mut self, line: u64) -> bool {
+        let base = (line & self.set_mask) as usize * self.ways;
+        let set = &mut self.tags[base..base + self.ways];
+        let Some(i) = set.iter().position(|&t| t == line) else {
+            return false;
+        };
+        set.copy_within(i + 1.., i);
+        set[set.len() - 1] = INVALID;
+        true
+    }
+
     /// Empties the cache.
     pub fn clear(&mut self) {
         self.tags.fill(INVALID);
@@ -273,6 +288,16 @@ impl CoreCaches {
         access(&mut self.last_iline, &mut self.l1i, &mut self.l2, l3, line)
     }
 
+    /// Drops data line `line` from this core's L1d and L2 (another core wrote
+    /// it). Instruction lines are never written, so L1i keeps its lines.
+    pub fn invalidate_data(&mut self, line: u64) {
+        if self.last_dline == line {
+            self.last_dline = INVALID;
+        }
+        self.l1d.invalidate_line(line);
+        self.l2.invalidate_line(line);
+    }
+
     /// Data access (load or store) of line number `line` through L1d → L2 → `l3`.
     #[inline]
     pub fn data_line(&mut self, line: u64, l3: Option<&mut Cache>) -> Level {
@@ -357,6 +382,23 @@ mod tests {
         assert!(c.access(0x1000));
         assert!(c.access(0x103f)); // same 64 B line
         assert!(!c.access(0x1040)); // next line, other set
+    }
+
+    #[test]
+    fn an_invalidated_line_misses_and_its_set_keeps_the_others_in_order() {
+        // Set 0 holds 512 (MRU) and 256; dropping 512 leaves 256 alone, so
+        // 0 then fills the free way without evicting 256.
+        let mut c = tiny();
+        for a in [0u64, 256, 512] {
+            c.access(a);
+        }
+        assert!(c.invalidate_line(512 >> 6));
+        assert!(!c.invalidate_line(512 >> 6));
+        assert_eq!(c.set_contents(0), vec![256]);
+        assert!(!c.access(512));
+        assert!(c.access(256));
+        assert!(!c.access(0));
+        assert_eq!(c.set_contents(0), vec![0, 256]);
     }
 
     #[test]

@@ -140,6 +140,10 @@ pub struct ModelArgs {
     /// Factor on data-miss penalties.
     #[arg(long, default_value_t = 1.0)]
     pub data_penalty_scale: f64,
+    /// Penalty of a data line last written on another core (a cross-core
+    /// transfer, instead of the L3 hit), cycles; 0 = no transfer model.
+    #[arg(long, default_value_t = 0.0)]
+    pub transfer_cycles: f64,
 }
 
 impl ModelArgs {
@@ -165,6 +169,7 @@ impl ModelArgs {
             l3_hit: self.l3_cycles,
             memory: self.mem_cycles,
             data_penalty_scale: self.data_penalty_scale,
+            transfer: self.transfer_cycles,
         }
     }
 }

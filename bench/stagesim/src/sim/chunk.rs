@@ -4,8 +4,9 @@
 //! min-visit variant's oracle rule).
 
 use crate::cache::{Cache, CoreCaches, Level};
-use crate::stream::{ev_instrs, EV_DATA, EV_FETCH, EV_STAGE};
+use crate::stream::{ev_instrs, ev_is_store, EV_DATA, EV_FETCH, EV_STAGE};
 
+use super::coherence::Coherence;
 use super::Counters;
 
 /// Why [`run_chunk`] returned.
@@ -58,15 +59,19 @@ fn access_lines(
     }
 }
 
-/// Runs `events[*pos..]` on one core until `limit` instructions have run, a
-/// stage marker is consumed or the stream ends; counts into `c`.
+/// Runs `events[*pos..]` on core `k` (its private caches: `core`) until
+/// `limit` instructions have run, a stage marker is consumed or the stream
+/// ends; counts into `c`. With `coh`, data accesses go through the
+/// cross-core transfer model ([`Coherence`]).
+#[allow(clippy::too_many_arguments)]
 #[inline(never)]
 pub(super) fn run_chunk(
     events: &[u64],
     pos: &mut usize,
     limit: u64,
-    core: &mut CoreCaches,
+    (k, core): (usize, &mut CoreCaches),
     mut l3: Option<&mut Cache>,
+    mut coh: Option<&mut Coherence>,
     shift: u32,
     c: &mut Counters,
 ) -> Stop {
@@ -94,15 +99,25 @@ pub(super) fn run_chunk(
                     |line| core.fetch_line(line, l3.as_deref_mut()),
                 );
             }
-            EV_DATA => access_lines(
-                addr,
-                (ev >> 48) & 0xff,
-                shift,
-                has_l3,
-                &mut c.data_lines,
-                [&mut c.l1d_misses, &mut c.l2d_misses, &mut c.l3d_misses],
-                |line| core.data_line(line, l3.as_deref_mut()),
-            ),
+            EV_DATA => {
+                let store = ev_is_store(ev);
+                let xfer = &mut c.xfer_lines;
+                access_lines(
+                    addr,
+                    (ev >> 48) & 0xff,
+                    shift,
+                    has_l3,
+                    &mut c.data_lines,
+                    [&mut c.l1d_misses, &mut c.l2d_misses, &mut c.l3d_misses],
+                    |line| {
+                        let level = core.data_line(line, l3.as_deref_mut());
+                        if let Some(coh) = coh.as_deref_mut() {
+                            *xfer += u64::from(coh.access(k, line, store, level));
+                        }
+                        level
+                    },
+                )
+            }
             EV_STAGE => {
                 *pos = p;
                 return Stop::Stage((ev & 0xffff) as usize);

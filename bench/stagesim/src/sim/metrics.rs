@@ -24,6 +24,16 @@ pub struct CycleModel {
     /// Factor on data-miss penalties (default 1.0; below 1 models
     /// out-of-order overlap of data misses, which instruction misses lack).
     pub data_penalty_scale: f64,
+    /// Penalty of a data access that misses this core's L1d and L2 while
+    /// the line was last written on another core (a cross-core transfer,
+    /// charged instead of `l3_hit`), cycles. 0 (the default) turns the
+    /// transfer model off: such lines cost like any L2 miss and a write does
+    /// not invalidate other cores' copies (`sim/coherence.rs`). Issue 25
+    /// uses 150 (60 ns at 2.5 GHz: the 60–100 ns per cross-core transfer
+    /// that bench/RESULTS.md's saturated migration analysis assumes for this
+    /// Xeon, at its low end).
+    #[serde(default)]
+    pub transfer: f64,
 }
 
 impl Default for CycleModel {
@@ -34,6 +44,7 @@ impl Default for CycleModel {
             l3_hit: 50.0,
             memory: 200.0,
             data_penalty_scale: 1.0,
+            transfer: 0.0,
         }
     }
 }
@@ -48,7 +59,9 @@ impl CycleModel {
         };
         c.instrs as f64 * self.base_cpi
             + pen(c.l1i_misses, c.l2i_misses, c.l3i_misses)
-            + self.data_penalty_scale * pen(c.l1d_misses, c.l2d_misses, c.l3d_misses)
+            + self.data_penalty_scale
+                * (pen(c.l1d_misses, c.l2d_misses, c.l3d_misses)
+                    + c.xfer_lines as f64 * (self.transfer - self.l3_hit))
             + c.migration_cycles as f64
     }
 }
@@ -74,6 +87,10 @@ pub struct Counters {
     pub l2d_misses: u64,
     /// Data accesses that missed every level including L3 (0 without L3).
     pub l3d_misses: u64,
+    /// Data accesses that missed L1d and L2 and found the line last written
+    /// on another core (counted only with [`CycleModel::transfer`] > 0).
+    #[serde(default)]
+    pub xfer_lines: u64,
     /// Thread migrations (see the module docs for attribution).
     pub migrations: u64,
     /// Cycles spent migrating.
@@ -98,6 +115,7 @@ impl Counters {
         self.l1d_misses += o.l1d_misses;
         self.l2d_misses += o.l2d_misses;
         self.l3d_misses += o.l3d_misses;
+        self.xfer_lines += o.xfer_lines;
         self.migrations += o.migrations;
         self.migration_cycles += o.migration_cycles;
         self.kept += o.kept;
@@ -122,6 +140,10 @@ pub struct Metrics {
     pub l1d_mpki: f64,
     /// L2 data misses per 1000 instructions.
     pub l2d_mpki: f64,
+    /// Cross-core line transfers per 1000 instructions (0 unless
+    /// [`CycleModel::transfer`] > 0).
+    #[serde(default)]
+    pub xfer_pki: f64,
     /// Migrations per 1000 instructions.
     pub migrations_pki: f64,
     /// Instructions per busy cycle.
@@ -145,6 +167,7 @@ impl Metrics {
             l3i_mpki: c.l3i_misses as f64 * k,
             l1d_mpki: c.l1d_misses as f64 * k,
             l2d_mpki: c.l2d_misses as f64 * k,
+            xfer_pki: c.xfer_lines as f64 * k,
             migrations_pki: c.migrations as f64 * k,
             ipc: if cycles > 0.0 {
                 c.instrs as f64 / cycles

@@ -106,6 +106,7 @@ use host_sched::policy::PolicyKind;
 
 mod account;
 mod chunk;
+mod coherence;
 mod metrics;
 mod plans;
 mod replay;

@@ -12,6 +12,7 @@ use crate::stream::{ev_instrs, Trace, EV_FETCH};
 
 use super::account::Account;
 use super::chunk::{run_chunk, visit_ahead, Stop};
+use super::coherence::Coherence;
 use super::plans::Plans;
 use super::sched::{Sched, SliceEnd, Source};
 use super::{Counters, SimConfig, SimPolicy, SimResult, VisitRule, HISTORY_WEIGHT};
@@ -61,6 +62,12 @@ fn validate(cfg: &SimConfig) -> anyhow::Result<()> {
     anyhow::ensure!(
         cfg.period >= 1,
         "policy period = 0: must be ≥ 1 instruction"
+    );
+    anyhow::ensure!(
+        cfg.model.transfer == 0.0 || cfg.model.transfer >= cfg.model.l3_hit,
+        "transfer = {} cycles: must be 0 (off) or ≥ the L3 hit's {} cycles",
+        cfg.model.transfer,
+        cfg.model.l3_hit
     );
     cfg.caches.validate()?;
     Ok(())
@@ -126,6 +133,8 @@ pub(super) struct Replay<'a> {
     ends: Vec<usize>,
     sched: Sched,
     l3: Option<Cache>,
+    /// The cross-core transfer model, when [`super::CycleModel::transfer`] > 0.
+    coh: Option<Coherence>,
     /// The staged policies' plans (`None`: baseline, pinned).
     plans: Option<Plans>,
     /// Idle stealing on (staged policies only).
@@ -180,6 +189,7 @@ impl<'a> Replay<'a> {
             ends,
             sched,
             l3,
+            coh: (cfg.model.transfer > 0.0).then(|| Coherence::new(n)),
             steal: cfg.steal && plans.is_some(),
             plans,
             acct: Account::new(n, ns, total, cfg.warmup_pct),
@@ -302,12 +312,17 @@ impl<'a> Replay<'a> {
         let mut delta = Counters::default();
         let thread = &mut self.sched.threads[t];
         let stage = thread.stage;
+        let caches = &mut self.sched.cores[k].caches;
+        if let Some(coh) = &mut self.coh {
+            coh.apply_pending(k, caches);
+        }
         let stop = run_chunk(
             events,
             &mut thread.pos,
             lim,
-            &mut self.sched.cores[k].caches,
+            (k, caches),
             self.l3.as_mut(),
+            self.coh.as_mut(),
             self.shift,
             &mut delta,
         );

@@ -3,7 +3,7 @@
 
 use super::replay::Replay;
 use super::{BlockRule, SimConfig, SimPolicy};
-use crate::stream::{pack_fetch, pack_stage, StageInfo, ThreadStream, Trace};
+use crate::stream::{pack_data, pack_fetch, pack_stage, StageInfo, ThreadStream, Trace};
 
 /// The trace's stage table for `names` (ids in order).
 fn stage_infos(names: &[&str]) -> Vec<StageInfo> {
@@ -234,6 +234,12 @@ fn thread_of(tid: u32, visits: &[(u16, u64)]) -> ThreadStream {
 /// cycle of a replay is accounted for: instructions, the migration's source
 /// and target CPU, and its latency.
 fn exact_static(threads: Vec<ThreadStream>) -> super::SimResult {
+    exact_static_with(threads, 0.0)
+}
+
+/// [`exact_static`] with a cross-core transfer cost of `transfer` cycles
+/// (misses themselves free).
+fn exact_static_with(threads: Vec<ThreadStream>, transfer: f64) -> super::SimResult {
     let instrs = threads.iter().map(|t| t.instrs).sum();
     let trace = Trace {
         threads,
@@ -252,7 +258,8 @@ fn exact_static(threads: Vec<ThreadStream>) -> super::SimResult {
         l2_hit: 0.0,
         l3_hit: 0.0,
         memory: 0.0,
-        data_penalty_scale: 0.0,
+        data_penalty_scale: 1.0,
+        transfer,
     };
     super::simulate(&trace, &cfg, &mut |_| {}).unwrap()
 }
@@ -287,4 +294,44 @@ fn a_busy_target_hides_the_latency_but_not_the_cpu() {
     assert_eq!(r.per_core[0].cycles, 1300.0);
     assert_eq!(r.per_core[1].cycles, 8000.0 + 200.0 + 1000.0);
     assert_eq!(r.window_cycles, 9200.0);
+}
+
+#[test]
+fn a_line_written_on_the_core_a_thread_left_costs_a_transfer_each_way() {
+    // Stage a on core 0 stores line X; stage b on core 1 loads it (an L2
+    // miss owned by core 0: a transfer) and stores it (core 0's copy is
+    // dropped); back in stage a, core 0 loads it again: a second transfer.
+    // With 1 cycle per instruction, free misses and a 100-cycle transfer,
+    // each transfer adds exactly 100 cycles to its core.
+    let thread = || {
+        let x = 0x7000_0000;
+        let mut events = Vec::new();
+        for (stage, store) in [(0u16, true), (1, true), (0, false)] {
+            events.push(pack_stage(stage));
+            events.push(pack_fetch(0x100_0000 * (u64::from(stage) + 1), 16, 4));
+            events.push(pack_data(x, 8, false));
+            if store {
+                events.push(pack_data(x, 8, true));
+            }
+            // The replay stops at its last instruction: data after it would
+            // not be replayed.
+            events.push(pack_fetch(0x100_0000 * (u64::from(stage) + 1) + 16, 16, 4));
+        }
+        ThreadStream {
+            tid: 0,
+            events,
+            instrs: 24,
+        }
+    };
+    let r = exact_static_with(vec![thread()], 100.0);
+    assert_eq!(r.total.counters.xfer_lines, 2);
+    assert_eq!(r.per_core[1].counters.xfer_lines, 1);
+    // Core 0: 16 instructions, the source's 300 of the first migration,
+    // the target's 200 of the second, 1 transfer; core 1 the other halves.
+    assert_eq!(r.per_core[0].cycles, 16.0 + 300.0 + 200.0 + 100.0);
+    assert_eq!(r.per_core[1].cycles, 8.0 + 200.0 + 300.0 + 100.0);
+    // Without the transfer model the same replay has no transfers.
+    let r = exact_static(vec![thread()]);
+    assert_eq!(r.total.counters.xfer_lines, 0);
+    assert_eq!(r.per_core[0].cycles, 16.0 + 300.0 + 200.0);
 }
