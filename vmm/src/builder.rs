@@ -396,6 +396,62 @@ fn attach_disks(
     Ok(blocks)
 }
 
+/// Step 7b: opens every `--net` tap and places its device after the disks
+/// (slot `first` + index), bound and described as the disks are: an
+/// ioeventfd with data match per queue (else MMIO exits), an irqfd for a
+/// Linux guest, the DSDT or the command line. Returns each device with
+/// whether its ioeventfds were bound.
+fn attach_nets(
+    vm_fd: &VmFd,
+    config: &VmConfig,
+    cmdline: &mut String,
+    linux_boot: bool,
+    acpi: bool,
+) -> Result<Vec<(Arc<virtio::net::MmioNet>, bool)>, VmmError> {
+    let mut nets = Vec::new();
+    for (i, net) in config.nets.iter().enumerate() {
+        let spec = match (&net.tap, net.fd) {
+            (_, Some(fd)) => format!("fd={fd}"),
+            (Some(tap), None) => format!("tap={tap}"),
+            (None, None) => String::new(),
+        };
+        let net_err = |reason: String| VmmError::Net {
+            spec: spec.clone(),
+            reason,
+        };
+        let tap = match (&net.tap, net.fd) {
+            (_, Some(fd)) => virtio::net::tap::Tap::from_fd(fd),
+            (Some(name), None) => virtio::net::tap::Tap::open(name),
+            (None, None) => Err("no tap= or fd=".into()),
+        }
+        .map_err(net_err)?;
+        let (base, gsi) = virtio::slot(config.disks.len() + i);
+        let mac = net.mac.unwrap_or_else(virtio::net::generate_mac);
+        let mut dev = virtio::net::MmioNet::new(format!("net{i}"), base, mac, tap)?;
+        if linux_boot {
+            let irq = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK)?;
+            vm_fd
+                .register_irqfd(&irq, gsi)
+                .map_err(kvm_err("KVM_IRQFD for a virtio-net device"))?;
+            dev.set_irq(irq);
+        }
+        if !acpi {
+            append_word(cmdline, &dev.cmdline_word(gsi));
+        }
+        let mut ioeventfd = true;
+        for (q, fd) in dev.notify.iter().enumerate() {
+            ioeventfd &= vm_fd
+                .register_ioevent(fd, &kvm_ioctls::IoEventAddress::Mmio(base + 0x50), q as u32)
+                .map_err(|e| {
+                    tracing::info!("ioeventfd refused ({e}): notifications via MMIO exits")
+                })
+                .is_ok();
+        }
+        nets.push((Arc::new(dev), ioeventfd));
+    }
+    Ok(nets)
+}
+
 fn append_word(cmdline: &mut String, word: &str) {
     if !cmdline.is_empty() {
         cmdline.push(' ');
@@ -438,7 +494,7 @@ fn write_boot_structures(
     linux::write_common(memory, cmdline).map_err(memory_err)?;
     let devices = crate::arch::x86_64::acpi::Devices {
         serial: Some((hypercall_abi::platform::SERIAL_PORT_BASE, linux::SERIAL_GSI)),
-        virtio_mmio: (0..config.disks.len())
+        virtio_mmio: (0..config.disks.len() + config.nets.len())
             .map(|i| {
                 let (base, gsi) = virtio::slot(i);
                 (base, virtio::MMIO_SIZE as u32, gsi)
@@ -494,6 +550,7 @@ pub fn build(config: &VmConfig) -> Result<Vmm, VmmError> {
     // is off (then from the command line, with the legacy PIC routing them).
     let acpi = linux.is_some() && !cmdline.split_whitespace().any(|w| w == "acpi=off");
     let blocks = attach_disks(&vm_fd, config, &mut cmdline, linux.is_some(), acpi)?;
+    let nets = attach_nets(&vm_fd, config, &mut cmdline, linux.is_some(), acpi)?;
     if linux.is_some() && tsc_khz != 0 && !cmdline.contains("tsc_early_khz=") {
         // The kernel calibrates its TSC against the PIT, which fails when
         // its kernel mode is emulated: tell it KVM's TSC rate.
@@ -524,6 +581,9 @@ pub fn build(config: &VmConfig) -> Result<Vmm, VmmError> {
     let mut bus = Bus::new(&config.serial, stage.clone(), linux.is_some())?;
     for (block, ioeventfd) in blocks {
         bus.add_block(block, ioeventfd);
+    }
+    for (net, ioeventfd) in nets {
+        bus.add_net(net, ioeventfd);
     }
     if linux.is_some() {
         let fd = bus.serial_irq_fd()?;

@@ -278,6 +278,100 @@ impl FromStr for DiskConfig {
     }
 }
 
+/// `--net tap=NAME[,mac=MAC][,fd=N]`: a virtio-net device over a tap (Cloud
+/// Hypervisor's syntax). `tap=` names the interface to open (or create);
+/// `fd=` hands over a tap queue already open in this process (then `tap=`
+/// is optional, only a label); `mac=` is the guest's MAC (default: a
+/// random locally administered one).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetConfig {
+    /// The tap interface's name (≤ 15 bytes).
+    pub tap: Option<String>,
+    /// The MAC offered to the guest.
+    pub mac: Option<[u8; 6]>,
+    /// An open tap descriptor to use instead of opening `tap`.
+    pub fd: Option<i32>,
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff` (a unicast address, not all zeros).
+fn parse_mac(v: &str) -> Result<[u8; 6], ConfigError> {
+    let bad = |reason: &str| ConfigError::Invalid {
+        what: "mac",
+        value: v.into(),
+        reason: reason.into(),
+    };
+    let mut mac = [0u8; 6];
+    let mut parts = v.split(':');
+    for b in mac.iter_mut() {
+        let part = parts
+            .next()
+            .ok_or_else(|| bad("expected six hex bytes aa:bb:cc:dd:ee:ff"))?;
+        if part.len() != 2 {
+            return Err(bad("expected six hex bytes aa:bb:cc:dd:ee:ff"));
+        }
+        *b = u8::from_str_radix(part, 16)
+            .map_err(|_| bad("expected six hex bytes aa:bb:cc:dd:ee:ff"))?;
+    }
+    if parts.next().is_some() {
+        return Err(bad("expected six hex bytes aa:bb:cc:dd:ee:ff"));
+    }
+    if mac[0] & 1 != 0 {
+        return Err(bad("a multicast address cannot be a NIC's"));
+    }
+    if mac == [0; 6] {
+        return Err(bad("the all-zero address cannot be a NIC's"));
+    }
+    Ok(mac)
+}
+
+impl FromStr for NetConfig {
+    type Err = ConfigError;
+
+    fn from_str(value: &str) -> Result<Self, ConfigError> {
+        let mut net = Self {
+            tap: None,
+            mac: None,
+            fd: None,
+        };
+        for (key, v) in key_values(value, "tap=NAME[,mac=MAC][,fd=N]")? {
+            match key {
+                "tap" if v.is_empty() || v.len() > 15 || v.contains('/') => {
+                    return Err(ConfigError::Invalid {
+                        what: "tap",
+                        value: v.into(),
+                        reason: "an interface name is 1 to 15 bytes without '/'".into(),
+                    })
+                }
+                "tap" => net.tap = Some(v.into()),
+                "mac" => net.mac = Some(parse_mac(v)?),
+                "fd" => {
+                    net.fd = Some(v.parse().ok().filter(|fd| *fd >= 0).ok_or_else(|| {
+                        ConfigError::Invalid {
+                            what: "fd",
+                            value: v.into(),
+                            reason: "expected a descriptor number".into(),
+                        }
+                    })?)
+                }
+                _ => {
+                    return Err(ConfigError::UnknownKey {
+                        key: key.into(),
+                        value: value.into(),
+                        expected: "tap, mac, fd",
+                    })
+                }
+            }
+        }
+        if net.tap.is_none() && net.fd.is_none() {
+            return Err(ConfigError::MissingKey {
+                key: "tap",
+                value: value.into(),
+            });
+        }
+        Ok(net)
+    }
+}
+
 /// `--boot-mode auto|unikernel|pvh|bzimage`: which boot protocol starts the
 /// guest.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -400,6 +494,9 @@ pub struct VmConfig {
     pub sched: host_sched::vm::Setup,
     /// virtio-blk disks, in order (`blk0`, `blk1`, …).
     pub disks: Vec<DiskConfig>,
+    /// virtio-net devices, in order (`net0`, `net1`, …), placed after the
+    /// disks.
+    pub nets: Vec<NetConfig>,
     /// Boot protocol (`--boot-mode`).
     pub boot_mode: BootMode,
     /// Initial RAM disk for Linux boots (`--initramfs`), loaded at the top of
@@ -475,6 +572,29 @@ mod tests {
         assert!("size=4G".parse::<MemoryConfig>().is_err());
         assert!("size=1000".parse::<MemoryConfig>().is_err());
         assert!("size=0".parse::<MemoryConfig>().is_err());
+    }
+
+    #[test]
+    fn net_forms() {
+        let n: NetConfig = "tap=tap0,mac=52:54:00:12:34:56".parse().unwrap();
+        assert_eq!(n.tap.as_deref(), Some("tap0"));
+        assert_eq!(n.mac, Some([0x52, 0x54, 0, 0x12, 0x34, 0x56]));
+        assert_eq!("fd=3".parse::<NetConfig>().unwrap().fd, Some(3));
+        for (bad, needle) in [
+            ("mac=52:54:00:12:34:56", "tap"),
+            ("tap=tap0,mac=01:00:00:00:00:01", "01:00:00:00:00:01"),
+            ("tap=tap0,mac=52:54:00:12:34", "52:54:00:12:34"),
+            ("tap=tap0,mac=zz:54:00:12:34:56", "zz:54"),
+            (
+                "tap=a-very-long-interface-name",
+                "a-very-long-interface-name",
+            ),
+            ("tap=tap0,fd=-1", "-1"),
+            ("tap=tap0,queues=2", "queues"),
+        ] {
+            let e = bad.parse::<NetConfig>().unwrap_err().to_string();
+            assert!(e.contains(needle), "{bad}: {e}");
+        }
     }
 
     #[test]

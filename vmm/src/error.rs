@@ -109,6 +109,14 @@ pub enum VmmError {
         /// Why.
         reason: String,
     },
+    /// A `--net` tap cannot be used.
+    #[error("--net {spec}: {reason}")]
+    Net {
+        /// The option's tap (`tap=NAME` or `fd=N`).
+        spec: String,
+        /// Why.
+        reason: String,
+    },
     /// Guest memory could not be set up.
     #[error("guest memory: {0}")]
     Memory(String),

@@ -67,6 +67,13 @@ struct Cli {
     #[arg(long, value_name = "path=FILE[,readonly=on]")]
     disk: Vec<stagevm::config::DiskConfig>,
 
+    /// A virtio-net device over a tap (repeatable): tap=NAME[,mac=MAC][,fd=N].
+    /// fd= hands over an open tap queue (IFF_TAP|IFF_NO_PI|IFF_VNET_HDR);
+    /// without mac= a random locally administered MAC is used. Devices are
+    /// placed after the disks.
+    #[arg(long, value_name = "tap=NAME[,mac=MAC][,fd=N]")]
+    net: Vec<stagevm::config::NetConfig>,
+
     /// Run without the stage device: the guest's REGISTER fails and its agent
     /// falls back to a no-op.
     #[arg(long)]
@@ -285,6 +292,7 @@ fn main() -> ExitCode {
         stage_trace: cli.stage_trace,
         sched,
         disks: cli.disk.clone(),
+        nets: cli.net.clone(),
         boot_mode: cli.boot_mode,
         initramfs: cli.initramfs,
         seccomp: cli.seccomp,
@@ -309,6 +317,7 @@ fn main() -> ExitCode {
                 "{}",
                 stagevm_report::summary(outcome.channel.as_ref(), &outcome.sched, &outcome.disks)
             );
+            eprint!("{}", stagevm_report::net_summary(&outcome.nets));
             let suppressed = stagevm::ratelimit::suppressed();
             if suppressed > 0 {
                 eprintln!("stagevm: {suppressed} guest-triggered log lines suppressed (at most {} per {} s per message)", stagevm::ratelimit::BURST, stagevm::ratelimit::WINDOW_NS / 1_000_000_000);

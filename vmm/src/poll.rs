@@ -30,6 +30,25 @@ impl Poller {
         })
     }
 
+    /// Watches `fd` (already in the set) for input under `token` when
+    /// `input`, else for nothing (errors and hang-ups are still reported,
+    /// as epoll always does). Errors: `epoll_ctl` failed.
+    pub fn watch(&self, fd: RawFd, token: u64, input: bool) -> std::io::Result<()> {
+        let events = if input {
+            EventSet::IN
+        } else {
+            EventSet::empty()
+        };
+        self.epoll
+            .ctl(ControlOperation::Modify, fd, EpollEvent::new(events, token))
+    }
+
+    /// Takes `fd` out of the set. Errors: `epoll_ctl` failed.
+    pub fn remove(&self, fd: RawFd) -> std::io::Result<()> {
+        self.epoll
+            .ctl(ControlOperation::Delete, fd, EpollEvent::default())
+    }
+
     /// Blocks until at least one descriptor is readable; returns the tokens
     /// of the readable ones. Errors: `epoll_wait` failed (not `EINTR`).
     pub fn wait(&mut self) -> std::io::Result<Vec<u64>> {

@@ -44,6 +44,10 @@
 //! * `io-blk` — `epoll_create1`, `epoll_ctl`, `epoll_wait`, `read`
 //!   (eventfd), `pread64`, `pwrite64`, `fdatasync` (a guest's flush of a
 //!   writable disk);
+//! * `io-net` — `epoll_create1`, `epoll_ctl` (the tap leaves the set while
+//!   the guest has no receive buffer, and for good once it has gone),
+//!   `epoll_wait`, `read` (eventfds, the tap's frames; frames go out with
+//!   `write`);
 //! * `api` (with `--api-socket`; after its tokio runtime and listener
 //!   exist) — `epoll_ctl`, `epoll_wait`, `accept4` (non-blocking sockets:
 //!   no `ioctl`), `recvfrom`, `shutdown` (the connections; replies go
@@ -109,6 +113,8 @@ pub enum ThreadKind {
     StageSched,
     /// `io-blk<N>`.
     IoBlk,
+    /// `io-net<N>`.
+    IoNet,
     /// `vmm-main`, once every other thread runs.
     Main,
     /// `api`, the operator API's server (`--api-socket`).
@@ -186,6 +192,8 @@ fn own(kind: ThreadKind) -> &'static [Syscall] {
             SYS_pwrite64,
             SYS_fdatasync,
         ],
+        // The tap's frames go through `read` and `write` (common).
+        ThreadKind::IoNet => syscalls![SYS_epoll_create1, SYS_epoll_ctl, SYS_epoll_wait, SYS_read],
         ThreadKind::Main => syscalls![
             SYS_epoll_create1,
             SYS_epoll_ctl,
@@ -349,7 +357,11 @@ fn denied(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, String> {
                 flag(libc::O_APPEND, libc::O_APPEND)?,
             ]
         }
-        ThreadKind::Vcpu | ThreadKind::IoBlk | ThreadKind::Main | ThreadKind::Api => Vec::new(),
+        ThreadKind::Vcpu
+        | ThreadKind::IoBlk
+        | ThreadKind::IoNet
+        | ThreadKind::Main
+        | ThreadKind::Api => Vec::new(),
     };
     Ok(BTreeMap::from([(libc::SYS_openat, rules)]))
 }
@@ -387,7 +399,7 @@ pub fn install(kind: ThreadKind, mode: SeccompMode) -> Result<(), String> {
 }
 
 /// Debug builds only: when `STAGEVM_TEST_SYSCALL` names the thread kind
-/// (`vcpu`, `stage-sched`, `io-blk`, `vmm-main`, `api`), the thread makes a
+/// (`vcpu`, `stage-sched`, `io-blk`, `io-net`, `vmm-main`, `api`), the thread makes a
 /// syscall outside its seccomp filter (`getppid`) right after installing
 /// it, so tests can check that the filter ends the VMM; with `<kind>-ioctl`
 /// (`api-ioctl`, `vcpu-ioctl`, …) it makes an `ioctl` its filter refuses
@@ -440,6 +452,7 @@ fn kind_name(kind: ThreadKind) -> &'static [u8] {
         ThreadKind::Vcpu => b"vcpu",
         ThreadKind::StageSched => b"stage-sched",
         ThreadKind::IoBlk => b"io-blk",
+        ThreadKind::IoNet => b"io-net",
         ThreadKind::Main => b"vmm-main",
         ThreadKind::Api => b"api",
     }

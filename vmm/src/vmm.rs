@@ -1,6 +1,7 @@
 //! Running a built VM: the main thread's event loop and `shutdown()`.
 //!
-//! Threads: one per vCPU (`vcpu<N>`), one I/O thread per disk (`io-blk<N>`),
+//! Threads: one per vCPU (`vcpu<N>`), one I/O thread per disk (`io-blk<N>`)
+//! and per network device (`io-net<N>`),
 //! `stage-sched` (with a stage device), and the main thread (`vmm-main`),
 //! which waits with `epoll` on the VM's exit `EventFd` ([`crate::exit`]) and
 //! a `signalfd` for SIGINT and SIGTERM (blocked in every thread). When the
@@ -16,7 +17,7 @@ use std::time::{Duration, Instant};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use stagevm_report::{BlockReport, ChannelReport, Report, SchedReport};
+use stagevm_report::{BlockReport, ChannelReport, NetReport, Report, SchedReport};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::signal::Killable;
 
@@ -65,6 +66,8 @@ pub struct RunOutcome {
     pub sched: SchedReport,
     /// Per virtio-blk disk, its counters.
     pub disks: Vec<BlockReport>,
+    /// Per virtio-net device, its counters.
+    pub nets: Vec<NetReport>,
     /// When the VM started to run (the host's clock).
     pub started: std::time::SystemTime,
     /// How long it ran, from starting its vCPUs to its end.
@@ -88,6 +91,7 @@ impl RunOutcome {
             stage_channel: self.channel,
             sched: self.sched,
             disks: self.disks,
+            nets: self.nets,
             log_lines_suppressed: crate::ratelimit::suppressed(),
         }
     }
@@ -184,6 +188,32 @@ impl Vmm {
                         }
                         if let Err(e) = block.serve(&mem, exit.fd()) {
                             tracing::error!(device = %block.name, "I/O thread failed: {e}");
+                        }
+                    })?,
+            );
+        }
+        // One per network device, the same way.
+        for net in self.bus.nets() {
+            let (net, mem, sched, exit, seccomp) = (
+                net.clone(),
+                self.memory.clone(),
+                self.sched.clone(),
+                self.exit.clone(),
+                self.seccomp,
+            );
+            let name = format!("io-{}", net.name);
+            io.push(
+                std::thread::Builder::new()
+                    .name(name.clone())
+                    .spawn(move || {
+                        sched.pinner().start_helper_thread(&name);
+                        let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
+                        if let Err(e) = crate::seccomp::install(ThreadKind::IoNet, seccomp) {
+                            exit.request(VmExit::ConfigError(e));
+                            return;
+                        }
+                        if let Err(e) = net.serve(&mem, exit.fd()) {
+                            tracing::error!(device = %net.name, "I/O thread failed: {e}");
                         }
                     })?,
             );
@@ -324,6 +354,7 @@ impl Vmm {
             channel,
             sched,
             disks: self.bus.block_reports(),
+            nets: self.bus.net_reports(),
             started,
             duration: t0.elapsed(),
         }

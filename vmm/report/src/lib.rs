@@ -7,7 +7,7 @@
 //!
 //! * [`Report`] — `exit_code`, `exit`, `stage_channel` ([`ChannelReport`],
 //!   `null` without a stage device), `sched` ([`SchedReport`]), `disks`
-//!   ([`BlockReport`]).
+//!   ([`BlockReport`]), `nets` ([`NetReport`]).
 //! * [`api`] — the operator API's response bodies (`--api-socket`), built
 //!   from the same structs while the VM runs.
 
@@ -28,7 +28,7 @@ pub fn escape(guest: &str) -> String {
     guest.escape_debug().to_string()
 }
 
-pub use summary::summary;
+pub use summary::{net_summary, summary};
 
 /// Per-stage counters of the stage channel.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -345,6 +345,43 @@ pub struct BlockReport {
     pub bytes_written: u64,
 }
 
+/// Counters of one virtio-net device (frames without their virtio-net
+/// header; bytes are frame bytes).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NetReport {
+    /// Device name (`net0`, …).
+    pub name: String,
+    /// The tap: its interface name, or `fd=N`.
+    pub tap: String,
+    /// The MAC offered to the guest (`aa:bb:cc:dd:ee:ff`).
+    pub mac: String,
+    /// How queue notifications arrive: `ioeventfd` or `mmio-exit`.
+    pub notify: String,
+    /// Frames delivered to the guest.
+    pub rx_packets: u64,
+    /// Bytes delivered to the guest.
+    pub rx_bytes: u64,
+    /// Frames from the tap not delivered (oversized, runts, no queue).
+    pub rx_dropped: u64,
+    /// Receive buffers refused (bad chains, too small).
+    pub rx_errors: u64,
+    /// Frames of the guest sent out on the tap.
+    pub tx_packets: u64,
+    /// Bytes sent out on the tap.
+    pub tx_bytes: u64,
+    /// Frames of the guest not sent (oversized, tap full or gone).
+    pub tx_dropped: u64,
+    /// Transmit chains refused (bad chains) or refused by the tap.
+    pub tx_errors: u64,
+    /// Descriptor chains refused, both queues.
+    pub bad_chains: u64,
+    /// Frames longer than the device's largest frame (1518 bytes), both
+    /// directions.
+    pub oversized: u64,
+    /// Whether the tap disappeared while the VM ran.
+    pub tap_gone: bool,
+}
+
 /// The JSON report of one run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
@@ -372,6 +409,9 @@ pub struct Report {
     pub sched: SchedReport,
     /// virtio-blk disks.
     pub disks: Vec<BlockReport>,
+    /// virtio-net devices (absent in reports written before they existed).
+    #[serde(default)]
+    pub nets: Vec<NetReport>,
     /// Log lines a guest triggered beyond the rate limit (10 lines per 5 s
     /// per call site), counted instead of printed.
     #[serde(default)]

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::{escape, BlockReport, ChannelReport, SchedReport};
+use crate::{escape, BlockReport, ChannelReport, NetReport, SchedReport};
 
 /// A human summary: scheduling, per stage, per thread, per disk; one
 /// `stagevm:` line each, newline-terminated.
@@ -104,6 +104,34 @@ pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport, disks: &[BlockReport
             a.losing_periods,
             a.losing_share * 100.0,
             a.mode_switches
+        );
+    }
+    s
+}
+
+/// One line per virtio-net device (`stagevm:   net …`), printed after
+/// [`summary`].
+pub fn net_summary(nets: &[NetReport]) -> String {
+    let mut s = String::new();
+    for n in nets {
+        let _ = writeln!(
+            s,
+            "stagevm:   net {} (tap {}, mac {}, notify {}{}): rx {} frames {} bytes {} dropped {} errors, tx {} frames {} bytes {} dropped {} errors, {} bad chains, {} oversized",
+            n.name,
+            n.tap,
+            n.mac,
+            n.notify,
+            if n.tap_gone { ", tap gone" } else { "" },
+            n.rx_packets,
+            n.rx_bytes,
+            n.rx_dropped,
+            n.rx_errors,
+            n.tx_packets,
+            n.tx_bytes,
+            n.tx_dropped,
+            n.tx_errors,
+            n.bad_chains,
+            n.oversized
         );
     }
     s

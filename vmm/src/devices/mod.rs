@@ -5,7 +5,7 @@
 //!   shutdown / vCPU-stop ports of [`hypercall_abi::platform`],
 //! * the stage device's doorbell ([`crate::stage`]),
 //! * the legacy PC ports of a Linux guest ([`legacy`]: CMOS clock, i8042),
-//! * virtio-mmio block devices ([`virtio`]).
+//! * virtio-mmio block and network devices ([`virtio`]).
 
 pub mod legacy;
 pub mod virtio;
@@ -63,6 +63,9 @@ pub struct Bus {
     /// virtio-mmio block devices and whether KVM delivers their queue
     /// notifications through an ioeventfd (else the MMIO exit does).
     blocks: Vec<(virtio::SharedBlock, bool)>,
+    /// virtio-mmio network devices and whether KVM delivers their queue
+    /// notifications itself (ioeventfd).
+    nets: Vec<(Arc<virtio::net::MmioNet>, bool)>,
 }
 
 impl Bus {
@@ -96,6 +99,7 @@ impl Bus {
             stage,
             legacy: legacy_pc.then(Legacy::new),
             blocks: Vec::new(),
+            nets: Vec::new(),
         })
     }
 
@@ -184,6 +188,31 @@ impl Bus {
             .collect()
     }
 
+    /// Adds a virtio-mmio network device; `ioeventfd` tells whether KVM
+    /// signals its notifications itself.
+    pub fn add_net(&mut self, net: Arc<virtio::net::MmioNet>, ioeventfd: bool) {
+        self.nets.push((net, ioeventfd));
+    }
+
+    /// The network devices.
+    pub fn nets(&self) -> impl Iterator<Item = &Arc<virtio::net::MmioNet>> {
+        self.nets.iter().map(|(n, _)| n)
+    }
+
+    /// The network devices' reports.
+    pub fn net_reports(&self) -> Vec<virtio::net::NetReport> {
+        self.nets
+            .iter()
+            .map(|(n, ioeventfd)| n.report(*ioeventfd))
+            .collect()
+    }
+
+    fn net_at(&self, addr: u64) -> Option<&(Arc<virtio::net::MmioNet>, bool)> {
+        self.nets
+            .iter()
+            .find(|(n, _)| (n.base..n.base + virtio::MMIO_SIZE).contains(&addr))
+    }
+
     fn block_at(&self, addr: u64) -> Option<&(virtio::SharedBlock, bool)> {
         self.blocks
             .iter()
@@ -192,6 +221,9 @@ impl Bus {
 
     /// An MMIO read at guest-physical `addr`; unbacked addresses read as ones.
     pub fn mmio_read(&self, addr: u64, data: &mut [u8]) {
+        if let Some((n, _)) = self.net_at(addr) {
+            return n.read(addr - n.base, data);
+        }
         match self.block_at(addr) {
             Some((b, _)) => b.read(addr - b.base, data),
             None => {
@@ -203,6 +235,14 @@ impl Bus {
 
     /// An MMIO write at guest-physical `addr`; unbacked addresses ignore it.
     pub fn mmio_write(&self, addr: u64, data: &[u8]) {
+        if let Some((n, ioeventfd)) = self.net_at(addr) {
+            if let Some(q) = n.write(addr - n.base, data) {
+                if !ioeventfd {
+                    let _ = n.notify[q].write(1);
+                }
+            }
+            return;
+        }
         match self.block_at(addr) {
             Some((b, ioeventfd)) => {
                 if b.write(addr - b.base, data) && !ioeventfd {

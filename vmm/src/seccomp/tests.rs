@@ -3,10 +3,11 @@
 
 use super::*;
 
-const KINDS: [ThreadKind; 5] = [
+const KINDS: [ThreadKind; 6] = [
     ThreadKind::Vcpu,
     ThreadKind::StageSched,
     ThreadKind::IoBlk,
+    ThreadKind::IoNet,
     ThreadKind::Main,
     ThreadKind::Api,
 ];

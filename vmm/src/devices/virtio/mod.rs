@@ -28,6 +28,7 @@
 
 pub mod block;
 pub mod disk;
+pub mod net;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};

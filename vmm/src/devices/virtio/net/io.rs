@@ -1,0 +1,441 @@
+//! The I/O thread's work for one virtio-net device: frames from the tap to
+//! the receive queue, frames from the transmit queue to the tap.
+//!
+//! Every chain is checked before use: its head names a descriptor of the
+//! queue, no descriptor is indirect (`VIRTIO_F_INDIRECT_DESC` is not
+//! offered), the chain does not loop (virtio-queue stops a walk after
+//! queue-size descriptors; a chain still going then is refused), every
+//! descriptor has the direction the queue needs and lies in guest memory,
+//! and lengths add up without overflow. A refused chain is completed with
+//! length 0 and counted (`bad_chains`); its guest-triggered log lines are
+//! rate-limited.
+//!
+//! No busy loops: a frame read from the tap while the guest posted no
+//! receive buffer waits in the device (one frame), the tap leaves the epoll
+//! set until the guest's next receive notification, and the device asks
+//! for that notification (`avail_event`). A full tap (`EAGAIN` on write)
+//! drops the frame (counted), as a NIC with a full queue does. A tap whose
+//! interface is deleted (`EBADFD`, `EPOLLERR`) leaves the epoll set for
+//! good; the guest's frames are then dropped and counted.
+
+use std::io::ErrorKind;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestMemory, GuestMemoryMmap};
+
+use super::tap::VNET_HDR_LEN;
+use super::{MmioNet, MAX_FRAME, RX, TX};
+
+/// Bytes of the host-side frame buffers: the largest frame a tap can hand
+/// over (64 KiB with its header), so a longer one is read whole and dropped.
+const BUF_LEN: usize = 65536 + VNET_HDR_LEN;
+
+/// The I/O thread's own state for one device.
+pub struct NetIo {
+    rx_buf: Vec<u8>,
+    /// Length of a frame (with header) in `rx_buf` waiting for a receive
+    /// buffer.
+    rx_pending: Option<usize>,
+    tx_buf: Vec<u8>,
+}
+
+impl Default for NetIo {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl NetIo {
+    /// Fresh buffers.
+    pub fn new() -> Self {
+        Self {
+            rx_buf: vec![0; BUF_LEN],
+            rx_pending: None,
+            tx_buf: Vec::with_capacity(BUF_LEN),
+        }
+    }
+
+    /// Whether a received frame waits for a receive buffer.
+    pub fn rx_stalled(&self) -> bool {
+        self.rx_pending.is_some()
+    }
+}
+
+/// Why a chain is refused.
+enum Bad {
+    /// The chain itself (shape, direction, memory).
+    Chain(&'static str),
+}
+
+impl MmioNet {
+    /// Whether the tap has gone.
+    pub fn tap_gone(&self) -> bool {
+        self.tap_gone.load(Ordering::Relaxed)
+    }
+
+    fn mark_tap_gone(&self, e: &std::io::Error) {
+        if !self.tap_gone.swap(true, Ordering::Relaxed) {
+            tracing::warn!(device = %self.name, tap = %self.tap.name, "the tap has gone ({e}): frames are dropped from now on");
+        }
+    }
+
+    /// Sets the used-buffer bit and raises the interrupt when the driver
+    /// asked for one (`used_event`, or always without EVENT_IDX).
+    fn signal_used(&self, queue: &mut Queue, mem: &GuestMemoryMmap) {
+        self.interrupt_status.fetch_or(1, Ordering::AcqRel);
+        if queue.needs_notification(mem).unwrap_or(true) {
+            if let Some(irq) = &self.irq {
+                if let Err(e) = irq.write(1) {
+                    tracing::warn!(device = %self.name, "cannot raise the interrupt: {e}");
+                }
+            }
+        }
+    }
+
+    /// Whether the queue can be used at all; logs (rate-limited) if not.
+    fn usable(&self, queue: &Queue, mem: &GuestMemoryMmap) -> bool {
+        if !queue.ready() || !queue.is_valid(mem) {
+            crate::guest_warn!(device = %self.name, "notified queue is not ready or lies outside guest memory");
+            return false;
+        }
+        true
+    }
+
+    /// The descriptors of the chain at `head`, checked (module docs):
+    /// every one device-writable (`writable`) or device-readable, in guest
+    /// memory; returns them with their total length in bytes.
+    fn checked_chain(
+        queue: &Queue,
+        mem: &GuestMemoryMmap,
+        chain: virtio_queue::DescriptorChain<&GuestMemoryMmap>,
+        writable: bool,
+    ) -> Result<(Vec<Descriptor>, u64), Bad> {
+        let head = chain.head_index();
+        if head >= queue.size() {
+            return Err(Bad::Chain("head names no descriptor of the queue"));
+        }
+        if super::super::uses_indirect(mem, queue.desc_table(), queue.size(), head) {
+            return Err(Bad::Chain("indirect descriptor (not offered)"));
+        }
+        let descs: Vec<Descriptor> = chain.collect();
+        if descs.is_empty() {
+            return Err(Bad::Chain("empty or unreadable chain"));
+        }
+        if descs.len() >= usize::from(queue.size()) && descs.last().is_some_and(|d| d.has_next()) {
+            return Err(Bad::Chain("looping chain"));
+        }
+        let mut total = 0u64;
+        for d in &descs {
+            if d.is_write_only() != writable {
+                return Err(Bad::Chain("descriptor direction"));
+            }
+            let access = if writable {
+                vm_memory::Permissions::Write
+            } else {
+                vm_memory::Permissions::Read
+            };
+            if !mem.check_range(d.addr(), d.len() as usize, access) {
+                return Err(Bad::Chain("buffer outside guest memory"));
+            }
+            total += u64::from(d.len());
+        }
+        Ok((descs, total))
+    }
+
+    fn refuse(&self, why: &str, queue: &str) {
+        self.stats.bad_chains.fetch_add(1, Ordering::Relaxed);
+        crate::guest_warn!(device = %self.name, queue, "descriptor chain refused: {why}");
+    }
+
+    /// Sends every frame of the transmit queue to the tap; returns how many
+    /// chains were completed.
+    pub fn process_tx(&self, mem: &GuestMemoryMmap, io: &mut NetIo) -> usize {
+        let mut queue = self.lock_queue(TX);
+        if !self.usable(&queue, mem) {
+            return 0;
+        }
+        let mut done = 0;
+        loop {
+            let _ = queue.disable_notification(mem);
+            while let Some(chain) = queue.pop_descriptor_chain(mem) {
+                let head = chain.head_index();
+                self.transmit(&queue, mem, chain, io);
+                if queue.add_used(mem, head, 0).is_err() {
+                    crate::guest_warn!(device = %self.name, "cannot complete transmit chain {head}");
+                    self.signal_used(&mut queue, mem);
+                    return done;
+                }
+                done += 1;
+            }
+            // Re-arm the notification; entries added meanwhile are served
+            // now (VIRTIO 1.2 §2.7.10). An unwritable ring ends the round.
+            if !queue.enable_notification(mem).unwrap_or(false) {
+                break;
+            }
+        }
+        if done > 0 {
+            self.signal_used(&mut queue, mem);
+        }
+        done
+    }
+
+    /// One transmit chain: header and frame, device-readable.
+    fn transmit(
+        &self,
+        queue: &Queue,
+        mem: &GuestMemoryMmap,
+        chain: virtio_queue::DescriptorChain<&GuestMemoryMmap>,
+        io: &mut NetIo,
+    ) {
+        let s = &self.stats;
+        let (descs, total) = match Self::checked_chain(queue, mem, chain, false) {
+            Ok(c) => c,
+            Err(Bad::Chain(why)) => {
+                s.tx_errors.fetch_add(1, Ordering::Relaxed);
+                return self.refuse(why, "tx");
+            }
+        };
+        if total < VNET_HDR_LEN as u64 {
+            s.tx_errors.fetch_add(1, Ordering::Relaxed);
+            return self.refuse("shorter than the virtio-net header", "tx");
+        }
+        if total > (VNET_HDR_LEN + MAX_FRAME) as u64 {
+            s.tx_dropped.fetch_add(1, Ordering::Relaxed);
+            s.oversized.fetch_add(1, Ordering::Relaxed);
+            crate::guest_warn!(device = %self.name, bytes = total - VNET_HDR_LEN as u64, "oversized frame dropped");
+            return;
+        }
+        if self.tap_gone() {
+            s.tx_dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        io.tx_buf.clear();
+        for d in &descs {
+            let start = io.tx_buf.len();
+            io.tx_buf.resize(start + d.len() as usize, 0);
+            if mem.read_slice(&mut io.tx_buf[start..], d.addr()).is_err() {
+                s.tx_errors.fetch_add(1, Ordering::Relaxed);
+                return self.refuse("buffer outside guest memory", "tx");
+            }
+        }
+        // No offloads were offered: the header must say "nothing to do";
+        // the tap gets exactly that whatever the guest wrote (a forged
+        // GSO or checksum request never reaches the host's stack).
+        io.tx_buf[..VNET_HDR_LEN].fill(0);
+        match self.tap.write_frame(&io.tx_buf) {
+            Ok(_) => {
+                s.tx_packets.fetch_add(1, Ordering::Relaxed);
+                s.tx_bytes
+                    .fetch_add((io.tx_buf.len() - VNET_HDR_LEN) as u64, Ordering::Relaxed);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                s.tx_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EBADFD) => {
+                s.tx_dropped.fetch_add(1, Ordering::Relaxed);
+                self.mark_tap_gone(&e);
+            }
+            Err(e) => {
+                // EIO: the interface is down; EINVAL: a frame it refused.
+                s.tx_errors.fetch_add(1, Ordering::Relaxed);
+                crate::guest_warn!(device = %self.name, "tap write failed: {e}");
+            }
+        }
+    }
+
+    /// Moves frames from the tap into receive buffers until the tap is
+    /// empty or the guest has no buffer left (then one frame waits in `io`
+    /// and the device asks for a notification). Returns frames delivered.
+    pub fn process_rx(&self, mem: &GuestMemoryMmap, io: &mut NetIo) -> usize {
+        let mut queue = self.lock_queue(RX);
+        let usable = self.usable(&queue, mem);
+        let s = &self.stats;
+        let mut delivered = 0;
+        let mut completed = 0;
+        loop {
+            let len = match io.rx_pending {
+                Some(len) => len,
+                None if self.tap_gone() => break,
+                None => match self.tap.read_frame(&mut io.rx_buf) {
+                    Ok(len) => len,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        self.mark_tap_gone(&e);
+                        break;
+                    }
+                },
+            };
+            io.rx_pending = None;
+            if len <= VNET_HDR_LEN || len > VNET_HDR_LEN + MAX_FRAME {
+                // A runt from the tap, or a frame longer than the guest's
+                // buffers are sized for.
+                s.rx_dropped.fetch_add(1, Ordering::Relaxed);
+                if len > VNET_HDR_LEN + MAX_FRAME {
+                    s.oversized.fetch_add(1, Ordering::Relaxed);
+                }
+                continue;
+            }
+            if !usable {
+                // The queue is not set up: the frame is lost, as on a NIC
+                // whose driver is not loaded.
+                s.rx_dropped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            match self.deliver(&mut queue, mem, &mut io.rx_buf[..len]) {
+                Deliver::Done => {
+                    delivered += 1;
+                    completed += 1;
+                }
+                Deliver::Refused => {
+                    // The chain was returned empty; try the frame again
+                    // with the next buffer.
+                    completed += 1;
+                    io.rx_pending = Some(len);
+                }
+                Deliver::NoBuffer => {
+                    io.rx_pending = Some(len);
+                    // Ask for a notification when buffers come; if some
+                    // came meanwhile, go on.
+                    match queue.enable_notification(mem) {
+                        Ok(true) => continue,
+                        _ => break,
+                    }
+                }
+                Deliver::Broken => break,
+            }
+        }
+        if completed > 0 {
+            self.signal_used(&mut queue, mem);
+        }
+        delivered
+    }
+
+    /// Writes the frame in `frame` (virtio-net header included) into the
+    /// next receive buffer.
+    fn deliver(&self, queue: &mut Queue, mem: &GuestMemoryMmap, frame: &mut [u8]) -> Deliver {
+        let Some(chain) = queue.pop_descriptor_chain(mem) else {
+            return Deliver::NoBuffer;
+        };
+        let head = chain.head_index();
+        let s = &self.stats;
+        let outcome = match Self::checked_chain(queue, mem, chain, true) {
+            Err(Bad::Chain(why)) => Err(why),
+            Ok((_, total)) if total < frame.len() as u64 => Err("receive buffer too small"),
+            Ok((descs, _)) => {
+                // The header: no offloads, one buffer (`num_buffers`, which
+                // VIRTIO 1.x sets even without MRG_RXBUF).
+                frame[..VNET_HDR_LEN].fill(0);
+                frame[10..12].copy_from_slice(&1u16.to_le_bytes());
+                let mut rest: &[u8] = frame;
+                let mut ok = true;
+                for d in descs {
+                    if rest.is_empty() {
+                        break;
+                    }
+                    let n = rest.len().min(d.len() as usize);
+                    if mem.write_slice(&rest[..n], d.addr()).is_err() {
+                        ok = false;
+                        break;
+                    }
+                    rest = &rest[n..];
+                }
+                if ok {
+                    Ok(())
+                } else {
+                    Err("buffer outside guest memory")
+                }
+            }
+        };
+        let len = match outcome {
+            Ok(()) => {
+                s.rx_packets.fetch_add(1, Ordering::Relaxed);
+                s.rx_bytes
+                    .fetch_add((frame.len() - VNET_HDR_LEN) as u64, Ordering::Relaxed);
+                frame.len() as u32
+            }
+            Err(why) => {
+                s.rx_errors.fetch_add(1, Ordering::Relaxed);
+                self.refuse(why, "rx");
+                0
+            }
+        };
+        if queue.add_used(mem, head, len).is_err() {
+            crate::guest_warn!(device = %self.name, "cannot complete receive chain {head}");
+            return Deliver::Broken;
+        }
+        if len == 0 {
+            Deliver::Refused
+        } else {
+            Deliver::Done
+        }
+    }
+
+    /// The I/O thread's loop: waits (epoll) for the two queues'
+    /// notifications and the tap, and serves them until the VM's `exit`
+    /// `EventFd` is readable. Errors: the epoll set cannot be made or
+    /// changed.
+    pub fn serve(
+        &self,
+        mem: &GuestMemoryMmap,
+        exit: &vmm_sys_util::eventfd::EventFd,
+    ) -> std::io::Result<()> {
+        const EXIT: u64 = 0;
+        const RX_NOTIFY: u64 = 1;
+        const TX_NOTIFY: u64 = 2;
+        const TAP: u64 = 3;
+        let tap_fd = self.tap.as_raw_fd();
+        let mut poller = crate::poll::Poller::new(&[
+            (exit.as_raw_fd(), EXIT),
+            (self.notify[RX].as_raw_fd(), RX_NOTIFY),
+            (self.notify[TX].as_raw_fd(), TX_NOTIFY),
+            (tap_fd, TAP),
+        ])?;
+        let mut io = NetIo::new();
+        // Whether the tap is in the set for input (not while a frame waits
+        // for a buffer), and whether it is in the set at all.
+        let (mut tap_in, mut tap_watched) = (true, true);
+        loop {
+            let ready = poller.wait()?;
+            if ready.contains(&EXIT) {
+                return Ok(());
+            }
+            if ready.contains(&TX_NOTIFY) {
+                let _ = self.notify[TX].read();
+                self.process_tx(mem, &mut io);
+            }
+            if ready.contains(&RX_NOTIFY) {
+                let _ = self.notify[RX].read();
+            }
+            if ready.contains(&RX_NOTIFY) || ready.contains(&TAP) {
+                self.process_rx(mem, &mut io);
+            }
+            if self.tap_gone() {
+                if tap_watched {
+                    poller.remove(tap_fd)?;
+                    tap_watched = false;
+                }
+            } else if tap_in == io.rx_stalled() {
+                // Stalled: stop reading the tap until the guest posts
+                // buffers (its notification wakes us); else read again.
+                tap_in = !io.rx_stalled();
+                poller.watch(tap_fd, TAP, tap_in)?;
+            }
+        }
+    }
+}
+
+/// What became of a frame offered to the receive queue.
+enum Deliver {
+    /// Written into a buffer and completed.
+    Done,
+    /// The buffer was refused (completed empty); the frame is still there.
+    Refused,
+    /// The guest has posted no buffer.
+    NoBuffer,
+    /// The used ring cannot be written.
+    Broken,
+}
