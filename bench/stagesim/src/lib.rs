@@ -20,7 +20,8 @@
 //! * [`plot`] — PNG plots,
 //! * [`groups`] — merging stages into coarser groups at replay,
 //! * [`analysis`] — per-stage visit lengths, footprints and transitions,
-//! * [`discover`] — automatic stage discovery by simulation (seed 004),
+//! * [`discover`] — automatic stage discovery by simulation (seed 004): stage merging and request-level migration points,
+//! * [`symbols`] — function entries of the traced binary,
 //! * [`results`] — the `bench/RESULTS.md` section.
 
 pub mod analysis;
@@ -32,5 +33,6 @@ pub mod report;
 pub mod results;
 pub mod sim;
 pub mod stream;
+pub mod symbols;
 pub mod synth;
 pub mod trace;

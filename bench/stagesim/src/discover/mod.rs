@@ -30,6 +30,9 @@ use crate::groups::StageGroups;
 use crate::sim::{default_budget, simulate, SimConfig, SimResult};
 use crate::stream::Trace;
 
+pub mod points;
+pub mod split;
+
 /// What the search minimises.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -97,6 +100,36 @@ fn spec_of(names: &[String], parts: &[Vec<usize>]) -> String {
         .join(";")
 }
 
+/// Replays `trace` grouped by `spec` with the settings of `base` (its
+/// `groups` and `budgets` replaced; with `base.load_weights` the budgets
+/// weigh the groups by their instruction shares, from `per_stage`:
+/// [`crate::analysis::stage_instrs`]).
+pub(crate) fn replay_grouping(
+    trace: &Trace,
+    base: &SimConfig,
+    per_stage: &[u64],
+    spec: &str,
+) -> anyhow::Result<SimResult> {
+    let mut c = base.clone();
+    let g = StageGroups::parse(spec, &trace.stages)?;
+    c.budgets = if base.load_weights {
+        Some(
+            g.names
+                .iter()
+                .zip(crate::analysis::load_weights(per_stage, &g))
+                .map(|(name, weight)| Budget {
+                    weight,
+                    ..default_budget(name, base.cores)
+                })
+                .collect(),
+        )
+    } else {
+        None
+    };
+    c.groups = Some(g);
+    simulate(trace, &c, &mut |_| {})
+}
+
 /// Runs the greedy search on `trace` with the replay settings of `base`
 /// (its `groups` and `budgets` are ignored; with `base.load_weights` each
 /// candidate's budgets weigh its groups by their instruction shares); `progress(step_k, candidate, candidates)` is
@@ -114,24 +147,7 @@ pub fn discover(
     let per_stage = crate::analysis::stage_instrs(trace);
     let run = |parts: &[Vec<usize>]| -> anyhow::Result<(String, SimResult)> {
         let spec = spec_of(&names, parts);
-        let mut c = base.clone();
-        let g = StageGroups::parse(&spec, &trace.stages)?;
-        c.budgets = if base.load_weights {
-            Some(
-                g.names
-                    .iter()
-                    .zip(crate::analysis::load_weights(&per_stage, &g))
-                    .map(|(name, weight)| Budget {
-                        weight,
-                        ..default_budget(name, base.cores)
-                    })
-                    .collect(),
-            )
-        } else {
-            None
-        };
-        c.groups = Some(g);
-        let r = simulate(trace, &c, &mut |_| {})?;
+        let r = replay_grouping(trace, base, &per_stage, &spec)?;
         Ok((spec, r))
     };
     let mut parts: Vec<Vec<usize>> = (0..names.len()).map(|i| vec![i]).collect();
@@ -194,3 +210,6 @@ mod tests {
         assert_eq!(Objective::parse("x"), None);
     }
 }
+
+#[cfg(test)]
+mod tests_points;
