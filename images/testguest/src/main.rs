@@ -55,6 +55,9 @@
 //!   vCPU 0 reads the first disk whole and prints its FNV-1a checksum; the
 //!   staged threads then take their requests from the disk's first 16 MiB
 //!   (see `staged::set_request_source`),
+//! * `netecho=1` — vCPU 0 echoes raw Ethernet frames on the first network
+//!   card among the `virtio_mmio.device=` words (device id 1; the disk is
+//!   the first with id 2) until a `STOP` frame (`net`),
 //! * `diskchunk=N` — bytes per disk read request (default 65536, 512…1 MiB),
 //! * `diskwrite=1` — then tries to write sector 0 back (a read-only disk
 //!   refuses),
@@ -225,6 +228,7 @@ macro_rules! println {
 
 mod disk;
 mod hostile;
+mod net;
 mod staged;
 
 /// xorshift64 (Marsaglia, "Xorshift RNGs", J. Stat. Softw. 2003; shifts 13, 7, 17).
@@ -286,8 +290,12 @@ struct Options {
     hop_work: u64,
     /// `hop_pass=`: which of hopper's passes run.
     hop_pass: staged::hopper::Passes,
-    /// The first virtio-mmio device (GPA, bytes), from `virtio_mmio.device=`.
+    /// The first virtio-mmio block device (GPA, bytes), from `virtio_mmio.device=`.
     virtio: Option<(u64, usize)>,
+    /// The first virtio-mmio network card (GPA, bytes).
+    net: Option<(u64, usize)>,
+    /// `netecho=1`: echo frames on the network card.
+    net_echo: bool,
     disk_write: bool,
     disk_chunk: usize,
     idle: staged::IdleConfig,
@@ -330,6 +338,8 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         hop_work: 0,
         hop_pass: staged::hopper::Passes::Both,
         virtio: None,
+        net: None,
+        net_echo: false,
         disk_write: false,
         disk_chunk: 64 * 1024,
         idle: staged::IdleConfig::default(),
@@ -391,11 +401,17 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
             "hostile" => opts.hostile = hostile::Hostile::parse(value).ok_or(word)?,
             "bench" => opts.bench = value == "1",
             "hold" => opts.hold = value == "1",
-            "virtio_mmio.device" if opts.virtio.is_none() => {
-                opts.virtio = Some(disk::parse_device(value).ok_or(word)?)
+            "virtio_mmio.device" => {
+                let device = disk::parse_device(value).ok_or(word)?;
+                // Further devices of a kind are not used by this guest.
+                match net::device_id(device.0) {
+                    1 if opts.net.is_none() => opts.net = Some(device),
+                    1 => {}
+                    _ if opts.virtio.is_none() => opts.virtio = Some(device),
+                    _ => {}
+                }
             }
-            // Further devices are not used by this guest.
-            "virtio_mmio.device" => {}
+            "netecho" => opts.net_echo = value == "1",
             "diskwrite" => opts.disk_write = value == "1",
             "diskchunk" => opts.disk_chunk = value.parse().map_err(|_| word)?,
             _ => return Err(word),
@@ -519,6 +535,11 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
         }
         if let Some((base, size)) = opts.virtio.filter(|_| !opts.hostile.is_active()) {
             disk::run(base, size, opts.disk_chunk, opts.disk_write, info.tsc_khz);
+        }
+        match opts.net.filter(|_| opts.net_echo) {
+            Some((base, size)) => net::echo(base, size),
+            None if opts.net_echo => println!("testguest: netecho=1 but no network card"),
+            None => {}
         }
         BANNER_DONE.store(true, Ordering::Release);
     }

@@ -1,0 +1,420 @@
+//! End-to-end: virtio-net over a tap. Each test runs in a network namespace
+//! of its own (a thread that calls `unshare(CLONE_NEWNET)`; the VMM it
+//! spawns and the peer's socket live there, and the namespace, its tap and
+//! every frame go when the thread ends): raw Ethernet frames only, never
+//! an address of the host's namespace. The guest echoes frames
+//! (`netecho=1`); the peer, an `AF_PACKET` socket on the tap, sends frames
+//! of 60…1514 bytes with a checksum in each and checks every echo.
+//! Without `/dev/net/tun` or the right to make a namespace the tests print
+//! "skipped: …" and return.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The guest's MAC on the command line.
+const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x5e, 0x00, 0x01];
+/// The peer's (locally administered) source MAC.
+const PEER_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x5e, 0x00, 0x02];
+/// The echo's ethertype (IEEE 802 local experimental 1).
+const ETHERTYPE: u16 = 0x88b5;
+const TAP: &str = "svmtap0";
+
+/// Runs `f` on a thread in a new network namespace; `Err(why)` when the
+/// namespace or the tap cannot be made here.
+fn in_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+    if !std::path::Path::new("/dev/net/tun").exists() {
+        return Err("no /dev/net/tun".into());
+    }
+    std::thread::spawn(move || {
+        // SAFETY: unshare(2) with CLONE_NEWNET moves only this thread
+        // into a new network namespace; no memory is involved.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            return Err(format!(
+                "cannot create a network namespace: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        make_tap(TAP)?;
+        Ok(f())
+    })
+    .join()
+    .expect("the namespace thread panicked")
+}
+
+/// `struct ifreq` with the flags member (TUNSETIFF, SIOCSIFFLAGS).
+#[repr(C)]
+struct IfReq {
+    name: [u8; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+fn ifreq(name: &str, flags: libc::c_int) -> IfReq {
+    let mut r = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        flags: flags as libc::c_short,
+        _pad: [0; 22],
+    };
+    r.name[..name.len()].copy_from_slice(name.as_bytes());
+    r
+}
+
+/// Creates the persistent tap `name` in this thread's namespace and brings
+/// it up (ioctls: no `ip` tool needed).
+fn make_tap(name: &str) -> Result<(), String> {
+    let tun = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")
+        .map_err(|e| format!("/dev/net/tun: {e}"))?;
+    let mut req = ifreq(name, libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR);
+    // SAFETY: TUNSETIFF and TUNSETPERSIST read (and write) `req` / an int.
+    unsafe {
+        if libc::ioctl(tun.as_raw_fd(), libc::TUNSETIFF, &mut req) < 0
+            || libc::ioctl(tun.as_raw_fd(), libc::TUNSETPERSIST, 1) < 0
+        {
+            return Err(format!(
+                "cannot create a tap: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    drop(tun);
+    // SAFETY: a plain datagram socket for the interface ioctl.
+    let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+    if sock < 0 {
+        return Err(format!("socket: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: `sock` was just opened and is owned here.
+    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    let mut up = ifreq(name, libc::IFF_UP);
+    // SAFETY: SIOCSIFFLAGS reads `up`, a `struct ifreq`.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &mut up) } < 0 {
+        return Err(format!(
+            "cannot bring the tap up: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// An `AF_PACKET` socket on interface `name` for [`ETHERTYPE`] frames.
+struct Peer {
+    fd: OwnedFd,
+}
+
+impl Peer {
+    fn open(name: &str) -> Self {
+        let proto = ETHERTYPE.to_be() as libc::c_int;
+        // SAFETY: socket(2); the result is checked.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, proto) };
+        assert!(
+            fd >= 0,
+            "AF_PACKET socket: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: `fd` was just opened and is owned here.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let cname = std::ffi::CString::new(name).unwrap();
+        // SAFETY: a NUL-terminated name.
+        let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+        assert!(index != 0, "no interface {name}");
+        // SAFETY: an all-zero sockaddr_ll is valid; fields set below.
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = ETHERTYPE.to_be();
+        addr.sll_ifindex = index as i32;
+        // SAFETY: bind(2) reads `addr` of the size given.
+        let r = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        assert_eq!(r, 0, "bind: {}", std::io::Error::last_os_error());
+        let tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 200_000,
+        };
+        // SAFETY: setsockopt(2) reads one timeval.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as u32,
+            )
+        };
+        Self { fd }
+    }
+
+    fn send(&self, frame: &[u8]) {
+        // SAFETY: send(2) reads `frame`.
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        assert_eq!(
+            n,
+            frame.len() as isize,
+            "send: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// The next frame from the guest (source MAC = the guest's), or `None`
+    /// after `timeout`.
+    fn recv_from_guest(&self, timeout: Duration) -> Option<Vec<u8>> {
+        let deadline = Instant::now() + timeout;
+        let mut buf = vec![0u8; 65536];
+        while Instant::now() < deadline {
+            // SAFETY: recv(2) writes at most `buf.len()` bytes into `buf`.
+            let n =
+                unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n < 0 {
+                continue;
+            }
+            let frame = &buf[..n as usize];
+            if frame.len() >= 14 && frame[6..12] == GUEST_MAC {
+                return Some(frame.to_vec());
+            }
+        }
+        None
+    }
+}
+
+/// FNV-1a (64-bit).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Frame `seq` of `len` bytes (14-byte header; payload: seq, pseudo-random
+/// bytes, and the FNV-1a of everything before it in its last 8 bytes).
+fn frame(seq: u32, len: usize) -> Vec<u8> {
+    let mut f = Vec::with_capacity(len);
+    f.extend_from_slice(&GUEST_MAC);
+    f.extend_from_slice(&PEER_MAC);
+    f.extend_from_slice(&ETHERTYPE.to_be_bytes());
+    f.extend_from_slice(&seq.to_le_bytes());
+    let mut x = u64::from(seq).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    while f.len() < len - 8 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        f.push(x as u8);
+    }
+    let sum = fnv1a(&f[14..]);
+    f.extend_from_slice(&sum.to_le_bytes());
+    f
+}
+
+/// Frame sizes 60…1514, all of them touched in a cycle.
+fn size_of_frame(seq: u32) -> usize {
+    60 + (seq as usize * 7) % (1514 - 60 + 1)
+}
+
+fn mac_arg() -> String {
+    let m = GUEST_MAC;
+    format!(
+        "tap={TAP},mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        m[0], m[1], m[2], m[3], m[4], m[5]
+    )
+}
+
+/// Spawns the echo guest on the tap and waits for its `net ready` line;
+/// returns the child and the rest of its stdout (a channel of lines).
+fn start_echo_guest(
+    report: &std::path::Path,
+    extra: &[&str],
+) -> (std::process::Child, mpsc::Receiver<String>) {
+    let net = mac_arg();
+    let mut args = guest_args_with_report(
+        report,
+        &[
+            "--cpus",
+            "boot=1",
+            "--net",
+            &net,
+            "--cmdline",
+            "netecho=1 iters=1000 requests=0",
+        ],
+    );
+    args.extend_from_slice(extra);
+    let mut child = spawn(&args);
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.starts_with("testguest: net ready") => break,
+            Ok(line) => assert!(
+                !line.contains("net: ") && !line.contains("no network card"),
+                "{line}"
+            ),
+            Err(_) => {
+                let _ = child.kill();
+                let run = wait(child, Duration::from_secs(5));
+                panic!("the guest never got its network card ready: {run:#?}");
+            }
+        }
+    }
+    (child, rx)
+}
+
+/// Echo of `count` frames, one at a time; returns the payload bytes and
+/// their FNV-1a as the guest should count them (the STOP frame included).
+fn echo(peer: &Peer, count: u32) -> (u64, u64, u32) {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut bytes = 0u64;
+    let mut fold = |f: &[u8]| {
+        bytes += (f.len() - 14) as u64;
+        h = f[14..]
+            .iter()
+            .fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+    };
+    for seq in 0..count {
+        let sent = frame(seq, size_of_frame(seq));
+        peer.send(&sent);
+        let echo = peer
+            .recv_from_guest(Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("no echo of frame {seq} ({} bytes)", sent.len()));
+        assert_eq!(echo.len(), sent.len(), "frame {seq}: length");
+        assert_eq!(echo[..6], PEER_MAC, "frame {seq}: destination");
+        let sum = u64::from_le_bytes(echo[echo.len() - 8..].try_into().unwrap());
+        assert_eq!(
+            sum,
+            fnv1a(&echo[14..echo.len() - 8]),
+            "frame {seq}: checksum"
+        );
+        assert_eq!(echo[12..], sent[12..], "frame {seq}: payload");
+        fold(&sent);
+    }
+    let mut stop = frame(u32::MAX, 60);
+    stop[14..18].copy_from_slice(b"STOP");
+    peer.send(&stop);
+    assert!(
+        peer.recv_from_guest(Duration::from_secs(5)).is_some(),
+        "no echo of STOP"
+    );
+    fold(&stop);
+    (bytes, h, count + 1)
+}
+
+#[test]
+fn guest_echoes_ten_thousand_frames_intact() {
+    let guest = guest_image().to_path_buf();
+    let _lock = vm_lock();
+    let result = in_netns(move || {
+        let _ = guest;
+        let report = report_path("net-echo");
+        let (child, lines) = start_echo_guest(&report, &[]);
+        let peer = Peer::open(TAP);
+        let t0 = Instant::now();
+        let (bytes, h, frames) = echo(&peer, 10_000);
+        let elapsed = t0.elapsed();
+        let run = wait(child, Duration::from_secs(30));
+        let rest: Vec<String> = lines.try_iter().collect();
+        let json = stagevm_report::Report::read(&report);
+        let _ = std::fs::remove_file(&report);
+        (run, rest, json, bytes, h, frames, elapsed)
+    });
+    let (run, rest, json, bytes, h, frames, elapsed) = match result {
+        Ok(r) => r,
+        Err(why) => return skip(&why),
+    };
+    run.assert_no_panic();
+    assert_eq!(run.code(), 0, "{run:#?}");
+    let line = rest
+        .iter()
+        .find(|l| l.starts_with("testguest: net echoed"))
+        .unwrap_or_else(|| panic!("no echo summary: {rest:?} {run:#?}"));
+    assert_eq!(
+        line,
+        &format!("testguest: net echoed {frames} frames, {bytes} bytes, fnv1a {h:#018x}")
+    );
+    let json = json.expect("the report");
+    let n = &json.nets[0];
+    eprintln!("echo of {frames} frames in {elapsed:?}: {n:?}");
+    assert_eq!(n.name, "net0");
+    assert_eq!(n.mac, "52:54:00:5e:00:01");
+    assert_eq!(n.tx_packets, u64::from(frames));
+    assert!(n.rx_packets >= u64::from(frames));
+    assert_eq!(n.tx_bytes, bytes + 14 * u64::from(frames));
+    assert_eq!(
+        (n.bad_chains, n.oversized, n.tx_errors, n.rx_errors),
+        (0, 0, 0, 0)
+    );
+    assert!(
+        run.stderr.contains("stagevm:   net net0 (tap svmtap0"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn io_thread_runs_on_housekeeping_cores() {
+    let guest = guest_image().to_path_buf();
+    let _lock = vm_lock();
+    let config = std::env::temp_dir().join(format!("stagevm-net-{}.toml", std::process::id()));
+    std::fs::write(&config, "[host]\ncores = \"1\"\nhousekeeping = \"0\"\n").unwrap();
+    let stages = config.clone();
+    let result = in_netns(move || {
+        let net = mac_arg();
+        let child = spawn(&[
+            "--kernel",
+            guest.to_str().unwrap(),
+            "--cpus",
+            "boot=2",
+            "--stages",
+            stages.to_str().unwrap(),
+            "--net",
+            &net,
+            "--cmdline",
+            "iters=100000000000",
+        ]);
+        watch_threads(child, |t| {
+            t.get("io-net0").is_some_and(|m| m.iter().all(|c| c == "0"))
+        })
+    });
+    let _ = std::fs::remove_file(&config);
+    let threads = match result {
+        Ok(t) => t,
+        Err(why) => return skip(&why),
+    };
+    let seen = threads.get("io-net0").map(|masks| masks.join(" "));
+    assert_eq!(
+        seen.as_deref(),
+        Some("0"),
+        "io-net0 must be on the housekeeping core: {threads:?}"
+    );
+}
+
+#[test]
+fn bad_net_options_are_named() {
+    let guest = guest_image();
+    let kernel = guest.to_str().unwrap();
+    expect_vmm_error(
+        &["--kernel", kernel, "--net", "tap=t0,mac=01:02:03:04:05:06"],
+        &["01:02:03:04:05:06", "multicast"],
+    );
+    expect_vmm_error(
+        &["--kernel", kernel, "--net", "tap=t0,speed=10"],
+        &["speed"],
+    );
+    expect_vmm_error(&["--kernel", kernel, "--net", "fd=9999"], &["fd=9999"]);
+}
