@@ -22,6 +22,7 @@
 //! * [`analysis`] — per-stage visit lengths, footprints and transitions,
 //! * [`discover`] — automatic stage discovery by simulation (seed 004): stage merging and request-level migration points,
 //! * [`symbols`] — function entries of the traced binary,
+//! * [`stagemap`] — stage-map files (stage → entry symbols) for the Linux agent,
 //! * [`results`] — the `bench/RESULTS.md` section.
 
 pub mod analysis;
@@ -32,6 +33,7 @@ pub mod plot;
 pub mod report;
 pub mod results;
 pub mod sim;
+pub mod stagemap;
 pub mod stream;
 pub mod symbols;
 pub mod synth;

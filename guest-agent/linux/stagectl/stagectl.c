@@ -22,6 +22,7 @@
 
 #include "stagevm_ioctl.h"
 #include "stagevm_layout.h"
+#include "stagemap_file.h"
 
 static void print_vcpus(uint64_t mask, char *out, size_t len)
 {
@@ -113,6 +114,26 @@ static void print_counters(const uint8_t *base, const struct stagevm_layout *l, 
 	}
 }
 
+/* `stagectl --map-file PATH`: parses a stage-map file and prints it in
+ * canonical form (stagemap_file.h); exit status 1 with the line and reason
+ * when it is malformed. */
+static int print_map_file(const char *path)
+{
+	struct stagemap_file m;
+	const char *why = NULL;
+	unsigned line = 0;
+	int r = stagemap_file_load(path, &m, &line, &why);
+
+	if (r == -EINVAL)
+		fprintf(stderr, "stagectl: %s: line %u: %s\n", path, line, why);
+	else if (r < 0)
+		fprintf(stderr, "stagectl: %s: %s\n", path, strerror(-r));
+	else
+		r = stagemap_file_write(stdout, &m);
+	stagemap_file_free(&m);
+	return r < 0 ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *device = STAGEVM_DEVICE_PATH, *file = NULL;
@@ -134,8 +155,11 @@ int main(int argc, char **argv)
 			fd = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--file") && i + 1 < argc)
 			file = argv[++i];
+		else if (!strcmp(argv[i], "--map-file") && i + 1 < argc)
+			return print_map_file(argv[i + 1]);
 		else {
-			fprintf(stderr, "usage: stagectl [--device PATH | --fd N | --file PATH]\n");
+			fprintf(stderr, "usage: stagectl [--device PATH | --fd N | --file PATH]\n"
+					"       stagectl --map-file PATH   (check and print a stage-map file)\n");
 			return 2;
 		}
 	}
