@@ -276,9 +276,38 @@ fn start_echo_guest(
     (child, rx)
 }
 
-/// Echo of `count` frames, one at a time; returns the payload bytes and
-/// their FNV-1a as the guest should count them (the STOP frame included).
-fn echo(peer: &Peer, count: u32) -> (u64, u64, u32) {
+/// `GET path` on the API socket at `socket`; the response's body.
+fn api_get(socket: &std::path::Path, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).expect("connect to the API");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: stagevm\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{path}: {text}");
+    text.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+/// The value of the sample `name{device="net0"}` in Prometheus text.
+fn metric(text: &str, name: &str) -> u64 {
+    let prefix = format!("{name}{{device=\"net0\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix} in {text}"))
+        .parse()
+        .unwrap()
+}
+
+/// Echo of `count` frames, one at a time, then a STOP frame; `before_stop`
+/// runs between them (the VM still running). Returns the payload bytes and
+/// their FNV-1a as the guest should count them (the STOP frame included),
+/// and the frames.
+fn echo(peer: &Peer, count: u32, before_stop: impl FnOnce()) -> (u64, u64, u32) {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     let mut bytes = 0u64;
     let mut fold = |f: &[u8]| {
@@ -304,6 +333,7 @@ fn echo(peer: &Peer, count: u32) -> (u64, u64, u32) {
         assert_eq!(echo[12..], sent[12..], "frame {seq}: payload");
         fold(&sent);
     }
+    before_stop();
     let mut stop = frame(u32::MAX, 60);
     stop[14..18].copy_from_slice(b"STOP");
     peer.send(&stop);
@@ -322,10 +352,23 @@ fn guest_echoes_ten_thousand_frames_intact() {
     let result = in_netns(move || {
         let _ = guest;
         let report = report_path("net-echo");
-        let (child, lines) = start_echo_guest(&report, &[]);
+        let socket = report.with_extension("sock");
+        let (child, lines) = start_echo_guest(&report, &["--api-socket", socket.to_str().unwrap()]);
         let peer = Peer::open(TAP);
         let t0 = Instant::now();
-        let (bytes, h, frames) = echo(&peer, 10_000);
+        let (bytes, h, frames) = echo(&peer, 10_000, || {
+            // The counters while the VM runs: vm.info and /metrics. The
+            // last echo's count may trail by one (counted after the write).
+            let info: stagevm_report::api::VmInfo =
+                serde_json::from_str(&api_get(&socket, "/api/v1/vm.info")).unwrap();
+            let n = &info.nets[0];
+            assert_eq!((n.name.as_str(), n.tap.as_str()), ("net0", TAP));
+            assert!(n.tx_packets >= 9_999 && n.rx_packets >= 10_000, "{n:?}");
+            let text = api_get(&socket, "/metrics");
+            assert!(metric(&text, "stagevm_net_tx_packets_total") >= n.tx_packets);
+            assert!(metric(&text, "stagevm_net_rx_bytes_total") >= n.rx_bytes);
+            assert_eq!(metric(&text, "stagevm_net_tx_errors_total"), 0);
+        });
         let elapsed = t0.elapsed();
         let run = wait(child, Duration::from_secs(30));
         let rest: Vec<String> = lines.try_iter().collect();

@@ -262,6 +262,7 @@ impl Vmm {
             sched: self.sched.clone(),
             exit: self.exit.clone(),
             vm,
+            bus: self.bus.clone(),
         });
         let (exit, seccomp) = (self.exit.clone(), self.seccomp);
         let exit_fd = exit.fd().try_clone()?;

@@ -18,7 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ChannelReport, HelperThread, SchedReport, VcpuThread};
+use crate::{ChannelReport, HelperThread, NetReport, SchedReport, VcpuThread};
 
 /// The API's path prefix (version 1).
 pub const PREFIX: &str = "/api/v1";
@@ -67,6 +67,9 @@ pub struct VmInfo {
     pub vcpus: Vec<VcpuThread>,
     /// Helper threads (this API's thread among them) and their affinities.
     pub helpers: Vec<HelperThread>,
+    /// virtio-net devices and their counters now.
+    #[serde(default)]
+    pub nets: Vec<NetReport>,
 }
 
 /// `GET /api/v1/stages`: the live report, as the final one would be now.

@@ -27,6 +27,7 @@
 //! | `stagevm_policy_info` | gauge (1) | `policy` | `sched.policy` |
 //! | `stagevm_visit_policy_info` | gauge (1) | `policy` | `sched.visit` |
 //! | `stagevm_log_lines_suppressed_total` | counter | — | `log_lines_suppressed` |
+//! | `stagevm_net_{rx,tx}_{packets,bytes,dropped,errors}_total` | counter | `device` | `nets[].rx_packets`, … (`vm.info`'s `nets`) |
 
 use host_sched::cpuset::CpuSet;
 use prometheus::{
@@ -34,6 +35,7 @@ use prometheus::{
     TextEncoder,
 };
 use stagevm_report::api::StagesView;
+use stagevm_report::NetReport;
 
 /// `Content-Type` of the exposition.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -76,7 +78,11 @@ impl Builder {
 /// Renders `view` (and the count of suppressed guest-triggered log lines)
 /// as Prometheus text. Errors: the `prometheus` crate refused a metric (a
 /// defect) or the encoding failed.
-pub fn render(view: &StagesView, log_lines_suppressed: u64) -> prometheus::Result<String> {
+pub fn render(
+    view: &StagesView,
+    log_lines_suppressed: u64,
+    nets: &[NetReport],
+) -> prometheus::Result<String> {
     let b = Builder {
         registry: Registry::new(),
     };
@@ -190,9 +196,61 @@ pub fn render(view: &StagesView, log_lines_suppressed: u64) -> prometheus::Resul
                 .set(1.0);
         }
     }
+    net_metrics(&b, nets)?;
     let mut out = Vec::new();
     TextEncoder::new().encode(&b.registry.gather(), &mut out)?;
     String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
+}
+
+/// The virtio-net devices' counters, labelled by device name.
+fn net_metrics(b: &Builder, nets: &[NetReport]) -> prometheus::Result<()> {
+    type Field = fn(&NetReport) -> u64;
+    let fields: [(&str, &str, Field); 8] = [
+        ("rx_packets", "Frames delivered to the guest", |n| {
+            n.rx_packets
+        }),
+        ("rx_bytes", "Frame bytes delivered to the guest", |n| {
+            n.rx_bytes
+        }),
+        (
+            "rx_dropped",
+            "Frames from the tap not delivered (oversized, runts, no queue)",
+            |n| n.rx_dropped,
+        ),
+        (
+            "rx_errors",
+            "Receive buffers refused (bad chains, too small)",
+            |n| n.rx_errors,
+        ),
+        (
+            "tx_packets",
+            "Frames of the guest sent out on the tap",
+            |n| n.tx_packets,
+        ),
+        ("tx_bytes", "Frame bytes sent out on the tap", |n| {
+            n.tx_bytes
+        }),
+        (
+            "tx_dropped",
+            "Frames of the guest not sent (oversized, tap full or gone)",
+            |n| n.tx_dropped,
+        ),
+        (
+            "tx_errors",
+            "Transmit chains refused (bad chains) or refused by the tap",
+            |n| n.tx_errors,
+        ),
+    ];
+    if nets.is_empty() {
+        return Ok(());
+    }
+    for (name, help, get) in fields {
+        let c = b.counter_vec(&format!("stagevm_net_{name}_total"), help, "device")?;
+        for n in nets {
+            c.with_label_values(&[&n.name]).inc_by(get(n));
+        }
+    }
+    Ok(())
 }
 
 fn stage_metrics(b: &Builder, view: &StagesView) -> prometheus::Result<()> {

@@ -49,6 +49,8 @@ pub struct ApiContext {
     pub exit: Arc<ExitEvent>,
     /// Kernel path, command line, vCPUs, RAM (bytes), stage device.
     pub vm: VmFacts,
+    /// The VM's devices (the network cards' counters).
+    pub bus: Arc<crate::devices::Bus>,
 }
 
 /// The VM's configuration that does not change while it runs.
@@ -145,7 +147,11 @@ pub fn handle(
         },
         "/metrics" => {
             let view = ctx.sched.view(0, 0);
-            match metrics::render(&view, crate::ratelimit::suppressed()) {
+            match metrics::render(
+                &view,
+                crate::ratelimit::suppressed(),
+                &ctx.bus.net_reports(),
+            ) {
                 Ok(text) => Response {
                     status: 200,
                     content_type: metrics::CONTENT_TYPE,
@@ -288,6 +294,7 @@ fn info(ctx: &ApiContext) -> VmInfo {
         housekeeping: s.housekeeping,
         vcpus: s.vcpus,
         helpers: s.helpers,
+        nets: ctx.bus.net_reports(),
     }
 }
 
