@@ -461,3 +461,135 @@ fn bad_net_options_are_named() {
     );
     expect_vmm_error(&["--kernel", kernel, "--net", "fd=9999"], &["fd=9999"]);
 }
+
+/// `struct ifreq` with the MTU member (SIOCSIFMTU).
+#[repr(C)]
+struct IfReqMtu {
+    name: [u8; libc::IFNAMSIZ],
+    mtu: libc::c_int,
+    _pad: [u8; 20],
+}
+
+/// Sets the MTU of `name` (bytes), so the peer can send frames longer than
+/// the device carries.
+fn set_mtu(name: &str, mtu: i32) {
+    let mut r = IfReqMtu {
+        name: [0; libc::IFNAMSIZ],
+        mtu,
+        _pad: [0; 20],
+    };
+    r.name[..name.len()].copy_from_slice(name.as_bytes());
+    // SAFETY: a plain datagram socket for the interface ioctl.
+    let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+    assert!(sock >= 0);
+    // SAFETY: `sock` was just opened and is owned here.
+    let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+    // SAFETY: SIOCSIFMTU reads `r`, a `struct ifreq`.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFMTU, &mut r) };
+    assert_eq!(rc, 0, "SIOCSIFMTU: {}", std::io::Error::last_os_error());
+}
+
+/// CPU time (clock ticks) of the thread named `comm` of `pid`.
+fn thread_ticks(pid: u32, comm: &str) -> Option<u64> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if name.trim() != comm {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+        // After the ")" closing comm: state is field 3, utime 14, stime 15.
+        let rest = stat.rsplit_once(')')?.1;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        return Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?);
+    }
+    None
+}
+
+/// A hostile peer and guest: frames longer than the device carries in both
+/// directions (dropped and counted, the echo goes on), then the tap
+/// deleted under the running VM (counted once, logged once, no busy loop:
+/// `io-net0` burns no CPU afterwards), and the VM ends normally on SIGTERM.
+#[test]
+fn oversized_frames_and_a_vanished_tap_are_counted_and_survived() {
+    let guest = guest_image().to_path_buf();
+    let _lock = vm_lock();
+    let result = in_netns(move || {
+        let _ = guest;
+        set_mtu(TAP, 9000);
+        let report = report_path("net-hostile");
+        let (child, _lines) = start_echo_guest(&report, &[]);
+        let pid = child.id();
+        let peer = Peer::open(TAP);
+        // Five frames of 2014 bytes: the guest never sees them.
+        for seq in 0..5 {
+            peer.send(&frame(seq, 2014));
+        }
+        assert!(peer.recv_from_guest(Duration::from_millis(300)).is_none());
+        // The echo still works; a BIG! frame makes the guest send 4000
+        // bytes first (dropped), then its echo.
+        let good = frame(5, 100);
+        peer.send(&good);
+        assert_eq!(
+            peer.recv_from_guest(Duration::from_secs(5))
+                .map(|f| f.len()),
+            Some(100)
+        );
+        let mut big = frame(6, 100);
+        big[14..18].copy_from_slice(b"BIG!");
+        peer.send(&big);
+        let echo = peer
+            .recv_from_guest(Duration::from_secs(5))
+            .expect("echo of BIG!");
+        assert_eq!(echo[12..], big[12..]);
+        assert!(peer.recv_from_guest(Duration::from_millis(200)).is_none());
+        // The tap goes away under the VM.
+        let deleted = std::process::Command::new("ip")
+            .args(["link", "del", TAP])
+            .status()
+            .is_ok_and(|s| s.success());
+        let mut idle_ticks = None;
+        if deleted {
+            std::thread::sleep(Duration::from_millis(300));
+            let t0 = thread_ticks(pid, "io-net0");
+            std::thread::sleep(Duration::from_secs(1));
+            let t1 = thread_ticks(pid, "io-net0");
+            idle_ticks = t0.zip(t1).map(|(a, b)| b - a);
+        }
+        // SAFETY: kill(2) of our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        let run = wait(child, Duration::from_secs(10));
+        let json = stagevm_report::Report::read(&report);
+        let _ = std::fs::remove_file(&report);
+        (run, json, deleted, idle_ticks)
+    });
+    let (run, json, deleted, idle_ticks) = match result {
+        Ok(r) => r,
+        Err(why) => return skip(&why),
+    };
+    run.assert_no_panic();
+    assert_eq!(run.code(), 143, "{run:#?}");
+    let n = json.expect("the report").nets.remove(0);
+    eprintln!("{n:?}; io-net0 ticks in 1 s after the tap went: {idle_ticks:?}");
+    assert!(n.rx_dropped >= 5 && n.oversized >= 6, "{n:?}");
+    assert_eq!(n.tx_dropped, 1, "{n:?}");
+    assert_eq!(n.tx_packets, 2, "{n:?}");
+    assert_eq!((n.bad_chains, n.tx_errors), (0, 0), "{n:?}");
+    if !deleted {
+        return skip("the vanished-tap part needs `ip link del` (iproute2)");
+    }
+    assert!(n.tap_gone, "{n:?}");
+    assert_eq!(
+        run.stderr.matches("the tap has gone").count(),
+        1,
+        "{}",
+        run.stderr
+    );
+    let ticks = idle_ticks.expect("io-net0's CPU time");
+    assert!(
+        ticks <= 5,
+        "io-net0 busy after its tap went: {ticks} ticks in 1 s"
+    );
+}

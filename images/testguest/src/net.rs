@@ -5,6 +5,9 @@
 //! Every frame of ethertype [`ETHERTYPE`] that arrives goes back out with
 //! its source and destination MACs swapped and nothing else changed; other
 //! frames (the host's IPv6 neighbour discovery, …) are ignored. A frame
+//! whose payload starts with `BIG!` is echoed after the guest sent a frame
+//! of [`BIG`] bytes, longer than any the device carries (a hostile guest's
+//! frame: the device drops and counts it). A frame
 //! whose payload starts with `STOP` is echoed too and ends the echo; the
 //! guest then prints `testguest: net echoed N frames, B bytes, fnv1a H`
 //! (B and H over the echoed frames' payloads, after the Ethernet header).
@@ -24,6 +27,10 @@ pub const ETHERTYPE: u16 = 0x88b5;
 const QUEUE: usize = 16;
 /// Bytes per receive buffer: header (12) and the largest frame (1518).
 const RX_BUF: usize = 2048;
+/// Bytes of the transmit buffer.
+const TX_BUF: usize = 8192;
+/// The oversized frame a `BIG!` frame asks for (bytes).
+pub const BIG: usize = 4000;
 
 /// The VMM's virtio-mmio window (one 2 MiB page the VMM maps for ring 3).
 const WINDOW: core::ops::Range<u64> = 0xd000_0000..0xd020_0000;
@@ -74,13 +81,13 @@ pub fn echo(base: u64, size: usize) {
             return;
         }
     };
-    let Some(mem) = alloc_pages(((QUEUE + 1) * RX_BUF) as u64) else {
+    let Some(mem) = alloc_pages((QUEUE * RX_BUF + TX_BUF) as u64) else {
         println!("testguest: net: out of memory");
         return;
     };
     // SAFETY: freshly allocated pages, used only here: QUEUE receive
     // buffers and one transmit buffer.
-    let all = unsafe { core::slice::from_raw_parts_mut(mem as *mut u8, (QUEUE + 1) * RX_BUF) };
+    let all = unsafe { core::slice::from_raw_parts_mut(mem as *mut u8, QUEUE * RX_BUF + TX_BUF) };
     let (rx_all, tx) = all.split_at_mut(QUEUE * RX_BUF);
     let mut tokens = [u16::MAX; QUEUE];
     for (i, buf) in rx_all.chunks_exact_mut(RX_BUF).enumerate() {
@@ -120,6 +127,16 @@ pub fn echo(base: u64, size: usize) {
         let frame = &buf[hdr..hdr + len];
         let mut stop = false;
         if len >= 14 && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE {
+            if frame[14..].starts_with(b"BIG!") {
+                tx[..BIG].fill(0x42);
+                tx[..6].copy_from_slice(&frame[6..12]);
+                tx[6..12].copy_from_slice(&frame[..6]);
+                tx[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
+                // The device completes the chain without sending it.
+                if let Err(e) = net.send(&tx[..BIG]) {
+                    println!("testguest: net: oversized send failed ({:?})", e);
+                }
+            }
             let out = &mut tx[..len];
             out[..6].copy_from_slice(&frame[6..12]);
             out[6..12].copy_from_slice(&frame[..6]);
