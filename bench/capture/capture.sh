@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Capture "stagetrace v1" traces of MariaDB 10.11 under sysbench.
 #
-#   bench/capture/capture.sh [--workloads "oltp_read_only oltp_read_write"]
-#                            [--events N] [--threads N] [--no-validate] [--force]
+#   bench/capture/capture.sh [--workloads "oltp_read_only oltp_read_write tpcc"]
+#                            [--events N] [--tpcc-events N] [--warehouses N]
+#                            [--threads N] [--no-validate] [--force]
+#
+# tpcc is bench/capture/tpcc.lua (TPC-C's five transactions); its validation
+# also counts the transaction mix in the trace (tpcc_mix.py).
 #
 # Leaves target/traces/mariadb-<workload>.strace.zst and
 # target/traces/mariadb-<workload>.strace.zst.stages.toml.  See README.md.
@@ -13,8 +17,10 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 OUT="${CAPTURE_OUT:-$ROOT/target/traces}"
 BUILD="$ROOT/target/capture-build"
 
-WORKLOADS="oltp_read_only oltp_read_write"
-EVENTS=100         # sysbench transactions in the traced window, per workload
+WORKLOADS="oltp_read_only oltp_read_write tpcc"
+EVENTS=100         # sysbench transactions in the traced window, per OLTP workload
+TPCC_EVENTS=160    # TPC-C transactions in the traced window: each connection runs TPCC_EVENTS/THREADS
+WAREHOUSES=2       # TPC-C warehouses (seed 000's scale)
 THREADS=16         # sysbench connections (= server connection threads)
 TABLES=4
 TABLE_SIZE=10000
@@ -24,16 +30,23 @@ FORCE=0
 PORT=${CAPTURE_PORT:-33917}
 
 while [ $# -gt 0 ]; do
+  # (checked after the loop: --tpcc-events must be a multiple of --threads)
   case "$1" in
     --workloads) WORKLOADS="$2"; shift 2 ;;
     --events) EVENTS="$2"; shift 2 ;;
+    --tpcc-events) TPCC_EVENTS="$2"; shift 2 ;;
+    --warehouses) WAREHOUSES="$2"; shift 2 ;;
     --threads) THREADS="$2"; shift 2 ;;
     --no-validate) VALIDATE=0; shift ;;
     --force) FORCE=1; shift ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "capture.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+
+if [ $(( TPCC_EVENTS % THREADS )) != 0 ] || [ "$TPCC_EVENTS" -lt "$THREADS" ]; then
+  echo "capture.sh: --tpcc-events ($TPCC_EVENTS) must be a positive multiple of --threads ($THREADS)" >&2; exit 2
+fi
 
 T0=$(date +%s)
 say() { printf '[capture %4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
@@ -89,11 +102,17 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 SOCK="$WORK/mysqld.sock"
+BP_OPTS="--innodb-buffer-pool-size=128M --innodb-buffer-pool-size-max=256M"
+# TPC-C at 2 warehouses is ~230 MB of tables: a larger buffer pool so the
+# warm-up caches all of it, and no asynchronous buffer-pool load at start-up
+# (it would still be running in the traced window)
+TPCC_BP_OPTS="--innodb-buffer-pool-size=512M --innodb-buffer-pool-size-max=1G --innodb-buffer-pool-load-at-startup=0"
 server_opts() {
+  # shellcheck disable=SC2086
   echo --no-defaults --datadir="$WORK/data" --socket="$SOCK" --port="$PORT" \
     --bind-address=127.0.0.1 --user=root --pid-file="$WORK/mysqld.pid" \
     --log-error="$WORK/error.log" --skip-name-resolve --innodb-use-native-aio=0 \
-    --innodb-buffer-pool-size=128M --innodb-buffer-pool-size-max=256M \
+    $BP_OPTS \
     --max-connections=64 --performance-schema=OFF
 }
 wait_ready() {   # $1 timeout s
@@ -116,12 +135,26 @@ stop_server() {
 }
 SB_COMMON=(--db-driver=mysql --mysql-host=127.0.0.1 --mysql-port="$PORT" --mysql-user=sbtest
            --mysql-password=sbtest --mysql-db=sbtest --tables="$TABLES" --table-size="$TABLE_SIZE")
+SB_TPCC=(--db-driver=mysql --mysql-host=127.0.0.1 --mysql-port="$PORT" --mysql-user=sbtest
+         --mysql-password=sbtest --mysql-db=tpcc --warehouses="$WAREHOUSES")
+TPCC_TABLES="warehouse district customer history new_orders orders order_line item stock"
+
+# does workload $1 need capturing (else its trace is reused)?
+wanted() {
+  local dest="$OUT/mariadb-$1.strace.zst"
+  [ "$FORCE" = 1 ] || ! [ -s "$dest" ] || ! [ -s "$dest.stages.toml" ]
+}
+NEED_OLTP=0; NEED_TPCC=0
+for wl in $WORKLOADS; do
+  if wanted "$wl"; then if [ "$wl" = tpcc ]; then NEED_TPCC=1; else NEED_OLTP=1; fi; fi
+done
 
 if ss -ltn 2>/dev/null | grep -q ":$PORT "; then
   echo "capture.sh: port $PORT is in use (set CAPTURE_PORT)" >&2; exit 1
 fi
 
 # A prepared datadir, made once natively (fast) and copied for every run.
+if [ "$NEED_OLTP" = 1 ]; then
 say "creating the datadir and the sysbench tables natively ($TABLES x $TABLE_SIZE rows)"
 mariadb-install-db --no-defaults --datadir="$WORK/template" --user=root \
   --auth-root-authentication-method=socket --skip-test-db >"$WORK/install.log" 2>&1
@@ -136,12 +169,50 @@ mariadb --no-defaults --socket="$SOCK" -uroot -e "CREATE DATABASE sbtest;
 sysbench oltp_read_write "${SB_COMMON[@]}" --threads=2 prepare >"$WORK/prepare.log"
 stop_server
 rm -rf "$WORK/template"; mv "$WORK/data" "$WORK/template"
+fi
+
+# The TPC-C datadir: loaded natively by tpcc.lua (2 loader threads).
+TPCC_LOAD_S=""
+if [ "$NEED_TPCC" = 1 ]; then
+  say "creating the TPC-C datadir natively ($WAREHOUSES warehouses, tpcc.lua prepare)"
+  mariadb-install-db --no-defaults --datadir="$WORK/template-tpcc" --user=root \
+    --auth-root-authentication-method=socket --skip-test-db >"$WORK/install-tpcc.log" 2>&1
+  cp -a "$WORK/template-tpcc" "$WORK/data"
+  BP_OPTS=$TPCC_BP_OPTS
+  # shellcheck disable=SC2046
+  "$MARIADBD" $(server_opts) >"$WORK/mariadbd.out" 2>&1 &
+  SERVER_PID=$!
+  wait_ready 120
+  mariadb --no-defaults --socket="$SOCK" -uroot -e "CREATE DATABASE tpcc;
+    CREATE USER sbtest@'127.0.0.1' IDENTIFIED BY 'sbtest';
+    GRANT ALL ON tpcc.* TO sbtest@'127.0.0.1';"
+  tl=$(date +%s)
+  sysbench "$HERE/tpcc.lua" "${SB_TPCC[@]}" --threads=2 prepare >"$WORK/prepare-tpcc.log"
+  sysbench "$HERE/tpcc.lua" "${SB_TPCC[@]}" analyze >>"$WORK/prepare-tpcc.log"
+  TPCC_LOAD_S=$(( $(date +%s) - tl ))
+  rows=""
+  for t in $TPCC_TABLES; do
+    rows+="$t $(mariadb --no-defaults --socket="$SOCK" -uroot -N -e "SELECT COUNT(*) FROM tpcc.$t") "
+  done
+  say "TPC-C loaded in $TPCC_LOAD_S s: $rows"
+  stop_server
+  BP_OPTS="--innodb-buffer-pool-size=128M --innodb-buffer-pool-size-max=256M"
+  rm -rf "$WORK/template-tpcc"; mv "$WORK/data" "$WORK/template-tpcc"
+fi
 
 # one run of a workload under Valgrind tool $1 ("stgtrace" or "callgrind")
 # $2 workload; writes $WORK/<tool>.* files
 run_under() {
   local tool=$1 wl=$2
-  rm -rf "$WORK/data"; cp -a "$WORK/template" "$WORK/data"
+  local template="$WORK/template" ev=$EVENTS
+  BP_OPTS="--innodb-buffer-pool-size=128M --innodb-buffer-pool-size-max=256M"
+  if [ "$wl" = tpcc ]; then template="$WORK/template-tpcc"; ev=$TPCC_EVENTS; BP_OPTS=$TPCC_BP_OPTS; fi
+  local evopt=(--events="$ev")
+  # tpcc: exactly TPCC_EVENTS/THREADS transactions per connection, so the
+  # mix and every connection's work do not depend on the scheduling (the
+  # stgtrace and the callgrind run do the same transactions)
+  [ "$wl" = tpcc ] && evopt=(--events="$(( ev + THREADS ))" --thread-events="$(( ev / THREADS ))")
+  rm -rf "$WORK/data"; cp -a "$template" "$WORK/data"
   rm -f "$WORK/ctl"
   local vgopts=(--tool="$tool" --log-file="$WORK/$tool.vg.log")
   if [ "$tool" = stgtrace ]; then
@@ -160,17 +231,31 @@ run_under() {
   wait_ready 900
   say "$wl: server up; warm-up (not traced): read every table once into the buffer pool"
   local warm="" i
+  if [ "$wl" = tpcc ]; then
+    # every row of every table (clustered index) and the two secondary indexes
+    warm="USE tpcc; SELECT SUM(w_ytd) FROM warehouse; SELECT SUM(d_ytd) FROM district;
+      SELECT SUM(LENGTH(c_data)) FROM customer FORCE INDEX (PRIMARY);
+      SELECT COUNT(c_first) FROM customer FORCE INDEX (idx_customer_name);
+      SELECT SUM(h_amount) FROM history; SELECT SUM(no_o_id) FROM new_orders;
+      SELECT SUM(o_ol_cnt) FROM orders FORCE INDEX (PRIMARY);
+      SELECT SUM(o_c_id) FROM orders FORCE INDEX (idx_orders_customer);
+      SELECT SUM(ol_amount) FROM order_line; SELECT SUM(i_price) FROM item;
+      SELECT SUM(s_quantity), SUM(LENGTH(s_data)) FROM stock;"
+  else
   for i in $(seq "$TABLES"); do
     warm+="SELECT SUM(id), SUM(k), SUM(LENGTH(c)) FROM sbtest.sbtest$i;"
     warm+="SELECT SUM(k) FROM sbtest.sbtest$i FORCE INDEX (k_$i);"
   done
+  fi
   mariadb --no-defaults --socket="$SOCK" -uroot -e "$warm" >/dev/null
   # window open: the tool starts at the next dispatch_command (the DO 1 below)
   if [ "$tool" = stgtrace ]; then touch "$WORK/ctl"; else callgrind_control -z "$SERVER_PID" >/dev/null 2>&1; fi
   mariadb --no-defaults --socket="$SOCK" -uroot -e "DO 1"
   local ts; ts=$(date +%s)
-  say "$wl: sysbench $wl: $EVENTS transactions, $THREADS connections (traced window)"
-  sysbench "$wl" "${SB_COMMON[@]}" --threads="$THREADS" --events="$EVENTS" --time=0 \
+  say "$wl: sysbench $wl: $ev transactions, $THREADS connections (traced window)"
+  local sbwl=("$wl" "${SB_COMMON[@]}")
+  [ "$wl" = tpcc ] && sbwl=("$HERE/tpcc.lua" "${SB_TPCC[@]}")
+  sysbench "${sbwl[@]}" --threads="$THREADS" "${evopt[@]}" --time=0 \
     --rand-seed="$SEED" --db-ps-mode=disable --report-interval=10 run \
     | tee "$WORK/$tool.sysbench.log" | sed -u 's/^/    sysbench: /' \
     | grep --line-buffered -E 'sysbench: \[|transactions:|queries:|total time:' || true
@@ -202,6 +287,14 @@ for wl in $WORKLOADS; do
   say "$wl: trace $(du -h "$dest.tmp" | cut -f1); decoding it for statistics"
   "$PY" "$HERE/trace_stats.py" --json "$WORK/stats.json" "$dest.tmp" >"$WORK/trace_stats.txt"
   sed 's/^/    /' "$WORK/trace_stats.txt" | head -40
+  mix_ok=1
+  if [ "$wl" = tpcc ]; then
+    say "$wl: counting the transaction mix in the trace (tpcc_mix.py)"
+    "$PY" "$HERE/tpcc_mix.py" "$dest.tmp" --sysbench-log "$WORK/stgtrace.sysbench.log" \
+      --warehouses "$WAREHOUSES" --json "$WORK/mix.json" >"$WORK/mix.txt" || mix_ok=0
+    sed 's/^/    /' "$WORK/mix.txt"
+    cp "$WORK/mix.txt" "$BUILD/tpcc-mix.txt"; cp "$WORK/stgtrace.sysbench.log" "$BUILD/tpcc-stgtrace.sysbench.log"
+  fi
   cg_ir=""
   if [ "$VALIDATE" = 1 ]; then
     run_under callgrind "$wl"
@@ -212,20 +305,35 @@ for wl in $WORKLOADS; do
       awk -v c=$conn '/^thread:/ {t=$2} /^totals:/ {print t, $2, c}' "$f"
     done >"$WORK/callgrind.threads"
     cp "$WORK/callgrind.threads" "$BUILD/callgrind-$wl.threads"
+    cp "$WORK/callgrind.sysbench.log" "$BUILD/callgrind-$wl.sysbench.log"
     cg_ir=$(awk '{s+=$2} END {print s}' "$WORK/callgrind.threads")
   fi
   tcap=$(( $(date +%s) - tw ))
+  if [ "$wl" = tpcc ]; then
+    wl_args=(--events "$TPCC_EVENTS" --mix-json "$WORK/mix.json" --warehouses "$WAREHOUSES"
+             --server-opts "$TPCC_BP_OPTS")
+    [ -n "$TPCC_LOAD_S" ] && wl_args+=(--load-seconds "$TPCC_LOAD_S")
+  else
+    wl_args=(--events "$EVENTS" --tables "$TABLES" --table-size "$TABLE_SIZE")
+  fi
   "$PY" "$HERE/write_sidecar.py" \
     --stages-json "$BUILD/stages.json" --stages-toml "$HERE/mariadb-stages.toml" \
     --tool-stats "$WORK/stgtrace.stats" --trace-stats "$WORK/stats.json" \
     --sysbench-log "$WORK/stgtrace.sysbench.log" \
     ${cg_ir:+--callgrind-ir "$cg_ir" --callgrind-threads "$WORK/callgrind.threads" --callgrind-sysbench-log "$WORK/callgrind.sysbench.log"} \
-    --workload "$wl" --events "$EVENTS" --threads "$THREADS" --tables "$TABLES" \
-    --table-size "$TABLE_SIZE" --seed "$SEED" --mariadb "$MDB_VERSION" \
+    --workload "$wl" --threads "$THREADS" --seed "$SEED" --mariadb "$MDB_VERSION" "${wl_args[@]}" \
     --valgrind "$VG_VERSION" --sysbench "$SB_VERSION" --seconds "$tcap" \
     --vg-log "$WORK/stgtrace.vg.log" --trace "$dest" --out "$dest.stages.toml.tmp"
+  if [ "$mix_ok" = 0 ]; then
+    if [ "$VALIDATE" = 1 ]; then
+      echo "capture.sh: $wl: the transaction mix counted in the trace differs from the script's by more" \
+           "than 5 percentage points (see above); trace left as $dest.tmp" >&2
+      exit 1
+    fi
+    echo "capture.sh: warning: $wl: transaction mix check failed (--no-validate: trace kept)" >&2
+  fi
   mv "$dest.tmp" "$dest"; mv "$dest.stages.toml.tmp" "$dest.stages.toml"
   say "$wl: wrote $dest ($(du -h "$dest" | cut -f1)) and $dest.stages.toml in $tcap s"
-  sed -n '/^\[capture\]/,/^$/p;/^\[validation\]/,/^$/p' "$dest.stages.toml" | sed 's/^/    /'
+  sed -n '/^\[capture\]/,/^$/p;/^\[validation\]/,/^$/p;/^\[tpcc\]/,/^$/p' "$dest.stages.toml" | sed 's/^/    /'
 done
 say "done"

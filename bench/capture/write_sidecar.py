@@ -50,8 +50,10 @@ def main():
     for k in ("stages-json", "stages-toml", "tool-stats", "trace-stats", "sysbench-log", "workload",
               "mariadb", "valgrind", "sysbench", "trace", "out", "vg-log"):
         ap.add_argument("--" + k)
-    for k in ("events", "threads", "tables", "table-size", "seed", "seconds"):
+    for k in ("events", "threads", "tables", "table-size", "seed", "seconds", "warehouses", "load-seconds"):
         ap.add_argument("--" + k, type=int)
+    ap.add_argument("--mix-json", help="tpcc: tpcc_mix.py's JSON (script's and trace's mix)")
+    ap.add_argument("--server-opts", help="buffer-pool options when not the default ones")
     ap.add_argument("--callgrind-ir", type=int)
     ap.add_argument("--callgrind-sysbench-log")
     ap.add_argument("--callgrind-threads", help="lines 'TID IR' of the callgrind window")
@@ -73,13 +75,22 @@ def main():
         kv(f, "format", "stagetrace v1")
         kv(f, "trace", os.path.basename(a.trace))
         f.write("\n[capture]\n")
-        kv(f, "workload", f"sysbench {a.workload}")
+        tpcc = a.workload == "tpcc"
+        kv(f, "workload", "sysbench bench/capture/tpcc.lua (TPC-C's five transactions)" if tpcc
+           else f"sysbench {a.workload}")
         kv(f, "server", f"mariadbd {a.mariadb}")
         kv(f, "transactions", sb_num(a.sysbench_log, "transactions") or a.events)
         kv(f, "queries", sb_num(a.sysbench_log, "queries") or 0)
         kv(f, "connections", a.threads)
-        kv(f, "tables", a.tables)
-        kv(f, "table_size", a.table_size)
+        if tpcc:
+            kv(f, "warehouses", a.warehouses)
+            if a.load_seconds is not None:
+                kv(f, "load_seconds_native", a.load_seconds)
+        else:
+            kv(f, "tables", a.tables)
+            kv(f, "table_size", a.table_size)
+        if a.server_opts:
+            kv(f, "server_buffer_pool_options", a.server_opts)
         kv(f, "rand_seed", a.seed)
         kv(f, "db_ps_mode", "disable")
         kv(f, "instructions", n)
@@ -96,7 +107,7 @@ def main():
         kv(f, "window", "from the first dispatch_command after the control file appeared (a 'DO 1' "
                         "sent just before sysbench starts) to the first dispatch_command after it "
                         "was removed (a COM_PING after sysbench ended); all server threads")
-        kv(f, "excluded", "server start-up, a warm-up query, table preparation (done natively "
+        kv(f, "excluded", "server start-up, warm-up queries, table preparation (done natively "
                           "before), shutdown")
         kv(f, "thread_ids", "Valgrind ThreadId (1 = mariadbd's main thread; ids of exited "
                             "threads may be reused)")
@@ -146,6 +157,30 @@ def main():
                                       "(callgrind_control -z) before the 'DO 1' and dumped "
                                       "(callgrind_control -d) after sysbench; Ir of that part, per thread "
                                       "(--separate-threads=yes; same Valgrind thread ids)")
+
+        if a.mix_json:
+            mix = json.load(open(a.mix_json))
+            f.write("\n[tpcc]\n")
+            kv(f, "warehouses", a.warehouses)
+            kv(f, "mix_method", "script: sum of tpcc.lua's per-thread 'tpcc-mix:' lines; trace: "
+                                "tpcc_mix.py, per thread the number of table statements (dispatch_command "
+                                "entries that reach the innodb stage) between statements without a table "
+                                "(BEGIN/COMMIT/ROLLBACK): 2 Stock-Level, 3 Order-Status, 6 New-Order rolled "
+                                "back, 7 Payment, odd 17..37 New-Order, 10+6k Delivery")
+            kv(f, "mix_ok", mix["ok"])
+            kv(f, "mix_identical", mix["identical"])
+            kv(f, "mix_max_diff_pp", mix["max_diff_pp"])
+            kv(f, "mix_tolerance_pp", mix["tolerance_pp"])
+            kv(f, "new_order_rollback_script", mix["new_order_rollback_script"])
+            kv(f, "new_order_rollback_trace", mix["new_order_rollback_trace"])
+            kv(f, "retries_script", mix["retries_script"])
+            kv(f, "failed_attempts_trace", mix["failed_attempts_trace"])
+            kv(f, "unclassified_trace", mix["unclassified_trace"])
+            for name in ("nominal_percent", "script", "script_percent", "trace", "trace_percent",
+                         "statements_script", "statements_trace", "instructions_per_transaction_trace"):
+                f.write(f"\n[tpcc.{name}]\n")
+                for k, v in mix[name].items():
+                    kv(f, k, v)
 
         by_id = {s["id"]: s for s in resolved["stages"]}
         for st in cfg["stage"]:
