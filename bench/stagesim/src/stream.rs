@@ -495,7 +495,9 @@ mod tests {
             stages: vec![StageEntry {
                 id: 1,
                 name: "parse".into(),
+                symbols: Vec::new(),
             }],
+            capture: None,
         };
         let t = Trace::from_reader(RecordReader::new(&raw[..]), &side, |_| {}).unwrap();
         assert_eq!(t.instrs, 3);

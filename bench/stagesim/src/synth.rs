@@ -217,8 +217,10 @@ pub fn sidecar(cfg: &SynthConfig) -> Sidecar {
                 name: NAMES
                     .get(s as usize)
                     .map_or(format!("s{s}"), |n| n.to_string()),
+                symbols: Vec::new(),
             })
             .collect(),
+        capture: None,
     }
 }
 

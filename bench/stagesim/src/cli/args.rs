@@ -55,6 +55,17 @@ pub struct ReplayArgs {
     /// `-` = the trace's own stages. Repeatable: each grouping is replayed. Unlisted stages stay alone.
     #[arg(long = "stage-groups", default_value = "-")]
     pub stage_groups: Vec<String>,
+    /// Replay the trace re-marked by this stage-map file (`discover --binary --map-out`): a thread
+    /// enters a stage where it enters one of its functions; the request-marker stage (--block-at)
+    /// joins the file's request stage. Needs --binary; excludes --stage-groups.
+    #[arg(long)]
+    pub stage_map: Option<PathBuf>,
+    /// The traced ELF binary whose symbols --stage-map names.
+    #[arg(long)]
+    pub binary: Option<PathBuf>,
+    /// Load bias of --binary in the trace (0xHEX); default: the sidecar's `[capture] text_bias`, else 0.
+    #[arg(long)]
+    pub text_bias: Option<String>,
     /// Model variant, not host-sched: migrate only for stage visits expected to last at least this
     /// many instructions (comma-separated list; 0 = off, host-sched's behaviour).
     #[arg(long, default_value = "0", value_parser = list::<u64>)]
@@ -132,9 +143,40 @@ pub struct DiscoverArgs {
     /// Staged policy the candidates are replayed under (static or proportional).
     #[arg(long, default_value = "static")]
     pub policy: String,
-    /// Cost of one thread migration, cycles.
+    /// Cost of one thread migration, cycles (CPU of the source core).
     #[arg(long, default_value_t = 4000)]
     pub migration_cycles: u64,
+    /// CPU a migration costs the target core, cycles (see `replay --migration-target-cycles`).
+    #[arg(long, default_value_t = 0)]
+    pub migration_target_cycles: u64,
+    /// Latency of a migration, cycles (see `replay --migration-latency`).
+    #[arg(long, default_value_t = 0)]
+    pub migration_latency: u64,
+    /// Request-level discovery (seed 004): migration points among the function entries of this
+    /// ELF binary (the traced one; its .symtab/.dynsym) instead of merging the trace's stages.
+    #[arg(long)]
+    pub binary: Option<PathBuf>,
+    /// Load bias of --binary in the trace (0xHEX); default: the sidecar's `[capture] text_bias`, else 0.
+    #[arg(long)]
+    pub text_bias: Option<String>,
+    /// Request marker for --binary: a request starts where a thread enters this trace stage.
+    #[arg(long, default_value = "net_read")]
+    pub block_at: String,
+    /// --binary: a candidate is called in at least this share of requests, % (seed 004: 80).
+    #[arg(long, default_value_t = 80.0)]
+    pub min_present_pct: f64,
+    /// --binary: ... and more than once in at most this share of them, % (seed 004: 0).
+    #[arg(long, default_value_t = 0.0)]
+    pub max_repeat_pct: f64,
+    /// --binary: candidates kept after screening; every choice of N among them is replayed.
+    #[arg(long, default_value_t = 8)]
+    pub keep: usize,
+    /// --binary: find the best choice for N = 2..=this stages.
+    #[arg(long, default_value_t = 4)]
+    pub max_parts: usize,
+    /// --binary: write the stage-map file of each N to PREFIX-N.stagemap.
+    #[arg(long)]
+    pub map_out: Option<PathBuf>,
     /// Part of every thread's stream each candidate replays, % (the same instructions for every candidate).
     #[arg(long, default_value_t = 20.0)]
     pub prefix_pct: f64,

@@ -13,11 +13,13 @@ use super::{load, progress_bar, write_file};
 use crate::cli::args::DiscoverArgs;
 
 /// The replay settings every candidate shares.
-fn base_config(a: &DiscoverArgs, policy: SimPolicy) -> anyhow::Result<SimConfig> {
+pub(super) fn base_config(a: &DiscoverArgs, policy: SimPolicy) -> anyhow::Result<SimConfig> {
     let mut c = SimConfig::new(policy, a.cores, a.slice);
     c.caches = a.model.hierarchy()?;
     c.model = a.model.cycle_model();
     c.migration_cycles = a.migration_cycles;
+    c.migration_target_cycles = a.migration_target_cycles;
+    c.migration_latency = a.migration_latency;
     c.warmup_pct = a.warmup_pct;
     c.period = a.period;
     anyhow::ensure!(
@@ -31,6 +33,9 @@ fn base_config(a: &DiscoverArgs, policy: SimPolicy) -> anyhow::Result<SimConfig>
 
 /// `stagesim discover`.
 pub fn discover(a: DiscoverArgs) -> anyhow::Result<()> {
+    if a.binary.is_some() {
+        return super::points::discover_points(a);
+    }
     let policy = SimPolicy::parse(&a.policy)
         .filter(|p| p.host_sched_kind().is_some())
         .with_context(|| format!("--policy '{}': static or proportional", a.policy))?;

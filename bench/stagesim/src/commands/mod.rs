@@ -12,11 +12,13 @@ use stagesim::groups::StageGroups;
 use stagesim::report::Report;
 use stagesim::stream::Trace;
 use stagesim::synth::{self, SynthConfig};
+use stagesim::trace::Sidecar;
 
 use crate::cli::args::{PlotArgs, SynthArgs};
 use crate::cli::{Cli, Cmd};
 
 mod discover;
+mod points;
 mod replay;
 
 /// Runs the command `cli` names.
@@ -210,6 +212,32 @@ pub fn progress_bar(len: u64, template: &str) -> ProgressBar {
     pb
 }
 
+/// The sidecar of the trace at `path`: `sidecar` if given, else its own
+/// `<trace>.stages.toml`, else an empty one.
+pub fn read_sidecar(path: &Path, sidecar: Option<&Path>) -> anyhow::Result<Sidecar> {
+    Ok(match sidecar {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("--sidecar {}", p.display()))?;
+            Sidecar::parse(&text, &p.display().to_string())?
+        }
+        None => Sidecar::load_for(path)?.unwrap_or_default(),
+    })
+}
+
+/// The load bias of the traced binary: `arg` (`--text-bias`), else the
+/// sidecar's `[capture] text_bias`, else 0.
+pub fn text_bias(arg: Option<&str>, sidecar: &Sidecar) -> anyhow::Result<u64> {
+    match arg.or(sidecar
+        .capture
+        .as_ref()
+        .and_then(|c| c.text_bias.as_deref()))
+    {
+        Some(b) => stagesim::symbols::parse_bias(b),
+        None => Ok(0),
+    }
+}
+
 /// Loads a trace (with `sidecar` or its own `<trace>.stages.toml`), showing progress.
 pub fn load(path: &Path, sidecar: Option<&Path>) -> anyhow::Result<Trace> {
     let t0 = Instant::now();
@@ -222,14 +250,7 @@ pub fn load(path: &Path, sidecar: Option<&Path>) -> anyhow::Result<Trace> {
             .unwrap_or_else(|_| ProgressStyle::default_spinner()),
     );
     pb.set_message(path.display().to_string());
-    let sidecar = match sidecar {
-        Some(p) => {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("--sidecar {}", p.display()))?;
-            stagesim::trace::Sidecar::parse(&text, &p.display().to_string())?
-        }
-        None => stagesim::trace::Sidecar::load_for(path)?.unwrap_or_default(),
-    };
+    let sidecar = read_sidecar(path, sidecar)?;
     let reader = stagesim::trace::RecordReader::open(path)
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let t = Trace::from_reader(reader, &sidecar, |off| pb.set_position(off))

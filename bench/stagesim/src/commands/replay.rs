@@ -10,10 +10,13 @@ use std::time::Instant;
 use anyhow::{bail, Context as _};
 use host_sched::config::{Budget, Config};
 
+use stagesim::discover::points::apply_map;
 use stagesim::groups::StageGroups;
 use stagesim::report::{self, Report};
 use stagesim::sim::{self, default_budgets, BlockRule, SimConfig, SimPolicy, SimResult, VisitRule};
+use stagesim::stagemap::StageMapFile;
 use stagesim::stream::Trace;
+use stagesim::symbols::Symbols;
 
 use super::{load, progress_bar, write_file};
 use crate::cli::args::ReplayArgs;
@@ -70,6 +73,41 @@ struct Plan {
     block_stage: Option<usize>,
 }
 
+/// `trace` re-marked by the stage-map file at `path` (`--stage-map`), and
+/// the grouping that merges the request marker into the file's request stage.
+fn remark(
+    a: &ReplayArgs,
+    path: &std::path::Path,
+    trace: &Trace,
+) -> anyhow::Result<(Trace, String)> {
+    anyhow::ensure!(
+        a.stage_groups.iter().all(|g| g.trim() == "-"),
+        "--stage-groups and --stage-map exclude each other"
+    );
+    let binary = a
+        .binary
+        .as_ref()
+        .context("--stage-map needs --binary (the traced ELF binary)")?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("--stage-map {}", path.display()))?;
+    let map =
+        StageMapFile::parse(&text).with_context(|| format!("--stage-map {}", path.display()))?;
+    let sidecar = super::read_sidecar(&a.trace, a.sidecar.as_deref())?;
+    let bias = super::text_bias(a.text_bias.as_deref(), &sidecar)?;
+    let syms = Symbols::from_elf(binary, bias)?;
+    let marker = trace
+        .stages
+        .iter()
+        .position(|s| s.name == a.block_at)
+        .with_context(|| {
+            format!(
+                "--stage-map needs the request-marker stage '{}' (--block-at) in the trace",
+                a.block_at
+            )
+        })?;
+    apply_map(trace, &map, &syms, marker).with_context(|| format!("--stage-map {}", path.display()))
+}
+
 /// Checks the options of `a` and loads the trace.
 fn plan(a: &ReplayArgs) -> anyhow::Result<Plan> {
     let policies: Vec<SimPolicy> = a
@@ -94,8 +132,14 @@ fn plan(a: &ReplayArgs) -> anyhow::Result<Plan> {
         Some(p) => Some(Config::load(p)?),
         None => None,
     };
-    let trace = load(&a.trace, a.sidecar.as_deref())?;
+    let mut trace = load(&a.trace, a.sidecar.as_deref())?;
     anyhow::ensure!(trace.instrs > 0, "{}: no instructions", a.trace.display());
+    let mut stage_groups = a.stage_groups.clone();
+    if let Some(path) = &a.stage_map {
+        let (t, spec) = remark(a, path, &trace)?;
+        trace = t;
+        stage_groups = vec![spec];
+    }
     let visit_rule = VisitRule::parse(&a.visit_rule)
         .with_context(|| format!("--visit-rule '{}': oracle or history", a.visit_rule))?;
     anyhow::ensure!(
@@ -116,8 +160,7 @@ fn plan(a: &ReplayArgs) -> anyhow::Result<Plan> {
             s
         }
     };
-    let groupings: Vec<StageGroups> = a
-        .stage_groups
+    let groupings: Vec<StageGroups> = stage_groups
         .iter()
         .map(|g| StageGroups::parse(g, &trace.stages))
         .collect::<anyhow::Result<_>>()?;

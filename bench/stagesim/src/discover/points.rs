@@ -236,3 +236,91 @@ pub fn relabel(trace: &Trace, points: &[Vec<u64>], names: &[String], marker: usi
         raw_bytes: trace.raw_bytes,
     }
 }
+
+/// The first `frac` (0–1] of every thread's events (as `SimConfig::thread_prefix`
+/// cuts them), without the captured schedule.
+pub fn prefix(trace: &Trace, frac: f64) -> Trace {
+    let threads: Vec<ThreadStream> = trace
+        .threads
+        .iter()
+        .map(|th| {
+            let end =
+                ((th.events.len() as f64 * frac.clamp(0.0, 1.0)) as usize).min(th.events.len());
+            let events = th.events[..end].to_vec();
+            let instrs = events
+                .iter()
+                .filter(|e| *e >> 62 == EV_FETCH)
+                .map(|e| ev_instrs(*e))
+                .sum();
+            ThreadStream {
+                tid: th.tid,
+                events,
+                instrs,
+            }
+        })
+        .collect();
+    Trace {
+        instrs: threads.iter().map(|t| t.instrs).sum(),
+        threads,
+        stages: trace.stages.clone(),
+        schedule: Vec::new(),
+        records: trace.records,
+        raw_bytes: trace.raw_bytes,
+    }
+}
+
+/// The grouping that merges the request-marker stage (last, named `marker`)
+/// of a [`relabel`]ed trace into stage `joins` of `names`.
+pub fn marker_grouping(names: &[String], joins: usize, marker: &str) -> String {
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            if i == joins {
+                format!("{n}={n},{marker}")
+            } else {
+                format!("{n}={n}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// `trace` re-marked by a stage-map file ([`relabel`] at the entries of
+/// each stage's symbols, resolved in `syms`) and the grouping that merges the
+/// request-marker stage (`marker`) into the file's request stage (the last
+/// stage when it names none).
+///
+/// Errors: a symbol of the file that `syms` lacks; a stage named like the
+/// marker stage.
+pub fn apply_map(
+    trace: &Trace,
+    map: &crate::stagemap::StageMapFile,
+    syms: &Symbols,
+    marker: usize,
+) -> anyhow::Result<(Trace, String)> {
+    let marker_name = &trace.stages[marker].name;
+    let mut points = Vec::new();
+    let mut names = Vec::new();
+    for st in &map.stages {
+        anyhow::ensure!(
+            &st.name != marker_name,
+            "stage '{}' has the name of the request-marker stage",
+            st.name
+        );
+        let addrs = st
+            .symbols
+            .iter()
+            .map(|s| {
+                syms.addr_of(s).ok_or_else(|| {
+                    anyhow::anyhow!("stage '{}': symbol {s} is not in the binary", st.name)
+                })
+            })
+            .collect::<anyhow::Result<Vec<u64>>>()?;
+        points.push(addrs);
+        names.push(st.name.clone());
+    }
+    let joins = map.request.as_ref().map_or(names.len() - 1, |(i, _)| *i);
+    let t = relabel(trace, &points, &names, marker);
+    Ok((t, marker_grouping(&names, joins, marker_name)))
+}

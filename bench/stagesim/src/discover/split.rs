@@ -7,29 +7,28 @@
 //! Seed 004 simulates every choice among ~100 candidates. Here the search
 //! is in two steps, both by full replays of the same prefix of every
 //! thread's stream:
-//! 1. **screening**: every candidate *c* after the first (by position in
-//!    the request) is scored as the 2-way split {first, *c*}; the first and
-//!    the `keep − 1` best stay;
+//! 1. **screening** (when there are more than `keep` candidates): every
+//!    candidate *c* after the first (by position in the request) is scored
+//!    as the 2-stage choice {first, *c*}; the first and the `keep − 1` best
+//!    stay;
 //! 2. **exhaustive**: every choice of N of the kept candidates, for each N.
 //!
-//! A thread is in the stage of the last point it passed, across requests
-//! (seed 004: "whenever the first instruction of one of these functions is
-//! executed, switch to the corresponding core"). The replay sees this as a
-//! grouping of the trace re-marked at every candidate
-//! ([`super::points::relabel`]): ordered by position, candidates
-//! `[p_j, p_{j+1})` form stage *j*, and the last stage wraps around the
-//! request start (the request-marker stage, where threads wait for their
-//! client) up to the first point. A candidate called out of its usual order
-//! takes its thread to the stage it belongs to, as the uprobe on it would.
+//! A choice is replayed on the trace re-marked at exactly its points
+//! ([`super::points::relabel`]): a thread is in the stage of the last point
+//! it passed (seed 004: "whenever the first instruction of one of these
+//! functions is executed, switch to the corresponding core"); the request
+//! start (the request-marker stage, where threads wait for their client)
+//! joins the last stage, which the thread is in when a request ends.
 
 use std::ops::RangeInclusive;
 
 use serde::Serialize;
 
-use super::points::{relabel, Census};
+use super::points::{marker_grouping, prefix, relabel, Census};
 use super::{replay_grouping, Objective};
 use crate::groups::StageGroups;
 use crate::sim::{SimConfig, SimResult};
+use crate::stagemap::{MapStage, StageMapFile};
 use crate::stream::{Trace, EV_STAGE};
 
 /// The best choice of points for one N.
@@ -39,8 +38,6 @@ pub struct Choice {
     pub parts: usize,
     /// The chosen candidates ([`Census::candidates`] indices, in request order).
     pub points: Vec<usize>,
-    /// The grouping of the re-marked trace it was replayed as.
-    pub spec: String,
     /// Its score ([`Objective`]; lower is better).
     pub score: f64,
     /// Stage changes per request (every thread, the whole trace).
@@ -51,6 +48,40 @@ pub struct Choice {
     pub tried: usize,
     /// The replay of the chosen points (prefix).
     pub result: SimResult,
+}
+
+impl Outcome {
+    /// The stage-map file of `choice`: stage *j* starts at its point's
+    /// function; the request (`request_symbols`, the functions of the
+    /// request-marker stage) joins the last stage. `binary` names the
+    /// binary.
+    pub fn map_file(
+        &self,
+        choice: &Choice,
+        binary: Option<String>,
+        request_symbols: Vec<String>,
+    ) -> StageMapFile {
+        let stages: Vec<MapStage> = stage_names(choice.parts)
+            .into_iter()
+            .zip(&choice.points)
+            .map(|(name, &i)| MapStage {
+                name,
+                symbols: vec![self.census.candidates[i].name.clone()],
+            })
+            .collect();
+        let last = stages.len() - 1;
+        // A request function chosen as a point starts its own stage.
+        let request_symbols: Vec<String> = request_symbols
+            .into_iter()
+            .filter(|s| !stages.iter().any(|st| st.symbols.contains(s)))
+            .collect();
+        let request = (!request_symbols.is_empty()).then_some((last, request_symbols));
+        StageMapFile {
+            binary,
+            stages,
+            request,
+        }
+    }
 }
 
 /// The search's outcome.
@@ -66,28 +97,41 @@ pub struct Outcome {
     pub choices: Vec<Choice>,
 }
 
-/// Stage name of candidate `i` in the re-marked trace.
-fn cand(i: usize) -> String {
-    format!("c{i}")
+/// Stage names of a choice of `n` points.
+fn stage_names(n: usize) -> Vec<String> {
+    (0..n).map(|j| format!("s{j}")).collect()
 }
 
-/// The grouping of the re-marked trace (`m` candidates, then the marker
-/// stage named `marker`) for the chosen sorted candidate indices `pts`.
-pub(crate) fn spec_for(pts: &[usize], m: usize, marker: &str) -> String {
-    let mut groups = Vec::new();
-    for (j, &p) in pts.iter().enumerate() {
-        let mut members: Vec<String> = if j + 1 < pts.len() {
-            (p..pts[j + 1]).map(cand).collect()
-        } else {
-            let mut v: Vec<String> = (p..m).map(cand).collect();
-            v.push(marker.to_string());
-            v.extend((0..pts[0]).map(cand));
-            v
-        };
-        members.dedup();
-        groups.push(format!("s{j}={}", members.join(",")));
+/// What the search works on: the candidates' entry addresses, the
+/// request-marker stage, and the replay settings.
+struct Scorer<'a> {
+    census: &'a Census,
+    marker: usize,
+    marker_name: String,
+    base: &'a SimConfig,
+    objective: Objective,
+}
+
+impl Scorer<'_> {
+    /// `trace` re-marked at the candidates `pts`, and its grouping.
+    fn remark(&self, trace: &Trace, pts: &[usize]) -> (Trace, String) {
+        let names = stage_names(pts.len());
+        let points: Vec<Vec<u64>> = pts
+            .iter()
+            .map(|&i| vec![self.census.candidates[i].addr])
+            .collect();
+        let t = relabel(trace, &points, &names, self.marker);
+        let spec = marker_grouping(&names, pts.len() - 1, &self.marker_name);
+        (t, spec)
     }
-    groups.join(";")
+
+    /// Replays the choice `pts` on `trace` (a prefix): its score and result.
+    fn score(&self, trace: &Trace, pts: &[usize]) -> anyhow::Result<(f64, SimResult)> {
+        let (t, spec) = self.remark(trace, pts);
+        let per_stage = crate::analysis::stage_instrs(&t);
+        let r = replay_grouping(&t, self.base, &per_stage, &spec)?;
+        Ok((self.objective.score(&r), r))
+    }
 }
 
 /// Stage changes (between stages, not to or from "no stage") over every
@@ -130,10 +174,20 @@ fn combinations(items: &[usize], k: usize) -> Vec<Vec<usize>> {
     }
 }
 
+/// How far the search goes.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Candidates kept after screening (seed 004 kept all ~100; every
+    /// choice of N among K costs C(K, N) replays).
+    pub keep: usize,
+    /// The stage counts N to find the best choice for.
+    pub parts: RangeInclusive<usize>,
+}
+
 /// Runs the search on `trace` (request marker `marker`, a dense stage
-/// index) over `census`'s candidates, with the replay settings of `base`;
-/// keeps `keep` candidates after screening and returns the best choice for
-/// every N in `parts`. `progress(what, i, n)` is called before each replay.
+/// index) over `census`'s candidates, with the replay settings of `base`
+/// (its `thread_prefix` is the part of every thread replayed); returns the
+/// best choice for every N of `limits`. `progress(what, i, n)` is called before each replay.
 ///
 /// Errors: fewer candidates than the smallest N; a replay's error.
 pub fn search(
@@ -142,32 +196,34 @@ pub fn search(
     census: Census,
     base: &SimConfig,
     objective: Objective,
-    keep: usize,
-    parts: RangeInclusive<usize>,
+    limits: &Limits,
     progress: &mut dyn FnMut(&str, usize, usize),
 ) -> anyhow::Result<Outcome> {
+    let (keep, parts) = (limits.keep, limits.parts.clone());
     let m = census.candidates.len();
     anyhow::ensure!(
         m >= (*parts.start()).max(2),
         "{m} candidate function(s): too few for {} stages",
         parts.start()
     );
-    let names: Vec<String> = (0..m).map(cand).collect();
-    let points: Vec<Vec<u64>> = census.candidates.iter().map(|c| vec![c.addr]).collect();
-    let kt = relabel(trace, &points, &names, marker);
-    let marker_name = trace.stages[marker].name.clone();
-    let per_stage = crate::analysis::stage_instrs(&kt);
-    let score = |pts: &[usize]| -> anyhow::Result<(String, f64, SimResult)> {
-        let spec = spec_for(pts, m, &marker_name);
-        let r = replay_grouping(&kt, base, &per_stage, &spec)?;
-        Ok((spec, objective.score(&r), r))
+    // Every choice replays the same prefix, cut once.
+    let pre = prefix(trace, base.thread_prefix.unwrap_or(1.0));
+    let mut whole = base.clone();
+    whole.thread_prefix = None;
+    let sc = Scorer {
+        census: &census,
+        marker,
+        marker_name: trace.stages[marker].name.clone(),
+        base: &whole,
+        objective,
     };
+    let score = |pts: &[usize]| sc.score(&pre, pts);
 
     let mut screened = Vec::new();
     let kept: Vec<usize> = if m > keep {
         for c in 1..m {
             progress("screening", c, m - 1);
-            screened.push((c, score(&[0, c])?.1));
+            screened.push((c, score(&[0, c])?.0));
         }
         let mut best = screened.clone();
         best.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
@@ -183,25 +239,25 @@ pub fn search(
     let mut choices = Vec::new();
     for n in parts {
         let all = combinations(&kept, n);
-        let mut best: Option<(Vec<usize>, String, f64, SimResult)> = None;
+        let mut best: Option<(Vec<usize>, f64, SimResult)> = None;
         for (i, pts) in all.iter().enumerate() {
             progress(&format!("{n} stages"), i + 1, all.len());
-            let (spec, sc, r) = score(pts)?;
+            let (s, r) = score(pts)?;
             // Ties keep the earlier choice, so the search is deterministic.
-            if best.as_ref().is_none_or(|b| sc < b.2) {
-                best = Some((pts.clone(), spec, sc, r));
+            if best.as_ref().is_none_or(|b| s < b.1) {
+                best = Some((pts.clone(), s, r));
             }
         }
-        let Some((pts, spec, sc, r)) = best else {
+        let Some((pts, s, r)) = best else {
             continue;
         };
-        let g = StageGroups::parse(&spec, &kt.stages)?;
-        let v = visits(&kt, &g) as f64 / census.requests as f64;
+        let (full, spec) = sc.remark(trace, &pts);
+        let g = StageGroups::parse(&spec, &full.stages)?;
+        let v = visits(&full, &g) as f64 / census.requests as f64;
         choices.push(Choice {
             parts: n,
             points: pts,
-            spec,
-            score: sc,
+            score: s,
             visits_per_request: v,
             mean_visit: if v > 0.0 {
                 census.request_instrs / v
@@ -243,11 +299,10 @@ mod tests {
     }
 
     #[test]
-    fn the_last_stage_wraps_around_the_request_start() {
+    fn the_request_start_joins_the_last_stage() {
         assert_eq!(
-            spec_for(&[1, 3], 5, "net_read"),
-            "s0=c1,c2;s1=c3,c4,net_read,c0"
+            marker_grouping(&stage_names(3), 2, "net_read"),
+            "s0=s0;s1=s1;s2=s2,net_read"
         );
-        assert_eq!(spec_for(&[0, 4], 5, "m"), "s0=c0,c1,c2,c3;s1=c4,m");
     }
 }

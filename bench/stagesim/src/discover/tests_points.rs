@@ -1,7 +1,7 @@
 //! Request-level discovery on a synthetic trace with a planted best split.
 
-use super::points::{census, relabel};
-use super::split::search;
+use super::points::{apply_map, census, relabel};
+use super::split::{search, Limits};
 use super::Objective;
 use crate::cache::{Geometry, Hierarchy};
 use crate::sim::{SimConfig, SimPolicy};
@@ -133,7 +133,11 @@ fn the_planted_split_is_found_again() {
     cfg.migration_target_cycles = 200;
     cfg.migration_latency = 500;
     cfg.period = 50_000;
-    let out = search(&t, 0, c, &cfg, Objective::Cpi, 8, 3..=3, &mut |_, _, _| {}).unwrap();
+    let lim = Limits {
+        keep: 8,
+        parts: 3..=3,
+    };
+    let out = search(&t, 0, c, &cfg, Objective::Cpi, &lim, &mut |_, _, _| {}).unwrap();
     let best = &out.choices[0];
     let names: Vec<&str> = best
         .points
@@ -150,4 +154,39 @@ fn the_planted_split_is_found_again() {
         "{}",
         best.visits_per_request
     );
+}
+
+#[test]
+fn the_written_map_replays_as_the_search_scored_it() {
+    let t = planted(6, 10);
+    let syms = symbols();
+    let c = census(&t, &syms, 0, 0.8, 0.0).unwrap();
+    let mut cfg = SimConfig::new(SimPolicy::Static, 2, 20_000);
+    cfg.period = 50_000;
+    let lim = Limits {
+        keep: 8,
+        parts: 2..=2,
+    };
+    let out = search(&t, 0, c, &cfg, Objective::Cpi, &lim, &mut |_, _, _| {}).unwrap();
+    let best = &out.choices[0];
+    let map = out.map_file(
+        best,
+        Some("/bin/x".into()),
+        vec!["do_command".into(), "net_x".into()],
+    );
+    let text = map.to_text(&[]);
+    let back = crate::stagemap::StageMapFile::parse(&text).unwrap();
+    assert_eq!(back, map);
+    // Request symbols need not be in the binary's table (the agent attaches
+    // them; the replay's request start is the trace's marker stage).
+    let (remarked, spec) = apply_map(&t, &back, &syms, 0).unwrap();
+    let per_stage = crate::analysis::stage_instrs(&remarked);
+    let r = super::replay_grouping(&remarked, &cfg, &per_stage, &spec).unwrap();
+    assert_eq!(r.total.cycles, best.result.total.cycles);
+    assert_eq!(r.total.counters, best.result.total.counters);
+    // A symbol the binary lacks is an error that names it.
+    let mut bad = back.clone();
+    bad.stages[0].symbols = vec!["nope".into()];
+    let e = apply_map(&t, &bad, &syms, 0).unwrap_err().to_string();
+    assert!(e.contains("nope"), "{e}");
 }

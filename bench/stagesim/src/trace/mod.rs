@@ -426,6 +426,18 @@ pub struct StageEntry {
     pub id: u16,
     /// Human-readable name.
     pub name: String,
+    /// The functions that start the stage (mangled; the capture's stage map).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub symbols: Vec<String>,
+}
+
+/// The `[capture]` table of a sidecar: what stagesim reads of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+pub struct CaptureMeta {
+    /// The traced binary's load bias (`0x108000`): trace address = file
+    /// address + bias.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_bias: Option<String>,
 }
 
 /// The `<trace>.stages.toml` sidecar: `[[stage]] id = N, name = "..."`.
@@ -435,6 +447,9 @@ pub struct Sidecar {
     /// Stage definitions in file order.
     #[serde(default, rename = "stage")]
     pub stages: Vec<StageEntry>,
+    /// Capture metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<CaptureMeta>,
 }
 
 impl Sidecar {

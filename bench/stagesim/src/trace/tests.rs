@@ -121,7 +121,8 @@ fn sidecar_ignores_unknown_keys_and_rejects_duplicates() {
         s.stages,
         [StageEntry {
             id: 3,
-            name: "parse".into()
+            name: "parse".into(),
+            symbols: vec!["a".into()],
         }]
     );
     assert!(Sidecar::parse(
