@@ -54,7 +54,21 @@ local FIRST_UNDELIVERED = 2101 -- orders 2101..3000 are in NEW-ORDER (900 per di
 local C_LAST_LOAD, C_LAST_RUN, C_ID, C_OL_I_ID = 157, 223, 259, 7911
 
 local drv, con
-local rand = sysbench.rand.uniform        -- per-thread generator, seeded by --rand-seed
+
+-- Random numbers: a generator per thread, seeded from --rand-seed and the
+-- thread number (sysbench's own per-thread generators are seeded in thread
+-- start-up order, which varies between runs).  Lehmer / MINSTD
+-- (x = 48271 x mod 2^31-1), exact in LuaJIT's doubles; plenty for drawing
+-- keys and amounts.
+local rng = 1
+local function seed_rng(thread)
+   rng = ((sysbench.opt.rand_seed or 0) * 7919 + thread * 104729 + 12345) % 2147483646 + 1
+   for _ = 1, 10 do rng = (rng * 48271) % 2147483647 end
+end
+local function rand(a, b)                  -- uniform integer in [a, b]
+   rng = (rng * 48271) % 2147483647
+   return a + math.floor((rng - 1) / 2147483646 * (b - a + 1))
+end
 
 local function NURand(A, x, y, C)          -- clause 2.1.6
    return (((bit.bor(rand(0, A), rand(x, y))) + C) % (y - x + 1)) + x
@@ -238,6 +252,7 @@ function cmd_prepare()
    W = sysbench.opt.warehouses
    drv = sysbench.sql.driver()
    con = drv:connect()
+   seed_rng(1000 + sysbench.tid)
    make_pools()
    local tid, nthreads = sysbench.tid % sysbench.opt.threads, sysbench.opt.threads
    for _, t in ipairs(TABLES) do
@@ -541,6 +556,7 @@ end
 function thread_init(thread_id)
    W = sysbench.opt.warehouses
    tid = thread_id
+   seed_rng(tid)
    drv = sysbench.sql.driver()
    con = drv:connect()
    home_w = tid % W + 1                                     -- terminals spread over the warehouses
