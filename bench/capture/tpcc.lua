@@ -625,6 +625,8 @@ function thread_done()
    table.sort(keys)
    local parts = {}
    for _, k in ipairs(keys) do parts[#parts + 1] = k .. "=" .. counts[k] end
-   print(string.format("tpcc-mix: thread=%d %s", tid, table.concat(parts, " ")))
+   -- one write per line, so lines of concurrently finishing threads do not interleave
+   io.stdout:write(string.format("tpcc-mix: thread=%d %s\n", tid, table.concat(parts, " ")))
+   io.stdout:flush()
    con:disconnect()
 end
