@@ -8,6 +8,7 @@
 --
 --   sysbench tpcc.lua --warehouses=2 --threads=2 [mysql options] prepare
 --   sysbench tpcc.lua --warehouses=2 --threads=16 --events=N --db-ps-mode=disable run
+--        (capture.sh: --events=176 --thread-events=10 --rand-seed=1: 10 per connection)
 --   sysbench tpcc.lua analyze      (ANALYZE TABLE of all nine, after prepare)
 --   sysbench tpcc.lua cleanup
 --
