@@ -4,9 +4,13 @@
 //!
 //! A *request* is one thread's events from an entry into the trace's
 //! request-marker stage (MariaDB's `net_read`: the connection thread reads
-//! its next command, as `replay --block-at` uses it) to the next one; the
-//! events before a thread's first marker and after its last are in no
-//! request. A *call* is a FETCH event that starts at a function's entry
+//! its next command, as `replay --block-at` uses it) *from no stage* to the
+//! next such entry; the events before a thread's first one and after its
+//! last are in no request. (MariaDB's `do_command` is a `net_read` function
+//! that calls `dispatch_command`: the thread re-enters `net_read` from
+//! `dispatch` when the command is done, returns to no stage, then enters
+//! `net_read` from no stage for the next command. Only the last is a new
+//! request.) A *call* is a FETCH event that starts at a function's entry
 //! ([`Symbols`]).
 
 use std::collections::HashMap;
@@ -73,8 +77,9 @@ pub fn census(
     let mut instrs_sum = 0u64;
     // Calls of the current request: symbol → (calls, first call's offset).
     let mut calls: HashMap<u32, (u32, u64)> = HashMap::new();
+    let none = trace.no_stage();
     for th in &trace.threads {
-        let mut cur = usize::MAX;
+        let mut cur = none;
         let mut in_req = false;
         let mut pos = 0u64;
         calls.clear();
@@ -82,7 +87,7 @@ pub fn census(
             match ev >> 62 {
                 EV_STAGE => {
                     let s = (ev & 0xffff) as usize;
-                    if s == marker && cur != marker {
+                    if s == marker && cur == none {
                         if in_req && pos > 0 {
                             requests += 1;
                             instrs_sum += pos;

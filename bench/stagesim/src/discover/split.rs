@@ -134,21 +134,22 @@ impl Scorer<'_> {
     }
 }
 
-/// Stage changes (between stages, not to or from "no stage") over every
-/// thread of `trace` under `groups`.
+/// Stage changes over every thread of `trace` under `groups`: entries into
+/// a stage other than the thread's last one (time in no stage in between
+/// does not count: the thread is still where its last stage ran).
 fn visits(trace: &Trace, groups: &StageGroups) -> u64 {
     let lookup = groups.lookup();
     let none = groups.len();
     let mut n = 0u64;
     for th in &trace.threads {
-        let mut cur = none;
+        let mut last = none;
         for &ev in &th.events {
             if ev >> 62 == EV_STAGE {
                 let g = lookup[((ev & 0xffff) as usize).min(lookup.len() - 1)];
-                if g != cur && g != none {
+                if g != none && g != last {
                     n += 1;
+                    last = g;
                 }
-                cur = g;
             }
         }
     }

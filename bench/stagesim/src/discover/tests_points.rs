@@ -38,7 +38,7 @@ fn code(ev: &mut Vec<u64>, at: u64, bytes: u64) -> u64 {
     bytes / 16 * 4
 }
 
-/// `threads` connection threads, `requests` each: the marker stage
+/// `threads` connection threads, `requests` each: from no stage into the marker stage
 /// (`net_read`, 256 bytes of code), then regions A, B and C (6 KiB each;
 /// the trace's own map calls all of it stage `work`), with `f_twice`
 /// called twice and `f_rare` in every other request.
@@ -60,6 +60,8 @@ fn planted(threads: u32, requests: u32) -> Trace {
         let mut ev = Vec::new();
         let mut n = 0;
         for r in 0..requests {
+            // As MariaDB's threads: from no stage (2) into the marker.
+            ev.push(pack_stage(2));
             ev.push(pack_stage(0));
             n += code(&mut ev, NET, 256);
             ev.push(pack_stage(1));
@@ -72,6 +74,7 @@ fn planted(threads: u32, requests: u32) -> Trace {
             }
             n += code(&mut ev, C, REGION);
         }
+        ev.push(pack_stage(2));
         ev.push(pack_stage(0));
         t.instrs += n;
         t.threads.push(ThreadStream {
@@ -113,8 +116,9 @@ fn relabelling_marks_a_stage_at_each_point_and_keeps_the_marker() {
         .filter(|e| *e >> 62 == 2)
         .map(|e| e & 0xffff)
         .collect();
-    // Per request: net_read, x at A, y at B (C is y too: no marker).
-    assert_eq!(stages, [2, 0, 1, 2, 0, 1, 2, 0, 1, 2]);
+    // Per request: net_read (2), x at A, y at B (C is y too: no marker),
+    // then no stage (3); a thread starts in no stage.
+    assert_eq!(stages, [2, 0, 1, 3, 2, 0, 1, 3, 2, 0, 1, 3, 2]);
     assert_eq!(r.threads[0].instrs, t.threads[0].instrs);
 }
 
