@@ -160,8 +160,15 @@ impl MmioNet {
         let mut done = 0;
         loop {
             let _ = queue.disable_notification(mem);
+            let mut popped = 0;
             while let Some(chain) = queue.pop_descriptor_chain(mem) {
+                popped += 1;
                 let head = chain.head_index();
+                if head >= queue.size() {
+                    // No such descriptor: nothing to send or complete.
+                    self.refuse("head names no descriptor of the queue", "tx");
+                    continue;
+                }
                 self.transmit(&queue, mem, chain, io);
                 if queue.add_used(mem, head, 0).is_err() {
                     crate::guest_warn!(device = %self.name, "cannot complete transmit chain {head}");
@@ -171,8 +178,15 @@ impl MmioNet {
                 done += 1;
             }
             // Re-arm the notification; entries added meanwhile are served
-            // now (VIRTIO 1.2 §2.7.10). An unwritable ring ends the round.
-            if !queue.enable_notification(mem).unwrap_or(false) {
+            // now (VIRTIO 1.2 §2.7.10). An unwritable ring ends the round,
+            // and so does an available index that moved while nothing could
+            // be taken (more than a queue ahead: virtio-queue refuses it),
+            // which would otherwise spin here.
+            let more = queue.enable_notification(mem).unwrap_or(false);
+            if more && popped == 0 {
+                crate::guest_warn!(device = %self.name, "transmit available index is more than a queue ahead");
+            }
+            if !more || popped == 0 {
                 break;
             }
         }
@@ -255,6 +269,10 @@ impl MmioNet {
         let s = &self.stats;
         let mut delivered = 0;
         let mut completed = 0;
+        // Whether the notification was re-armed since the last buffer taken
+        // (a second NoBuffer then ends the round: an available index more
+        // than a queue ahead says "more" forever).
+        let mut rearmed = false;
         loop {
             let len = match io.rx_pending {
                 Some(len) => len,
@@ -289,19 +307,29 @@ impl MmioNet {
                 Deliver::Done => {
                     delivered += 1;
                     completed += 1;
+                    rearmed = false;
+                }
+                Deliver::Skipped => {
+                    io.rx_pending = Some(len);
+                    rearmed = false;
                 }
                 Deliver::Refused => {
                     // The chain was returned empty; try the frame again
                     // with the next buffer.
                     completed += 1;
                     io.rx_pending = Some(len);
+                    rearmed = false;
                 }
                 Deliver::NoBuffer => {
                     io.rx_pending = Some(len);
                     // Ask for a notification when buffers come; if some
-                    // came meanwhile, go on.
+                    // came meanwhile, go on (once).
                     match queue.enable_notification(mem) {
-                        Ok(true) => continue,
+                        Ok(true) if !rearmed => rearmed = true,
+                        Ok(true) => {
+                            crate::guest_warn!(device = %self.name, "receive available index is more than a queue ahead");
+                            break;
+                        }
                         _ => break,
                     }
                 }
@@ -321,6 +349,10 @@ impl MmioNet {
             return Deliver::NoBuffer;
         };
         let head = chain.head_index();
+        if head >= queue.size() {
+            self.refuse("head names no descriptor of the queue", "rx");
+            return Deliver::Skipped;
+        }
         let s = &self.stats;
         let outcome = match Self::checked_chain(queue, mem, chain, true) {
             Err(Bad::Chain(why)) => Err(why),
@@ -434,6 +466,9 @@ enum Deliver {
     Done,
     /// The buffer was refused (completed empty); the frame is still there.
     Refused,
+    /// The available ring named no descriptor (nothing to complete); the
+    /// frame is still there.
+    Skipped,
     /// The guest has posted no buffer.
     NoBuffer,
     /// The used ring cannot be written.
