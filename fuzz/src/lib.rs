@@ -22,7 +22,9 @@
 //! * [`kernel`] — the ELF / PVH / bzImage kernel image checks and loaders,
 //! * [`stage_toml`] — the operator's stage TOML and its resolution,
 //! * [`stage_counters`] — the per-vCPU stage counters (ABI minor 2) as the
-//!   scheduler reads them.
+//!   scheduler reads them,
+//! * [`virtio_net`] — virtio-net's registers, both queues' chains and the
+//!   frames of its tap.
 
 pub mod doorbell;
 pub mod guest;
@@ -34,3 +36,4 @@ pub mod stage_register;
 pub mod stage_ring;
 pub mod stage_toml;
 pub mod virtio_blk;
+pub mod virtio_net;

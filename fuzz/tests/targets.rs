@@ -46,6 +46,11 @@ fn virtio_blk() {
 }
 
 #[test]
+fn virtio_net() {
+    fuzz("virtio_net", 5_000, 4096, stagevm_fuzz::virtio_net::fuzz);
+}
+
+#[test]
 fn kernel() {
     fuzz("kernel", 5_000, 2048, stagevm_fuzz::kernel::fuzz);
 }
