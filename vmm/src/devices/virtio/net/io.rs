@@ -435,6 +435,12 @@ impl MmioNet {
             if ready.contains(&EXIT) {
                 return Ok(());
             }
+            if ready.contains(&TAP) && tap_watched && !tap_in {
+                // Not watched for input, yet reported: EPOLLERR, which a
+                // tap reports only once its interface is gone (it would be
+                // reported again at every wait).
+                self.mark_tap_gone(&std::io::Error::from_raw_os_error(libc::EBADFD));
+            }
             if ready.contains(&TX_NOTIFY) {
                 let _ = self.notify[TX].read();
                 self.process_tx(mem, &mut io);

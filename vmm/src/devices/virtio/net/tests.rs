@@ -243,3 +243,43 @@ fn an_available_index_far_ahead_does_not_spin() {
     assert_eq!(dev.process_rx(&mem, &mut io), 0);
     assert!(io.rx_stalled());
 }
+
+/// With EVENT_IDX negotiated the device publishes `avail_event` (the driver
+/// notifies only past it) and interrupts only when the driver's
+/// `used_event` is crossed.
+#[test]
+fn event_idx_suppresses_notifications_both_ways() {
+    let (mem, mut dev, peer) = device();
+    let irq = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    dev.set_irq(irq.try_clone().unwrap());
+    for (off, v) in [
+        (reg::DRIVER_FEATURES_SEL, 0u32),
+        (reg::DRIVER_FEATURES, (1 << 5) | (1 << 29)),
+        (reg::DRIVER_FEATURES_SEL, 1),
+        (reg::DRIVER_FEATURES, 1),
+        (reg::STATUS, 0xf),
+    ] {
+        dev.write(off, &v.to_le_bytes());
+    }
+    let mut io = NetIo::new();
+    let (_, avail, used) = rings(TX);
+    let used_event = GuestAddress(avail + 4 + 2 * u64::from(QSIZE));
+    let avail_event = GuestAddress(used + 4 + 8 * u64::from(QSIZE));
+    // The driver wants an interrupt after the 3rd completion only.
+    mem.write_obj(2u16, used_event).unwrap();
+    for i in 0..3u16 {
+        desc(&mem, TX, i, DATA, (VNET_HDR_LEN + 60) as u32, 0, 0);
+    }
+    offer(&mem, TX, 0, &[0]);
+    assert_eq!(dev.process_tx(&mem, &mut io), 1);
+    assert_eq!(mem.read_obj::<u16>(avail_event).unwrap(), 1, "avail_event");
+    assert!(irq.read().is_err(), "no interrupt before used_event");
+    offer(&mem, TX, 1, &[1, 2]);
+    assert_eq!(dev.process_tx(&mem, &mut io), 2);
+    assert_eq!(mem.read_obj::<u16>(avail_event).unwrap(), 3);
+    assert_eq!(irq.read().unwrap(), 1, "one interrupt past used_event");
+    let mut buf = [0u8; 128];
+    for _ in 0..3 {
+        assert_eq!(peer.recv(&mut buf).unwrap(), VNET_HDR_LEN + 60);
+    }
+}
