@@ -265,7 +265,14 @@ impl MmioNet {
     /// and the device asks for a notification). Returns frames delivered.
     pub fn process_rx(&self, mem: &GuestMemoryMmap, io: &mut NetIo) -> usize {
         let mut queue = self.lock_queue(RX);
-        let usable = self.usable(&queue, mem);
+        // Checked without a log line: frames may come before the driver
+        // set the queue up, which is no fault of the guest.
+        let usable = queue.ready() && queue.is_valid(mem);
+        if usable {
+            // The tap, not the driver, drives this queue: no notification
+            // is needed until it runs out of buffers (then re-armed below).
+            let _ = queue.disable_notification(mem);
+        }
         let s = &self.stats;
         let mut delivered = 0;
         let mut completed = 0;
