@@ -12,13 +12,18 @@
 #      100 000, the hand map and the discovered 4 groups, 1700 (measured) and
 #      4250 (seed) cycles per migration, with 512 and 256 KiB L2; the baseline
 #      with 4 more seeds and as it was before issue 16 (lockstep); baseline
-#      and auto over 8 laps of the trace; the independent simulation of the
+#      and auto over 4 laps of the trace; the independent simulation of the
 #      captured order (bench/capture/cachesim.c);
-#      a migration-cost × grouping sweep at 4 cores,
+#      a migration-cost × grouping sweep at 4 cores (the two OLTP traces);
+#      issue 25's verdict on every MariaDB trace (TPC-C too): seed 004's
+#      request-level discovery, then the hand and the discovered map under
+#      static, proportional and auto at 4/6/8 cores × L2 512/256 KiB × three
+#      migration mechanisms, with the cross-core transfer cost,
 #   3. the stagesim section of bench/RESULTS.md (stagesim results), and copies
 #      of the key plots to bench/stagesim/plots/.
 #
-# Replays run one at a time (--jobs ${STAGESIM_JOBS:-1}). While a `headline-bench` process runs, it waits before each
+# Replays run two at a time, one per core of the project's 2-core machine
+# (--jobs ${STAGESIM_JOBS:-2}; nothing else may run). While a `headline-bench` process runs, it waits before each
 # replay so the two benchmarks do not share the machine. Extra arguments go to
 # the main `stagesim replay` of every trace (e.g. --cores 4,8).
 set -euo pipefail
@@ -29,7 +34,7 @@ sim=target/release/stagesim
 out=target/stagesim
 mkdir -p "$out"
 cc -O2 -o "$out/cachesim" bench/capture/cachesim.c
-jobs="${STAGESIM_JOBS:-1}"
+jobs="${STAGESIM_JOBS:-2}"
 mkdir -p "$out/plots" bench/stagesim/plots
 : >"$out/commands.txt"
 
@@ -62,12 +67,52 @@ run() {
     "$@"
 }
 
+# Issue 25, the verdict: seed 004's request-level discovery on the trace
+# (function entries of mariadbd), then the hand map and the discovered map
+# under static, proportional and auto at 4/6/8 cores, L2 512/256 KiB and
+# three migration mechanisms (bench/stagesim/src/results/verdict.rs), with
+# the cross-core transfer cost.
+XFER=(--transfer-cycles 150)
+MECH_unikernel=(--migration-cycles 500 --migration-target-cycles 500 --migration-latency 1700)
+MECH_seed000=(--migration-cycles 500 --migration-target-cycles 500 --migration-latency 3250)
+MECH_linux=(--migration-cycles 25000 --migration-target-cycles 0 --migration-latency 0)
+MARIADBD=${MARIADBD:-/usr/sbin/mariadbd}
+verdict() {
+    local t=$1 name=$2 l2 mech map maps ref
+    if [ ! -x "$MARIADBD" ]; then
+        echo "bench-sim: $MARIADBD missing: no request-level discovery for $name" >&2
+    else
+        run "$sim" discover --trace "$t" --binary "$MARIADBD" --cores 4 "${MECH_unikernel[@]}" "${XFER[@]}" \
+            --prefix-pct 20 --map-out "$out/$name-points" --json "$out/$name-points.json"
+    fi
+    for l2 in 512 256; do
+        local v=(--trace "$t" --cores 4,6,8 --slice 100000 --l2 "$l2:8" "${XFER[@]}" --jobs "$jobs"
+            --static-weights load)
+        run "$sim" replay "${v[@]}" --policy baseline,pinned --json "$out/$name-verdict-$l2-base.json"
+        run "$sim" replay "${v[@]}" --policy baseline,pinned --repeat 2 --json "$out/$name-verdict-$l2-base2.json"
+        for mech in unikernel seed000 linux; do
+            local ref="MECH_$mech[@]"
+            local m=("${!ref}")
+            maps=(hand)
+            [ -f "$out/$name-points-best.stagemap" ] && maps+=(points)
+            for map in "${maps[@]}"; do
+                local sm=()
+                [ "$map" = points ] && sm=(--stage-map "$out/$name-points-best.stagemap" --binary "$MARIADBD")
+                run "$sim" replay "${v[@]}" "${m[@]}" "${sm[@]}" --policy static,proportional \
+                    --json "$out/$name-verdict-$l2-$mech-$map.json"
+                run "$sim" replay "${v[@]}" "${m[@]}" "${sm[@]}" --policy auto --repeat 2 \
+                    --json "$out/$name-verdict-$l2-$mech-$map-auto.json"
+            done
+        done
+    done
+}
+
 {
     echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs," \
         "$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr);" \
         "run $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" \
         "$(git diff --quiet HEAD -- bench/stagesim 2>/dev/null || echo '(bench/stagesim modified)');" \
-        "replays one at a time (--jobs $jobs)."
+        "replays $jobs at a time (--jobs $jobs)."
 } >"$out/env.txt"
 
 started=$(date +%s)
@@ -99,6 +144,9 @@ for t in target/traces/mariadb-*.strace.zst target/traces/footprint-host.strace.
         continue
     fi
     case "$name" in mariadb-*) ;; *) continue ;; esac
+    verdict "$t" "$name"
+    # The issue-16 matrices below are for the two OLTP traces.
+    case "$name" in mariadb-oltp_*) ;; *) continue ;; esac
 
     # Automatic stage discovery: greedy merging of the 9 stages, scored by
     # busy cycles per instruction with free migrations (the caches alone).
@@ -127,10 +175,10 @@ for t in target/traces/mariadb-*.strace.zst target/traces/footprint-host.strace.
         --jobs "$jobs" --json "$out/$name-lockstep.json"
     run "$sim" replay --trace "$t" --cores 2,4,8 --slice 100000 --policy baseline --slice-jitter 0 --block-at - \
         --l2 256:8 --jobs "$jobs" --json "$out/$name-lockstep-256.json"
-    # auto over 8 laps of the trace (its trials take a fixed number of policy
+    # auto over 4 laps of the trace (its trials take a fixed number of policy
     # periods, which one 100-transaction window cannot amortize), with the
     # baseline of the same run.
-    autorun=(--cores 2,4,8 --slice 100000 --policy baseline,auto --repeat 8 --migration-cycles 1700,4250
+    autorun=(--cores 2,4,8 --slice 100000 --policy baseline,auto --repeat 4 --migration-cycles 1700,4250
         "${groups[@]}" --jobs "$jobs")
     run "$sim" replay --trace "$t" "${autorun[@]}" --json "$out/$name-auto.json"
     run "$sim" replay --trace "$t" "${autorun[@]}" --l2 256:8 --json "$out/$name-auto-256.json"

@@ -171,6 +171,12 @@ pub struct DiscoverArgs {
     /// --binary: candidates kept after screening; every choice of N among them is replayed.
     #[arg(long, default_value_t = 8)]
     pub keep: usize,
+    /// --binary: least share of a request every stage holds, % (by the points' mean positions).
+    #[arg(long, default_value_t = 10.0)]
+    pub min_stage_pct: f64,
+    /// --binary: part of every thread's stream the screening replays, %.
+    #[arg(long, default_value_t = 5.0)]
+    pub screen_pct: f64,
     /// --binary: find the best choice for N = 2..=this stages.
     #[arg(long, default_value_t = 4)]
     pub max_parts: usize,
@@ -186,9 +192,11 @@ pub struct DiscoverArgs {
     /// Policy period in instructions per core.
     #[arg(long, default_value_t = 1_000_000)]
     pub period: u64,
-    /// Score to minimise: cpi (busy cycles per instruction), l2 (L2 misses, seed 004), tput.
-    #[arg(long, default_value = "cpi")]
-    pub objective: String,
+    /// Score to minimise: cpi (busy cycles per instruction), l2 (L2 misses, seed 004), tput
+    /// (negated throughput: wall cycles, idle cores included). Default: cpi when merging stages,
+    /// tput with --binary (a choice of points also decides how well the cores are balanced).
+    #[arg(long)]
+    pub objective: Option<String>,
     /// Stop merging at this many groups.
     #[arg(long, default_value_t = 1)]
     pub min_groups: usize,

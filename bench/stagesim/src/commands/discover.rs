@@ -39,8 +39,9 @@ pub fn discover(a: DiscoverArgs) -> anyhow::Result<()> {
     let policy = SimPolicy::parse(&a.policy)
         .filter(|p| p.host_sched_kind().is_some())
         .with_context(|| format!("--policy '{}': static or proportional", a.policy))?;
-    let objective = Objective::parse(&a.objective)
-        .with_context(|| format!("--objective '{}': cpi, l2 or tput", a.objective))?;
+    let objective_name = a.objective.clone().unwrap_or_else(|| "cpi".into());
+    let objective = Objective::parse(&objective_name)
+        .with_context(|| format!("--objective '{objective_name}': cpi, l2 or tput"))?;
     let trace = load(&a.trace, a.sidecar.as_deref())?;
     let mut c = base_config(&a, policy)?;
     let k = trace.stages.len();
@@ -58,7 +59,7 @@ pub fn discover(a: DiscoverArgs) -> anyhow::Result<()> {
         a.cores,
         a.slice,
         a.migration_cycles,
-        a.objective
+        objective_name
     );
     let pb = progress_bar(
         total as u64,
@@ -89,7 +90,7 @@ pub fn discover(a: DiscoverArgs) -> anyhow::Result<()> {
         a.cores,
         a.slice,
         a.migration_cycles,
-        a.objective,
+        objective_name,
         total,
         secs,
         total as f64 * per as f64 / secs.max(1e-9) / 1e6
@@ -109,7 +110,7 @@ pub fn discover(a: DiscoverArgs) -> anyhow::Result<()> {
             "cores": a.cores,
             "slice": a.slice,
             "migration_cycles": a.migration_cycles,
-            "objective": a.objective,
+            "objective": objective_name,
             "warmup_pct": a.warmup_pct,
             "seconds": secs,
             "steps": steps,

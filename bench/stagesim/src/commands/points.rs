@@ -39,8 +39,9 @@ pub fn discover_points(a: DiscoverArgs) -> anyhow::Result<()> {
     let policy = SimPolicy::parse(&a.policy)
         .filter(|p| p.host_sched_kind().is_some())
         .with_context(|| format!("--policy '{}': static or proportional", a.policy))?;
-    let objective = Objective::parse(&a.objective)
-        .with_context(|| format!("--objective '{}': cpi, l2 or tput", a.objective))?;
+    let objective_name = a.objective.clone().unwrap_or_else(|| "tput".into());
+    let objective = Objective::parse(&objective_name)
+        .with_context(|| format!("--objective '{objective_name}': cpi, l2 or tput"))?;
     anyhow::ensure!(
         (0.0..=100.0).contains(&a.min_present_pct) && (0.0..=100.0).contains(&a.max_repeat_pct),
         "--min-present-pct {} / --max-repeat-pct {}: must be in [0, 100]",
@@ -110,7 +111,9 @@ pub fn discover_points(a: DiscoverArgs) -> anyhow::Result<()> {
     }
     let m = c.candidates.len();
     let keep = a.keep.min(m);
-    let screening = if m > a.keep { m - 1 } else { 0 };
+    // At most: one screening replay per 1 % of the request, then every
+    // choice (unbalanced ones are skipped, so the bar may end early).
+    let screening = if m > a.keep { (m - 1).min(100) } else { 0 };
     let total = screening + (2..=a.max_parts).map(|n| choose(keep, n)).sum::<usize>();
     let mut cfg = base_config(&a, policy)?;
     cfg.load_weights = match a.static_weights.as_str() {
@@ -120,19 +123,21 @@ pub fn discover_points(a: DiscoverArgs) -> anyhow::Result<()> {
     };
     cfg.steal = a.steal;
     eprintln!(
-        "stagesim discover: {} replays of the first {} % of every thread ({} screening, then every choice of N = 2..={} among {} kept; {} at {} cores, migration {}+{} cycles CPU, {} latency, transfer {} cycles, score {})",
+        "stagesim discover: ≤ {} replays: ≤ {} screening ({} % of every thread), then every choice of N = 2..={} among {} kept whose stages hold ≥ {} % of a request ({} % of every thread; {} at {} cores, migration {}+{} cycles CPU, {} latency, transfer {} cycles, score {})",
         total,
-        a.prefix_pct,
         screening,
+        a.screen_pct,
         a.max_parts,
         keep,
+        a.min_stage_pct,
+        a.prefix_pct,
         policy.name(),
         a.cores,
         a.migration_cycles,
         a.migration_target_cycles,
         a.migration_latency,
         cfg.model.transfer,
-        a.objective
+        objective_name
     );
     let pb = progress_bar(
         total as u64,
@@ -141,6 +146,8 @@ pub fn discover_points(a: DiscoverArgs) -> anyhow::Result<()> {
     let lim = Limits {
         keep: a.keep,
         parts: 2..=a.max_parts,
+        min_stage: a.min_stage_pct / 100.0,
+        screen_prefix: a.screen_pct / 100.0,
     };
     let t1 = Instant::now();
     let out = split::search(
@@ -160,9 +167,10 @@ pub fn discover_points(a: DiscoverArgs) -> anyhow::Result<()> {
     let per = out.choices.first().map_or(0, |ch| {
         ch.result.warmup_instrs + ch.result.total.counters.instrs
     });
+    let tried: usize = out.choices.iter().map(|c| c.tried).sum();
     println!(
-        "stagesim discover: {total} replays of {per} instructions in {secs:.1} s ({:.1} M instr/s); kept {:?}",
-        total as f64 * per as f64 / secs.max(1e-9) / 1e6,
+        "stagesim discover: {} screening replays, {tried} choices of {per} instructions, {secs:.1} s in all; kept {:?}",
+        out.screened.len(),
         out.kept
     );
     print_choices(&out);
@@ -172,7 +180,13 @@ pub fn discover_points(a: DiscoverArgs) -> anyhow::Result<()> {
         .find(|s| s.name == a.block_at)
         .map(|s| s.symbols.clone())
         .unwrap_or_default();
+    println!(
+        "stagesim discover: the trace's own map: {:.1} visits per request, {:.0} instructions per visit",
+        out.own_visits_per_request,
+        out.census.request_instrs / out.own_visits_per_request.max(1e-9)
+    );
     if let Some(prefix) = &a.map_out {
+        let best_n = out.best().map(|b| b.parts);
         for ch in &out.choices {
             let map = out.map_file(
                 ch,
@@ -194,11 +208,24 @@ pub fn discover_points(a: DiscoverArgs) -> anyhow::Result<()> {
                 format!("trace {}", a.trace.display()),
                 format!(
                     "{:.1} visits per request, {:.0} instructions per visit; score {:.4} ({})",
-                    ch.visits_per_request, ch.mean_visit, ch.score, a.objective
+                    ch.visits_per_request, ch.mean_visit, ch.score, objective_name
                 ),
             ];
             write_file(&p, &map.to_text(&comment))?;
             println!("stagesim discover: wrote {}", p.display());
+            if Some(ch.parts) == best_n {
+                let best = p.with_file_name(format!(
+                    "{}-best.stagemap",
+                    prefix
+                        .file_name()
+                        .map_or("map".into(), |f| f.to_string_lossy())
+                ));
+                write_file(&best, &map.to_text(&comment))?;
+                println!(
+                    "stagesim discover: wrote {} (the best score)",
+                    best.display()
+                );
+            }
         }
     }
     if let Some(p) = &a.json {
@@ -214,7 +241,7 @@ pub fn discover_points(a: DiscoverArgs) -> anyhow::Result<()> {
             "migration_target_cycles": a.migration_target_cycles,
             "migration_latency": a.migration_latency,
             "transfer_cycles": cfg.model.transfer,
-            "objective": a.objective,
+            "objective": objective_name,
             "seconds": secs,
             "outcome": out,
         });

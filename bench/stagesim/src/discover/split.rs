@@ -7,11 +7,13 @@
 //! Seed 004 simulates every choice among ~100 candidates. Here the search
 //! is in two steps, both by full replays of the same prefix of every
 //! thread's stream:
-//! 1. **screening** (when there are more than `keep` candidates): every
-//!    candidate *c* after the first (by position in the request) is scored
-//!    as the 2-stage choice {first, *c*}; the first and the `keep − 1` best
-//!    stay;
-//! 2. **exhaustive**: every choice of N of the kept candidates, for each N.
+//! 1. **screening** (when there are more than `keep` candidates, on a
+//!    shorter prefix): candidates *c* after the first (by position in the
+//!    request), one per 1 % of the request, are scored as the 2-stage
+//!    choice {first, *c*}; the first and the `keep − 1` best, each at least
+//!    one stage's least share away from the others, stay;
+//! 2. **exhaustive**: every choice of N of the kept candidates whose stages
+//!    each hold at least [`Limits::min_stage`] of a request, for each N.
 //!
 //! A choice is replayed on the trace re-marked at exactly its points
 //! ([`super::points::relabel`]): a thread is in the stage of the last point
@@ -89,12 +91,24 @@ impl Outcome {
 pub struct Outcome {
     /// The census it started from.
     pub census: Census,
-    /// Screening scores: (candidate, score of {first, candidate}).
+    /// Screening scores: (candidate, score of {first, candidate}) on the
+    /// screening prefix.
     pub screened: Vec<(usize, f64)>,
     /// The candidates the exhaustive step chose among.
     pub kept: Vec<usize>,
     /// The best choice per N, in increasing N.
     pub choices: Vec<Choice>,
+    /// Stage changes per request under the trace's own stage map.
+    pub own_visits_per_request: f64,
+}
+
+impl Outcome {
+    /// The choice with the best score (the first of equals).
+    pub fn best(&self) -> Option<&Choice> {
+        self.choices
+            .iter()
+            .reduce(|a, b| if b.score < a.score { b } else { a })
+    }
 }
 
 /// Stage names of a choice of `n` points.
@@ -183,6 +197,31 @@ pub struct Limits {
     pub keep: usize,
     /// The stage counts N to find the best choice for.
     pub parts: RangeInclusive<usize>,
+    /// Least share of a request's instructions every stage must hold, by
+    /// the points' mean positions (0–1; ours, not the seed's: a stage with
+    /// 3 % of the work on its own cores is unstaged in all but name, and
+    /// the cheapest choice at a high migration cost).
+    pub min_stage: f64,
+    /// Part of every thread's events the screening replays (0–1; the
+    /// exhaustive step replays `SimConfig::thread_prefix`).
+    pub screen_prefix: f64,
+}
+
+impl Limits {
+    /// Whether every stage of the choice `pts` (sorted) holds at least
+    /// `min_stage` of a request, the last one wrapping around its start.
+    fn balanced(&self, c: &Census, pts: &[usize]) -> bool {
+        let off = |i: usize| c.candidates[pts[i]].offset;
+        let n = pts.len();
+        (0..n).all(|j| {
+            let len = if j + 1 < n {
+                off(j + 1) - off(j)
+            } else {
+                1.0 - off(j) + off(0)
+            };
+            len >= self.min_stage
+        })
+    }
 }
 
 /// Runs the search on `trace` (request marker `marker`, a dense stage
@@ -218,19 +257,40 @@ pub fn search(
         base: &whole,
         objective,
     };
-    let score = |pts: &[usize]| sc.score(&pre, pts);
 
+    // Screening: {first, c} for every c that leaves both stages their
+    // share, one per 1 % of the request (neighbours are alike).
     let mut screened = Vec::new();
     let kept: Vec<usize> = if m > keep {
+        let short = prefix(trace, limits.screen_prefix);
+        let mut todo = Vec::new();
+        let mut last = f64::NEG_INFINITY;
         for c in 1..m {
-            progress("screening", c, m - 1);
-            screened.push((c, score(&[0, c])?.0));
+            let o = census.candidates[c].offset;
+            if limits.balanced(&census, &[0, c]) && o - last >= 0.01 {
+                todo.push(c);
+                last = o;
+            }
+        }
+        for (i, &c) in todo.iter().enumerate() {
+            progress("screening", i + 1, todo.len());
+            screened.push((c, sc.score(&short, &[0, c])?.0));
         }
         let mut best = screened.clone();
         best.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
-        let mut k: Vec<usize> = std::iter::once(0)
-            .chain(best.iter().take(keep.saturating_sub(1)).map(|x| x.0))
-            .collect();
+        // The best, each at least one stage's share away from those kept.
+        let mut k = vec![0];
+        for &(c, _) in &best {
+            if k.len() == keep {
+                break;
+            }
+            let o = census.candidates[c].offset;
+            if k.iter()
+                .all(|&x| (census.candidates[x].offset - o).abs() >= limits.min_stage)
+            {
+                k.push(c);
+            }
+        }
         k.sort_unstable();
         k
     } else {
@@ -239,11 +299,14 @@ pub fn search(
 
     let mut choices = Vec::new();
     for n in parts {
-        let all = combinations(&kept, n);
+        let all: Vec<Vec<usize>> = combinations(&kept, n)
+            .into_iter()
+            .filter(|pts| limits.balanced(&census, pts))
+            .collect();
         let mut best: Option<(Vec<usize>, f64, SimResult)> = None;
         for (i, pts) in all.iter().enumerate() {
             progress(&format!("{n} stages"), i + 1, all.len());
-            let (s, r) = score(pts)?;
+            let (s, r) = sc.score(&pre, pts)?;
             // Ties keep the earlier choice, so the search is deterministic.
             if best.as_ref().is_none_or(|b| s < b.1) {
                 best = Some((pts.clone(), s, r));
@@ -269,7 +332,9 @@ pub fn search(
             result: r,
         });
     }
+    let own = visits(trace, &StageGroups::identity(&trace.stages)) as f64;
     Ok(Outcome {
+        own_visits_per_request: own / census.requests as f64,
         census,
         screened,
         kept,

@@ -140,6 +140,8 @@ fn the_planted_split_is_found_again() {
     let lim = Limits {
         keep: 8,
         parts: 3..=3,
+        min_stage: 0.1,
+        screen_prefix: 1.0,
     };
     let out = search(&t, 0, c, &cfg, Objective::Cpi, &lim, &mut |_, _, _| {}).unwrap();
     let best = &out.choices[0];
@@ -149,7 +151,9 @@ fn the_planted_split_is_found_again() {
         .map(|&i| out.census.candidates[i].name.as_str())
         .collect();
     assert_eq!(names, ["fA", "fB", "fC"], "{:?}", out.choices);
-    assert_eq!(best.tried, 20, "C(6, 3) choices");
+    // C(6, 3) = 20 choices, less the 4 with both do_command and fA, whose
+    // stage would hold 1.4 % of a request (under min_stage).
+    assert_eq!(best.tried, 16);
     // Three stage changes per request, and each thread's first entry
     // (6 over 180 requests).
     let want = 3.0 + 6.0 / 180.0;
@@ -170,6 +174,8 @@ fn the_written_map_replays_as_the_search_scored_it() {
     let lim = Limits {
         keep: 8,
         parts: 2..=2,
+        min_stage: 0.1,
+        screen_prefix: 1.0,
     };
     let out = search(&t, 0, c, &cfg, Objective::Cpi, &lim, &mut |_, _, _| {}).unwrap();
     let best = &out.choices[0];

@@ -16,7 +16,8 @@
 //! simulation, every model at 2/4/8 cores with both L2 sizes, groupings and
 //! migration costs, `auto`'s choice, the acceptance lines), `sweep.rs`
 //! (migration cost × grouping, stage visits), `tables.rs` (model variants,
-//! footprint-host), `discovery.rs` (stage discovery), `input.rs` (the typed
+//! footprint-host), `discovery.rs` (stage discovery), `verdict.rs` (issue
+//! 25: where staging a database pays), `input.rs` (the typed
 //! JSON inputs and shared helpers).
 
 use std::fmt::Write as _;
@@ -32,6 +33,7 @@ mod overview;
 mod policies;
 mod sweep;
 mod tables;
+mod verdict;
 
 /// Start marker of the section.
 pub const BEGIN: &str = "<!-- stagesim:begin (written by `just bench-sim`: stagesim results) -->";
@@ -132,6 +134,7 @@ pub fn section(
     sweep::write_visits(&mut o, &ctx);
     tables::write_variants(&mut o, &ctx);
     discovery::write(&mut o, &ctx);
+    verdict::write(&mut o, &ctx);
     tables::write_footprint(&mut o, &ctx);
 
     // Plots.
