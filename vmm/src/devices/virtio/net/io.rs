@@ -3,10 +3,10 @@
 //!
 //! Every chain is checked before use: its head names a descriptor of the
 //! queue, no descriptor is indirect (`VIRTIO_F_INDIRECT_DESC` is not
-//! offered), the chain does not loop (virtio-queue stops a walk after
-//! queue-size descriptors; a chain still going then is refused), every
-//! descriptor has the direction the queue needs and lies in guest memory,
-//! and lengths add up without overflow. A refused chain is completed with
+//! offered), the chain does not loop and names no descriptor outside the
+//! queue (virtio-queue stops such a walk; a chain still going then is
+//! refused), every descriptor has the direction the queue needs and lies
+//! in guest memory, and lengths add up without overflow. A refused chain is completed with
 //! length 0 and counted (`bad_chains`); its guest-triggered log lines are
 //! rate-limited.
 //!
@@ -32,6 +32,8 @@ use super::{MmioNet, MAX_FRAME, RX, TX};
 /// Bytes of the host-side frame buffers: the largest frame a tap can hand
 /// over (64 KiB with its header), so a longer one is read whole and dropped.
 const BUF_LEN: usize = 65536 + VNET_HDR_LEN;
+/// An Ethernet header (bytes): the shortest frame worth sending.
+const ETH_HLEN: usize = 14;
 
 /// The I/O thread's own state for one device.
 pub struct NetIo {
@@ -124,8 +126,11 @@ impl MmioNet {
         if descs.is_empty() {
             return Err(Bad::Chain("empty or unreadable chain"));
         }
-        if descs.len() >= usize::from(queue.size()) && descs.last().is_some_and(|d| d.has_next()) {
-            return Err(Bad::Chain("looping chain"));
+        // virtio-queue ends a walk after queue-size descriptors (a loop)
+        // or at a next index outside the queue, leaving a last descriptor
+        // that still says "next".
+        if descs.last().is_some_and(|d| d.has_next()) {
+            return Err(Bad::Chain("looping chain or next index out of range"));
         }
         let mut total = 0u64;
         for d in &descs {
@@ -212,9 +217,9 @@ impl MmioNet {
                 return self.refuse(why, "tx");
             }
         };
-        if total < VNET_HDR_LEN as u64 {
+        if total < (VNET_HDR_LEN + ETH_HLEN) as u64 {
             s.tx_errors.fetch_add(1, Ordering::Relaxed);
-            return self.refuse("shorter than the virtio-net header", "tx");
+            return self.refuse("shorter than the headers (virtio-net, Ethernet)", "tx");
         }
         if total > (VNET_HDR_LEN + MAX_FRAME) as u64 {
             s.tx_dropped.fetch_add(1, Ordering::Relaxed);
