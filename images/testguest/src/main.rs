@@ -118,6 +118,10 @@
 //!     a kind every 10 ms for 400 ms (`hostile::counters`);
 //!   - `reregister` — UNREGISTER + REGISTER of a 16-stage area in a loop for
 //!     4 s;
+//!   - `net_chains` — (needs `--net`) bad transmit chains on the network
+//!     card: loops, a next index out of range, buffers outside RAM, a
+//!     device-writable buffer, an indirect descriptor, a chain shorter than
+//!     the header and a 4000-byte frame, then a good 60-byte frame;
 //! * `exit=N` — exit code to shut down with after the work (default 0),
 //! * `fault=1` — execute `hlt` in ring 3 after the banner: a #GP with no IDT,
 //!   i.e. a triple fault, to test the VMM's failure path.
@@ -556,7 +560,13 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
         checksum
     );
     if opts.hostile.is_active() {
-        hostile::run(vcpu as u32, &info, opts.hostile, opts.virtio, opts.exit);
+        hostile::run(
+            vcpu as u32,
+            &info,
+            opts.hostile,
+            (opts.virtio, opts.net),
+            opts.exit,
+        );
     }
     if let Some(cfg) = staged_config(&opts, vcpu as u32, info.num_vcpus) {
         staged::run_vcpu(vcpu as u32, info.num_vcpus, &cfg, info.tsc_khz);

@@ -16,8 +16,10 @@ pub struct Env {
     pub num_vcpus: u32,
     /// TSC frequency (kHz; a 3 GHz guess when the VMM gave none).
     pub tsc_khz: u64,
-    /// GPA of the first virtio-mmio device, if any.
+    /// GPA of the first virtio-mmio block device, if any.
     pub virtio: Option<u64>,
+    /// GPA of the first virtio-mmio network card, if any.
+    pub net: Option<u64>,
 }
 
 impl Env {

@@ -60,10 +60,12 @@ pub enum Attack {
     Counters,
     /// UNREGISTER + REGISTER of a 16-stage area in a loop.
     Reregister,
+    /// Bad transmit chains on the network card (`--net`).
+    NetChains,
 }
 
 /// Attack names on the command line, in the order they run.
-pub const ATTACKS: [(&str, Attack); 9] = [
+pub const ATTACKS: [(&str, Attack); 10] = [
     ("register_flood", Attack::RegisterFlood),
     ("wake_flood", Attack::WakeFlood),
     ("ring_wrap", Attack::RingWrap),
@@ -73,6 +75,7 @@ pub const ATTACKS: [(&str, Attack); 9] = [
     ("virtio_chains", Attack::VirtioChains),
     ("counters", Attack::Counters),
     ("reregister", Attack::Reregister),
+    ("net_chains", Attack::NetChains),
 ];
 
 /// The attacks chosen with `hostile=`.
@@ -115,9 +118,18 @@ const FLOOD: u64 = 100_000;
 /// One flood doorbell in this many has its status read back (an extra exit).
 const CHECK_EVERY: u64 = 100;
 
+/// A virtio-mmio device's register window (GPA, bytes), if there is one.
+pub type Device = Option<(u64, usize)>;
+
 /// Entry of every vCPU in hostile mode (after its checksum line); never
 /// returns. vCPU 0 runs the attacks and shuts down with `exit`.
-pub fn run(vcpu: u32, info: &BootInfo, h: Hostile, virtio: Option<(u64, usize)>, exit: u32) -> ! {
+pub fn run(
+    vcpu: u32,
+    info: &BootInfo,
+    h: Hostile,
+    (virtio, net): (Device, Device),
+    exit: u32,
+) -> ! {
     if vcpu != 0 {
         if vcpu == 1 && h.has(Attack::Prefill) {
             latency_helper(info.num_vcpus);
@@ -129,6 +141,7 @@ pub fn run(vcpu: u32, info: &BootInfo, h: Hostile, virtio: Option<(u64, usize)>,
         num_vcpus: info.num_vcpus,
         tsc_khz: khz(),
         virtio: virtio.map(|(base, _)| base),
+        net: net.map(|(base, _)| base),
     };
     let mut first = true;
     loop {
@@ -160,6 +173,7 @@ fn run_one(attack: Attack, env: &Env, verbose: bool) {
         Attack::ForgedTsc => forged_tsc(&Rings::get(), verbose),
         Attack::VirtioBad => virtio::bad_registers(env, verbose),
         Attack::VirtioChains => virtio::bad_chains(env, verbose),
+        Attack::NetChains => virtio::net_chains(env, verbose),
         Attack::Counters => counters::impossible_counters(env, verbose),
         Attack::Reregister => counters::reregister_loop(env, verbose),
     }

@@ -1,7 +1,9 @@
 //! `hostile=virtio_bad` and `hostile=virtio_chains`: a raw virtio-mmio
 //! driver (VIRTIO 1.2 §4.2, split queue of [`QSIZE`] entries, polled) that
 //! writes bad register values and bad descriptor chains to the first
-//! `--disk`, with good 512-byte reads in between that must still work.
+//! `--disk`, with good 512-byte reads in between that must still work;
+//! `hostile=net_chains`: the same driver on the first `--net`'s transmit
+//! queue.
 //! Register offsets are the VMM's (`vmm/src/devices/virtio/mod.rs`).
 //!
 //! Depends on [`super::env`] and [`crate::staged::platform`]'s allocator.
@@ -67,6 +69,8 @@ struct Raw {
     used_seen: u16,
     /// Poll timeout for one completion (TSC ticks).
     timeout: u64,
+    /// The queue driven: 0 (a disk's), or 1 (a network card's transmitq).
+    queue: u32,
 }
 
 impl Raw {
@@ -89,6 +93,7 @@ impl Raw {
             next_avail: 0,
             used_seen: 0,
             timeout: env.ticks(200),
+            queue: 0,
         }
     }
 
@@ -135,7 +140,7 @@ impl Raw {
         self.w(reg::DRIVER_FEATURES_SEL, 0);
         self.w(reg::DRIVER_FEATURES, 0);
         self.w(reg::STATUS, S_ACK_DRIVER | S_FEATURES_OK);
-        self.w(reg::QUEUE_SEL, 0);
+        self.w(reg::QUEUE_SEL, self.queue);
         self.w(reg::QUEUE_NUM, u32::from(QSIZE));
         self.w64(reg::QUEUE_DESC_LOW, reg::QUEUE_DESC_HIGH, self.desc);
         self.w64(reg::QUEUE_DRIVER_LOW, reg::QUEUE_DRIVER_HIGH, self.avail);
@@ -175,7 +180,7 @@ impl Raw {
         fence(Ordering::SeqCst);
         Self::w16(self.avail + 2, self.next_avail);
         fence(Ordering::SeqCst);
-        self.w(reg::QUEUE_NOTIFY, 0);
+        self.w(reg::QUEUE_NOTIFY, self.queue);
     }
 
     /// Waits up to `ticks` for the next used entry; true when it came.
@@ -366,6 +371,103 @@ pub fn bad_chains(env: &Env, verbose: bool) {
         println!(
             "hostile: virtio_chains {} of {} bad chains completed (status bytes {:?}), table outside RAM completed {}, {} of 3 good reads OK",
             completed, BAD_CHAINS, statuses, outside_completed, good
+        );
+    }
+}
+
+/// Bad transmit chains [`net_chains`] sends.
+const NET_CHAINS: u32 = 9;
+
+/// Writes bad transmit chain `which` from descriptor 0 (the frame is the
+/// driver's data area: a zero header, then a broadcast frame).
+fn write_net_chain(raw: &Raw, which: u32) -> &'static str {
+    let frame = raw.buf + DATA;
+    match which {
+        0 => {
+            raw.desc(0, frame, 12, F_NEXT, 1);
+            raw.desc(1, frame + 12, 60, F_NEXT, 0);
+            "loop of two"
+        }
+        1 => {
+            raw.desc(0, frame, 72, F_NEXT, 0);
+            "self loop"
+        }
+        2 => {
+            raw.desc(0, frame, 12, F_NEXT, 200);
+            "next out of range"
+        }
+        3 => {
+            raw.desc(0, OUTSIDE, 72, 0, 0);
+            "frame outside RAM"
+        }
+        4 => {
+            raw.desc(0, frame, 72, F_WRITE, 0);
+            "device-writable frame"
+        }
+        5 => {
+            raw.desc(0, frame, 48, F_INDIRECT, 0);
+            "indirect descriptor"
+        }
+        6 => {
+            raw.desc(0, frame, 4, 0, 0);
+            "shorter than the header"
+        }
+        7 => {
+            raw.desc(0, frame, 12 + 4000, 0, 0);
+            "4000-byte frame"
+        }
+        _ => {
+            raw.desc(0, frame, 12, F_NEXT, 1);
+            raw.desc(1, u64::MAX - 100, 60, 0, 0);
+            "address overflows"
+        }
+    }
+}
+
+/// `net_chains`: [`NET_CHAINS`] bad transmit chains on the network card,
+/// each of which the device must complete; then a good 60-byte frame
+/// (broadcast from the card's MAC, ethertype 0x88b5), which must be
+/// completed too.
+pub fn net_chains(env: &Env, verbose: bool) {
+    let Some(base) = env.net else {
+        fail(format_args!("net_chains needs --net"));
+    };
+    let mut raw = Raw::new(&Env {
+        virtio: Some(base),
+        ..*env
+    });
+    raw.queue = 1;
+    raw.setup(false);
+    // SAFETY: 26 bytes at DATA of our own buffer page, and byte reads of
+    // the card's MAC in its config space (offset 0x100, mapped). (The
+    // 4000-byte chain reaches past the page; only the device would read
+    // there, and it refuses that chain by its length first.)
+    unsafe {
+        core::ptr::write_bytes((raw.buf + DATA) as *mut u8, 0, 12);
+        core::ptr::write_bytes((raw.buf + DATA + 12) as *mut u8, 0xff, 6);
+        for i in 0..6 {
+            let b = ((base + 0x100 + i) as *const u8).read_volatile();
+            ((raw.buf + DATA + 18 + i) as *mut u8).write_volatile(b);
+        }
+        ((raw.buf + DATA + 24) as *mut u16).write_volatile(0xb588);
+    }
+    let mut completed = 0;
+    for which in 0..NET_CHAINS {
+        let name = write_net_chain(&raw, which);
+        raw.offer(0);
+        if raw.completed(raw.timeout) {
+            completed += 1;
+        } else if verbose {
+            println!("hostile: net_chains: '{}' was not completed", name);
+        }
+    }
+    raw.desc(0, raw.buf + DATA, 72, 0, 0);
+    raw.offer(0);
+    let good = raw.completed(raw.timeout);
+    if verbose {
+        println!(
+            "hostile: net_chains {} of {} bad chains completed, good frame completed {}",
+            completed, NET_CHAINS, good
         );
     }
 }
