@@ -85,6 +85,10 @@ verdict() {
         run "$sim" discover --trace "$t" --binary "$MARIADBD" --cores 4 "${MECH_unikernel[@]}" "${XFER[@]}" \
             --prefix-pct 20 --map-out "$out/$name-points" --json "$out/$name-points.json"
     fi
+    # The independent simulation of the captured order, and stagesim's.
+    run_to "$out/$name-cachesim.json" "$out/cachesim" --json "$t"
+    run_to "$out/$name-cachesim-256.json" "$out/cachesim" --l2 256:8 --json "$t"
+    run "$sim" replay --trace "$t" --policy captured --cores 1 --json "$out/$name-verdict-captured.json"
     for l2 in 512 256; do
         local v=(--trace "$t" --cores 4,6,8 --slice 100000 --l2 "$l2:8" "${XFER[@]}" --jobs "$jobs"
             --static-weights load)
@@ -182,9 +186,6 @@ for t in target/traces/mariadb-*.strace.zst target/traces/footprint-host.strace.
         "${groups[@]}" --jobs "$jobs")
     run "$sim" replay --trace "$t" "${autorun[@]}" --json "$out/$name-auto.json"
     run "$sim" replay --trace "$t" "${autorun[@]}" --l2 256:8 --json "$out/$name-auto-256.json"
-    # The independent simulation of the captured order.
-    run_to "$out/$name-cachesim.json" "$out/cachesim" --json "$t"
-    run_to "$out/$name-cachesim-256.json" "$out/cachesim" --l2 256:8 --json "$t"
     # Migration cost × grouping at 4 cores.
     run "$sim" replay --trace "$t" --cores 4 --slice 100000 --policy baseline,static,proportional,auto \
         --migration-cycles 0,500,1700,4250,35000 "${groups[@]}" --stage-groups "$G4" --jobs "$jobs" \

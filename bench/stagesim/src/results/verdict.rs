@@ -3,7 +3,9 @@
 //! `proportional` and `auto`, at 4/6/8 cores × L2 512/256 KiB × three
 //! migration mechanisms, against the baseline; beside seeds 000 and 004.
 //!
-//! Files (from `bench/stagesim/bench-sim.sh`): `<trace>-points.json`
+//! Files (from `bench/stagesim/bench-sim.sh`): `<trace>-cachesim.json` and
+//! `<trace>-verdict-captured.json` (the captured order, two simulators),
+//! `<trace>-points.json`
 //! (`discover --binary`), `<trace>-verdict-<l2>-base.json` (baseline),
 //! `<trace>-verdict-<l2>-base2.json` (baseline over `auto`'s laps),
 //! `<trace>-verdict-<l2>-<mech>-<map>.json` (`static`, `proportional`) and
@@ -36,6 +38,13 @@ pub const MECHANISMS: [(&str, &str); 3] = [
 
 /// Maps replayed: file tag and label.
 const MAPS: [(&str, &str); 2] = [("hand", "hand map (9)"), ("points", "discovered")];
+
+/// What the verdict reads of `cachesim --json`.
+#[derive(Debug, Deserialize)]
+struct Cachesim {
+    l1i_mpki: f64,
+    l2i_mpki: f64,
+}
 
 /// What the verdict reads of `discover --binary --json`.
 #[derive(Debug, Deserialize)]
@@ -141,6 +150,21 @@ pub(super) fn write(o: &mut String, ctx: &Ctx) {
             })
             .collect();
         let _ = writeln!(o, "- baseline L2i MPKI: {}", mpki.join(", "));
+        let ind = input::load::<Cachesim>(ctx.dir, &format!("{t}-cachesim.json"));
+        let cap = results(ctx, &format!("{t}-verdict-captured.json"));
+        if let (Some(i), Some(c)) = (ind, cap.first()) {
+            let same = format!("{:.2}", i.l1i_mpki) == format!("{:.2}", c.total.l1i_mpki)
+                && format!("{:.2}", i.l2i_mpki) == format!("{:.2}", c.total.l2i_mpki);
+            let _ = writeln!(
+                o,
+                "- the captured order, 512 KiB L2: independent simulator (`bench/capture/cachesim.c`) L1i {:.2} / L2i {:.2} MPKI, stagesim `captured` {:.2} / {:.2}: {}",
+                i.l1i_mpki,
+                i.l2i_mpki,
+                c.total.l1i_mpki,
+                c.total.l2i_mpki,
+                if same { "equal to 2 decimals" } else { "**they differ**" }
+            );
+        }
         let pinned: Vec<String> = base
             .iter()
             .flat_map(|(l2, rs)| {
