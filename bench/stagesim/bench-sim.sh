@@ -67,6 +67,10 @@ run() {
     "$@"
 }
 
+# The model of issues 7 and 16: a migration's whole cost on the source core,
+# no latency, no transfers (what the older sections below measure).
+OLD=(--migration-target-cycles 0 --migration-latency 0)
+
 # Issue 25, the verdict: seed 004's request-level discovery on the trace
 # (function entries of mariadbd), then the hand map and the discovered map
 # under static, proportional and auto at 4/6/8 cores, L2 512/256 KiB and
@@ -121,7 +125,7 @@ verdict() {
 
 started=$(date +%s)
 run "$sim" synth --out "$out/synth.stz" --visit-weights 2,1,1,1
-run "$sim" replay --trace "$out/synth.stz" --json "$out/synth.json" --jobs "$jobs"
+run "$sim" replay --trace "$out/synth.stz" --migration-cycles 1700,4250 "${OLD[@]}" --json "$out/synth.json" --jobs "$jobs"
 run "$sim" plot --json "$out/synth.json" --out-dir "$out/plots"
 
 if [ -x bench/capture/capture.sh ] && [ "${STAGESIM_CAPTURE:-1}" != 0 ]; then
@@ -139,10 +143,11 @@ for t in target/traces/mariadb-*.strace.zst target/traces/footprint-host.strace.
         side=(--sidecar "target/traces/$name.stages.toml")
     fi
     if [ "$name" = footprint-host ]; then
-        run "$sim" replay --trace "$t" "${side[@]}" --json "$out/$name.json" --jobs "$jobs" "$@"
+        run "$sim" replay --trace "$t" "${side[@]}" --migration-cycles 1700,4250 "${OLD[@]}" --json "$out/$name.json" \
+            --jobs "$jobs" "$@"
         run "$sim" plot --json "$out/$name.json" --out-dir "$out/plots"
         # The workload built for staging: which migration costs does it tolerate?
-        run "$sim" replay --trace "$t" "${side[@]}" --cores 2,4 --slice 100000 --policy baseline,static,proportional \
+        run "$sim" replay --trace "$t" "${side[@]}" "${OLD[@]}" --cores 2,4 --slice 100000 --policy baseline,static,proportional \
             --migration-cycles 0,1700,4250,35000,100000,300000 --jobs "$jobs" --json "$out/$name-sweep.json"
         run "$sim" plot --sweep --json "$out/$name-sweep.json" --out-dir "$out/plots"
         continue
@@ -154,7 +159,7 @@ for t in target/traces/mariadb-*.strace.zst target/traces/footprint-host.strace.
 
     # Automatic stage discovery: greedy merging of the 9 stages, scored by
     # busy cycles per instruction with free migrations (the caches alone).
-    run "$sim" discover --trace "$t" --cores 4 --migration-cycles 0 --prefix-pct 20 \
+    run "$sim" discover --trace "$t" --cores 4 --migration-cycles 0 "${OLD[@]}" --prefix-pct 20 \
         --out "$out/$name-discover.txt" --json "$out/$name-discover.json"
     D4=$(awk -F'\t' '$1 == 4 { print $2 }' "$out/$name-discover.txt")
     groups=(--stage-groups -)
@@ -164,7 +169,7 @@ for t in target/traces/mariadb-*.strace.zst target/traces/footprint-host.strace.
     # Issue 16: every model at 2/4/8 cores, both L2 sizes, both groupings,
     # the measured and the seed's migration cost.
     matrix=(--cores 2,4,8 --slice 100000 --policy baseline,captured,pinned,static,proportional,auto
-        --migration-cycles 1700,4250 "${groups[@]}" --jobs "$jobs")
+        --migration-cycles 1700,4250 "${OLD[@]}" "${groups[@]}" --jobs "$jobs")
     run "$sim" replay --trace "$t" "${matrix[@]}" --json "$out/$name.json" "$@"
     run "$sim" replay --trace "$t" "${matrix[@]}" --l2 256:8 --json "$out/$name-l2-256.json" "$@"
     run "$sim" plot --json "$out/$name.json" --out-dir "$out/plots"
@@ -182,12 +187,12 @@ for t in target/traces/mariadb-*.strace.zst target/traces/footprint-host.strace.
     # auto over 4 laps of the trace (its trials take a fixed number of policy
     # periods, which one 100-transaction window cannot amortize), with the
     # baseline of the same run.
-    autorun=(--cores 2,4,8 --slice 100000 --policy baseline,auto --repeat 4 --migration-cycles 1700,4250
+    autorun=(--cores 2,4,8 --slice 100000 --policy baseline,auto --repeat 4 --migration-cycles 1700,4250 "${OLD[@]}"
         "${groups[@]}" --jobs "$jobs")
     run "$sim" replay --trace "$t" "${autorun[@]}" --json "$out/$name-auto.json"
     run "$sim" replay --trace "$t" "${autorun[@]}" --l2 256:8 --json "$out/$name-auto-256.json"
     # Migration cost × grouping at 4 cores.
-    run "$sim" replay --trace "$t" --cores 4 --slice 100000 --policy baseline,static,proportional,auto \
+    run "$sim" replay --trace "$t" --cores 4 --slice 100000 --policy baseline,static,proportional,auto "${OLD[@]}" \
         --migration-cycles 0,500,1700,4250,35000 "${groups[@]}" --stage-groups "$G4" --jobs "$jobs" \
         --json "$out/$name-sweep.json"
     run "$sim" plot --sweep --json "$out/$name-sweep.json" --out-dir "$out/plots"

@@ -36,19 +36,21 @@ pub struct ReplayArgs {
     /// Replay only this many instructions (a prefix in replay order; the warm-up is --warmup-pct of it).
     #[arg(long)]
     pub instrs: Option<u64>,
-    /// Cost of one thread migration, cycles; a comma-separated list sweeps it (staged policies
-    /// only). Default: 1700 — 677 ns, the mean `just bench-migration` measured between vCPUs that
-    /// own their cores (bench/RESULTS.md, migration microbenchmark), at 2.5 GHz — and 4250, seed
-    /// 000's 1.7 µs IPI propagation.
-    #[arg(long, default_value = "1700,4250", value_parser = list::<u64>)]
+    /// CPU one thread migration costs its source core, cycles; a comma-separated list sweeps it
+    /// (staged policies only). Default 500: half of the 0.41 µs (at 2.5 GHz) both vCPUs spend per
+    /// migration when busy, `just bench-migration --rounds 5` saturated mode at W = 0
+    /// (bench/RESULTS.md, migration microbenchmark). Before issue 25 the whole latency (1700,
+    /// 4250) was charged here, with the next two at 0.
+    #[arg(long, default_value = "500", value_parser = list::<u64>)]
     pub migration_cycles: std::vec::Vec<u64>,
     /// CPU a migration costs the core the thread arrives on, cycles, charged when it first runs
-    /// the thread (the source pays --migration-cycles); 0 keeps the source-only model.
-    #[arg(long, default_value_t = 0)]
+    /// the thread. Default 500: the other half of the saturated figure above; 0 = source only.
+    #[arg(long, default_value_t = 500)]
     pub migration_target_cycles: u64,
     /// Latency of a migration, cycles: the thread is runnable on its target only this long after
-    /// it left its source, while the cores run other threads (no CPU); 0: at once.
-    #[arg(long, default_value_t = 0)]
+    /// it left its source, while the cores run other threads (no CPU). Default 1700: 677 ns, the
+    /// mean `just bench-migration` latency to an idle spinning vCPU at 2.5 GHz; 0: at once.
+    #[arg(long, default_value_t = 1700)]
     pub migration_latency: u64,
     /// Merge stages into coarser groups for the staged policies, e.g.
     /// `front=net_read,dispatch,parse;plan=open_lock,optimize;exec=execute,innodb;finish=commit,send`;
@@ -143,14 +145,14 @@ pub struct DiscoverArgs {
     /// Staged policy the candidates are replayed under (static or proportional).
     #[arg(long, default_value = "static")]
     pub policy: String,
-    /// Cost of one thread migration, cycles (CPU of the source core).
-    #[arg(long, default_value_t = 4000)]
+    /// CPU one migration costs the source core, cycles (default: as `replay`'s, measured).
+    #[arg(long, default_value_t = 500)]
     pub migration_cycles: u64,
     /// CPU a migration costs the target core, cycles (see `replay --migration-target-cycles`).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 500)]
     pub migration_target_cycles: u64,
     /// Latency of a migration, cycles (see `replay --migration-latency`).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 1700)]
     pub migration_latency: u64,
     /// Request-level discovery (seed 004): migration points among the function entries of this
     /// ELF binary (the traced one; its .symtab/.dynsym) instead of merging the trace's stages.
