@@ -225,17 +225,35 @@ pub fn read_sidecar(path: &Path, sidecar: Option<&Path>) -> anyhow::Result<Sidec
     })
 }
 
-/// The load bias of the traced binary: `arg` (`--text-bias`), else the
-/// sidecar's `[capture] text_bias`, else 0.
-pub fn text_bias(arg: Option<&str>, sidecar: &Sidecar) -> anyhow::Result<u64> {
-    match arg.or(sidecar
+/// The function symbols of the traced `binary` at trace addresses, moved by
+/// `text_bias` (`--text-bias`), else by `sidecar`'s `[capture] text_bias`,
+/// else not at all; and that bias.
+pub fn binary_symbols(
+    binary: &Path,
+    text_bias: Option<&str>,
+    sidecar: &Sidecar,
+) -> anyhow::Result<(stagesim::symbols::Symbols, u64)> {
+    let from_sidecar = sidecar
         .capture
         .as_ref()
-        .and_then(|c| c.text_bias.as_deref()))
-    {
-        Some(b) => stagesim::symbols::parse_bias(b),
-        None => Ok(0),
-    }
+        .and_then(|c| c.text_bias.as_deref());
+    let bias = match text_bias.or(from_sidecar) {
+        Some(b) => stagesim::symbols::parse_bias(b)?,
+        None => 0,
+    };
+    Ok((stagesim::symbols::Symbols::from_elf(binary, bias)?, bias))
+}
+
+/// The dense index of the request-marker stage `name` (`--block-at`) in
+/// `trace`; the error says `what` needs it.
+pub fn marker_stage(trace: &Trace, name: &str, what: &str) -> anyhow::Result<usize> {
+    trace
+        .stages
+        .iter()
+        .position(|s| s.name == name)
+        .with_context(|| {
+            format!("{what} needs the request-marker stage '{name}' (--block-at) in the trace")
+        })
 }
 
 /// Loads a trace (with `sidecar` or its own `<trace>.stages.toml`), showing progress.

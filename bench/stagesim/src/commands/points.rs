@@ -10,7 +10,6 @@ use stagesim::discover::points::census;
 use stagesim::discover::split::{self, Limits, Outcome};
 use stagesim::discover::Objective;
 use stagesim::sim::SimPolicy;
-use stagesim::symbols::Symbols;
 
 use super::discover::base_config;
 use super::{load, progress_bar, read_sidecar, write_file};
@@ -59,20 +58,9 @@ pub fn discover_points(a: DiscoverArgs) -> anyhow::Result<()> {
         a.keep
     );
     let sidecar = read_sidecar(&a.trace, a.sidecar.as_deref())?;
-    let bias = super::text_bias(a.text_bias.as_deref(), &sidecar)?;
-    let syms = Symbols::from_elf(&binary, bias)?;
+    let (syms, bias) = super::binary_symbols(&binary, a.text_bias.as_deref(), &sidecar)?;
     let trace = load(&a.trace, a.sidecar.as_deref())?;
-    let marker = trace
-        .stages
-        .iter()
-        .position(|s| s.name == a.block_at)
-        .with_context(|| {
-            format!(
-                "--block-at '{}': {} has no such stage",
-                a.block_at,
-                a.trace.display()
-            )
-        })?;
+    let marker = super::marker_stage(&trace, &a.block_at, "request-level discovery")?;
     let t0 = Instant::now();
     let c = census(
         &trace,

@@ -16,7 +16,6 @@ use stagesim::report::{self, Report};
 use stagesim::sim::{self, default_budgets, BlockRule, SimConfig, SimPolicy, SimResult, VisitRule};
 use stagesim::stagemap::StageMapFile;
 use stagesim::stream::Trace;
-use stagesim::symbols::Symbols;
 
 use super::{load, progress_bar, write_file};
 use crate::cli::args::ReplayArgs;
@@ -93,18 +92,8 @@ fn remark(
     let map =
         StageMapFile::parse(&text).with_context(|| format!("--stage-map {}", path.display()))?;
     let sidecar = super::read_sidecar(&a.trace, a.sidecar.as_deref())?;
-    let bias = super::text_bias(a.text_bias.as_deref(), &sidecar)?;
-    let syms = Symbols::from_elf(binary, bias)?;
-    let marker = trace
-        .stages
-        .iter()
-        .position(|s| s.name == a.block_at)
-        .with_context(|| {
-            format!(
-                "--stage-map needs the request-marker stage '{}' (--block-at) in the trace",
-                a.block_at
-            )
-        })?;
+    let (syms, _) = super::binary_symbols(binary, a.text_bias.as_deref(), &sidecar)?;
+    let marker = super::marker_stage(trace, &a.block_at, "--stage-map")?;
     apply_map(trace, &map, &syms, marker).with_context(|| format!("--stage-map {}", path.display()))
 }
 
