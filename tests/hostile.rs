@@ -472,7 +472,7 @@ fn impossible_counters_are_clamped_and_counted() {
     let timeline = &a.report().sched.timeline;
     assert!(!timeline.is_empty());
     for t in timeline {
-        let load: f64 = t.load.iter().sum();
+        let load: f64 = t.load.values().sum();
         assert!(load <= 2.0 + 1e-6, "t = {} ms: load {:?}", t.t_ms, t.load);
     }
     // The clamps are logged, rate-limited.

@@ -103,7 +103,12 @@ fn timeline(json: &Report) -> Vec<(Vec<usize>, Vec<f64>)> {
     json.sched
         .timeline
         .iter()
-        .map(|e| (e.requirement.clone(), e.load.clone()))
+        .map(|e| {
+            (
+                e.requirement.values().copied().collect(),
+                e.load.values().copied().collect(),
+            )
+        })
         .collect()
 }
 

@@ -17,7 +17,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 pub mod api;
+mod per_stage;
 mod summary;
+
+pub use per_stage::PerStage;
 
 /// A string from the guest as it may be shown on an operator's terminal or
 /// in a log line: control characters, quotes and backslashes escaped
@@ -214,10 +217,11 @@ pub struct TimelineEntry {
     /// Time since the VM started (ms).
     pub t_ms: f64,
     /// vCPUs' worth of time spent in each stage over the period (the
-    /// policy's input: busy ns / period ns).
-    pub load: Vec<f64>,
-    /// Cores allocated per stage (0 = rides on the victim core).
-    pub requirement: Vec<usize>,
+    /// policy's input: busy ns / period ns), by stage name.
+    pub load: PerStage<f64>,
+    /// Cores allocated per stage (0 = rides on the victim core), by stage
+    /// name.
+    pub requirement: PerStage<usize>,
     /// Whether the stage map changed this period.
     pub map_changed: bool,
     /// Requests completed per second in the period (valid `stage_exit`
@@ -378,6 +382,16 @@ pub struct NetReport {
     /// Frames longer than the device's largest frame (1518 bytes), both
     /// directions.
     pub oversized: u64,
+    /// The driver's notifications of the receive queue (`QueueNotify`
+    /// writes: each one a VM exit).
+    #[serde(default)]
+    pub rx_notifications: u64,
+    /// The driver's notifications of the transmit queue.
+    #[serde(default)]
+    pub tx_notifications: u64,
+    /// Used-buffer interrupts raised to the guest.
+    #[serde(default)]
+    pub interrupts: u64,
     /// Whether the tap disappeared while the VM ran.
     pub tap_gone: bool,
 }
@@ -419,9 +433,11 @@ pub struct Report {
 }
 
 /// The report layout's version ([`Report::schema`]): 1 is the first
-/// versioned layout (issue 28). A field added later that older readers can
-/// ignore keeps the number; a change of a field's meaning raises it.
-pub const REPORT_SCHEMA: u32 = 1;
+/// versioned layout (issue 28); 2 keys the timeline's `load` and
+/// `requirement` by stage name ([`PerStage`]) instead of stage id. A field
+/// added later that older readers can ignore keeps the number; a change of
+/// a field's meaning raises it.
+pub const REPORT_SCHEMA: u32 = 2;
 
 /// Why a report file could not be read or written.
 #[derive(Debug)]
@@ -430,6 +446,8 @@ pub enum ReportError {
     Io(std::io::Error),
     /// The file is not a report of this version.
     Json(serde_json::Error),
+    /// The report's layout is newer than this reader's ([`REPORT_SCHEMA`]).
+    Schema(u32),
 }
 
 impl std::fmt::Display for ReportError {
@@ -437,6 +455,10 @@ impl std::fmt::Display for ReportError {
         match self {
             Self::Io(e) => write!(f, "{e}"),
             Self::Json(e) => write!(f, "not a stagevm report: {e}"),
+            Self::Schema(n) => write!(
+                f,
+                "report schema {n} is newer than this reader's ({REPORT_SCHEMA}): read it with a stagevm of that schema or later"
+            ),
         }
     }
 }
@@ -462,11 +484,40 @@ impl Report {
         out.flush().map_err(ReportError::Io)
     }
 
-    /// Reads a report written by [`Report::write`]. Errors: the file cannot
-    /// be read, or is not a report of this version.
+    /// Reads a report written by [`Report::write`] of this or an older
+    /// schema (a schema-1 timeline's stage-indexed arrays get the report's
+    /// stage names). Errors: the file cannot be read, is not a report, or
+    /// is of a newer schema ([`ReportError::Schema`]).
     pub fn read(path: &Path) -> Result<Self, ReportError> {
         let text = std::fs::read_to_string(path).map_err(ReportError::Io)?;
-        serde_json::from_str(&text).map_err(ReportError::Json)
+        Self::from_json(&text)
+    }
+
+    /// [`Report::read`] of a report's text.
+    pub fn from_json(text: &str) -> Result<Self, ReportError> {
+        #[derive(Deserialize)]
+        struct Head {
+            #[serde(default)]
+            schema: u32,
+        }
+        let head: Head = serde_json::from_str(text).map_err(ReportError::Json)?;
+        if head.schema > REPORT_SCHEMA {
+            return Err(ReportError::Schema(head.schema));
+        }
+        let mut report: Report = serde_json::from_str(text).map_err(ReportError::Json)?;
+        if report.schema < 2 {
+            let names: Vec<String> = match &report.stage_channel {
+                Some(c) if !c.stages.is_empty() => {
+                    c.stages.iter().map(|s| s.name.clone()).collect()
+                }
+                _ => report.sched.stages.iter().map(|s| s.name.clone()).collect(),
+            };
+            for e in &mut report.sched.timeline {
+                e.load.name_indices(&names);
+                e.requirement.name_indices(&names);
+            }
+        }
+        Ok(report)
     }
 }
 
@@ -511,5 +562,46 @@ mod tests {
             .all(|l| l.starts_with("stagevm: ") || l.starts_with("stagevm:   ")));
         assert!(!text.lines().any(|l| l == "stagevm: forged"));
         assert!(text.contains(r"x\u{1b}[2J\nstagevm: forged"), "{text}");
+    }
+
+    /// A schema-1 report (stage-indexed timeline arrays) as stop 31 wrote
+    /// it, cut to the fields every report has.
+    const SCHEMA_1: &str = r#"{"schema": 1, "exit_code": 0, "exit": "guest shutdown",
+        "stage_channel": null, "disks": [],
+        "sched": {"policy": "static", "period_ms": 20, "stage_cores": "0-1",
+          "housekeeping": "0-1", "warnings": [],
+          "stages": [{"name": "parse", "vcpus": [0], "cores": "0", "requirement": 1},
+                     {"name": "plan", "vcpus": [1], "cores": "1", "requirement": 1}],
+          "vcpus": [], "helpers": [], "map_changes": 1, "repins": 0, "repin_mean_us": 0.0,
+          "timeline": [{"t_ms": 20.0, "load": [0.75, 0.25], "requirement": [1, 1],
+                        "map_changed": true}],
+          "timeline_dropped": 0}}"#;
+
+    #[test]
+    fn a_schema_1_report_reads_with_stage_names() {
+        let r = Report::from_json(SCHEMA_1).unwrap();
+        let e = &r.sched.timeline[0];
+        assert_eq!(e.load.get("parse"), Some(&0.75));
+        assert_eq!(e.requirement.get("plan"), Some(&1));
+        // Written again, it is a schema-2 object keyed by name.
+        let mut again = r.clone();
+        again.schema = REPORT_SCHEMA;
+        let text = serde_json::to_string(&again).unwrap();
+        assert!(
+            text.contains(r#""load":{"parse":0.75,"plan":0.25}"#),
+            "{text}"
+        );
+        let back = Report::from_json(&text).unwrap();
+        assert_eq!(back.sched.timeline[0].load, e.load);
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_naming_both_versions() {
+        let newer = SCHEMA_1.replacen(r#""schema": 1"#, r#""schema": 99"#, 1);
+        let e = Report::from_json(&newer).unwrap_err().to_string();
+        assert!(
+            e.contains("schema 99") && e.contains(&format!("({REPORT_SCHEMA})")),
+            "{e}"
+        );
     }
 }

@@ -17,7 +17,7 @@ use host_sched::policy::{Plan, Policy};
 use host_sched::topology::Topology;
 use host_sched::vm::{build_policy, replan, Setup, VmPlan};
 use hypercall_abi::stage::VcpuCounters;
-use stagevm_report::{ChannelReport, StagePlacement, TimelineEntry};
+use stagevm_report::{ChannelReport, PerStage, StagePlacement, TimelineEntry};
 
 use super::accounting::Accounting;
 use super::counters::CounterReader;
@@ -375,10 +375,11 @@ impl Controller {
         decision: Option<String>,
         from_api: bool,
     ) {
+        let names = self.guest.as_ref().map_or(&[][..], |g| &g.names[..]);
         self.timeline.push(TimelineEntry {
             t_ms: now.saturating_duration_since(self.start).as_secs_f64() * 1e3,
-            load,
-            requirement: self.plan.requirement.clone(),
+            load: PerStage::zip(names, load),
+            requirement: PerStage::zip(names, self.plan.requirement.iter().copied()),
             map_changed,
             requests_per_s,
             mode,

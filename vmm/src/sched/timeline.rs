@@ -8,15 +8,15 @@ use std::collections::VecDeque;
 use stagevm_report::TimelineEntry;
 
 /// Most bytes the timeline keeps (an estimate of its entries' heap and
-/// inline size): 16 MiB hold ~80,000 entries of a 3-stage guest, 27 min
-/// of 20 ms policy periods.
+/// inline size): 16 MiB hold ~45,000 entries of a 3-stage guest (stage
+/// names included), 15 min of 20 ms policy periods.
 pub const MAX_TIMELINE_BYTES: usize = 16 << 20;
 
 /// Bytes one entry takes, inline and on the heap.
 fn entry_bytes(e: &TimelineEntry) -> usize {
     std::mem::size_of::<TimelineEntry>()
-        + e.load.capacity() * std::mem::size_of::<f64>()
-        + e.requirement.capacity() * std::mem::size_of::<usize>()
+        + e.load.heap_bytes()
+        + e.requirement.heap_bytes()
         + [&e.mode, &e.decision, &e.source]
             .iter()
             .map(|s| s.as_ref().map_or(0, String::capacity))
@@ -111,10 +111,11 @@ mod tests {
     use super::*;
 
     fn entry(t_ms: f64) -> TimelineEntry {
+        let names = ["parse".to_string(), "plan".into(), "execute".into()];
         TimelineEntry {
             t_ms,
-            load: vec![0.5; 3],
-            requirement: vec![1; 3],
+            load: stagevm_report::PerStage::zip(&names, [0.5; 3]),
+            requirement: stagevm_report::PerStage::zip(&names, [1; 3]),
             map_changed: false,
             requests_per_s: 0.0,
             mode: None,
