@@ -69,7 +69,15 @@ pub enum VmmError {
         /// Minimum RAM in MiB, rounded up.
         needed_mib: u64,
     },
-    /// Guest RAM cannot hold the image plus the vCPU stacks.
+    /// More RAM than the ring-3 unikernel's page tables map.
+    #[error("--memory size={}: the ring-3 unikernel maps at most {} (its page tables); a Linux guest may have more", crate::config::format_size(*.size), crate::config::format_size(*.max))]
+    UnikernelMemory {
+        /// `--memory size` in bytes.
+        size: u64,
+        /// [`crate::arch::x86_64::layout::UNIKERNEL_MAX_MEMORY`].
+        max: u64,
+    },
+    /// The ring-3 image and its vCPU stacks do not fit below the MMIO hole.
     #[error("--memory size={}: too small; the kernel image ends at {image_end:#x} and {vcpus} vCPU stack(s) of {stack} KiB need {needed} bytes ({needed_mib} MiB) in all", crate::config::format_size(*.size))]
     MemoryTooSmall {
         /// `--memory size` in bytes.
@@ -128,10 +136,6 @@ pub enum VmmError {
         /// [`hypercall_abi::stage::MAX_VCPUS`].
         max: usize,
     },
-    /// The stage configuration does not fit the guest's stages (reported at
-    /// its REGISTER).
-    #[error("{0}")]
-    Sched(#[source] host_sched::config::ConfigError),
     /// Other host I/O failed (serial file, thread spawn).
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -143,15 +147,19 @@ pub fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmmError
 }
 
 /// Why opening or creating `path` failed, for an error naming the path: a
-/// missing file whose directory is missing too says which directory (the
-/// bare "No such file or directory" leaves the user to guess which one).
+/// missing file says whether its directory is missing too, and which one
+/// (the bare "No such file or directory" leaves the user to guess).
 pub fn describe_path_error(path: &std::path::Path, e: &std::io::Error) -> String {
     if e.kind() == std::io::ErrorKind::NotFound {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if !dir.exists() {
-                return format!("its directory {} does not exist", dir.display());
-            }
-        }
+        let dir = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."));
+        return if dir.exists() {
+            format!("no such file (its directory {} exists)", dir.display())
+        } else {
+            format!("its directory {} does not exist", dir.display())
+        };
     }
     e.to_string()
 }

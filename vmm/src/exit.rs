@@ -24,6 +24,14 @@ pub enum VmExit {
     Signal(i32),
     /// The stage configuration did not fit the guest's stages.
     ConfigError(String),
+    /// A thread of the VMM could not go on (its seccomp filter refused,
+    /// its epoll set or timer failed, the API server failed).
+    ThreadFailure {
+        /// The thread's name (`vcpu0`, `stage-sched`, `io-net0`, `api`, …).
+        thread: String,
+        /// What failed.
+        reason: String,
+    },
     /// The operator shut the VM down (`PUT /api/v1/vm.shutdown`); status 0.
     ApiShutdown,
 }
@@ -35,7 +43,7 @@ impl VmExit {
         match self {
             VmExit::Guest(code) => *code,
             VmExit::GuestFailure(_) => EXIT_GUEST_FAILURE,
-            VmExit::ConfigError(_) => EXIT_VMM_ERROR,
+            VmExit::ConfigError(_) | VmExit::ThreadFailure { .. } => EXIT_VMM_ERROR,
             VmExit::Signal(libc::SIGINT) => EXIT_SIGINT,
             VmExit::Signal(_) => EXIT_SIGTERM,
             VmExit::ApiShutdown => 0,
@@ -49,6 +57,9 @@ impl VmExit {
             VmExit::GuestFailure(why) => format!("guest failure: {why}"),
             VmExit::Signal(sig) => format!("signal {sig}"),
             VmExit::ConfigError(msg) => format!("configuration error: {msg}"),
+            VmExit::ThreadFailure { thread, reason } => {
+                format!("VMM thread {thread} failed: {reason}")
+            }
             VmExit::ApiShutdown => "shut down through the operator API".into(),
         }
     }

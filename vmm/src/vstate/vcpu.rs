@@ -1,8 +1,11 @@
 //! The per-vCPU run loop, on its own host thread named `vcpu<N>`.
 //!
-//! Every I/O exit goes to the device [`Bus`]; a REGISTER of the stage
-//! channel goes on to the scheduler ([`StageSched::on_register`]) before the
-//! guest resumes; every way the vCPU ends becomes an [`ExitEvent`] request.
+//! In Firecracker's shape: [`handle_exit`] turns one `KVM_RUN` result into
+//! a [`Step`] (every I/O exit goes to the device [`Bus`]), and the loop
+//! acts on it: a REGISTER of the stage channel goes on to the scheduler
+//! ([`StageSched::on_register`]) before the guest resumes, an emulation
+//! failure gets the x86 assists ([`crate::arch::x86_64::emulation`]), and
+//! every way the vCPU ends becomes an [`ExitEvent`] request.
 //!
 //! Kick: to stop a vCPU the main thread sets the stop flag and sends the
 //! thread one [`kick_signal`]. Its handler sets `immediate_exit` in the
@@ -18,9 +21,11 @@ use kvm_bindings::{kvm_regs, kvm_sregs};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vm_memory::GuestMemoryMmap;
 
+use crate::arch::x86_64::emulation;
 use crate::devices::{Bus, PioAction};
 use crate::exit::{ExitEvent, VmExit};
 use crate::sched::StageSched;
+use crate::stage::Registered;
 
 thread_local! {
     /// This vCPU thread's `kvm_run.immediate_exit` byte (null elsewhere).
@@ -55,18 +60,12 @@ pub fn install_kick_handler() -> std::io::Result<()> {
 /// Bytes of code reported at `RIP` after a failure (the longest x86
 /// instruction).
 const CODE_BYTES: usize = 15;
-/// The `int3` opcode and the `#BP` vector.
-const INT3: u8 = 0xcc;
-const BP_VECTOR: u8 = 3;
-/// The `fwait` opcode and the x87 status word's exception-summary bit.
-const FWAIT: u8 = 0x9b;
-const FSW_ES: u16 = 1 << 7;
 /// RFLAGS.IF: maskable interrupts enabled (Intel SDM vol. 1, §3.4.3).
 const RFLAGS_IF: u64 = 1 << 9;
 
 /// How a vCPU's run loop ended.
-#[derive(Debug)]
-enum VmEvent {
+#[derive(Debug, PartialEq, Eq)]
+pub enum VmEvent {
     /// A vCPU wrote the shutdown port.
     Shutdown {
         /// Index of the vCPU.
@@ -74,9 +73,8 @@ enum VmEvent {
         /// The raw 32-bit exit code it wrote.
         code: u32,
     },
-    /// The stage configuration does not fit the guest (e.g. names a stage the
-    /// guest did not declare).
-    ConfigError(String),
+    /// The vCPU thread could not run (its seccomp filter was refused).
+    ThreadFailure(String),
     /// A vCPU stopped on request (vCPU stop port or `hlt`).
     VcpuStopped,
     /// The guest failed on a vCPU (triple fault, KVM internal error…).
@@ -86,6 +84,62 @@ enum VmEvent {
         /// What happened, with RIP.
         reason: String,
     },
+}
+
+/// What the run loop does after one exit ([`handle_exit`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Enter the guest again.
+    Continue,
+    /// `KVM_RUN` returned `EINTR`/`EAGAIN`: a kick. Clear `immediate_exit`,
+    /// then the stop flag decides.
+    Kicked,
+    /// The guest registered its stage channel: the scheduler plans the
+    /// first stage map before the guest resumes.
+    Registered(Registered),
+    /// `KVM_EXIT_INTERNAL_ERROR`: an emulation assist may complete the
+    /// instruction; else the guest failed.
+    InternalError,
+    /// The guest failed; the text says how (the loop adds the registers).
+    Failed(String),
+    /// The vCPU's run ends.
+    End(VmEvent),
+}
+
+/// One `KVM_RUN` result of vCPU `index` to a [`Step`]; port and MMIO
+/// accesses are served by `bus` on the way. Never panics on what the guest
+/// does.
+pub fn handle_exit(bus: &Bus, index: u32, exit: Result<VcpuExit<'_>, kvm_ioctls::Error>) -> Step {
+    match exit {
+        Ok(VcpuExit::IoOut(port, data)) => match bus.pio_write(index, port, data) {
+            PioAction::Continue => Step::Continue,
+            PioAction::Shutdown(code) => Step::End(VmEvent::Shutdown { vcpu: index, code }),
+            PioAction::StopVcpu => Step::End(VmEvent::VcpuStopped),
+            PioAction::StageRegistered(registered) => Step::Registered(registered),
+        },
+        Ok(VcpuExit::IoIn(port, data)) => {
+            bus.pio_read(index, port, data);
+            Step::Continue
+        }
+        Ok(VcpuExit::MmioRead(addr, data)) => {
+            bus.mmio_read(addr, data);
+            Step::Continue
+        }
+        Ok(VcpuExit::MmioWrite(addr, data)) => {
+            bus.mmio_write(addr, data);
+            Step::Continue
+        }
+        Ok(VcpuExit::Hlt) => Step::End(VmEvent::VcpuStopped),
+        Ok(VcpuExit::Intr) => Step::Continue,
+        Ok(VcpuExit::Shutdown) => Step::Failed("triple fault (KVM shutdown exit)".into()),
+        Ok(VcpuExit::InternalError) => Step::InternalError,
+        Ok(VcpuExit::FailEntry(reason, cpu)) => Step::Failed(format!(
+            "VM entry failed: hardware reason {reason:#x} on host CPU {cpu}"
+        )),
+        Ok(other) => Step::Failed(format!("unexpected exit {other:?}")),
+        Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Step::Kicked,
+        Err(e) => Step::Failed(format!("KVM_RUN failed: {e}")),
+    }
 }
 
 /// One vCPU and what its thread needs.
@@ -107,9 +161,9 @@ pub struct Vcpu {
     /// `--seccomp`: the vCPU filter is installed before the first KVM_RUN.
     pub seccomp: crate::seccomp::SeccompMode,
     /// Complete a kernel-mode `int3` or `fwait` that KVM fails to emulate
-    /// (see `Vcpu::assist_emulation`); on for Linux guests.
+    /// (see [`emulation::assist`]); on for Linux guests.
     pub assist_emulation: bool,
-    /// How many instructions `assist_emulation` completed, by opcode.
+    /// How many instructions the assists completed, by opcode.
     pub assists: std::collections::BTreeMap<u8, u64>,
 }
 
@@ -126,14 +180,21 @@ impl Vcpu {
         IMMEDIATE_EXIT.with(|p| p.set(kvm_run));
         let event = match crate::seccomp::install(crate::seccomp::ThreadKind::Vcpu, self.seccomp) {
             Ok(()) => self.run_loop(),
-            Err(e) => Some(VmEvent::ConfigError(e)),
+            Err(e) => Some(VmEvent::ThreadFailure(e)),
         };
         IMMEDIATE_EXIT.with(|p| p.set(std::ptr::null_mut()));
         if !self.assists.is_empty() {
             let counts: Vec<String> = self
                 .assists
                 .iter()
-                .map(|(op, n)| format!("{n} x {}", if *op == INT3 { "int3" } else { "fwait" }))
+                .map(|(op, n)| {
+                    let name = if *op == emulation::INT3 {
+                        "int3"
+                    } else {
+                        "fwait"
+                    };
+                    format!("{n} x {name}")
+                })
                 .collect();
             tracing::info!(
                 vcpu = self.index,
@@ -155,146 +216,52 @@ impl Vcpu {
             Some(VmEvent::GuestFailure { vcpu, reason }) => self
                 .exit
                 .request(VmExit::GuestFailure(format!("vCPU {vcpu}: {reason}"))),
-            Some(VmEvent::ConfigError(msg)) => self.exit.request(VmExit::ConfigError(msg)),
+            Some(VmEvent::ThreadFailure(why)) => self.exit.request(VmExit::ThreadFailure {
+                thread: format!("vcpu{}", self.index),
+                reason: why,
+            }),
         }
     }
 
     fn run_loop(&mut self) -> Option<VmEvent> {
-        let index = self.index;
         while !self.stop.load(Ordering::Acquire) {
-            let mut internal_error = false;
-            let action = match self.fd.run() {
-                Ok(VcpuExit::IoOut(port, data)) => self.bus.pio_write(index, port, data),
-                Ok(VcpuExit::IoIn(port, data)) => {
-                    self.bus.pio_read(index, port, data);
-                    PioAction::Continue
+            let exit = self.fd.run();
+            match handle_exit(&self.bus, self.index, exit) {
+                Step::Continue => {}
+                Step::Kicked => {
+                    // Only a stopping VM kicks, so the flag is set; clear
+                    // immediate_exit in case it is not.
+                    self.fd.set_kvm_immediate_exit(0);
                 }
-                Ok(VcpuExit::MmioRead(addr, data)) => {
-                    self.bus.mmio_read(addr, data);
-                    PioAction::Continue
-                }
-                Ok(VcpuExit::MmioWrite(addr, data)) => {
-                    self.bus.mmio_write(addr, data);
-                    PioAction::Continue
-                }
-                Ok(VcpuExit::Hlt) => PioAction::StopVcpu,
-                Ok(VcpuExit::Intr) => PioAction::Continue,
-                Ok(VcpuExit::Shutdown) => {
-                    return Some(self.failure("triple fault (KVM shutdown exit)"));
-                }
-                Ok(VcpuExit::InternalError) => {
-                    internal_error = true;
-                    PioAction::Continue
-                }
-                Ok(VcpuExit::FailEntry(reason, cpu)) => {
-                    return Some(self.failure(&format!(
-                        "VM entry failed: hardware reason {reason:#x} on host CPU {cpu}"
-                    )));
-                }
-                Ok(other) => {
-                    let what = format!("unexpected exit {other:?}");
+                Step::Registered(registered) => self.sched.on_register(&registered),
+                Step::InternalError => {
+                    if self.assist_emulation && self.assist() {
+                        continue;
+                    }
+                    let what = emulation::describe_internal_error(&mut self.fd);
                     return Some(self.failure(&what));
                 }
-                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
-                    // A kick: only a stopping VM kicks, so the flag is set;
-                    // clear immediate_exit in case it is not.
-                    self.fd.set_kvm_immediate_exit(0);
-                    PioAction::Continue
+                Step::Failed(what) => return Some(self.failure(&what)),
+                Step::End(event) => {
+                    if event == VmEvent::VcpuStopped {
+                        tracing::debug!(vcpu = self.index, "vCPU stopped by the guest");
+                    }
+                    return Some(event);
                 }
-                Err(e) => return Some(self.failure(&format!("KVM_RUN failed: {e}"))),
-            };
-            if internal_error {
-                if self.assist_emulation && self.assist_emulation() {
-                    continue;
-                }
-                let what = self.internal_error();
-                return Some(self.failure(&what));
-            }
-            match action {
-                PioAction::Continue => {}
-                PioAction::Shutdown(code) => return Some(VmEvent::Shutdown { vcpu: index, code }),
-                PioAction::StopVcpu => {
-                    tracing::debug!(vcpu = index, "vCPU stopped by the guest");
-                    return Some(VmEvent::VcpuStopped);
-                }
-                PioAction::StageRegistered(registered) => self.sched.on_register(&registered),
             }
         }
         None
     }
 
-    /// Completes, in the VMM, the two instructions `kvm_pvm`'s kernel-mode
-    /// emulator fails on although Linux cannot avoid them (its emulator
-    /// otherwise delivers exceptions and interrupts and runs `iretq`):
-    ///
-    /// * `int3` (`0xcc`; Linux runs one in `int3_selftest()` at boot and more
-    ///   when it patches code): advances `RIP` past it and injects `#BP`
-    ///   through `KVM_SET_VCPU_EVENTS`, which is what the CPU does for this
-    ///   trap;
-    /// * `fwait` (`0x9b`; in `fpu__drop()` on every exec and thread exit):
-    ///   a no-op unless an x87 exception is pending (FSW.ES), so `RIP` moves
-    ///   past it; with one pending it is left to fail.
-    ///
-    /// Called after an emulation failure; returns false, changing nothing,
-    /// for anything else.
-    fn assist_emulation(&mut self) -> bool {
-        // SAFETY: after KVM_EXIT_INTERNAL_ERROR the `internal` member is the
-        // one KVM filled in.
-        let internal = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal };
-        if internal.suberror != kvm_bindings::KVM_INTERNAL_ERROR_EMULATION {
-            return false;
-        }
-        let Ok((mut regs, sregs)) = self.registers() else {
+    /// An emulation assist ([`emulation::assist`]) for the instruction at
+    /// `RIP`, counted and logged (the first of each kind at `info`).
+    fn assist(&mut self) -> bool {
+        let Some((opcode, rip)) = emulation::assist(&mut self.fd, &self.memory) else {
             return false;
         };
-        let mut byte = [0u8; 1];
-        if !matches!(
-            crate::arch::x86_64::gva::read_code(&self.memory, &sregs, regs.rip, &mut byte),
-            Ok((_, 1))
-        ) {
-            return false;
-        }
-        let rip = regs.rip;
-        regs.rip += 1;
-        let done = match byte[0] {
-            INT3 => {
-                let Ok(mut events) = self.fd.get_vcpu_events() else {
-                    return false;
-                };
-                if events.exception.injected != 0 || events.exception.pending != 0 {
-                    return false;
-                }
-                events.exception.injected = 1;
-                events.exception.nr = BP_VECTOR;
-                events.exception.has_error_code = 0;
-                events.exception.error_code = 0;
-                // Leave NMI, SIPI, shadow and SMM state as they are.
-                events.flags = 0;
-                self.fd.set_regs(&regs).is_ok() && self.fd.set_vcpu_events(&events).is_ok()
-            }
-            FWAIT => {
-                let Ok(fpu) = self.fd.get_fpu() else {
-                    return false;
-                };
-                if fpu.fsw & FSW_ES != 0 {
-                    return false;
-                }
-                self.fd.set_regs(&regs).is_ok()
-            }
-            _ => return false,
-        };
-        if !done {
-            regs.rip = rip;
-            let _ = self.fd.set_regs(&regs);
-            return false;
-        }
-        let count = self.assists.entry(byte[0]).or_insert(0);
+        let count = self.assists.entry(opcode).or_insert(0);
         *count += 1;
-        let what = if byte[0] == INT3 {
-            "int3 (#BP delivered)"
-        } else {
-            "fwait (skipped)"
-        };
+        let what = emulation::describe_assist(opcode);
         if *count == 1 {
             tracing::info!(vcpu = self.index, rip = format_args!("{rip:#x}"), "completed {what} that KVM could not emulate; further ones are logged at debug level");
         } else {
@@ -305,31 +272,6 @@ impl Vcpu {
             );
         }
         true
-    }
-
-    /// Describes a `KVM_EXIT_INTERNAL_ERROR` from the `kvm_run` area
-    /// (kvm-ioctls' exit carries no payload): the sub-error and its data words.
-    fn internal_error(&mut self) -> String {
-        // SAFETY: after KVM_EXIT_INTERNAL_ERROR the `internal` member is the
-        // one KVM filled in.
-        let internal = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal };
-        let what = match internal.suberror {
-            kvm_bindings::KVM_INTERNAL_ERROR_EMULATION => "emulation failure",
-            kvm_bindings::KVM_INTERNAL_ERROR_SIMUL_EX => "exception while delivering an exception",
-            kvm_bindings::KVM_INTERNAL_ERROR_DELIVERY_EV => "event delivery failed",
-            kvm_bindings::KVM_INTERNAL_ERROR_UNEXPECTED_EXIT_REASON => "unexpected exit reason",
-            _ => "unknown sub-error",
-        };
-        let n = (internal.ndata as usize).min(internal.data.len());
-        let data: Vec<String> = internal.data[..n]
-            .iter()
-            .map(|d| format!("{d:#x}"))
-            .collect();
-        format!(
-            "KVM internal error {} ({what}), data [{}]",
-            internal.suberror,
-            data.join(", ")
-        )
     }
 
     /// Logs where a vCPU the VMM stopped was (RIP, CPL, whether it was halted
@@ -350,7 +292,7 @@ impl Vcpu {
         };
         let (place, interrupts) = match self.registers() {
             Ok((regs, sregs)) => (
-                describe_registers(&regs, &sregs),
+                emulation::describe_registers(&regs, &sregs),
                 if regs.rflags & RFLAGS_IF != 0 {
                     "interrupts enabled"
                 } else {
@@ -379,7 +321,8 @@ impl Vcpu {
     fn failure(&self, what: &str) -> VmEvent {
         let reason = match self.registers() {
             Ok((regs, sregs)) => {
-                let mut reason = format!("{what} at {}", describe_registers(&regs, &sregs));
+                let mut reason =
+                    format!("{what} at {}", emulation::describe_registers(&regs, &sregs));
                 let mut bytes = [0u8; CODE_BYTES];
                 match crate::arch::x86_64::gva::read_code(
                     &self.memory,
@@ -405,13 +348,83 @@ impl Vcpu {
     }
 }
 
-/// "RIP … (CPL, RSP, paging mode)" of a vCPU's registers.
-fn describe_registers(regs: &kvm_regs, sregs: &kvm_sregs) -> String {
-    format!(
-        "RIP {:#x} (CPL {}, RSP {:#x}, {})",
-        regs.rip,
-        sregs.cs.selector & 3,
-        regs.rsp,
-        crate::arch::x86_64::gva::Paging::from_sregs(sregs).describe()
-    )
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SerialConfig;
+    use hypercall_abi::platform::{SHUTDOWN_PORT, VCPU_STOP_PORT};
+
+    fn bus() -> Bus {
+        Bus::new(&SerialConfig::Null, None, false).unwrap()
+    }
+
+    /// Exits built by hand, as Firecracker tests `handle_kvm_exit`.
+    #[test]
+    fn each_exit_becomes_its_step() {
+        let bus = bus();
+        let code = 7u32.to_le_bytes();
+        assert_eq!(
+            handle_exit(&bus, 1, Ok(VcpuExit::IoOut(SHUTDOWN_PORT, &code))),
+            Step::End(VmEvent::Shutdown { vcpu: 1, code: 7 })
+        );
+        assert_eq!(
+            handle_exit(&bus, 0, Ok(VcpuExit::IoOut(VCPU_STOP_PORT, &[0]))),
+            Step::End(VmEvent::VcpuStopped)
+        );
+        assert_eq!(
+            handle_exit(&bus, 0, Ok(VcpuExit::Hlt)),
+            Step::End(VmEvent::VcpuStopped)
+        );
+        assert_eq!(
+            handle_exit(&bus, 0, Ok(VcpuExit::IoOut(0x80, &[1]))),
+            Step::Continue
+        );
+        let mut data = [0u8; 2];
+        assert_eq!(
+            handle_exit(&bus, 0, Ok(VcpuExit::IoIn(0x80, &mut data))),
+            Step::Continue
+        );
+        assert_eq!(data, [0xff, 0xff], "an unhandled port reads as open bus");
+        let mut word = [0u8; 4];
+        assert_eq!(
+            handle_exit(&bus, 0, Ok(VcpuExit::MmioRead(0xfee0_0000, &mut word))),
+            Step::Continue
+        );
+        assert_eq!(
+            handle_exit(&bus, 0, Ok(VcpuExit::MmioWrite(0xfee0_0000, &word))),
+            Step::Continue
+        );
+        assert_eq!(handle_exit(&bus, 0, Ok(VcpuExit::Intr)), Step::Continue);
+        assert_eq!(
+            handle_exit(&bus, 0, Ok(VcpuExit::InternalError)),
+            Step::InternalError
+        );
+        assert_eq!(
+            handle_exit(&bus, 0, Ok(VcpuExit::Shutdown)),
+            Step::Failed("triple fault (KVM shutdown exit)".into())
+        );
+        assert_eq!(
+            handle_exit(&bus, 0, Ok(VcpuExit::FailEntry(0x21, 3))),
+            Step::Failed("VM entry failed: hardware reason 0x21 on host CPU 3".into())
+        );
+        match handle_exit(&bus, 0, Ok(VcpuExit::Debug(Default::default()))) {
+            Step::Failed(what) => assert!(what.starts_with("unexpected exit Debug"), "{what}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_kick_is_not_a_failure_but_other_errors_are() {
+        let bus = bus();
+        for errno in [libc::EINTR, libc::EAGAIN] {
+            assert_eq!(
+                handle_exit(&bus, 0, Err(kvm_ioctls::Error::new(errno))),
+                Step::Kicked
+            );
+        }
+        match handle_exit(&bus, 0, Err(kvm_ioctls::Error::new(libc::EFAULT))) {
+            Step::Failed(what) => assert!(what.starts_with("KVM_RUN failed"), "{what}"),
+            other => panic!("{other:?}"),
+        }
+    }
 }
