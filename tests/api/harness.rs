@@ -1,6 +1,8 @@
 //! The harness of the operator-API tests (`tests/api.rs`): a staged guest
 //! booted with an API socket ([`Vm`]), raw HTTP on that socket, and the
-//! waits that time "within 2 policy periods".
+//! waits that time "within 2 policy periods". Shared with
+//! `tests/metrics_tcp.rs`, which uses part of it.
+#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::io::{Read, Write};

@@ -27,7 +27,10 @@
 //! | `stagevm_policy_info` | gauge (1) | `policy` | `sched.policy` |
 //! | `stagevm_visit_policy_info` | gauge (1) | `policy` | `sched.visit` |
 //! | `stagevm_log_lines_suppressed_total` | counter | — | `log_lines_suppressed` |
-//! | `stagevm_net_{rx,tx}_{packets,bytes,dropped,errors}_total` | counter | `device` | `nets[].rx_packets`, … (`vm.info`'s `nets`) |
+//! | `stagevm_ring_full_backoffs_total` | counter | — | `ring_full_backoffs` (a rings guest's waits on a full ring) |
+//! | `stagevm_net_{rx,tx}_{packets,bytes,dropped,errors,notifications}_total`, `stagevm_net_interrupts_total` | counter | `device` | `nets[].rx_packets`, … (`vm.info`'s `nets`) |
+//! | `stagevm_disk_{requests,errors,dropped,bad_heads,read_bytes,written_bytes}_total` | counter | `device` | the report's `disks[].ok`, `errors`, `dropped`, `bad_heads`, `bytes_read`, `bytes_written` |
+//! | `stagevm_build_info` | gauge (1) | `version`, `abi` | the stagevm package version; the stage channel's ABI `major.minor` |
 
 use host_sched::cpuset::CpuSet;
 use prometheus::{
@@ -35,7 +38,7 @@ use prometheus::{
     TextEncoder,
 };
 use stagevm_report::api::StagesView;
-use stagevm_report::NetReport;
+use stagevm_report::{BlockReport, NetReport};
 
 /// `Content-Type` of the exposition.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -75,17 +78,42 @@ impl Builder {
     }
 }
 
-/// Renders `view` (and the count of suppressed guest-triggered log lines)
-/// as Prometheus text. Errors: the `prometheus` crate refused a metric (a
-/// defect) or the encoding failed.
+/// The devices' counters of one moment.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Devices<'a> {
+    /// virtio-blk disks.
+    pub disks: &'a [BlockReport],
+    /// virtio-net cards.
+    pub nets: &'a [NetReport],
+}
+
+/// Renders `view`, the count of suppressed guest-triggered log lines and
+/// the devices' counters as Prometheus text. Errors: the `prometheus`
+/// crate refused a metric (a defect) or the encoding failed.
 pub fn render(
     view: &StagesView,
     log_lines_suppressed: u64,
-    nets: &[NetReport],
+    devices: Devices,
 ) -> prometheus::Result<String> {
     let b = Builder {
         registry: Registry::new(),
     };
+    let build = IntGaugeVec::new(
+        Opts::new(
+            "stagevm_build_info",
+            "The stagevm build: package version and stage-channel ABI (value 1)",
+        ),
+        &["version", "abi"],
+    )?;
+    let abi = format!(
+        "{}.{}",
+        hypercall_abi::stage::ABI_VERSION,
+        hypercall_abi::stage::ABI_MINOR
+    );
+    build
+        .with_label_values(&[env!("CARGO_PKG_VERSION"), abi.as_str()])
+        .set(1);
+    b.registry.register(Box::new(build))?;
     let s = &view.sched;
     if let Some(ch) = &view.stage_channel {
         stage_metrics(&b, view)?;
@@ -131,6 +159,11 @@ pub fn render(
             "stagevm_registrations_coalesced_total",
             "REGISTERs within a policy period of the last one served, planned later",
             ch.registrations_coalesced,
+        )?;
+        b.counter(
+            "stagevm_ring_full_backoffs_total",
+            "Times a rings guest found its ring full and waited (its own count)",
+            ch.ring_full_backoffs,
         )?;
         b.counter(
             "stagevm_ring_dropped_total",
@@ -196,7 +229,8 @@ pub fn render(
                 .set(1.0);
         }
     }
-    net_metrics(&b, nets)?;
+    net_metrics(&b, devices.nets)?;
+    disk_metrics(&b, devices.disks)?;
     let mut out = Vec::new();
     TextEncoder::new().encode(&b.registry.gather(), &mut out)?;
     String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
@@ -204,8 +238,7 @@ pub fn render(
 
 /// The virtio-net devices' counters, labelled by device name.
 fn net_metrics(b: &Builder, nets: &[NetReport]) -> prometheus::Result<()> {
-    type Field = fn(&NetReport) -> u64;
-    let fields: [(&str, &str, Field); 8] = [
+    let fields: [Field<NetReport>; 11] = [
         ("rx_packets", "Frames delivered to the guest", |n| {
             n.rx_packets
         }),
@@ -240,14 +273,67 @@ fn net_metrics(b: &Builder, nets: &[NetReport]) -> prometheus::Result<()> {
             "Transmit chains refused (bad chains) or refused by the tap",
             |n| n.tx_errors,
         ),
+        (
+            "rx_notifications",
+            "Receive queue notifications from the driver (each a VM exit)",
+            |n| n.rx_notifications,
+        ),
+        (
+            "tx_notifications",
+            "Transmit queue notifications from the driver (each a VM exit)",
+            |n| n.tx_notifications,
+        ),
+        ("interrupts", "Used-buffer interrupts raised", |n| {
+            n.interrupts
+        }),
     ];
-    if nets.is_empty() {
+    device_counters(b, "net", nets, |n| &n.name, &fields)
+}
+
+/// The virtio-blk disks' counters, labelled by device name.
+fn disk_metrics(b: &Builder, disks: &[BlockReport]) -> prometheus::Result<()> {
+    let fields: [Field<BlockReport>; 6] = [
+        ("requests", "Requests completed without error", |d| d.ok),
+        ("errors", "Requests completed with an error status", |d| {
+            d.errors
+        }),
+        (
+            "dropped",
+            "Descriptor chains refused without a status (bad shape or memory)",
+            |d| d.dropped,
+        ),
+        (
+            "bad_heads",
+            "Available-ring entries naming no descriptor of the queue",
+            |d| d.bad_heads,
+        ),
+        ("read_bytes", "Bytes read for the guest", |d| d.bytes_read),
+        ("written_bytes", "Bytes the guest wrote", |d| {
+            d.bytes_written
+        }),
+    ];
+    device_counters(b, "disk", disks, |d| &d.name, &fields)
+}
+
+/// A device counter: its name's middle part, its help and how to read it.
+type Field<T> = (&'static str, &'static str, fn(&T) -> u64);
+
+/// One `stagevm_{kind}_{field}_total` counter per field, labelled by the
+/// device's name; nothing when there is no device of the kind.
+fn device_counters<T>(
+    b: &Builder,
+    kind: &str,
+    devices: &[T],
+    name: fn(&T) -> &str,
+    fields: &[Field<T>],
+) -> prometheus::Result<()> {
+    if devices.is_empty() {
         return Ok(());
     }
-    for (name, help, get) in fields {
-        let c = b.counter_vec(&format!("stagevm_net_{name}_total"), help, "device")?;
-        for n in nets {
-            c.with_label_values(&[&n.name]).inc_by(get(n));
+    for (field, help, get) in fields {
+        let c = b.counter_vec(&format!("stagevm_{kind}_{field}_total"), help, "device")?;
+        for d in devices {
+            c.with_label_values(&[name(d)]).inc_by(get(d));
         }
     }
     Ok(())

@@ -147,11 +147,12 @@ pub fn handle(
         },
         "/metrics" => {
             let view = ctx.sched.view(0, 0);
-            match metrics::render(
-                &view,
-                crate::ratelimit::suppressed(),
-                &ctx.bus.net_reports(),
-            ) {
+            let (disks, nets) = (ctx.bus.block_reports(), ctx.bus.net_reports());
+            let devices = metrics::Devices {
+                disks: &disks,
+                nets: &nets,
+            };
+            match metrics::render(&view, crate::ratelimit::suppressed(), devices) {
                 Ok(text) => Response {
                     status: 200,
                     content_type: metrics::CONTENT_TYPE,

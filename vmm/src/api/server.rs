@@ -10,8 +10,13 @@
 //! before reading), a connection lives at most [`CONNECTION_LIFETIME`], and
 //! at most [`MAX_CONNECTIONS`] are open at once (further ones are answered
 //! `503` and closed).
+//!
+//! With `--metrics-listen` the same thread also accepts TCP connections,
+//! which get `GET /metrics` only (anything else `404`): the changes and
+//! the shutdown stay on the owner-only Unix socket.
 
 use std::convert::Infallible;
+use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +29,7 @@ use hyper::service::service_fn;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use stagevm_report::api::MAX_BODY_BYTES;
-use tokio::io::{unix::AsyncFd, AsyncWriteExt, Interest};
+use tokio::io::{unix::AsyncFd, AsyncRead, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::sync::Semaphore;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -40,13 +45,31 @@ pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 /// Most connections served at once.
 pub const MAX_CONNECTIONS: usize = 256;
 
-/// Serves `listener` until `exit` (a duplicate of the VM's exit `EventFd`,
+/// What the `api` thread listens on.
+#[derive(Debug, Default)]
+pub struct Listeners {
+    /// The operator API (`--api-socket`): every route.
+    pub unix: Option<UnixListener>,
+    /// `--metrics-listen`: `GET /metrics` only.
+    pub metrics: Option<TcpListener>,
+}
+
+/// Which routes a connection may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Routes {
+    /// Every route (the owner-only Unix socket).
+    All,
+    /// `GET /metrics` only (TCP).
+    Metrics,
+}
+
+/// Serves `listeners` until `exit` (a duplicate of the VM's exit `EventFd`,
 /// watched and never read) is readable. `ready` runs once the
 /// runtime and its descriptors exist, before the first connection is
 /// accepted (the thread installs its seccomp filter there). Errors: the
-/// runtime or the listener cannot be set up, or `ready` failed.
+/// runtime or a listener cannot be set up, or `ready` failed.
 pub fn serve(
-    listener: UnixListener,
+    listeners: Listeners,
     ctx: Arc<ApiContext>,
     exit: EventFd,
     ready: impl FnOnce() -> std::io::Result<()>,
@@ -56,8 +79,20 @@ pub fn serve(
         .enable_time()
         .build()?;
     runtime.block_on(async move {
-        listener.set_nonblocking(true)?;
-        let listener = tokio::net::UnixListener::from_std(listener)?;
+        let unix = match listeners.unix {
+            Some(l) => {
+                l.set_nonblocking(true)?;
+                Some(tokio::net::UnixListener::from_std(l)?)
+            }
+            None => None,
+        };
+        let tcp = match listeners.metrics {
+            Some(l) => {
+                l.set_nonblocking(true)?;
+                Some(tokio::net::TcpListener::from_std(l)?)
+            }
+            None => None,
+        };
         // SAFETY: the AsyncFd owns `exit`, so its descriptor stays open and
         // the same until the AsyncFd is dropped.
         let exit = unsafe { AsyncFd::register_with_interest(exit, Interest::READABLE) }
@@ -67,33 +102,54 @@ pub fn serve(
         loop {
             tokio::select! {
                 _ = exit.readable() => return Ok(()),
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => match slots.clone().try_acquire_owned() {
-                        Ok(slot) => {
-                            let ctx = ctx.clone();
-                            tokio::spawn(async move {
-                                serve_connection(stream, ctx).await;
-                                drop(slot);
-                            });
-                        }
-                        Err(_) => {
-                            tokio::spawn(refuse_busy(stream));
-                        }
-                    },
-                    Err(e) => {
-                        tracing::warn!("operator API: accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
+                accepted = async { unix.as_ref().unwrap().accept().await }, if unix.is_some() => {
+                    match accepted {
+                        Ok((stream, _)) => admit(stream, Routes::All, &slots, &ctx),
+                        Err(e) => accept_failed(e).await,
                     }
-                },
+                }
+                accepted = async { tcp.as_ref().unwrap().accept().await }, if tcp.is_some() => {
+                    match accepted {
+                        Ok((stream, _)) => admit(stream, Routes::Metrics, &slots, &ctx),
+                        Err(e) => accept_failed(e).await,
+                    }
+                }
             }
         }
     })
 }
 
-async fn serve_connection(stream: tokio::net::UnixStream, ctx: Arc<ApiContext>) {
+/// Serves `stream` when a connection slot is free, else answers `503`.
+fn admit<S>(stream: S, routes: Routes, slots: &Arc<Semaphore>, ctx: &Arc<ApiContext>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    match slots.clone().try_acquire_owned() {
+        Ok(slot) => {
+            let ctx = ctx.clone();
+            tokio::spawn(async move {
+                serve_connection(stream, routes, ctx).await;
+                drop(slot);
+            });
+        }
+        Err(_) => {
+            tokio::spawn(refuse_busy(stream));
+        }
+    }
+}
+
+async fn accept_failed(e: std::io::Error) {
+    tracing::warn!("operator API: accept failed: {e}");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
+
+async fn serve_connection<S>(stream: S, routes: Routes, ctx: Arc<ApiContext>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service = service_fn(move |req| {
         let ctx = ctx.clone();
-        async move { Ok::<_, Infallible>(answer(&ctx, req).await) }
+        async move { Ok::<_, Infallible>(answer(&ctx, routes, req).await) }
     });
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
@@ -108,7 +164,7 @@ async fn serve_connection(stream: tokio::net::UnixStream, ctx: Arc<ApiContext>) 
 }
 
 /// `503` for a connection beyond [`MAX_CONNECTIONS`].
-async fn refuse_busy(mut stream: tokio::net::UnixStream) {
+async fn refuse_busy<S: AsyncWrite + Unpin>(mut stream: S) {
     let body = r#"{"error":"too many connections"}"#;
     let text = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -118,13 +174,25 @@ async fn refuse_busy(mut stream: tokio::net::UnixStream) {
 }
 
 /// Reads the request's body within the limits and routes it.
-async fn answer(ctx: &ApiContext, req: Request<Incoming>) -> hyper::Response<Full<Bytes>> {
+async fn answer(
+    ctx: &ApiContext,
+    routes: Routes,
+    req: Request<Incoming>,
+) -> hyper::Response<Full<Bytes>> {
     let (parts, body) = req.into_parts();
     let declared = parts
         .headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let response = if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+    let response = if routes == Routes::Metrics && parts.uri.path() != "/metrics" {
+        Response::error(
+            404,
+            format!(
+                "'{}': --metrics-listen serves GET /metrics only",
+                parts.uri.path().escape_debug()
+            ),
+        )
+    } else if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         too_large()
     } else {
         match tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, MAX_BODY_BYTES).collect()).await

@@ -89,3 +89,17 @@ impl Drop for ApiSocket {
         }
     }
 }
+
+/// Binds `--metrics-listen VALUE`: `PORT` (on 127.0.0.1) or `ADDR:PORT`
+/// (any address, only when given explicitly; `[::1]:PORT` for IPv6).
+/// Errors name the value: not an address, or the bind failed (in use, not
+/// an address of this host, a port below 1024 without the right).
+pub fn bind_metrics(value: &str) -> Result<std::net::TcpListener, String> {
+    let addr: std::net::SocketAddr = match value.parse::<u16>() {
+        Ok(port) => (std::net::Ipv4Addr::LOCALHOST, port).into(),
+        Err(_) => value.parse().map_err(|_| {
+            format!("--metrics-listen {value}: not PORT or ADDR:PORT (e.g. 9100 or 127.0.0.1:9100)")
+        })?,
+    };
+    std::net::TcpListener::bind(addr).map_err(|e| format!("--metrics-listen {value}: {e}"))
+}

@@ -1,0 +1,133 @@
+//! End-to-end: `GET /metrics` over TCP (`--metrics-listen`) for a
+//! Prometheus server: it parses as Prometheus text, equals the API
+//! socket's scrape of the same moment, carries the build info, the disk
+//! counters and the ring back-off counter, and nothing but `/metrics` is
+//! served on TCP.
+
+mod common;
+#[path = "api/harness.rs"]
+mod harness;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::*;
+use harness::*;
+
+/// `METHOD path` over TCP to 127.0.0.1:`port`; status and body.
+fn tcp_http(port: u16, method: &str, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    parse_answer(&String::from_utf8_lossy(&answer))
+}
+
+/// Every sample of a scrape: `name{labels}` → value.
+fn samples(text: &str) -> BTreeMap<String, f64> {
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .unwrap_or_else(|e| panic!("not Prometheus text: {e}\n{text}"));
+    scrape
+        .samples
+        .iter()
+        .map(|s| {
+            let v = match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                ref other => panic!("{}: {other:?}", s.metric),
+            };
+            let mut labels: Vec<String> =
+                s.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            labels.sort();
+            (format!("{}{{{}}}", s.metric, labels.join(",")), v)
+        })
+        .collect()
+}
+
+#[test]
+fn metrics_over_tcp_parse_and_equal_the_api_socket_scrape() {
+    // A free port of this host's loopback.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let disk = report_path("metrics-disk").with_extension("img");
+    std::fs::write(&disk, vec![7u8; 1 << 20]).unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    let disk_arg = format!("path={},readonly=on", disk.display());
+    let vm = Vm::boot_with(
+        "iters=1000 threads=2 requests=500",
+        &["--metrics-listen", &listen, "--disk", &disk_arg],
+    );
+    vm.wait_requests(2 * 2 * 500);
+    // The guest holds: let the last counter reads land.
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, unix) = http(&vm.socket, "GET", "/metrics", b"");
+    assert_eq!(status, 200, "{unix}");
+    let (status, tcp) = tcp_http(port, "GET", "/metrics");
+    assert_eq!(status, 200, "{tcp}");
+    let (u, t) = (samples(&unix), samples(&tcp));
+    assert_eq!(
+        u.keys().collect::<Vec<_>>(),
+        t.keys().collect::<Vec<_>>(),
+        "the same metrics and labels"
+    );
+    for (key, value) in &u {
+        // Idle time grows while the guest holds; everything else stands.
+        if !key.starts_with("stagevm_vcpu_idle_seconds_total") {
+            assert_eq!(t[key], *value, "{key}");
+        }
+    }
+    let version = format!("version={}", env!("CARGO_PKG_VERSION"));
+    assert!(
+        t.iter().any(|(k, v)| k.starts_with("stagevm_build_info{")
+            && k.contains(&version)
+            && *v == 1.0),
+        "{tcp}"
+    );
+    assert_eq!(
+        t["stagevm_disk_read_bytes_total{device=blk0}"],
+        (1u64 << 20) as f64
+    );
+    assert!(t["stagevm_disk_requests_total{device=blk0}"] > 0.0);
+    assert_eq!(t["stagevm_ring_full_backoffs_total{}"], 0.0);
+    // TCP serves /metrics only: no reading the VM's facts, no shutdown.
+    for (method, path) in [("GET", "/api/v1/vm.info"), ("PUT", "/api/v1/vm.shutdown")] {
+        let (status, body) = tcp_http(port, method, path);
+        assert_eq!(status, 404, "{method} {path}: {body}");
+        assert!(body.contains("serves GET /metrics only"), "{body}");
+    }
+    let (run, _) = vm.shutdown();
+    assert!(
+        run.stderr.contains(&format!(
+            "stagevm: metrics on http://127.0.0.1:{port}/metrics"
+        )),
+        "{}",
+        run.stderr
+    );
+    let _ = std::fs::remove_file(&disk);
+}
+
+#[test]
+fn a_bad_metrics_address_is_named() {
+    let guest = guest_image().to_str().unwrap();
+    expect_vmm_error(
+        &["--kernel", guest, "--metrics-listen", "localhost"],
+        &["--metrics-listen localhost: not PORT or ADDR:PORT"],
+    );
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    expect_vmm_error(
+        &["--kernel", guest, "--metrics-listen", &addr],
+        &[&format!("--metrics-listen {addr}: ")],
+    );
+}
