@@ -43,6 +43,18 @@ impl Poller {
             .ctl(ControlOperation::Modify, fd, EpollEvent::new(events, token))
     }
 
+    /// Adds `fd` to the set, watched for input under `token`. Errors:
+    /// `epoll_ctl` failed.
+    pub fn add(&mut self, fd: RawFd, token: u64) -> std::io::Result<()> {
+        self.epoll.ctl(
+            ControlOperation::Add,
+            fd,
+            EpollEvent::new(EventSet::IN, token),
+        )?;
+        self.events.push(EpollEvent::default());
+        Ok(())
+    }
+
     /// Takes `fd` out of the set. Errors: `epoll_ctl` failed.
     pub fn remove(&self, fd: RawFd) -> std::io::Result<()> {
         self.epoll

@@ -10,7 +10,6 @@
 pub mod legacy;
 pub mod virtio;
 
-use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::sync::{Arc, Mutex};
 
@@ -55,9 +54,28 @@ pub enum PioAction {
     StageRegistered(Registered),
 }
 
+/// Written when the guest has emptied the UART's receive FIFO (the
+/// console's input thread then reads more).
+pub struct RoomEvent(EventFd);
+
+impl vm_superio::serial::SerialEvents for RoomEvent {
+    fn buffer_read(&self) {}
+    fn out_byte(&self) {}
+    fn tx_lost_byte(&self) {}
+    fn in_buffer_empty(&self) {
+        let _ = self.0.write(1);
+    }
+}
+
+type Uart = Serial<EventFdTrigger, RoomEvent, SerialOut>;
+
 /// All devices of a VM, shared by every vCPU thread.
 pub struct Bus {
-    serial: Mutex<Serial<EventFdTrigger, vm_superio::serial::NoEvents, SerialOut>>,
+    serial: Mutex<Uart>,
+    /// The console's input, taken by the `serial-in` thread.
+    console_input: Mutex<Option<legacy::console::Input>>,
+    /// Restores the user's terminal when the bus goes (`--serial tty`).
+    _terminal: Option<legacy::console::TermiosGuard>,
     stage: Option<Arc<StageDevice>>,
     legacy: Option<Legacy>,
     /// virtio-mmio block devices and whether KVM delivers their queue
@@ -69,8 +87,9 @@ pub struct Bus {
 }
 
 impl Bus {
-    /// Creates the devices; opens the serial output file for
-    /// [`SerialConfig::File`] (error: the file cannot be opened). Without a
+    /// Creates the devices; opens the serial console (`--serial`: its
+    /// output file, pty or socket; error: it cannot be opened, naming it)
+    /// and prints where a pty or socket console is. Without a
     /// `stage` device its doorbell ports read as open bus, which the guest
     /// agent takes as "no channel"; `legacy_pc` adds the CMOS clock and the
     /// i8042 reset a Linux guest uses.
@@ -79,28 +98,33 @@ impl Bus {
         stage: Option<Arc<StageDevice>>,
         legacy_pc: bool,
     ) -> io::Result<Self> {
-        let out: SerialOut = match serial {
-            SerialConfig::Tty => Box::new(io::stdout()),
-            SerialConfig::Null => Box::new(io::sink()),
-            SerialConfig::File(path) => Box::new(
-                OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .map_err(|e| {
-                        let why = crate::error::describe_path_error(path, &e);
-                        io::Error::new(e.kind(), format!("serial file {}: {why}", path.display()))
-                    })?,
-            ),
-        };
+        let console = legacy::console::open(serial)?;
+        if let Some(line) = &console.announce {
+            eprintln!("stagevm: {line}");
+        }
         let trigger = EventFdTrigger(EventFd::new(libc::EFD_NONBLOCK)?);
+        let room = RoomEvent(EventFd::new(libc::EFD_NONBLOCK)?);
         Ok(Self {
-            serial: Mutex::new(Serial::new(trigger, out)),
+            serial: Mutex::new(Serial::with_events(trigger, room, console.out)),
+            console_input: Mutex::new(Some(console.input)),
+            _terminal: console.restore,
             stage,
             legacy: legacy_pc.then(Legacy::new),
             blocks: Vec::new(),
             nets: Vec::new(),
         })
+    }
+
+    /// The console's input and a handle on the UART's "FIFO emptied" event,
+    /// for the `serial-in` thread; `None` when the console has no input
+    /// (or it was taken). Error: the event cannot be duplicated.
+    pub fn take_console_input(&self) -> io::Result<Option<(legacy::console::Input, EventFd)>> {
+        let mut slot = self.console_input.lock().unwrap_or_else(|p| p.into_inner());
+        if matches!(*slot, None | Some(legacy::console::Input::None)) {
+            return Ok(None);
+        }
+        let room = self.lock_serial().events().0.try_clone()?;
+        Ok(slot.take().map(|input| (input, room)))
     }
 
     fn serial_offset(port: u16) -> Option<u8> {
@@ -260,13 +284,27 @@ impl Bus {
         }
     }
 
-    fn lock_serial(
-        &self,
-    ) -> std::sync::MutexGuard<'_, Serial<EventFdTrigger, vm_superio::serial::NoEvents, SerialOut>>
-    {
+    fn lock_serial(&self) -> std::sync::MutexGuard<'_, Uart> {
         // A vCPU thread that panicked while holding the lock leaves the UART
         // state intact (every update is a single field store), so keep going.
         self.serial.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The console's input goes into the UART's receive FIFO.
+impl legacy::console::Sink for Bus {
+    fn room(&self) -> usize {
+        self.lock_serial().fifo_capacity()
+    }
+
+    fn push(&self, bytes: &[u8]) -> usize {
+        match self.lock_serial().enqueue_raw_bytes(bytes) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::debug!("serial input not taken: {e:?}");
+                0
+            }
+        }
     }
 }
 

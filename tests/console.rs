@@ -1,0 +1,205 @@
+//! End-to-end: the serial console's input (`--serial pty`, `--serial
+//! socket=PATH`). The test guest's `console=1` answers every line typed on
+//! COM1 with `testguest: console got 'LINE'` until `quit`; the test types
+//! through the pty's slave or the socket, reads the answers back, and
+//! checks the `serial-in` thread runs on the housekeeping core.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const CMDLINE: &str = "console=1 iters=1000 requests=0";
+
+/// Reads from `r` until a line equal to `want` (CR and LF stripped) or
+/// `timeout`; returns every line read.
+fn read_until(r: &mut impl BufRead, want: &str, timeout: Duration) -> Vec<String> {
+    let deadline = Instant::now() + timeout;
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    while Instant::now() < deadline {
+        line.clear();
+        match r.read_line(&mut line) {
+            Ok(0) => std::thread::sleep(Duration::from_millis(20)),
+            Ok(_) => {
+                let l = line.trim_end_matches(['\r', '\n']).to_string();
+                let done = l == want;
+                lines.push(l);
+                if done {
+                    return lines;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(e) => panic!("reading the console: {e} after {lines:?}"),
+        }
+    }
+    panic!("no line '{want}' within {timeout:?}: {lines:?}");
+}
+
+/// The first stderr line of `child` starting with `prefix`.
+fn stderr_line(child: &mut std::process::Child, prefix: &str) -> String {
+    let err = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(err).lines();
+    let line = loop {
+        match lines.next() {
+            Some(Ok(l)) if l.starts_with(prefix) => break l,
+            Some(Ok(_)) => {}
+            _ => panic!("no '{prefix}' line on stderr"),
+        }
+    };
+    // Keep draining stderr so the VMM never blocks on it.
+    std::thread::spawn(move || for _ in lines {});
+    line
+}
+
+#[test]
+fn lines_typed_on_the_pty_reach_the_guest_and_its_answers_come_back() {
+    let _lock = vm_lock();
+    let report = report_path("console-pty");
+    let args = guest_args_with_report(
+        &report,
+        &[
+            "--serial",
+            "pty",
+            "--cmdline",
+            CMDLINE,
+            "--housekeeping",
+            "0",
+            "--stage-cores",
+            "1",
+        ],
+    );
+    let mut child = spawn(&args);
+    let line = stderr_line(&mut child, "stagevm: serial on pty ");
+    let path = line
+        .trim_start_matches("stagevm: serial on pty ")
+        .to_string();
+    assert!(path.starts_with("/dev/pts/"), "{line}");
+    let pty = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut reader = BufReader::new(pty.try_clone().unwrap());
+    let mut writer = pty;
+    read_until(
+        &mut reader,
+        "testguest: console ready",
+        Duration::from_secs(30),
+    );
+    // The input thread on the housekeeping core, as every helper.
+    let threads = thread_affinities(child.id());
+    assert_eq!(
+        threads.get("serial-in"),
+        Some(&vec!["0".to_string()]),
+        "{threads:?}"
+    );
+    for word in ["hello", "stage scheduling"] {
+        writer.write_all(format!("{word}\r").as_bytes()).unwrap();
+        read_until(
+            &mut reader,
+            &format!("testguest: console got '{word}'"),
+            Duration::from_secs(30),
+        );
+    }
+    // More than the 64-byte receive FIFO at once: nothing is lost.
+    let long: String = (0..100)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    writer.write_all(format!("{long}\r").as_bytes()).unwrap();
+    read_until(
+        &mut reader,
+        &format!("testguest: console got '{long}'"),
+        Duration::from_secs(30),
+    );
+    writer.write_all(b"quit\r").unwrap();
+    read_until(
+        &mut reader,
+        "testguest: console answered 3 lines",
+        Duration::from_secs(30),
+    );
+    let run = wait(child, Duration::from_secs(30));
+    run.assert_no_panic();
+    assert_eq!(run.code(), 0, "{run:#?}");
+    let _ = std::fs::remove_file(&report);
+}
+
+#[test]
+fn a_socket_console_serves_one_client_at_a_time() {
+    let _lock = vm_lock();
+    let report = report_path("console-socket");
+    let socket = report.with_extension("sock");
+    let spec = format!("socket={}", socket.display());
+    let args = guest_args_with_report(&report, &["--serial", &spec, "--cmdline", CMDLINE]);
+    let mut child = spawn(&args);
+    stderr_line(&mut child, "stagevm: serial on socket ");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the console socket is the owner's only");
+    let client = UnixStream::connect(&socket).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    // A second client is closed at once: end of file, or a reset.
+    let mut second = UnixStream::connect(&socket).unwrap();
+    second
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    match second.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("a second client was served: {other:?}"),
+    }
+    let mut writer = client.try_clone().unwrap();
+    let mut reader = BufReader::new(client);
+    writer.write_all(b"over the socket\r").unwrap();
+    read_until(
+        &mut reader,
+        "testguest: console got 'over the socket'",
+        Duration::from_secs(30),
+    );
+    writer.write_all(b"quit\r").unwrap();
+    read_until(
+        &mut reader,
+        "testguest: console answered 1 lines",
+        Duration::from_secs(30),
+    );
+    let run = wait(child, Duration::from_secs(30));
+    run.assert_no_panic();
+    assert_eq!(run.code(), 0, "{run:#?}");
+    let _ = std::fs::remove_file(&report);
+}
+
+#[test]
+fn bad_serial_values_are_named() {
+    expect_vmm_error(
+        &[
+            "--kernel",
+            guest_image().to_str().unwrap(),
+            "--serial",
+            "socket=",
+        ],
+        &[
+            "socket=",
+            "expected tty, pty, null, file=PATH or socket=PATH",
+        ],
+    );
+    let dir = format!("/nonexistent-stagevm-{}", std::process::id());
+    let spec = format!("socket={dir}/console.sock");
+    expect_vmm_error(
+        &[
+            "--kernel",
+            guest_image().to_str().unwrap(),
+            "--serial",
+            &spec,
+        ],
+        &[&format!("its directory {dir} does not exist")],
+    );
+}
