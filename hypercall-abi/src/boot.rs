@@ -10,7 +10,7 @@
 //! | what | value |
 //! |---|---|
 //! | mode | 64-bit long mode, paging on, CPL 3 (`CS` = [`USER_CS`], `SS`/`DS`/`ES`/`FS`/`GS` = [`USER_DS`]) |
-//! | paging | `CR3` = [`PML4_GPA`]; all guest memory identity-mapped (GPA = guest virtual address) with 2 MiB pages, writable and user-accessible |
+//! | paging | `CR3` = [`PML4_GPA`]; all guest memory identity-mapped (GPA = guest virtual address) with 2 MiB pages, writable and user-accessible (RAM below 3 GiB, RAM from 4 GiB up when there is more, and the virtio-mmio window) |
 //! | `RIP` | the ELF entry point |
 //! | `RSP` | top of this vCPU's own stack, 16-byte aligned, no return address pushed; each stack is [`BootInfo::stack_size`] bytes |
 //! | `RDI` | this vCPU's index, `0..num_vcpus` |
@@ -47,8 +47,9 @@ pub const KERNEL_MIN_GPA: u64 = 0x10_0000;
 
 /// `BootInfo::magic`: ASCII "STAGEVM1" read as a little-endian u64.
 pub const BOOT_INFO_MAGIC: u64 = u64::from_le_bytes(*b"STAGEVM1");
-/// Current `BootInfo::version`.
-pub const BOOT_INFO_VERSION: u32 = 1;
+/// Current `BootInfo::version`: 2 added RAM above 4 GiB
+/// (`high_mem_start`, `high_mem_size`).
+pub const BOOT_INFO_VERSION: u32 = 2;
 
 /// What the VMM tells the guest at boot, at [`BOOT_INFO_GPA`].
 ///
@@ -62,7 +63,8 @@ pub struct BootInfo {
     pub version: u32,
     /// Number of vCPUs started (each gets its index in `RDI`).
     pub num_vcpus: u32,
-    /// Size of guest RAM in bytes; RAM is one range starting at GPA 0.
+    /// Size of guest RAM in bytes. RAM below 3 GiB is one range from GPA 0
+    /// of `mem_size - high_mem_size` bytes; the rest is at `high_mem_start`.
     pub mem_size: u64,
     /// GPA of the command line ([`CMDLINE_GPA`]).
     pub cmdline_gpa: u64,
@@ -72,14 +74,19 @@ pub struct BootInfo {
     pub free_start: u64,
     /// End (exclusive) of free memory: the lowest vCPU stack starts here.
     pub free_end: u64,
-    /// Size of each vCPU's stack in bytes. vCPU `i`'s stack is
-    /// `[mem_size - (i + 1) * stack_size, mem_size - i * stack_size)`.
+    /// Size of each vCPU's stack in bytes. With `low = mem_size -
+    /// high_mem_size`, vCPU `i`'s stack is `[low - (i + 1) * stack_size,
+    /// low - i * stack_size)`.
     pub stack_size: u64,
     /// Guest TSC frequency in kHz as KVM reports it, 0 if unknown.
     pub tsc_khz: u64,
+    /// GPA of the RAM above the 32-bit MMIO hole (4 GiB), 0 without any.
+    pub high_mem_start: u64,
+    /// Bytes of RAM at `high_mem_start` (0 with at most 3 GiB of RAM).
+    pub high_mem_size: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<BootInfo>() == 72);
+const _: () = assert!(core::mem::size_of::<BootInfo>() == 88);
 const _: () = assert!(core::mem::offset_of!(BootInfo, mem_size) == 16);
 const _: () = assert!(core::mem::offset_of!(BootInfo, tsc_khz) == 64);
 

@@ -1,17 +1,32 @@
-//! Guest memory: one anonymous `vm-memory` mapping from GPA 0, registered
-//! with KVM as memory slot 0 (`KVM_SET_USER_MEMORY_REGION`).
+//! Guest memory: anonymous `vm-memory` mappings for the RAM ranges of
+//! [`crate::arch::x86_64::layout::ram_ranges`] (below the 32-bit MMIO hole,
+//! and from 4 GiB up for more than 3 GiB), each registered with KVM as its
+//! own memory slot (`KVM_SET_USER_MEMORY_REGION`); with `hugepages=on`
+//! backed by the host's huge pages (`MAP_HUGETLB`).
 
 use kvm_ioctls::VmFd;
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::mmap::MmapRegionBuilder;
+use vm_memory::{
+    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
+};
 
+use crate::arch::x86_64::layout::ram_ranges;
+use crate::config::{MemoryConfig, HUGE_PAGE};
 use crate::error::{kvm_err, VmmError};
 
-/// Maps `size` bytes of guest RAM at GPA 0 and registers every region with
-/// `vm_fd`. Errors: the mapping fails ([`VmmError::Memory`]) or KVM refuses
-/// the region ([`VmmError::Kvm`]).
-pub fn create(vm_fd: &VmFd, size: u64) -> Result<GuestMemoryMmap, VmmError> {
-    let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), size as usize)])
-        .map_err(|e| VmmError::Memory(e.to_string()))?;
+/// Maps the guest RAM of `config` and registers every range with `vm_fd`.
+/// Errors: a mapping fails ([`VmmError::Memory`]; with huge pages it names
+/// what the host's pool holds) or KVM refuses a region ([`VmmError::Kvm`]).
+pub fn create(vm_fd: &VmFd, config: MemoryConfig) -> Result<GuestMemoryMmap, VmmError> {
+    let memory = if config.hugepages {
+        huge(config.size)?
+    } else {
+        let ranges: Vec<(GuestAddress, usize)> = ram_ranges(config.size)
+            .into_iter()
+            .map(|(start, len)| (GuestAddress(start), len as usize))
+            .collect();
+        GuestMemoryMmap::<()>::from_ranges(&ranges).map_err(|e| VmmError::Memory(e.to_string()))?
+    };
     for (slot, region) in memory.iter().enumerate() {
         let host = region
             .get_host_address(vm_memory::MemoryRegionAddress(0))
@@ -29,4 +44,48 @@ pub fn create(vm_fd: &VmFd, size: u64) -> Result<GuestMemoryMmap, VmmError> {
             .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
     }
     Ok(memory)
+}
+
+/// The RAM ranges of a `size`-byte guest in huge pages. No
+/// `MAP_NORESERVE`: a pool too small fails here, not with a `SIGBUS` at
+/// the guest's first touch of a page the pool cannot give.
+fn huge(size: u64) -> Result<GuestMemoryMmap, VmmError> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB;
+    let regions = ram_ranges(size)
+        .into_iter()
+        .map(|(start, len)| {
+            let region = MmapRegionBuilder::new(len as usize)
+                .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+                .with_mmap_flags(flags)
+                .build()
+                .map_err(|e| {
+                    VmmError::Memory(format!(
+                        "--memory hugepages=on: {} of huge pages for GPA {start:#x}: {e}; {}",
+                        crate::config::format_size(len),
+                        pool()
+                    ))
+                })?;
+            GuestRegionMmap::new(region, GuestAddress(start))
+                .ok_or_else(|| VmmError::Memory(format!("a region at {start:#x} overflows")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    GuestMemoryMmap::from_regions(regions).map_err(|e| VmmError::Memory(e.to_string()))
+}
+
+/// What the host's huge-page pool holds, from `/proc/meminfo`.
+fn pool() -> String {
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+    };
+    match (field("HugePages_Total:"), field("HugePages_Free:")) {
+        (Some(total), Some(free)) => format!(
+            "the host has {free} free of {total} huge pages of {} (HugePages_Free in /proc/meminfo; \
+             add some with: echo N > /proc/sys/vm/nr_hugepages)",
+            crate::config::format_size(HUGE_PAGE)
+        ),
+        _ => "the host reports no huge pages (/proc/meminfo)".into(),
+    }
 }

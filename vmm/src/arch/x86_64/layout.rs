@@ -73,19 +73,62 @@ pub fn segment_from_entry(entry: u64, index: u16) -> kvm_segment {
     }
 }
 
-/// GPA where vCPU `index`'s stack ends (its initial `RSP`), given RAM size.
+/// Start of the 32-bit MMIO hole: guest RAM lies below it, and what does
+/// not fit continues at [`HIGH_RAM_START`] (the x86-64 layout of Cloud
+/// Hypervisor and Firecracker). The virtio-mmio window, the I/O APIC and the
+/// local APIC are in the hole.
+pub const MMIO_HOLE_START: u64 = 3 << 30;
+/// First GPA of RAM above the hole: 4 GiB.
+pub const HIGH_RAM_START: u64 = 4 << 30;
+/// Largest RAM of the ring-3 unikernel (bytes): its page directories sit
+/// between the PDPT and the command line (`PML4_GPA` + 8 KiB …
+/// `CMDLINE_GPA`), room for 20 of them, each mapping 1 GiB of GPAs; with the
+/// hole that is 3 GiB below 4 GiB and 17 GiB above.
+pub const UNIKERNEL_MAX_MEMORY: u64 = 20 << 30;
+
+/// Bytes of RAM below the hole for a guest of `mem_size` bytes.
+pub fn low_ram(mem_size: u64) -> u64 {
+    mem_size.min(MMIO_HOLE_START)
+}
+
+/// Bytes of RAM from [`HIGH_RAM_START`] up.
+pub fn high_ram(mem_size: u64) -> u64 {
+    mem_size.saturating_sub(MMIO_HOLE_START)
+}
+
+/// The guest's RAM as `(GPA, bytes)` ranges: one below the hole, and one
+/// from 4 GiB when `mem_size` exceeds 3 GiB.
+pub fn ram_ranges(mem_size: u64) -> Vec<(u64, u64)> {
+    let mut ranges = vec![(0, low_ram(mem_size))];
+    if high_ram(mem_size) > 0 {
+        ranges.push((HIGH_RAM_START, high_ram(mem_size)));
+    }
+    ranges
+}
+
+/// The GPA after the last byte of RAM.
+pub fn ram_end(mem_size: u64) -> u64 {
+    match high_ram(mem_size) {
+        0 => mem_size,
+        high => HIGH_RAM_START + high,
+    }
+}
+
+/// GPA where vCPU `index`'s stack ends (its initial `RSP`): the stacks are
+/// at the top of the RAM below the hole.
 pub fn stack_top(mem_size: u64, index: u32) -> u64 {
-    mem_size - u64::from(index) * STACK_SIZE
+    low_ram(mem_size) - u64::from(index) * STACK_SIZE
 }
 
 /// Lowest GPA used by the vCPU stacks (`BootInfo::free_end`).
 pub fn stacks_bottom(mem_size: u64, num_vcpus: u32) -> u64 {
-    mem_size - u64::from(num_vcpus) * STACK_SIZE
+    low_ram(mem_size) - u64::from(num_vcpus) * STACK_SIZE
 }
 
-/// Number of page directories needed to map `mem_size` bytes (one per GiB).
+/// Number of page directories needed to map the RAM of a `mem_size`-byte
+/// guest (one per GiB of GPAs up to [`ram_end`]).
 pub fn page_directories(mem_size: u64) -> u64 {
-    mem_size.div_ceil(GIB)
+    ram_end(mem_size).div_ceil(GIB)
 }
 
 /// Writes the GDT, the identity page tables covering `mem_size` bytes with
@@ -110,13 +153,17 @@ pub fn write_boot_structures(
     let pdpt = PML4_GPA + PAGE_SIZE;
     let user_rw = PTE_PRESENT | PTE_WRITABLE | PTE_USER;
     mem.write_obj(pdpt | user_rw, GuestAddress(PML4_GPA))?;
+    let ranges = ram_ranges(mem_size);
     for g in 0..page_directories(mem_size) {
         let pd = pdpt + PAGE_SIZE * (1 + g);
         mem.write_obj(pd | user_rw, GuestAddress(pdpt + 8 * g))?;
         for e in 0..512u64 {
             let page = g * GIB + e * PAGE_2M;
-            if page >= mem_size {
-                break;
+            if !ranges
+                .iter()
+                .any(|&(start, len)| (start..start + len).contains(&page))
+            {
+                continue;
             }
             mem.write_obj(page | user_rw | PTE_HUGE, GuestAddress(pd + 8 * e))?;
         }
@@ -143,6 +190,12 @@ pub fn write_boot_structures(
         version: BOOT_INFO_VERSION,
         num_vcpus,
         mem_size,
+        high_mem_start: if high_ram(mem_size) > 0 {
+            HIGH_RAM_START
+        } else {
+            0
+        },
+        high_mem_size: high_ram(mem_size),
         cmdline_gpa: CMDLINE_GPA,
         cmdline_len: cmdline.len() as u64,
         free_start: kernel_end.next_multiple_of(PAGE_SIZE),

@@ -101,22 +101,30 @@ pub enum LinuxEntry {
     BzImage64(u64),
 }
 
-/// The e820 map of a VM with `mem_size` bytes of RAM at GPA 0:
-/// `(start, size, type)` with RAM below the EBDA, the EBDA and legacy area
-/// reserved, and RAM from 1 MiB to the end.
+/// The e820 map of a VM with `mem_size` bytes of RAM
+/// ([`super::layout::ram_ranges`]): `(start, size, type)` with RAM below the
+/// EBDA, the EBDA and legacy area reserved, RAM from 1 MiB to the 32-bit
+/// MMIO hole, and the rest of RAM from 4 GiB.
 pub fn e820_map(mem_size: u64) -> Vec<(u64, u64, u32)> {
-    vec![
+    let low = super::layout::low_ram(mem_size);
+    let mut map = vec![
         (0, EBDA_START, E820_RAM),
         (EBDA_START, HIMEM_START - EBDA_START, E820_RESERVED),
-        (HIMEM_START, mem_size - HIMEM_START, E820_RAM),
-    ]
+        (HIMEM_START, low - HIMEM_START, E820_RAM),
+    ];
+    let high = super::layout::high_ram(mem_size);
+    if high > 0 {
+        map.push((super::layout::HIGH_RAM_START, high, E820_RAM));
+    }
+    map
 }
 
-/// Where an initramfs of `len` bytes goes: as high as possible in RAM
-/// (`mem_size` bytes), 4 KiB aligned, ending at or below `max_end`
-/// (exclusive), and not below `lowest`. `None` when it does not fit.
+/// Where an initramfs of `len` bytes goes: as high as possible in the RAM
+/// below the hole of a `mem_size`-byte guest, 4 KiB aligned, ending at or
+/// below `max_end` (exclusive), and not below `lowest`. `None` when it does
+/// not fit.
 pub fn initramfs_gpa(mem_size: u64, len: u64, lowest: u64, max_end: u64) -> Option<u64> {
-    let end = mem_size.min(max_end);
+    let end = super::layout::low_ram(mem_size).min(max_end);
     let start = end.checked_sub(len)? & !(PAGE_SIZE - 1);
     (start >= lowest.next_multiple_of(PAGE_SIZE)).then_some(start)
 }
