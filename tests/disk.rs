@@ -43,6 +43,47 @@ fn guest_reads_the_disk_and_its_checksum_matches() {
     assert_read_whole(&run, &json, 6 << 20, expected);
 }
 
+/// `direct=on` (`O_DIRECT`, through the aligned bounce buffer) reads the
+/// same bytes and writes; `id=` names the device in the report.
+#[test]
+fn a_direct_disk_with_an_id_reads_and_writes() {
+    let path = make_disk("direct", 3 << 20);
+    let before = std::fs::read(&path).unwrap();
+    let expected = fnv1a(&before);
+    let (run, json) = boot_with_disk(
+        &format!("path={},direct=on,id=data-0", path.display()),
+        "iters=1000 requests=0 diskwrite=1 diskchunk=4096",
+    );
+    let line = format!(
+        "testguest: disk {} sectors ({} bytes), fnv1a {expected:#018x}",
+        (3 << 20) / 512,
+        3 << 20
+    );
+    assert!(run.stdout.contains(&line), "{line} in {}", run.stdout);
+    // The whole disk, then sector 0 again before writing it back.
+    assert_eq!(json.disks[0].bytes_read, (3 << 20) + 512);
+    assert_eq!((json.disks[0].errors, json.disks[0].dropped), (0, 0));
+    assert!(
+        run.stdout.contains("testguest: disk write accepted"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(json.disks[0].name, "data-0");
+    assert_eq!(json.disks[0].bytes_written, 512);
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    let _ = std::fs::remove_file(&path);
+    // A bad id and a repeated one are named.
+    expect_vmm_error(
+        &[
+            "--kernel",
+            guest_image().to_str().unwrap(),
+            "--disk",
+            "path=/dev/null,id=a/b",
+        ],
+        &["disk id", "a/b"],
+    );
+}
+
 /// The guest read the whole disk of `bytes` bytes, its checksum is
 /// `expected`, and the device counted the size and the bytes, without
 /// errors or drops.

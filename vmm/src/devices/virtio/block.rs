@@ -50,11 +50,21 @@ pub struct BlockStats {
 /// A snapshot of [`BlockStats`] for the report.
 pub use stagevm_report::BlockReport;
 
+/// Alignment of an `O_DIRECT` disk's bounce buffer (bytes): a page, which
+/// covers logical blocks of 512 and 4096 bytes.
+const DIRECT_ALIGN: usize = 4096;
+
 /// A virtio-blk backend over a host file.
 pub struct Block {
     file: File,
     sectors: u64,
     readonly: bool,
+    /// `GET_ID`'s answer: the device's name, NUL-padded.
+    serial: [u8; ID_LEN],
+    /// With `direct=on`: the aligned bounce buffer every request goes
+    /// through whole (`O_DIRECT` needs aligned buffers, offsets and
+    /// lengths; the guest's descriptors are neither).
+    direct: Option<std::sync::Mutex<Vec<u8>>>,
     /// Counters.
     pub stats: BlockStats,
 }
@@ -69,12 +79,30 @@ enum Refusal {
 impl Block {
     /// A device over `file` of `len` bytes (rounded down to whole sectors).
     pub fn new(file: File, len: u64, readonly: bool) -> Self {
+        let mut serial = [0u8; ID_LEN];
+        serial[..11].copy_from_slice(b"stagevm-blk");
         Self {
             file,
             sectors: len / SECTOR_SIZE,
             readonly,
+            serial,
+            direct: None,
             stats: BlockStats::default(),
         }
+    }
+
+    /// `GET_ID` answers `name` (its first [`ID_LEN`] bytes).
+    pub fn set_serial(&mut self, name: &str) {
+        self.serial = [0; ID_LEN];
+        let n = name.len().min(ID_LEN);
+        self.serial[..n].copy_from_slice(&name.as_bytes()[..n]);
+    }
+
+    /// Every request goes through one aligned buffer (the file was opened
+    /// `O_DIRECT`).
+    pub fn use_direct_io(&mut self) {
+        let len = MAX_REQUEST_BYTES as usize + DIRECT_ALIGN;
+        self.direct = Some(std::sync::Mutex::new(vec![0; len]));
     }
 
     /// Capacity in sectors.
@@ -169,6 +197,9 @@ impl Block {
                     return Err(Refusal::IoErr("sector past the end of the disk"));
                 }
                 let mut offset = sector * SECTOR_SIZE;
+                if let Some(bounce) = &self.direct {
+                    return self.direct_io(mem, data, offset, total, write, bounce);
+                }
                 let mut buf = Vec::new();
                 for d in data {
                     buf.resize(d.len() as usize, 0);
@@ -208,15 +239,59 @@ impl Block {
                     .first()
                     .filter(|d| d.is_write_only())
                     .ok_or(Refusal::IoErr("GET_ID without a writable buffer"))?;
-                let mut id = [0u8; ID_LEN];
-                id[..11].copy_from_slice(b"stagevm-blk");
                 let n = (d.len() as usize).min(ID_LEN);
-                mem.write_slice(&id[..n], d.addr())
+                mem.write_slice(&self.serial[..n], d.addr())
                     .map_err(|_| Refusal::IoErr("data outside guest memory"))?;
                 Ok(n as u32)
             }
             other => Err(Refusal::Unsupported(other)),
         }
+    }
+}
+
+impl Block {
+    /// A read or write of `total` bytes at byte `offset` through the
+    /// aligned `bounce` buffer: one host `pread`/`pwrite` of the whole
+    /// request, the guest's descriptors gathered or scattered around it.
+    fn direct_io(
+        &self,
+        mem: &GuestMemoryMmap,
+        data: &[Descriptor],
+        offset: u64,
+        total: u64,
+        write: bool,
+        bounce: &std::sync::Mutex<Vec<u8>>,
+    ) -> Result<u32, Refusal> {
+        let mut raw = bounce.lock().unwrap_or_else(|p| p.into_inner());
+        let start = raw.as_ptr().align_offset(DIRECT_ALIGN);
+        let buf = &mut raw[start..start + total as usize];
+        let mut at = 0usize;
+        for d in data {
+            let part = &mut buf[at..at + d.len() as usize];
+            if write {
+                mem.read_slice(part, d.addr())
+                    .map_err(|_| Refusal::IoErr("data outside guest memory"))?;
+            }
+            at += d.len() as usize;
+        }
+        if write {
+            self.file
+                .write_all_at(buf, offset)
+                .map_err(|_| Refusal::IoErr("host write failed (O_DIRECT)"))?;
+            self.stats.bytes_written.fetch_add(total, Ordering::Relaxed);
+            return Ok(0);
+        }
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|_| Refusal::IoErr("host read failed (O_DIRECT)"))?;
+        let mut at = 0usize;
+        for d in data {
+            mem.write_slice(&buf[at..at + d.len() as usize], d.addr())
+                .map_err(|_| Refusal::IoErr("data outside guest memory"))?;
+            at += d.len() as usize;
+        }
+        self.stats.bytes_read.fetch_add(total, Ordering::Relaxed);
+        Ok(total as u32)
     }
 }
 

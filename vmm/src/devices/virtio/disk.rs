@@ -15,16 +15,24 @@ use std::path::Path;
 /// # Errors
 /// The path is missing (naming a missing directory), not a regular file
 /// or block device, cannot be opened, sized or locked.
-pub fn open(path: &Path, readonly: bool) -> Result<(File, u64), String> {
+/// With `direct`, the file is opened `O_DIRECT` (a file system that
+/// refuses it is named in the error).
+pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<(File, u64), String> {
     use std::os::unix::fs::OpenOptionsExt;
     let why = |e: std::io::Error| crate::error::describe_path_error(path, &e);
     disk_kind(&std::fs::metadata(path).map_err(why)?.file_type())?;
+    let direct_flag = if direct { libc::O_DIRECT } else { 0 };
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(!readonly)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(libc::O_NONBLOCK | direct_flag)
         .open(path)
-        .map_err(why)?;
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EINVAL) if direct => {
+                "direct=on: this file system refuses O_DIRECT (EINVAL); use direct=off".into()
+            }
+            _ => why(e),
+        })?;
     let meta = file.metadata().map_err(|e| e.to_string())?;
     let len = match disk_kind(&meta.file_type())? {
         DiskKind::File => meta.len(),
