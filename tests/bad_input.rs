@@ -10,7 +10,10 @@ use hypercall_abi::platform::EXIT_VMM_ERROR;
 fn missing_kernel() {
     expect_vmm_error(
         &["--kernel", "/nonexistent/vmlinux"],
-        &["/nonexistent/vmlinux", "No such file"],
+        &[
+            "/nonexistent/vmlinux",
+            "its directory /nonexistent does not exist",
+        ],
     );
 }
 
@@ -452,5 +455,33 @@ fn a_missing_directory_is_named() {
             &["--kernel", guest.to_str().unwrap(), option, &value],
             &[shown, &format!("its directory {dir} does not exist")],
         );
+    }
+    // An input file: a missing directory, or a missing file in one that
+    // exists.
+    let tmp = std::env::temp_dir();
+    let missing = tmp.join(format!("stagevm-missing-{}", std::process::id()));
+    let in_tmp = format!("no such file (its directory {} exists)", tmp.display());
+    let cases = [
+        (
+            vec!["--kernel".to_string(), format!("{dir}/vmlinux")],
+            format!("its directory {dir} does not exist"),
+        ),
+        (
+            vec!["--kernel".to_string(), missing.display().to_string()],
+            in_tmp.clone(),
+        ),
+        (
+            vec![
+                "--kernel".to_string(),
+                guest.display().to_string(),
+                "--initramfs".to_string(),
+                missing.display().to_string(),
+            ],
+            in_tmp,
+        ),
+    ];
+    for (args, why) in cases {
+        let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        expect_vmm_error(&args, &[&why]);
     }
 }

@@ -191,3 +191,61 @@ fn the_report_names_its_schema_version_start_and_duration() {
         assert!(json.get(key).is_some(), "no {key} in {json}");
     }
 }
+
+/// An 8 GiB guest: 3 GiB below the MMIO hole, 5 GiB from 4 GiB up, every
+/// byte identity-mapped for the ring-3 guest, which writes and reads back
+/// the first and last page above 4 GiB (issue 28).
+#[test]
+fn an_8_gib_guest_uses_ram_above_4_gib() {
+    let (run, _) = boot_with_report(&[
+        "--cpus",
+        "boot=2",
+        "--memory",
+        "size=8G",
+        "--cmdline",
+        "highmem=1 iters=1000 requests=0",
+    ]);
+    assert!(
+        run.stdout.contains(
+            "testguest: high memory [0x100000000, 0x240000000) pages 0x100000000 0x23ffff000 ok"
+        ),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("2 vCPUs, 8192 MiB"), "{}", run.stdout);
+}
+
+/// More RAM than the unikernel's page tables map, and huge pages a host
+/// does not have, are refused before boot, naming the value and the limit.
+#[test]
+fn memory_the_guest_or_host_cannot_give_is_refused() {
+    let guest = guest_image().to_str().unwrap();
+    expect_vmm_error(
+        &["--kernel", guest, "--memory", "size=24G"],
+        &["--memory size=24G", "maps at most 20G"],
+    );
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let free = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let args = [
+        "--memory",
+        "size=128M,hugepages=on",
+        "--cmdline",
+        "iters=1000",
+    ];
+    if free >= 64 {
+        // A host with a pool: the guest runs in huge pages.
+        let (run, _) = boot_with_report(&args);
+        assert!(run.stdout.contains("128 MiB"), "{}", run.stdout);
+        return;
+    }
+    let mut all = vec!["--kernel", guest];
+    all.extend_from_slice(&args);
+    expect_vmm_error(
+        &all,
+        &["--memory hugepages=on", "HugePages_Free", "nr_hugepages"],
+    );
+}

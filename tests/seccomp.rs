@@ -243,6 +243,7 @@ const NOT_IN_EVERY_RUN: &[(&str, &str, &str)] = &[
     ("stage-sched", "statx", "reading the name of a thread started after the last scan"),
     ("stage-sched", "sched_getaffinity", "re-pins after a plan or housekeeping change"),
     ("stage-sched", "sched_setaffinity", "re-pins after a plan or housekeeping change"),
+    ("api", "sendto", "replies on --metrics-listen's TCP (tests/metrics_tcp.rs)"),
     ("stage-sched", "timerfd_settime", "the trace's drain interval moving by more than 1/8 with its measured wake-up cost (a short traced run may keep the first interval)"),
     ("io-blk", "pwrite64", "a guest's write to a writable disk"),
     ("io-blk", "fdatasync", "a guest's flush of a writable disk"),

@@ -211,8 +211,15 @@ fn check_memory(config: &VmConfig, image: &Image) -> Result<Option<(u64, u64)>, 
         .unwrap_or(u64::MAX);
     let num_vcpus = config.cpus.boot;
     if !boot.is_linux() {
+        if size > layout::UNIKERNEL_MAX_MEMORY {
+            return Err(VmmError::UnikernelMemory {
+                size,
+                max: layout::UNIKERNEL_MAX_MEMORY,
+            });
+        }
+        // The image and the stacks live below the MMIO hole.
         let needed = image_pages_end.saturating_add(u64::from(num_vcpus) * STACK_SIZE);
-        if needed > size {
+        if needed > layout::low_ram(size) {
             return Err(VmmError::MemoryTooSmall {
                 size,
                 image_end: boot.image_end(),
@@ -360,19 +367,28 @@ fn attach_disks(
             path: path.clone(),
             reason,
         };
-        let (file, len) = virtio::disk::open(&disk.path, disk.readonly).map_err(disk_err)?;
+        let (file, len) =
+            virtio::disk::open(&disk.path, disk.readonly, disk.direct).map_err(disk_err)?;
         if len < virtio::block::SECTOR_SIZE {
             return Err(disk_err(format!(
                 "{len} bytes is smaller than one 512-byte sector"
             )));
         }
         let (base, gsi) = virtio::slot(i);
-        let mut block = virtio::MmioBlock::new(
-            format!("blk{i}"),
-            path.clone(),
-            base,
-            virtio::block::Block::new(file, len, disk.readonly),
-        )?;
+        let name = disk.id.clone().unwrap_or_else(|| format!("blk{i}"));
+        if config.disks[..i]
+            .iter()
+            .enumerate()
+            .any(|(j, d)| d.id.clone().unwrap_or_else(|| format!("blk{j}")) == name)
+        {
+            return Err(disk_err(format!("id={name}: another --disk has this name")));
+        }
+        let mut backend = virtio::block::Block::new(file, len, disk.readonly);
+        backend.set_serial(&name);
+        if disk.direct {
+            backend.use_direct_io();
+        }
+        let mut block = virtio::MmioBlock::new(name, path.clone(), base, backend)?;
         if linux_boot {
             let irq = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK)?;
             vm_fd
@@ -541,7 +557,7 @@ pub fn build(config: &VmConfig) -> Result<Vmm, VmmError> {
     let image_end = image.boot.image_end().max(FIXED_AREA_END);
     let (cmdline_max, linux_boot) = (image.cmdline_max, image.boot.is_linux());
     let vm_fd = create_vm(&kvm, linux_boot)?;
-    let memory = crate::vstate::memory::create(&vm_fd, config.memory.size)?;
+    let memory = crate::vstate::memory::create(&vm_fd, config.memory)?;
     let (entry, linux, setup_header) = load_kernel(config, &memory, image, initramfs_at)?;
     let vcpus = create_vcpus(&kvm, &vm_fd, config, entry, linux)?;
     let tsc_khz = vcpus[0].get_tsc_khz().map(u64::from).unwrap_or(0);
@@ -570,7 +586,7 @@ pub fn build(config: &VmConfig) -> Result<Vmm, VmmError> {
     let stage = config.stage_device.then(|| {
         let device = StageDevice::new(
             memory.clone(),
-            config.memory.size,
+            layout::ram_end(config.memory.size),
             num_vcpus,
             tsc_khz,
             config.drain_period.as_micros() as u64,

@@ -143,20 +143,32 @@ pub fn format_size(bytes: u64) -> String {
     bytes.to_string()
 }
 
-/// `--memory size=SIZE`: guest RAM, one range starting at GPA 0.
+/// `--memory size=SIZE[,hugepages=on]`: guest RAM. Below 3 GiB it is one
+/// range from GPA 0; more continues from 4 GiB, above the 32-bit MMIO hole
+/// ([`crate::arch::x86_64::layout::ram_ranges`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryConfig {
-    /// Guest RAM in bytes, a multiple of 4 KiB, at most [`MAX_MEMORY`].
+    /// Guest RAM in bytes, a multiple of 4 KiB (2 MiB with huge pages), at
+    /// most [`MAX_MEMORY`].
     pub size: u64,
+    /// Back it with the host's huge pages (`MAP_HUGETLB`, 2 MiB).
+    pub hugepages: bool,
 }
 
-/// Largest guest RAM stagevm supports: 3 GiB, so RAM stays below the 32-bit
-/// MMIO hole where devices are placed.
-pub const MAX_MEMORY: u64 = 3 << 30;
+/// Largest guest RAM stagevm accepts: 256 GiB (the ring-3 unikernel's own
+/// page tables reach less: [`crate::arch::x86_64::layout::UNIKERNEL_MAX_MEMORY`]).
+pub const MAX_MEMORY: u64 = 256 << 30;
+
+/// Bytes of one host huge page (`MAP_HUGETLB`'s default size on x86-64).
+pub const HUGE_PAGE: u64 = 2 << 20;
 
 impl Default for MemoryConfig {
+    /// The default guest: 256 MiB of normal pages.
     fn default() -> Self {
-        Self { size: 256 << 20 }
+        Self {
+            size: 256 << 20,
+            hugepages: false,
+        }
     }
 }
 
@@ -165,37 +177,49 @@ impl FromStr for MemoryConfig {
 
     fn from_str(value: &str) -> Result<Self, ConfigError> {
         let mut size = None;
-        for (key, v) in key_values(value, "size=SIZE")? {
+        let mut hugepages = false;
+        let mut size_text = "";
+        for (key, v) in key_values(value, "size=SIZE[,hugepages=on]")? {
             match key {
                 "size" => {
-                    let bytes = parse_size(v)?;
-                    let bad = |reason: &str| ConfigError::Invalid {
-                        what: "memory size",
-                        value: v.to_string(),
-                        reason: reason.to_string(),
-                    };
-                    if bytes == 0 || !bytes.is_multiple_of(4096) {
-                        return Err(bad("must be a non-zero multiple of 4 KiB"));
-                    }
-                    if bytes > MAX_MEMORY {
-                        return Err(bad("more than the supported maximum of 3G"));
-                    }
-                    size = Some(bytes);
+                    size = Some(parse_size(v)?);
+                    size_text = v;
                 }
+                "hugepages" => hugepages = on_off("hugepages", v)?,
                 _ => {
                     return Err(ConfigError::UnknownKey {
                         key: key.into(),
                         value: value.into(),
-                        expected: "size",
+                        expected: "size, hugepages",
                     })
                 }
             }
         }
-        size.map(|size| Self { size })
-            .ok_or(ConfigError::MissingKey {
-                key: "size",
-                value: value.into(),
-            })
+        let bytes = size.ok_or(ConfigError::MissingKey {
+            key: "size",
+            value: value.into(),
+        })?;
+        let bad = |reason: String| ConfigError::Invalid {
+            what: "memory size",
+            value: size_text.to_string(),
+            reason,
+        };
+        if bytes == 0 || !bytes.is_multiple_of(4096) {
+            return Err(bad("must be a non-zero multiple of 4 KiB".into()));
+        }
+        if hugepages && !bytes.is_multiple_of(HUGE_PAGE) {
+            return Err(bad("must be a multiple of 2M with hugepages=on".into()));
+        }
+        if bytes > MAX_MEMORY {
+            return Err(bad(format!(
+                "more than the supported maximum of {}",
+                format_size(MAX_MEMORY)
+            )));
+        }
+        Ok(Self {
+            size: bytes,
+            hugepages,
+        })
     }
 }
 
@@ -209,6 +233,10 @@ pub enum SerialConfig {
     Null,
     /// Appended to a file (created if missing).
     File(PathBuf),
+    /// A new pseudo-terminal, both ways (its path printed at start).
+    Pty,
+    /// A Unix socket at the path, both ways, one client at a time.
+    Socket(PathBuf),
 }
 
 impl FromStr for SerialConfig {
@@ -218,25 +246,50 @@ impl FromStr for SerialConfig {
         match value {
             "tty" => Ok(Self::Tty),
             "null" | "off" => Ok(Self::Null),
-            _ => match value.strip_prefix("file=") {
-                Some(path) if !path.is_empty() => Ok(Self::File(path.into())),
+            "pty" => Ok(Self::Pty),
+            _ => match (value.strip_prefix("file="), value.strip_prefix("socket=")) {
+                (Some(path), _) if !path.is_empty() => Ok(Self::File(path.into())),
+                (_, Some(path)) if !path.is_empty() => Ok(Self::Socket(path.into())),
                 _ => Err(ConfigError::Invalid {
                     what: "serial",
                     value: value.into(),
-                    reason: "expected tty, null or file=PATH".into(),
+                    reason: "expected tty, pty, null, file=PATH or socket=PATH".into(),
                 }),
             },
         }
     }
 }
 
-/// `--disk path=FILE[,readonly=on]`: a virtio-blk disk.
+/// `--disk path=FILE[,readonly=on][,direct=on][,id=NAME]`: a virtio-blk
+/// disk (Cloud Hypervisor's syntax).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DiskConfig {
-    /// Backing file (its size, rounded down to 512 bytes, is the capacity).
+    /// Backing file or block device (its size, rounded down to 512 bytes,
+    /// is the capacity).
     pub path: PathBuf,
     /// Refuse guest writes.
     pub readonly: bool,
+    /// Open with `O_DIRECT`: no host page cache (each request goes through
+    /// an aligned bounce buffer).
+    pub direct: bool,
+    /// The device's name in the report, the metrics and the guest's
+    /// `GET_ID` serial (1–20 bytes of `[A-Za-z0-9_.-]`); default `blk<N>`.
+    pub id: Option<String>,
+}
+
+/// Longest disk `id=` (bytes): virtio-blk's serial (VIRTIO 1.2 §5.2.6).
+pub const DISK_ID_MAX: usize = 20;
+
+fn on_off(what: &'static str, v: &str) -> Result<bool, ConfigError> {
+    match v {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        _ => Err(ConfigError::Invalid {
+            what,
+            value: v.into(),
+            reason: "expected on or off".into(),
+        }),
+    }
 }
 
 impl FromStr for DiskConfig {
@@ -244,37 +297,45 @@ impl FromStr for DiskConfig {
 
     fn from_str(value: &str) -> Result<Self, ConfigError> {
         let mut path = None;
-        let mut readonly = false;
-        for (key, v) in key_values(value, "path=FILE[,readonly=on]")? {
+        let (mut readonly, mut direct, mut id) = (false, false, None);
+        for (key, v) in key_values(value, "path=FILE[,readonly=on][,direct=on][,id=NAME]")? {
             match key {
                 "path" if !v.is_empty() => path = Some(PathBuf::from(v)),
-                "readonly" => {
-                    readonly = match v {
-                        "on" | "true" => true,
-                        "off" | "false" => false,
-                        _ => {
-                            return Err(ConfigError::Invalid {
-                                what: "readonly",
-                                value: v.into(),
-                                reason: "expected on or off".into(),
-                            })
-                        }
+                "readonly" => readonly = on_off("readonly", v)?,
+                "direct" => direct = on_off("direct", v)?,
+                "id" => {
+                    let ok = !v.is_empty()
+                        && v.len() <= DISK_ID_MAX
+                        && v.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+                    if !ok {
+                        return Err(ConfigError::Invalid {
+                            what: "disk id",
+                            value: v.into(),
+                            reason: format!("1 to {DISK_ID_MAX} of A-Z a-z 0-9 _ . -"),
+                        });
                     }
+                    id = Some(v.to_string());
                 }
                 _ => {
                     return Err(ConfigError::UnknownKey {
                         key: key.into(),
                         value: value.into(),
-                        expected: "path, readonly",
+                        expected: "path, readonly, direct, id",
                     })
                 }
             }
         }
-        path.map(|path| Self { path, readonly })
-            .ok_or(ConfigError::MissingKey {
-                key: "path",
-                value: value.into(),
-            })
+        path.map(|path| Self {
+            path,
+            readonly,
+            direct,
+            id,
+        })
+        .ok_or(ConfigError::MissingKey {
+            key: "path",
+            value: value.into(),
+        })
     }
 }
 
@@ -511,7 +572,7 @@ pub struct VmConfig {
 /// exhaust memory); returns its size. The error says why, for the caller to
 /// prefix with the option and path.
 pub fn check_input_file(path: &std::path::Path, max: u64) -> Result<u64, String> {
-    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    let meta = std::fs::metadata(path).map_err(|e| crate::error::describe_path_error(path, &e))?;
     if !meta.is_file() {
         return Err("not a regular file".into());
     }
@@ -569,7 +630,11 @@ mod tests {
     #[test]
     fn memory_bounds() {
         assert_eq!("size=256M".parse::<MemoryConfig>().unwrap().size, 256 << 20);
-        assert!("size=4G".parse::<MemoryConfig>().is_err());
+        let big = "size=8G,hugepages=on".parse::<MemoryConfig>().unwrap();
+        assert_eq!((big.size, big.hugepages), (8 << 30, true));
+        assert!("size=257G".parse::<MemoryConfig>().is_err());
+        assert!("size=3M,hugepages=on".parse::<MemoryConfig>().is_err());
+        assert!("size=4G,hugepages=yes".parse::<MemoryConfig>().is_err());
         assert!("size=1000".parse::<MemoryConfig>().is_err());
         assert!("size=0".parse::<MemoryConfig>().is_err());
     }
@@ -632,6 +697,14 @@ mod tests {
             "file=/tmp/x".parse::<SerialConfig>().unwrap(),
             SerialConfig::File("/tmp/x".into())
         );
-        assert!("pty".parse::<SerialConfig>().is_err());
+        assert_eq!("pty".parse::<SerialConfig>().unwrap(), SerialConfig::Pty);
+        assert_eq!(
+            "socket=/tmp/c.sock".parse::<SerialConfig>().unwrap(),
+            SerialConfig::Socket("/tmp/c.sock".into())
+        );
+        for bad in ["socket=", "file=", "serial", "pts"] {
+            let e = bad.parse::<SerialConfig>().unwrap_err().to_string();
+            assert!(e.contains(bad), "{e}");
+        }
     }
 }

@@ -54,17 +54,32 @@ struct Cli {
     #[arg(long, value_name = "boot=N", default_value = "boot=1")]
     cpus: CpusConfig,
 
-    /// Guest RAM: size=SIZE with an optional K, M or G suffix (4 KiB multiple, at most 3G).
-    #[arg(long, value_name = "size=SIZE", default_value = "size=256M")]
+    /// Guest RAM: size=SIZE with an optional K, M or G suffix (4 KiB multiple, at most
+    /// 256G; above 3G it continues from 4 GiB, past the MMIO hole); hugepages=on backs it
+    /// with the host's 2 MiB huge pages (size a multiple of 2M; an error names what the
+    /// host has when its pool is too small).
+    #[arg(
+        long,
+        value_name = "size=SIZE[,hugepages=on]",
+        default_value = "size=256M"
+    )]
     memory: MemoryConfig,
 
-    /// Serial console output: tty (stdout), null, or file=PATH.
-    #[arg(long, value_name = "tty|null|file=PATH", default_value = "tty")]
+    /// Serial console (COM1): tty (stdout, and stdin when it is a terminal), pty (a new
+    /// pseudo-terminal, its path printed), socket=PATH (a Unix socket, one client at a
+    /// time), null, or file=PATH (output appended).
+    #[arg(
+        long,
+        value_name = "tty|pty|null|file=PATH|socket=PATH",
+        default_value = "tty"
+    )]
     serial: SerialConfig,
 
-    /// A virtio-blk disk (repeatable): path=FILE[,readonly=on]. Each appears on
-    /// the guest command line as virtio_mmio.device=4K@ADDR:IRQ.
-    #[arg(long, value_name = "path=FILE[,readonly=on]")]
+    /// A virtio-blk disk (repeatable): a regular file or a block device;
+    /// readonly=on refuses guest writes, direct=on opens it O_DIRECT, id=NAME names it
+    /// (default blk<N>). Each appears on the guest command line as
+    /// virtio_mmio.device=4K@ADDR:IRQ (Linux guests with ACPI: in the DSDT).
+    #[arg(long, value_name = "path=FILE[,readonly=on][,direct=on][,id=NAME]")]
     disk: Vec<stagevm::config::DiskConfig>,
 
     /// A virtio-net device over a tap (repeatable): tap=NAME[,mac=MAC][,fd=N].
@@ -131,6 +146,13 @@ struct Cli {
     /// stagevm-remote is its client.
     #[arg(long, value_name = "PATH")]
     api_socket: Option<PathBuf>,
+
+    /// Serve GET /metrics (Prometheus text, the API socket's /metrics) over
+    /// HTTP on TCP for a Prometheus server to scrape: PORT listens on
+    /// 127.0.0.1; ADDR:PORT on that address, which may be reachable from
+    /// other machines (SECURITY.md). Nothing else is served there.
+    #[arg(long, value_name = "[ADDR:]PORT")]
+    metrics_listen: Option<String>,
 
     /// Log filter for the VMM's own messages on stderr (tracing env-filter syntax,
     /// e.g. "debug" or "stagevm=trace"); RUST_LOG overrides it.
@@ -275,6 +297,23 @@ fn main() -> ExitCode {
         Some(Ok(socket)) => Some(socket),
         None => None,
     };
+    let metrics = match cli
+        .metrics_listen
+        .as_deref()
+        .map(stagevm::api::socket::bind_metrics)
+    {
+        Some(Err(e)) => {
+            eprintln!("stagevm: error: {e}");
+            return ExitCode::from(EXIT_VMM_ERROR);
+        }
+        Some(Ok(listener)) => {
+            if let Ok(addr) = listener.local_addr() {
+                eprintln!("stagevm: metrics on http://{addr}/metrics");
+            }
+            Some(listener)
+        }
+        None => None,
+    };
     let facts = stagevm::api::VmFacts {
         kernel: cli.kernel.display().to_string(),
         cmdline: cli.cmdline.clone(),
@@ -298,9 +337,11 @@ fn main() -> ExitCode {
         seccomp: cli.seccomp,
     };
     let result = stagevm::builder::build(&config).and_then(|mut vmm| {
-        if let Some(listener) = api_socket.as_mut().and_then(|s| s.take_listener()) {
-            vmm.serve_api(listener, facts);
-        }
+        let listeners = stagevm::api::server::Listeners {
+            unix: api_socket.as_mut().and_then(|s| s.take_listener()),
+            metrics,
+        };
+        vmm.serve_api(listeners, facts);
         vmm.run()
     });
     // The socket's path goes as soon as the VM ended.
@@ -310,8 +351,12 @@ fn main() -> ExitCode {
             if let stagevm::exit::VmExit::GuestFailure(reason) = &outcome.exit {
                 eprintln!("stagevm: guest failed: {reason}");
             }
-            if let stagevm::exit::VmExit::ConfigError(msg) = &outcome.exit {
-                eprintln!("stagevm: error: {msg}");
+            match &outcome.exit {
+                stagevm::exit::VmExit::ConfigError(msg) => eprintln!("stagevm: error: {msg}"),
+                stagevm::exit::VmExit::ThreadFailure { thread, reason } => {
+                    eprintln!("stagevm: error: VMM thread {thread} failed: {reason}")
+                }
+                _ => {}
             }
             eprint!(
                 "{}",

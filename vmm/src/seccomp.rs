@@ -51,7 +51,12 @@
 //! * `api` (with `--api-socket`; after its tokio runtime and listener
 //!   exist) — `epoll_ctl`, `epoll_wait`, `accept4` (non-blocking sockets:
 //!   no `ioctl`), `recvfrom`, `shutdown` (the connections; replies go
-//!   out with `write`/`writev`);
+//!   out with `write`/`writev`, and on `--metrics-listen`'s TCP with
+//!   `sendto`);
+//! * `serial-in` (with an input console: `--serial pty`, `socket=`, or
+//!   `tty` on a terminal) — `epoll_create1`, `epoll_ctl`, `epoll_wait`,
+//!   `read` (the input), `accept4` (a socket client, non-blocking at once),
+//!   `fcntl` (`F_DUPFD_CLOEXEC`: the client's copy for the output writer);
 //! * `vmm-main` (installed once every thread runs, before it waits for the
 //!   exit) — `epoll_create1`, `epoll_ctl`, `epoll_wait`, `read` (signalfd),
 //!   `tgkill` (the vCPU kick), `unlink` (removing the `--api-socket` path
@@ -117,8 +122,10 @@ pub enum ThreadKind {
     IoNet,
     /// `vmm-main`, once every other thread runs.
     Main,
-    /// `api`, the operator API's server (`--api-socket`).
+    /// `api`, the operator API's server (`--api-socket`, `--metrics-listen`).
     Api,
+    /// `serial-in`, the console's input (`--serial tty|pty|socket=`).
+    SerialIn,
 }
 
 /// A system call: its number and the name of its `libc::SYS_*` constant.
@@ -207,7 +214,19 @@ fn own(kind: ThreadKind) -> &'static [Syscall] {
             SYS_epoll_wait,
             SYS_accept4,
             SYS_recvfrom,
+            // Replies on TCP (`--metrics-listen`): send with MSG_NOSIGNAL.
+            SYS_sendto,
             SYS_shutdown,
+        ],
+        // Input bytes with `read`; a socket client accepted non-blocking
+        // (`accept4` flags) and its copy for the output writer (`fcntl`
+        // F_DUPFD_CLOEXEC, in `fcntl_commands`).
+        ThreadKind::SerialIn => syscalls![
+            SYS_epoll_create1,
+            SYS_epoll_ctl,
+            SYS_epoll_wait,
+            SYS_read,
+            SYS_accept4,
         ],
     }
 }
@@ -283,6 +302,17 @@ pub fn allowed_ioctls(kind: ThreadKind) -> &'static [(&'static str, u64)] {
     }
 }
 
+/// The `fcntl` commands `kind` may use: `F_GETFD` everywhere (Rust's
+/// standard library checks, in debug builds, that a descriptor it closes is
+/// open), and `serial-in`'s `F_DUPFD_CLOEXEC` (a socket console client's
+/// copy for the output writer).
+pub fn fcntl_commands(kind: ThreadKind) -> &'static [u64] {
+    match kind {
+        ThreadKind::SerialIn => &[libc::F_GETFD as u64, libc::F_DUPFD_CLOEXEC as u64],
+        _ => &[libc::F_GETFD as u64],
+    }
+}
+
 /// One rule per value: argument `arg` (32 bits) equal to one of `values`.
 fn arg_rules(kind: ThreadKind, arg: u8, values: &[u64]) -> Result<Vec<SeccompRule>, String> {
     values
@@ -307,12 +337,7 @@ pub fn program(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>
         .into_iter()
         .map(|sys| (sys.0, Vec::new()))
         .collect();
-    // Rust's standard library checks, in debug builds, that a descriptor it
-    // closes is open (`fcntl(fd, F_GETFD)`): that form only, everywhere.
-    rules.insert(
-        libc::SYS_fcntl,
-        arg_rules(kind, 1, &[libc::F_GETFD as u64])?,
-    );
+    rules.insert(libc::SYS_fcntl, arg_rules(kind, 1, fcntl_commands(kind))?);
     // `ioctl` only with the thread's requests (the kernel compares the
     // request's 32 bits).
     if let Some(ioctl) = rules.get_mut(&libc::SYS_ioctl) {
@@ -361,7 +386,8 @@ fn denied(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, String> {
         | ThreadKind::IoBlk
         | ThreadKind::IoNet
         | ThreadKind::Main
-        | ThreadKind::Api => Vec::new(),
+        | ThreadKind::Api
+        | ThreadKind::SerialIn => Vec::new(),
     };
     Ok(BTreeMap::from([(libc::SYS_openat, rules)]))
 }
@@ -455,6 +481,7 @@ fn kind_name(kind: ThreadKind) -> &'static [u8] {
         ThreadKind::IoNet => b"io-net",
         ThreadKind::Main => b"vmm-main",
         ThreadKind::Api => b"api",
+        ThreadKind::SerialIn => b"serial-in",
     }
 }
 

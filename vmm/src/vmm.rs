@@ -51,7 +51,7 @@ pub struct Vmm {
     /// `--seccomp`.
     pub(crate) seccomp: SeccompMode,
     /// `--api-socket`: the bound listener and the VM's facts it reports.
-    pub(crate) api: Option<(std::os::unix::net::UnixListener, crate::api::VmFacts)>,
+    pub(crate) api: Option<(crate::api::server::Listeners, crate::api::VmFacts)>,
 }
 
 /// How a VM ended and what it counted.
@@ -106,15 +106,18 @@ struct Threads {
 }
 
 impl Vmm {
-    /// Serves the operator API on `listener` while the VM runs (the `api`
-    /// helper thread, see [`crate::api`]); `facts` are reported by
-    /// `GET /api/v1/vm.info`.
+    /// Serves the operator API on the Unix socket and `GET /metrics` on the
+    /// TCP listener of `listeners` while the VM runs (the `api` helper
+    /// thread, see [`crate::api`]); `facts` are reported by
+    /// `GET /api/v1/vm.info`. Nothing runs when both are absent.
     pub fn serve_api(
         &mut self,
-        listener: std::os::unix::net::UnixListener,
+        listeners: crate::api::server::Listeners,
         facts: crate::api::VmFacts,
     ) {
-        self.api = Some((listener, facts));
+        if listeners.unix.is_some() || listeners.metrics.is_some() {
+            self.api = Some((listeners, facts));
+        }
     }
 
     /// Runs the VM to its end (see the module docs) and returns how it ended
@@ -167,7 +170,7 @@ impl Vmm {
         }
         // One helper I/O thread per block device, on housekeeping cores.
         let mut io = Vec::new();
-        for block in self.bus.blocks() {
+        for (i, block) in self.bus.blocks().enumerate() {
             let (block, mem, sched, exit, seccomp) = (
                 block.clone(),
                 self.memory.clone(),
@@ -175,19 +178,22 @@ impl Vmm {
                 self.exit.clone(),
                 self.seccomp,
             );
-            let name = format!("io-{}", block.name);
+            // By index, whatever the disk's `id=`: thread names are at most
+            // 15 bytes, and the seccomp kind and the tests know `io-blk`.
+            let name = format!("io-blk{i}");
             io.push(
                 std::thread::Builder::new()
                     .name(name.clone())
                     .spawn(move || {
                         sched.pinner().start_helper_thread(&name);
                         let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
-                        if let Err(e) = crate::seccomp::install(ThreadKind::IoBlk, seccomp) {
-                            exit.request(VmExit::ConfigError(e));
-                            return;
-                        }
-                        if let Err(e) = block.serve(&mem, exit.fd()) {
-                            tracing::error!(device = %block.name, "I/O thread failed: {e}");
+                        let served = crate::seccomp::install(ThreadKind::IoBlk, seccomp)
+                            .and_then(|()| block.serve(&mem, exit.fd()).map_err(|e| e.to_string()));
+                        if let Err(reason) = served {
+                            exit.request(VmExit::ThreadFailure {
+                                thread: name,
+                                reason,
+                            });
                         }
                     })?,
             );
@@ -208,12 +214,46 @@ impl Vmm {
                     .spawn(move || {
                         sched.pinner().start_helper_thread(&name);
                         let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
-                        if let Err(e) = crate::seccomp::install(ThreadKind::IoNet, seccomp) {
-                            exit.request(VmExit::ConfigError(e));
-                            return;
+                        let served = crate::seccomp::install(ThreadKind::IoNet, seccomp)
+                            .and_then(|()| net.serve(&mem, exit.fd()).map_err(|e| e.to_string()));
+                        if let Err(reason) = served {
+                            exit.request(VmExit::ThreadFailure {
+                                thread: name,
+                                reason,
+                            });
                         }
-                        if let Err(e) = net.serve(&mem, exit.fd()) {
-                            tracing::error!(device = %net.name, "I/O thread failed: {e}");
+                    })?,
+            );
+        }
+        // The console's input, when it has one (`--serial pty`, …).
+        if let Some((input, room)) = self.bus.take_console_input()? {
+            let (bus, sched, exit, seccomp) = (
+                self.bus.clone(),
+                self.sched.clone(),
+                self.exit.clone(),
+                self.seccomp,
+            );
+            io.push(
+                std::thread::Builder::new()
+                    .name("serial-in".into())
+                    .spawn(move || {
+                        sched.pinner().start_helper_thread("serial-in");
+                        let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
+                        let served = crate::seccomp::install(ThreadKind::SerialIn, seccomp)
+                            .and_then(|()| {
+                                crate::devices::legacy::console::serve_input(
+                                    input,
+                                    &*bus,
+                                    &room,
+                                    exit.fd(),
+                                )
+                                .map_err(|e| e.to_string())
+                            });
+                        if let Err(reason) = served {
+                            exit.request(VmExit::ThreadFailure {
+                                thread: "serial-in".into(),
+                                reason,
+                            });
                         }
                     })?,
             );
@@ -237,7 +277,10 @@ impl Vmm {
                         .spawn(move || {
                             let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
                             if let Err(e) = sched.run(period, exit.fd(), seccomp) {
-                                exit.request(VmExit::ConfigError(format!("stage-sched: {e}")));
+                                exit.request(VmExit::ThreadFailure {
+                                    thread: "stage-sched".into(),
+                                    reason: e.to_string(),
+                                });
                             }
                         })?,
                 )
@@ -253,7 +296,8 @@ impl Vmm {
         })
     }
 
-    /// Starts the `api` thread when `--api-socket` was given.
+    /// Starts the `api` thread when `--api-socket` or `--metrics-listen`
+    /// was given.
     fn start_api(&mut self) -> Result<Option<JoinHandle<()>>, VmmError> {
         let Some((listener, vm)) = self.api.take() else {
             return Ok(None);
@@ -275,7 +319,10 @@ impl Vmm {
                     crate::seccomp::install(ThreadKind::Api, seccomp).map_err(std::io::Error::other)
                 };
                 if let Err(e) = crate::api::server::serve(listener, ctx.clone(), exit_fd, ready) {
-                    exit.request(VmExit::ConfigError(format!("api: {e}")));
+                    exit.request(VmExit::ThreadFailure {
+                        thread: "api".into(),
+                        reason: e.to_string(),
+                    });
                 }
             })?;
         Ok(Some(handle))

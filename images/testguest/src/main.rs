@@ -57,7 +57,15 @@
 //!   (see `staged::set_request_source`),
 //! * `netecho=1` — vCPU 0 echoes raw Ethernet frames on the first network
 //!   card among the `virtio_mmio.device=` words (device id 1; the disk is
-//!   the first with id 2) until a `STOP` frame (`net`),
+//!   the first with id 2) until a `STOP` frame; `netsink=1` counts frames
+//!   until a `STOP` frame and `netsource=SIZE:COUNT` sends COUNT frames of
+//!   SIZE bytes once a `GO!` frame came (`net-bench`; all in `net`),
+//! * `highmem=1` — vCPU 0 writes a pattern into the first and the last
+//!   page of the RAM above 4 GiB (`BootInfo::high_mem_start`, identity
+//!   mapped like the rest), reads it back and prints
+//!   `testguest: high memory [START, END) pages FIRST LAST ok`,
+//! * `console=1` — vCPU 0 answers lines typed on the serial console until
+//!   `quit` (`console`; `--serial pty` or `socket=`),
 //! * `diskchunk=N` — bytes per disk read request (default 65536, 512…1 MiB),
 //! * `diskwrite=1` — then tries to write sector 0 back (a read-only disk
 //!   refuses),
@@ -230,6 +238,52 @@ macro_rules! println {
     ($($arg:tt)*) => { print_line(format_args!($($arg)*)) };
 }
 
+/// `highmem=1` (module docs): the first and last 4 KiB page of the RAM
+/// above 4 GiB, written and read back through the identity mapping.
+fn touch_high_memory(info: &BootInfo) {
+    if info.high_mem_size == 0 {
+        println!("testguest: high memory: none (--memory is at most 3G)");
+        return;
+    }
+    let (start, end) = (
+        info.high_mem_start,
+        info.high_mem_start + info.high_mem_size,
+    );
+    let pages = [start, end - 4096];
+    for (i, &page) in pages.iter().enumerate() {
+        let p = page as *mut u64;
+        for w in 0..512u64 {
+            // SAFETY: the VMM identity-maps all RAM, this range included,
+            // writable from ring 3 (hypercall_abi::boot); nothing else
+            // uses it.
+            unsafe {
+                p.add(w as usize)
+                    .write_volatile(page ^ w ^ (i as u64) << 60)
+            };
+        }
+    }
+    for (i, &page) in pages.iter().enumerate() {
+        let p = page as *const u64;
+        for w in 0..512u64 {
+            // SAFETY: as above.
+            let got = unsafe { p.add(w as usize).read_volatile() };
+            if got != page ^ w ^ (i as u64) << 60 {
+                println!(
+                    "testguest: high memory word {:#x} reads {:#x}: FAILED",
+                    page + 8 * w,
+                    got
+                );
+                return;
+            }
+        }
+    }
+    println!(
+        "testguest: high memory [{:#x}, {:#x}) pages {:#x} {:#x} ok",
+        start, end, pages[0], pages[1]
+    );
+}
+
+mod console;
 mod disk;
 mod hostile;
 mod net;
@@ -298,8 +352,13 @@ struct Options {
     virtio: Option<(u64, usize)>,
     /// The first virtio-mmio network card (GPA, bytes).
     net: Option<(u64, usize)>,
-    /// `netecho=1`: echo frames on the network card.
-    net_echo: bool,
+    /// `console=1`: answer lines typed on the serial console.
+    console: bool,
+    /// `highmem=1`: write and read back RAM above 4 GiB.
+    highmem: bool,
+    /// `netecho=1`, `netsink=1`, `netsource=SIZE:COUNT`: what the guest
+    /// does on its network card.
+    net_mode: Option<net::Mode>,
     disk_write: bool,
     disk_chunk: usize,
     idle: staged::IdleConfig,
@@ -343,7 +402,9 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         hop_pass: staged::hopper::Passes::Both,
         virtio: None,
         net: None,
-        net_echo: false,
+        console: false,
+        highmem: false,
+        net_mode: None,
         disk_write: false,
         disk_chunk: 64 * 1024,
         idle: staged::IdleConfig::default(),
@@ -415,7 +476,11 @@ fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
                     _ => {}
                 }
             }
-            "netecho" => opts.net_echo = value == "1",
+            "console" => opts.console = value == "1",
+            "highmem" => opts.highmem = value == "1",
+            "netecho" | "netsink" | "netsource" => {
+                opts.net_mode = net::Mode::parse(key, value).ok_or(word)?
+            }
             "diskwrite" => opts.disk_write = value == "1",
             "diskchunk" => opts.disk_chunk = value.parse().map_err(|_| word)?,
             _ => return Err(word),
@@ -540,10 +605,16 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
         if let Some((base, size)) = opts.virtio.filter(|_| !opts.hostile.is_active()) {
             disk::run(base, size, opts.disk_chunk, opts.disk_write, info.tsc_khz);
         }
-        match opts.net.filter(|_| opts.net_echo) {
-            Some((base, size)) => net::echo(base, size),
-            None if opts.net_echo => println!("testguest: netecho=1 but no network card"),
-            None => {}
+        if opts.console {
+            console::echo_lines();
+        }
+        if opts.highmem {
+            touch_high_memory(&info);
+        }
+        match (opts.net, opts.net_mode) {
+            (Some((base, size)), Some(mode)) => net::run(mode, base, size, info.tsc_khz),
+            (None, Some(_)) => println!("testguest: a net mode but no network card"),
+            _ => {}
         }
         BANNER_DONE.store(true, Ordering::Release);
     }

@@ -151,8 +151,8 @@ fn status_name(s: Status) -> String {
 }
 
 impl StageDevice {
-    /// A device for a VM of `num_vcpus` vCPUs with RAM `memory` of `mem_size`
-    /// bytes; `tsc_khz` is the guest TSC frequency (kHz, 0 if unknown), which
+    /// A device for a VM of `num_vcpus` vCPUs with RAM `memory` ending at
+    /// GPA `mem_size` (its ranges may leave a hole below); `tsc_khz` is the guest TSC frequency (kHz, 0 if unknown), which
     /// REGISTER writes into the area's header; `drain_period_us` is only
     /// recorded for the report.
     pub fn new(
@@ -348,8 +348,12 @@ impl StageDevice {
             .read_obj(GuestAddress(gpa))
             .map_err(|_| Status::BadRange)?;
         let layout = validate_header(&header.0, self.num_vcpus)?;
+        // Within RAM, and in one range of it (not across the MMIO hole).
+        let in_ram = usize::try_from(header.0.area_size).is_ok_and(|len| {
+            vm_memory::GuestMemoryBackend::check_range(&self.memory, GuestAddress(gpa), len)
+        });
         match gpa.checked_add(header.0.area_size) {
-            Some(end) if end <= self.mem_size => Ok(layout),
+            Some(end) if end <= self.mem_size && in_ram => Ok(layout),
             _ => Err(Status::BadRange),
         }
     }
