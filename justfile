@@ -83,6 +83,11 @@ bench-channel: build
 bench-migration *ARGS: build
     cargo run --release -q -p stagevm-bench --bin migration-bench -- --stagevm {{stagevm}} --kernel {{guest}} {{ARGS}}
 
+# virtio-net throughput, test guest <-> a peer on its tap, each direction at 64 and 1514 bytes, next to a veth pair
+# between two namespaces in the same rounds; exits and interrupts per frame (namespaces of its own; run alone).
+bench-net *ARGS: build
+    cargo run --release -q -p stagevm-bench --bin net-bench -- --stagevm {{stagevm}} --kernel {{guest}} {{ARGS}}
+
 # The operator API's cost: GET /api/v1/stages latency and the VMM's CPU with a client polling at 10 Hz, against nobody polling.
 bench-api *ARGS: build
     cargo run --release -q -p stagevm-bench --bin api-bench -- --stagevm {{stagevm}} --kernel {{guest}} {{ARGS}}

@@ -116,7 +116,7 @@ pub fn net_summary(nets: &[NetReport]) -> String {
     for n in nets {
         let _ = writeln!(
             s,
-            "stagevm:   net {} (tap {}, mac {}, notify {}{}): rx {} frames {} bytes {} dropped {} errors, tx {} frames {} bytes {} dropped {} errors, {} bad chains, {} oversized",
+            "stagevm:   net {} (tap {}, mac {}, notify {}{}): rx {} frames {} bytes {} dropped {} errors, tx {} frames {} bytes {} dropped {} errors, {} bad chains, {} oversized, notifications rx {} tx {}, {} interrupts",
             n.name,
             n.tap,
             n.mac,
@@ -131,7 +131,10 @@ pub fn net_summary(nets: &[NetReport]) -> String {
             n.tx_dropped,
             n.tx_errors,
             n.bad_chains,
-            n.oversized
+            n.oversized,
+            n.rx_notifications,
+            n.tx_notifications,
+            n.interrupts
         );
     }
     s

@@ -90,6 +90,7 @@ impl MmioNet {
         self.interrupt_status.fetch_or(1, Ordering::AcqRel);
         if queue.needs_notification(mem).unwrap_or(true) {
             if let Some(irq) = &self.irq {
+                self.stats.interrupts.fetch_add(1, Ordering::Relaxed);
                 if let Err(e) = irq.write(1) {
                     tracing::warn!(device = %self.name, "cannot raise the interrupt: {e}");
                 }
@@ -454,11 +455,14 @@ impl MmioNet {
                 self.mark_tap_gone(&std::io::Error::from_raw_os_error(libc::EBADFD));
             }
             if ready.contains(&TX_NOTIFY) {
-                let _ = self.notify[TX].read();
+                // An eventfd's value counts the writes since the last read.
+                let n = self.notify[TX].read().unwrap_or(0);
+                self.stats.tx_notifications.fetch_add(n, Ordering::Relaxed);
                 self.process_tx(mem, &mut io);
             }
             if ready.contains(&RX_NOTIFY) {
-                let _ = self.notify[RX].read();
+                let n = self.notify[RX].read().unwrap_or(0);
+                self.stats.rx_notifications.fetch_add(n, Ordering::Relaxed);
             }
             if ready.contains(&RX_NOTIFY) || ready.contains(&TAP) {
                 self.process_rx(mem, &mut io);

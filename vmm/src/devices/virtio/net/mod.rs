@@ -70,6 +70,13 @@ pub struct NetStats {
     pub bad_chains: AtomicU64,
     /// Frames longer than [`MAX_FRAME`] dropped (either direction).
     pub oversized: AtomicU64,
+    /// The driver's `QueueNotify` writes for receiveq (each one a VM exit,
+    /// handled in KVM with an ioeventfd or by the vCPU thread without).
+    pub rx_notifications: AtomicU64,
+    /// The driver's `QueueNotify` writes for transmitq.
+    pub tx_notifications: AtomicU64,
+    /// Used-buffer interrupts raised (irqfd writes).
+    pub interrupts: AtomicU64,
 }
 
 /// Register state of the transport.
@@ -304,6 +311,9 @@ impl MmioNet {
             tx_errors: get(&s.tx_errors),
             bad_chains: get(&s.bad_chains),
             oversized: get(&s.oversized),
+            rx_notifications: get(&s.rx_notifications),
+            tx_notifications: get(&s.tx_notifications),
+            interrupts: get(&s.interrupts),
             tap_gone: self.tap_gone.load(Ordering::Relaxed),
         }
     }
