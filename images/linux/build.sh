@@ -53,7 +53,7 @@ make -s -C "$repo/guest-agent/linux/libstage" BUILD="$agent/libstage" all >/dev/
 inc=(-I"$repo/guest-agent/linux/libstage" -I"$repo/guest-agent/linux/include" -I"$repo/hypercall-abi/include")
 cflags=(-O2 -pthread -Wall -Wextra -Werror "${inc[@]}")
 objs=()
-for src in "$here/init.c" "$here/staged.c" "$here/hostile.c" "$here/stagevm-exit.c" "$repo/guest-agent/linux/stagectl/stagectl.c" "$here/multicall.c"; do
+for src in "$here/init.c" "$here/staged.c" "$here/hostile.c" "$here/stagevm-exit.c" "$here/netecho.c" "$repo/guest-agent/linux/stagectl/stagectl.c" "$here/multicall.c"; do
     name="$(basename "$src" .c)"
     def=()
     [ "$name" = multicall ] || def=(-Dmain="${name//-/_}_main")

@@ -12,7 +12,7 @@
  * Kernel command line: stagevm.test=boot stops after user space is reached
  * (the boot-time measurement); stagevm.test=exec runs the exec probe
  * (exec_probe); otherwise the whole sequence runs: a CRC-32
- * of /dev/vda, insmod, the hostile sequence, the staged program (static,
+ * of /dev/vda, with stagevm.net=ADDR/PREFIX a TCP echo on eth0 (netecho.c), insmod, the hostile sequence, the staged program (static,
  * then off: the harness switches the policy through the API socket), rmmod,
  * the kernel log's oops count.
  */
@@ -39,6 +39,7 @@
 int stagevm_exit_main(int argc, char **argv);
 int staged_main(int argc, char **argv);
 int hostile_main(void);
+int netecho_main(int argc, char **argv);
 
 static int hostile_entry(int argc, char **argv)
 {
@@ -184,19 +185,57 @@ static int64_t crc32_file(const char *path)
 	return n < 0 ? -1 : (int64_t)(crc ^ 0xffffffff);
 }
 
-static int cmdline_has(const char *word)
+/* The kernel command line's word that is `word` or starts with it (a
+ * `key=` prefix), copied into `out` (`size` bytes); 0 when there is none. */
+static int cmdline_word(const char *word, char *out, size_t size)
 {
 	char line[4096], *tok;
 	int fd = open("/proc/cmdline", O_RDONLY);
 	ssize_t n = fd >= 0 ? read(fd, line, sizeof(line) - 1) : -1;
+	size_t len = strlen(word);
 
 	if (fd >= 0)
 		close(fd);
 	line[n > 0 ? n : 0] = 0;
 	for (tok = strtok(line, " \n"); tok; tok = strtok(NULL, " \n"))
-		if (!strcmp(tok, word))
+		if (!strncmp(tok, word, len) && (word[len - 1] == '=' || tok[len] == 0)) {
+			snprintf(out, size, "%s", tok);
 			return 1;
+		}
 	return 0;
+}
+
+static int cmdline_has(const char *word)
+{
+	char tok[256];
+
+	return cmdline_word(word, tok, sizeof(tok));
+}
+
+static int netecho_entry(int argc, char **argv)
+{
+	return netecho_main(argc, argv);
+}
+
+/* stagevm.net=ADDR/PREFIX: eth0 gets the address and echoes one TCP
+ * connection (netecho.c). */
+static void net_step(void)
+{
+	char word[64], *addr, *prefix;
+
+	if (!cmdline_word("stagevm.net=", word, sizeof(word)))
+		return;
+	addr = word + strlen("stagevm.net=");
+	prefix = strchr(addr, '/');
+	if (!prefix) {
+		fail("stagevm.net= needs ADDR/PREFIX");
+		return;
+	}
+	*prefix++ = 0;
+	if (run("netecho", netecho_entry, (char *const[]){ "netecho", addr, prefix, NULL }) != 0)
+		fail("netecho");
+	else
+		say("net done");
 }
 
 /* stagevm.test=exec: EXEC_PROBE_WORKERS children of init each run
@@ -292,6 +331,7 @@ int init_main(void)
 		fail("cannot read /dev/vda");
 	else
 		say("disk /dev/vda crc32 %08llx", (unsigned long long)crc);
+	net_step();
 
 	fd = open(MODULE_PATH, O_RDONLY | O_CLOEXEC);
 	if (fd >= 0 && syscall(SYS_finit_module, fd, "", 0) == 0)
