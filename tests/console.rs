@@ -42,6 +42,30 @@ fn read_until(r: &mut impl BufRead, want: &str, timeout: Duration) -> Vec<String
     panic!("no line '{want}' within {timeout:?}: {lines:?}");
 }
 
+/// Types `line` and a carriage return on `writer`, then reads `reader`
+/// until the guest's line `answer`.
+fn type_and_expect(writer: &mut impl Write, reader: &mut impl BufRead, line: &str, answer: &str) {
+    writer.write_all(format!("{line}\r").as_bytes()).unwrap();
+    read_until(reader, answer, Duration::from_secs(30));
+}
+
+/// Types `quit`, expects the guest's count of `lines` answered, and checks
+/// the VM then ends with status 0.
+fn quit(
+    writer: &mut impl Write,
+    reader: &mut impl BufRead,
+    lines: u32,
+    child: std::process::Child,
+    report: &std::path::Path,
+) {
+    let answered = format!("testguest: console answered {lines} lines");
+    type_and_expect(writer, reader, "quit", &answered);
+    let run = wait(child, Duration::from_secs(30));
+    run.assert_no_panic();
+    assert_eq!(run.code(), 0, "{run:#?}");
+    let _ = std::fs::remove_file(report);
+}
+
 /// The first stderr line of `child` starting with `prefix`.
 fn stderr_line(child: &mut std::process::Child, prefix: &str) -> String {
     let err = child.stderr.take().unwrap();
@@ -101,33 +125,16 @@ fn lines_typed_on_the_pty_reach_the_guest_and_its_answers_come_back() {
         "{threads:?}"
     );
     for word in ["hello", "stage scheduling"] {
-        writer.write_all(format!("{word}\r").as_bytes()).unwrap();
-        read_until(
-            &mut reader,
-            &format!("testguest: console got '{word}'"),
-            Duration::from_secs(30),
-        );
+        let answer = format!("testguest: console got '{word}'");
+        type_and_expect(&mut writer, &mut reader, word, &answer);
     }
     // More than the 64-byte receive FIFO at once: nothing is lost.
     let long: String = (0..100)
         .map(|i| char::from(b'a' + (i % 26) as u8))
         .collect();
-    writer.write_all(format!("{long}\r").as_bytes()).unwrap();
-    read_until(
-        &mut reader,
-        &format!("testguest: console got '{long}'"),
-        Duration::from_secs(30),
-    );
-    writer.write_all(b"quit\r").unwrap();
-    read_until(
-        &mut reader,
-        "testguest: console answered 3 lines",
-        Duration::from_secs(30),
-    );
-    let run = wait(child, Duration::from_secs(30));
-    run.assert_no_panic();
-    assert_eq!(run.code(), 0, "{run:#?}");
-    let _ = std::fs::remove_file(&report);
+    let answer = format!("testguest: console got '{long}'");
+    type_and_expect(&mut writer, &mut reader, &long, &answer);
+    quit(&mut writer, &mut reader, 3, child, &report);
 }
 
 #[test]
@@ -159,22 +166,9 @@ fn a_socket_console_serves_one_client_at_a_time() {
     }
     let mut writer = client.try_clone().unwrap();
     let mut reader = BufReader::new(client);
-    writer.write_all(b"over the socket\r").unwrap();
-    read_until(
-        &mut reader,
-        "testguest: console got 'over the socket'",
-        Duration::from_secs(30),
-    );
-    writer.write_all(b"quit\r").unwrap();
-    read_until(
-        &mut reader,
-        "testguest: console answered 1 lines",
-        Duration::from_secs(30),
-    );
-    let run = wait(child, Duration::from_secs(30));
-    run.assert_no_panic();
-    assert_eq!(run.code(), 0, "{run:#?}");
-    let _ = std::fs::remove_file(&report);
+    let answer = "testguest: console got 'over the socket'";
+    type_and_expect(&mut writer, &mut reader, "over the socket", answer);
+    quit(&mut writer, &mut reader, 1, child, &report);
 }
 
 #[test]

@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 
 mod diskimage;
+use stagevm_bench::number_after;
 use stagevm_bench::stats::median;
 use stagevm_bench::target::Target;
 
@@ -31,14 +32,6 @@ struct Guest {
     us: f64,
     requests: f64,
     mmio_ns: f64,
-}
-
-fn number_after(line: &str, key: &str) -> Option<f64> {
-    let rest = &line[line.find(key)? + key.len()..];
-    rest.split(|c: char| !c.is_ascii_digit() && c != '.')
-        .find(|w| !w.is_empty())?
-        .parse()
-        .ok()
 }
 
 fn guest_read(args: &Args, disk: &std::path::Path, chunk: usize) -> Result<Guest> {

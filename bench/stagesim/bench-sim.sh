@@ -67,6 +67,16 @@ run() {
     "$@"
 }
 
+# Appends the `stagesim replay` options "$@" (after the batch file $1) as
+# one line of that batch file (`stagesim replay-batch`: the trace is
+# loaded once for all of its lines) and logs the line as the replay it is.
+add() {
+    local file=$1
+    shift
+    echo "$*" >>"$file"
+    echo "$sim replay $* (one line of $(basename "$file"))" >>"$out/commands.txt"
+}
+
 # The model of issues 7 and 16: a migration's whole cost on the source core,
 # no latency, no transfers (what the older sections below measure).
 OLD=(--migration-target-cycles 0 --migration-latency 0)
@@ -82,12 +92,19 @@ MECH_seed000=(--migration-cycles 500 --migration-target-cycles 500 --migration-l
 MECH_linux=(--migration-cycles 25000 --migration-target-cycles 0 --migration-latency 0)
 MARIADBD=${MARIADBD:-/usr/sbin/mariadbd}
 verdict() {
-    local t=$1 name=$2 l2 mech map maps ref
+    local t=$1 name=$2 l2 mech map maps
+    local batch="$out/$name-verdict.batch"
+    : >"$batch"
     if [ ! -x "$MARIADBD" ]; then
         echo "bench-sim: $MARIADBD missing: no request-level discovery for $name" >&2
     else
         run "$sim" discover --trace "$t" --binary "$MARIADBD" --cores 4 "${MECH_unikernel[@]}" "${XFER[@]}" \
             --prefix-pct 20 --map-out "$out/$name-points" --json "$out/$name-points.json"
+        # The discovered map through the Linux agent's own parser (issue 25).
+        if [ -x target/linux-agent/stagectl/stagectl ] && [ -f "$out/$name-points-best.stagemap" ]; then
+            run_to "$out/$name-points-best.stagectl.txt" target/linux-agent/stagectl/stagectl \
+                --map-file "$out/$name-points-best.stagemap"
+        fi
     fi
     # The independent simulation of the captured order, and stagesim's.
     run_to "$out/$name-cachesim.json" "$out/cachesim" --json "$t"
@@ -96,8 +113,8 @@ verdict() {
     for l2 in 512 256; do
         local v=(--trace "$t" --cores 4,6,8 --slice 100000 --l2 "$l2:8" "${XFER[@]}" --jobs "$jobs"
             --static-weights load)
-        run "$sim" replay "${v[@]}" --policy baseline,pinned --json "$out/$name-verdict-$l2-base.json"
-        run "$sim" replay "${v[@]}" --policy baseline,pinned --repeat 2 --json "$out/$name-verdict-$l2-base2.json"
+        add "$batch" "${v[@]}" --policy baseline,pinned --json "$out/$name-verdict-$l2-base.json"
+        add "$batch" "${v[@]}" --policy baseline,pinned --repeat 2 --json "$out/$name-verdict-$l2-base2.json"
         for mech in unikernel seed000 linux; do
             local ref="MECH_$mech[@]"
             local m=("${!ref}")
@@ -106,13 +123,14 @@ verdict() {
             for map in "${maps[@]}"; do
                 local sm=()
                 [ "$map" = points ] && sm=(--stage-map "$out/$name-points-best.stagemap" --binary "$MARIADBD")
-                run "$sim" replay "${v[@]}" "${m[@]}" "${sm[@]}" --policy static,proportional \
+                add "$batch" "${v[@]}" "${m[@]}" "${sm[@]}" --policy static,proportional \
                     --json "$out/$name-verdict-$l2-$mech-$map.json"
-                run "$sim" replay "${v[@]}" "${m[@]}" "${sm[@]}" --policy auto --repeat 2 \
+                add "$batch" "${v[@]}" "${m[@]}" "${sm[@]}" --policy auto --repeat 2 \
                     --json "$out/$name-verdict-$l2-$mech-$map-auto.json"
             done
         done
     done
+    run "$sim" replay-batch "$batch"
 }
 
 {
@@ -167,34 +185,38 @@ for t in target/traces/mariadb-*.strace.zst target/traces/footprint-host.strace.
     run "$sim" stats --trace "$t" "${groups[@]}" --stage-groups "$G4" --json "$out/$name-stats.json" >/dev/null
 
     # Issue 16: every model at 2/4/8 cores, both L2 sizes, both groupings,
-    # the measured and the seed's migration cost.
+    # the measured and the seed's migration cost; all in one batch (the
+    # trace loaded once).
+    batch="$out/$name-issue16.batch"
+    : >"$batch"
     matrix=(--cores 2,4,8 --slice 100000 --policy baseline,captured,pinned,static,proportional,auto
         --migration-cycles 1700,4250 "${OLD[@]}" "${groups[@]}" --jobs "$jobs")
-    run "$sim" replay --trace "$t" "${matrix[@]}" --json "$out/$name.json" "$@"
-    run "$sim" replay --trace "$t" "${matrix[@]}" --l2 256:8 --json "$out/$name-l2-256.json" "$@"
-    run "$sim" plot --json "$out/$name.json" --out-dir "$out/plots"
+    add "$batch" --trace "$t" "${matrix[@]}" --json "$out/$name.json" "$@"
+    add "$batch" --trace "$t" "${matrix[@]}" --l2 256:8 --json "$out/$name-l2-256.json" "$@"
     # The baseline is random: 4 more seeds; and as it was (fixed slices, no blocking).
     for seed in 2 3 4 5; do
-        run "$sim" replay --trace "$t" --cores 2,4,8 --slice 100000 --policy baseline --seed "$seed" \
+        add "$batch" --trace "$t" --cores 2,4,8 --slice 100000 --policy baseline --seed "$seed" \
             --jobs "$jobs" --json "$out/$name-seed$seed.json"
-        run "$sim" replay --trace "$t" --cores 2,4,8 --slice 100000 --policy baseline --seed "$seed" \
+        add "$batch" --trace "$t" --cores 2,4,8 --slice 100000 --policy baseline --seed "$seed" \
             --l2 256:8 --jobs "$jobs" --json "$out/$name-seed$seed-256.json"
     done
-    run "$sim" replay --trace "$t" --cores 2,4,8 --slice 100000 --policy baseline --slice-jitter 0 --block-at - \
+    add "$batch" --trace "$t" --cores 2,4,8 --slice 100000 --policy baseline --slice-jitter 0 --block-at - \
         --jobs "$jobs" --json "$out/$name-lockstep.json"
-    run "$sim" replay --trace "$t" --cores 2,4,8 --slice 100000 --policy baseline --slice-jitter 0 --block-at - \
+    add "$batch" --trace "$t" --cores 2,4,8 --slice 100000 --policy baseline --slice-jitter 0 --block-at - \
         --l2 256:8 --jobs "$jobs" --json "$out/$name-lockstep-256.json"
     # auto over 4 laps of the trace (its trials take a fixed number of policy
     # periods, which one 100-transaction window cannot amortize), with the
     # baseline of the same run.
     autorun=(--cores 2,4,8 --slice 100000 --policy baseline,auto --repeat 4 --migration-cycles 1700,4250 "${OLD[@]}"
         "${groups[@]}" --jobs "$jobs")
-    run "$sim" replay --trace "$t" "${autorun[@]}" --json "$out/$name-auto.json"
-    run "$sim" replay --trace "$t" "${autorun[@]}" --l2 256:8 --json "$out/$name-auto-256.json"
+    add "$batch" --trace "$t" "${autorun[@]}" --json "$out/$name-auto.json"
+    add "$batch" --trace "$t" "${autorun[@]}" --l2 256:8 --json "$out/$name-auto-256.json"
     # Migration cost × grouping at 4 cores.
-    run "$sim" replay --trace "$t" --cores 4 --slice 100000 --policy baseline,static,proportional,auto "${OLD[@]}" \
+    add "$batch" --trace "$t" --cores 4 --slice 100000 --policy baseline,static,proportional,auto "${OLD[@]}" \
         --migration-cycles 0,500,1700,4250,35000 "${groups[@]}" --stage-groups "$G4" --jobs "$jobs" \
         --json "$out/$name-sweep.json"
+    run "$sim" replay-batch "$batch"
+    run "$sim" plot --json "$out/$name.json" --out-dir "$out/plots"
     run "$sim" plot --sweep --json "$out/$name-sweep.json" --out-dir "$out/plots"
 done
 

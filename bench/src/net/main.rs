@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use stagevm_bench::load::{Meter, BUSY_CORES};
+use stagevm_bench::number_after;
 use stagevm_bench::stats::Spread;
 use stagevm_bench::target::Target;
 use stagevm_report::Report;
@@ -242,15 +243,6 @@ fn mac_text(m: &[u8; 6]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()
         .join(":")
-}
-
-/// The number after `key` in `line`.
-fn number_after(line: &str, key: &str) -> Option<f64> {
-    let rest = &line[line.find(key)? + key.len()..];
-    rest.split(|c: char| !c.is_ascii_digit() && c != '.')
-        .find(|w| !w.is_empty())?
-        .parse()
-        .ok()
 }
 
 /// Exits and interrupts per frame from the VM's report.

@@ -29,6 +29,12 @@ pub struct Cli {
 pub enum Cmd {
     /// Replay a trace under each (policy, cores, slice) and print a comparison table.
     Replay(Box<ReplayArgs>),
+    /// Run the `replay` command lines of FILE (one per line, `#` comments), loading each trace
+    /// (and each --stage-map re-marking of it) once for all of them.
+    ReplayBatch {
+        /// The batch file: each line is `replay`'s options (split on white space, no quoting).
+        file: PathBuf,
+    },
     /// Write a synthetic trace (and its .stages.toml sidecar).
     Synth(SynthArgs),
     /// Write PNG plots (MPKI and throughput per policy and core count) from a replay's JSON.

@@ -17,6 +17,7 @@ use stagesim::trace::Sidecar;
 use crate::cli::args::{PlotArgs, SynthArgs};
 use crate::cli::{Cli, Cmd};
 
+mod batch;
 mod discover;
 mod points;
 mod replay;
@@ -25,6 +26,7 @@ mod replay;
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Replay(a) => replay::replay(*a),
+        Cmd::ReplayBatch { file } => batch::replay_batch(&file),
         Cmd::Synth(a) => synth(a),
         Cmd::Plot(a) => plot(a),
         Cmd::Discover(a) => discover::discover(*a),

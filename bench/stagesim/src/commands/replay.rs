@@ -4,7 +4,7 @@
 //! threads, prints the tables and writes the JSON [`Report`].
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{bail, Context as _};
@@ -17,7 +17,8 @@ use stagesim::sim::{self, default_budgets, BlockRule, SimConfig, SimPolicy, SimR
 use stagesim::stagemap::StageMapFile;
 use stagesim::stream::Trace;
 
-use super::{load, progress_bar, write_file};
+use super::batch::TraceCache;
+use super::{progress_bar, write_file};
 use crate::cli::args::ReplayArgs;
 
 /// Budgets for the trace's stages on `n` cores from a host-sched TOML file:
@@ -63,7 +64,7 @@ fn modes(flag: &str, arg: &str, off: &str, on: &str) -> anyhow::Result<Vec<bool>
 struct Plan {
     policies: Vec<SimPolicy>,
     budget_cfg: Option<Config>,
-    trace: Trace,
+    trace: Arc<Trace>,
     visit_rule: VisitRule,
     groupings: Vec<StageGroups>,
     weight_modes: Vec<bool>,
@@ -97,8 +98,8 @@ fn remark(
     apply_map(trace, &map, &syms, marker).with_context(|| format!("--stage-map {}", path.display()))
 }
 
-/// Checks the options of `a` and loads the trace.
-fn plan(a: &ReplayArgs) -> anyhow::Result<Plan> {
+/// Checks the options of `a` and loads the trace (through `cache`).
+fn plan(a: &ReplayArgs, cache: &mut TraceCache) -> anyhow::Result<Plan> {
     let policies: Vec<SimPolicy> = a
         .policy
         .split(',')
@@ -121,11 +122,14 @@ fn plan(a: &ReplayArgs) -> anyhow::Result<Plan> {
         Some(p) => Some(Config::load(p)?),
         None => None,
     };
-    let mut trace = load(&a.trace, a.sidecar.as_deref())?;
+    let mut trace = cache.get(&a.trace, a.sidecar.as_deref())?;
     anyhow::ensure!(trace.instrs > 0, "{}: no instructions", a.trace.display());
     let mut stage_groups = a.stage_groups.clone();
     if let Some(path) = &a.stage_map {
-        let (t, spec) = remark(a, path, &trace)?;
+        let base = trace.clone();
+        let (t, spec) = cache.remarked(&a.trace, a.sidecar.as_deref(), path, || {
+            remark(a, path, &base)
+        })?;
         trace = t;
         stage_groups = vec![spec];
     }
@@ -317,7 +321,12 @@ fn run_all(trace: &Trace, configs: &[SimConfig], jobs: usize) -> anyhow::Result<
 
 /// `stagesim replay`.
 pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
-    let p = plan(&a)?;
+    replay_with(a, &mut TraceCache::default())
+}
+
+/// `stagesim replay` on the traces of `cache` (`replay-batch`).
+pub fn replay_with(a: ReplayArgs, cache: &mut TraceCache) -> anyhow::Result<()> {
+    let p = plan(&a, cache)?;
     let configs = configs(&a, &p)?;
     let trace = &p.trace;
     eprintln!(
