@@ -108,6 +108,8 @@ pub struct MmioNet {
     pub stats: NetStats,
     /// Set once the tap has gone (its interface deleted).
     tap_gone: std::sync::atomic::AtomicBool,
+    /// Whether the driver negotiated `VIRTIO_RING_F_EVENT_IDX`.
+    event_idx: std::sync::atomic::AtomicBool,
 }
 
 impl MmioNet {
@@ -138,6 +140,7 @@ impl MmioNet {
             irq: None,
             stats: NetStats::default(),
             tap_gone: Default::default(),
+            event_idx: Default::default(),
         })
     }
 
@@ -250,6 +253,7 @@ impl MmioNet {
                     for q in [RX, TX] {
                         self.lock_queue(q).set_event_idx(event_idx);
                     }
+                    self.event_idx.store(event_idx, Ordering::Release);
                 }
                 regs.status = v;
             }
