@@ -16,9 +16,9 @@ pub(super) fn write(o: &mut String, ctx: &Ctx) {
         if !wrote_disc {
             let _ = writeln!(
                 o,
-                "### Automatic stage discovery (stretch goal, partly done)\n"
+                "### Stage discovery by merging the hand map's stages (issue 16)\n"
             );
-            let _ = writeln!(o, "Seed 004 picks migration points by simulating candidate splits and keeping the one with the fewest misses. `stagesim discover` does this over the migration points the trace has — the 9 stages' entry functions — by greedy merging: from 9 groups, simulate every merge of two groups and keep the best, down to 1 group; every candidate replays the same first part of every thread's stream. Where several group counts show the same score, the extra merges joined groups that shared the victim core anyway. It does **not** look for new migration points inside or between the hand map's functions (that needs function boundaries in the trace), so it refines the hand map's granularity rather than discovering stages from scratch.\n");
+            let _ = writeln!(o, "Seed 004 picks migration points by simulating candidate splits and keeping the one with the fewest misses. `stagesim discover` does this over the migration points the trace has — the 9 stages' entry functions — by greedy merging: from 9 groups, simulate every merge of two groups and keep the best, down to 1 group; every candidate replays the same first part of every thread's stream. Where several group counts show the same score, the extra merges joined groups that shared the victim core anyway. It looks for no new migration points, so it refines the hand map's granularity; seed 004's request-level search over the traced binary's function entries (`stagesim discover --binary`, issue 25) is in the verdict below.\n");
             wrote_disc = true;
         }
         let _ = writeln!(
