@@ -179,9 +179,11 @@ fn auto_run(cmdline: &str) -> (Run, Report) {
 fn auto_stages_where_staging_is_forced_to_win() {
     // switch_cost charges 20,000 mixing iterations whenever a vCPU changes
     // stage: `pinned` pays it twice per request, `static` never, `pinned`
-    // with cohorts once per visit.
+    // with cohorts once per visit. 60,000 requests (~1.5 s): two rounds of
+    // trials fit with room for the decision after them; at 25,000 a busy
+    // machine once ended the run in the second round, with no decision.
     let (run, json) = auto_run(
-        "iters=1000 threads=2 requests=25000 workload=footprint stages=2 funcs=64 calls=50 switch_cost=20000",
+        "iters=1000 threads=2 requests=60000 workload=footprint stages=2 funcs=64 calls=50 switch_cost=20000",
     );
     assert_eq!(json.sched.policy, "auto");
     let keeps = auto_keeps(&json);
