@@ -11,10 +11,12 @@
  *
  * Kernel command line: stagevm.test=boot stops after user space is reached
  * (the boot-time measurement); stagevm.test=exec runs the exec probe
- * (exec_probe); otherwise the whole sequence runs: a CRC-32
- * of /dev/vda, with stagevm.net=ADDR/PREFIX a TCP echo on eth0 (netecho.c), insmod, the hostile sequence, the staged program (static,
- * then off: the harness switches the policy through the API socket), rmmod,
- * the kernel log's oops count.
+ * (exec_probe); stagevm.test=console a tiny console shell (console_shell);
+ * otherwise the whole sequence runs: a CRC-32 of /dev/vda, with
+ * stagevm.net=ADDR/PREFIX a TCP echo on eth0 (netecho.c), insmod, the
+ * hostile sequence, the staged program (static, then off: the harness
+ * switches the policy through the API socket), rmmod, the kernel log's
+ * oops count.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -287,6 +289,38 @@ static void exec_probe(void)
 		status = 1;
 }
 
+/* stagevm.test=console: a tiny shell on the console (stdin is
+ * /dev/console, the 16550 stagevm feeds from --serial pty|socket|tty) for
+ * the harness's interactive check: each line typed is answered on its own
+ * line; "meminfo" answers with /proc/meminfo's MemTotal, "exit" ends it. The
+ * tty is left in its canonical mode: the kernel echoes what is typed and
+ * delivers whole lines. */
+static void console_shell(void)
+{
+	char line[256];
+
+	say("console ready");
+	while (fgets(line, sizeof(line), stdin)) {
+		line[strcspn(line, "\r\n")] = 0;
+		if (!strcmp(line, "exit"))
+			break;
+		if (!strcmp(line, "meminfo")) {
+			char buf[4096];
+			int fd = open("/proc/meminfo", O_RDONLY);
+			ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+
+			if (fd >= 0)
+				close(fd);
+			buf[n > 0 ? n : 0] = 0;
+			buf[strcspn(buf, "\n")] = 0;
+			say("console: %s", buf);
+			continue;
+		}
+		say("console got '%s'", line);
+	}
+	say("console closed");
+}
+
 static void shut_down(void)
 {
 	char code[8];
@@ -323,6 +357,10 @@ int init_main(void)
 		shut_down();
 	if (cmdline_has("stagevm.test=exec")) {
 		exec_probe();
+		shut_down();
+	}
+	if (cmdline_has("stagevm.test=console")) {
+		console_shell();
 		shut_down();
 	}
 
