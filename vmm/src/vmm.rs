@@ -93,6 +93,8 @@ impl RunOutcome {
             disks: self.disks,
             nets: self.nets,
             log_lines_suppressed: crate::ratelimit::suppressed(),
+            serial_dropped_bytes: crate::devices::legacy::console::DROPPED
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 }
@@ -171,91 +173,31 @@ impl Vmm {
         // One helper I/O thread per block device, on housekeeping cores.
         let mut io = Vec::new();
         for (i, block) in self.bus.blocks().enumerate() {
-            let (block, mem, sched, exit, seccomp) = (
-                block.clone(),
-                self.memory.clone(),
-                self.sched.clone(),
-                self.exit.clone(),
-                self.seccomp,
-            );
+            let (block, mem) = (block.clone(), self.memory.clone());
             // By index, whatever the disk's `id=`: thread names are at most
             // 15 bytes, and the seccomp kind and the tests know `io-blk`.
-            let name = format!("io-blk{i}");
             io.push(
-                std::thread::Builder::new()
-                    .name(name.clone())
-                    .spawn(move || {
-                        sched.pinner().start_helper_thread(&name);
-                        let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
-                        let served = crate::seccomp::install(ThreadKind::IoBlk, seccomp)
-                            .and_then(|()| block.serve(&mem, exit.fd()).map_err(|e| e.to_string()));
-                        if let Err(reason) = served {
-                            exit.request(VmExit::ThreadFailure {
-                                thread: name,
-                                reason,
-                            });
-                        }
-                    })?,
+                self.spawn_helper(format!("io-blk{i}"), ThreadKind::IoBlk, move |exit| {
+                    block.serve(&mem, exit)
+                })?,
             );
         }
         // One per network device, the same way.
         for net in self.bus.nets() {
-            let (net, mem, sched, exit, seccomp) = (
-                net.clone(),
-                self.memory.clone(),
-                self.sched.clone(),
-                self.exit.clone(),
-                self.seccomp,
-            );
-            let name = format!("io-{}", net.name);
-            io.push(
-                std::thread::Builder::new()
-                    .name(name.clone())
-                    .spawn(move || {
-                        sched.pinner().start_helper_thread(&name);
-                        let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
-                        let served = crate::seccomp::install(ThreadKind::IoNet, seccomp)
-                            .and_then(|()| net.serve(&mem, exit.fd()).map_err(|e| e.to_string()));
-                        if let Err(reason) = served {
-                            exit.request(VmExit::ThreadFailure {
-                                thread: name,
-                                reason,
-                            });
-                        }
-                    })?,
-            );
+            let (net, mem) = (net.clone(), self.memory.clone());
+            io.push(self.spawn_helper(
+                format!("io-{}", net.name),
+                ThreadKind::IoNet,
+                move |exit| net.serve(&mem, exit),
+            )?);
         }
         // The console's input, when it has one (`--serial pty`, …).
         if let Some((input, room)) = self.bus.take_console_input()? {
-            let (bus, sched, exit, seccomp) = (
-                self.bus.clone(),
-                self.sched.clone(),
-                self.exit.clone(),
-                self.seccomp,
-            );
+            let bus = self.bus.clone();
             io.push(
-                std::thread::Builder::new()
-                    .name("serial-in".into())
-                    .spawn(move || {
-                        sched.pinner().start_helper_thread("serial-in");
-                        let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
-                        let served = crate::seccomp::install(ThreadKind::SerialIn, seccomp)
-                            .and_then(|()| {
-                                crate::devices::legacy::console::serve_input(
-                                    input,
-                                    &*bus,
-                                    &room,
-                                    exit.fd(),
-                                )
-                                .map_err(|e| e.to_string())
-                            });
-                        if let Err(reason) = served {
-                            exit.request(VmExit::ThreadFailure {
-                                thread: "serial-in".into(),
-                                reason,
-                            });
-                        }
-                    })?,
+                self.spawn_helper("serial-in".into(), ThreadKind::SerialIn, move |exit| {
+                    crate::devices::legacy::console::serve_input(input, &*bus, &room, exit)
+                })?,
             );
         }
         // Threads the VMM did not start itself (KVM's workers) go to the
@@ -294,6 +236,34 @@ impl Vmm {
             stage_sched,
             api,
         })
+    }
+
+    /// Starts the helper thread `name` on the housekeeping cores: it
+    /// installs `kind`'s seccomp filter and runs `serve` with the VM's exit
+    /// `EventFd` until that is readable; a filter refused or `serve`'s error
+    /// ends the VM as [`VmExit::ThreadFailure`]. Errors: the thread cannot
+    /// be spawned.
+    fn spawn_helper(
+        &self,
+        name: String,
+        kind: ThreadKind,
+        serve: impl FnOnce(&vmm_sys_util::eventfd::EventFd) -> std::io::Result<()> + Send + 'static,
+    ) -> std::io::Result<JoinHandle<()>> {
+        let (sched, exit, seccomp) = (self.sched.clone(), self.exit.clone(), self.seccomp);
+        std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                sched.pinner().start_helper_thread(&name);
+                let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
+                let served = crate::seccomp::install(kind, seccomp)
+                    .and_then(|()| serve(exit.fd()).map_err(|e| e.to_string()));
+                if let Err(reason) = served {
+                    exit.request(VmExit::ThreadFailure {
+                        thread: name,
+                        reason,
+                    });
+                }
+            })
     }
 
     /// Starts the `api` thread when `--api-socket` or `--metrics-listen`

@@ -430,6 +430,10 @@ pub struct Report {
     /// per call site), counted instead of printed.
     #[serde(default)]
     pub log_lines_suppressed: u64,
+    /// Console output bytes a `--serial pty` or `socket=` console lost to a
+    /// full pty or a slow client (the console never blocks a vCPU).
+    #[serde(default)]
+    pub serial_dropped_bytes: u64,
 }
 
 /// The report layout's version ([`Report::schema`]): 1 is the first

@@ -46,11 +46,11 @@ const ETH_HLEN: usize = 14;
 /// saturation; idle, it costs this much CPU once per burst.
 pub const POLL_WINDOW: std::time::Duration = std::time::Duration::from_micros(50);
 
-/// Whether the driver made entries available in `queue` within
-/// [`POLL_WINDOW`] (the queue's lock held: the driver writes the ring in
-/// guest memory, not through the lock).
-fn entries_come(queue: &Queue, mem: &GuestMemoryMmap) -> bool {
-    let deadline = std::time::Instant::now() + POLL_WINDOW;
+/// Whether the driver made entries available in `queue` within `window`
+/// (the queue's lock held: the driver writes the ring in guest memory, not
+/// through the lock).
+fn entries_come(queue: &Queue, mem: &GuestMemoryMmap, window: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + window;
     loop {
         match queue.avail_idx(mem, Ordering::Acquire) {
             Ok(idx) if idx.0 != queue.next_avail() => return true,
@@ -240,7 +240,7 @@ impl MmioNet {
                 done += 1;
             }
             // The driver's next frame, without an exit, if it comes soon.
-            if popped > 0 && entries_come(&queue, mem) {
+            if popped > 0 && entries_come(&queue, mem, self.poll_window) {
                 continue;
             }
             // Re-arm the notification; entries added meanwhile are served
@@ -400,7 +400,7 @@ impl MmioNet {
                 Deliver::NoBuffer => {
                     io.rx_pending = Some(len);
                     // Buffers the driver posts soon, without an exit.
-                    if !rearmed && entries_come(&queue, mem) {
+                    if !rearmed && entries_come(&queue, mem, self.poll_window) {
                         rearmed = true;
                         continue;
                     }

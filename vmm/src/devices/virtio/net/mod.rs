@@ -110,6 +110,9 @@ pub struct MmioNet {
     tap_gone: std::sync::atomic::AtomicBool,
     /// Whether the driver negotiated `VIRTIO_RING_F_EVENT_IDX`.
     event_idx: std::sync::atomic::AtomicBool,
+    /// How long an empty queue is watched before a notification is asked
+    /// for ([`io::POLL_WINDOW`]; 0 in the fuzz target).
+    poll_window: std::time::Duration,
 }
 
 impl MmioNet {
@@ -141,6 +144,7 @@ impl MmioNet {
             stats: NetStats::default(),
             tap_gone: Default::default(),
             event_idx: Default::default(),
+            poll_window: io::POLL_WINDOW,
         })
     }
 
@@ -148,6 +152,12 @@ impl MmioNet {
     /// notification (VIRTIO 1.2 §2.7.10).
     pub fn set_irq(&mut self, irq: EventFd) {
         self.irq = Some(irq);
+    }
+
+    /// Watches an empty queue for `window` (instead of [`io::POLL_WINDOW`])
+    /// before asking for a notification; zero asks at once.
+    pub fn set_poll_window(&mut self, window: std::time::Duration) {
+        self.poll_window = window;
     }
 
     /// The MAC address offered in config space.
