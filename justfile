@@ -29,12 +29,12 @@ guest: setup
 build: guest
     cargo build --release -p stagevm
 
-# The default disk the run command attaches (bench/src/diskimage.rs documents its content).
+# The default disk the run command attaches (bench/mkdisk/src/lib.rs documents its content).
 disk := "target/default-disk.img"
 
 # Boot the default test guest (2 vCPUs, the default disk read-only) and print its output and report; extra arguments go to stagevm.
 run *ARGS: build
-    test -f {{disk}} || cargo run --release -q -p stagevm-bench --bin mkdisk -- {{disk}} --mib 4
+    test -f {{disk}} || cargo run --release -q -p stagevm-mkdisk --bin mkdisk -- {{disk}} --mib 4
     {{stagevm}} --kernel {{guest}} --cpus boot=2 --memory size=256M --disk path={{disk}},readonly=on {{ARGS}}
 
 # Run every test (unit, property and end-to-end tests that boot VMs on /dev/kvm).

@@ -9,7 +9,6 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 
-mod diskimage;
 use stagevm_bench::number_after;
 use stagevm_bench::stats::median;
 use stagevm_bench::target::Target;
@@ -81,7 +80,7 @@ fn main() -> Result<()> {
     }
     let disk = std::env::temp_dir().join(format!("disk-bench-{}.img", std::process::id()));
     let bytes = args.mib << 20;
-    std::fs::write(&disk, diskimage::generate(bytes))?;
+    std::fs::write(&disk, stagevm_mkdisk::generate(bytes))?;
     dd(&disk, 1 << 20)?; // warm the page cache
     println!("virtio-blk reads of a {} MiB disk, {} runs each (medians); host dd of the same file, page cache warm", args.mib, args.runs);
     println!(

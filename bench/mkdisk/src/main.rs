@@ -1,11 +1,11 @@
-//! `mkdisk`: writes the default disk image (see `diskimage`) for `just run`.
+//! `mkdisk`: writes the default disk image (`stagevm_mkdisk::generate`)
+//! for `just run`.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 
-mod diskimage;
 
 /// Writes a reproducible disk image.
 #[derive(Parser, Debug)]
@@ -23,7 +23,7 @@ fn main() -> Result<()> {
     if args.mib == 0 {
         bail!("--mib 0: the disk needs at least one sector");
     }
-    std::fs::write(&args.path, diskimage::generate(args.mib << 20))
+    std::fs::write(&args.path, stagevm_mkdisk::generate(args.mib << 20))
         .with_context(|| format!("writing {}", args.path.display()))?;
     Ok(())
 }
