@@ -180,11 +180,17 @@ fn the_report_names_its_schema_version_start_and_duration() {
         report.duration_ms,
         took.as_millis()
     );
+    // RFC 3339, UTC, the same instant.
+    let started = chrono::DateTime::parse_from_rfc3339(&report.started)
+        .unwrap_or_else(|e| panic!("started '{}': {e}", report.started));
+    assert!(report.started.ends_with('Z'), "{}", report.started);
+    assert_eq!(started.timestamp_millis() as u64, report.started_unix_ms);
     // The serialised form carries them by name.
     let json = serde_json::to_value(&report).unwrap();
     for key in [
         "schema",
         "stagevm_version",
+        "started",
         "started_unix_ms",
         "duration_ms",
     ] {

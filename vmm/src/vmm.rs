@@ -85,6 +85,8 @@ impl RunOutcome {
                 .started
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
+            started: chrono::DateTime::<chrono::Utc>::from(self.started)
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             duration_ms: self.duration.as_millis() as u64,
             exit_code: self.exit.exit_code(),
             exit: self.exit.describe(),

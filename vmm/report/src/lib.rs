@@ -410,6 +410,10 @@ pub struct Report {
     /// clock).
     #[serde(default)]
     pub started_unix_ms: u64,
+    /// The same instant in RFC 3339, UTC, to the millisecond
+    /// (`2026-11-27T21:55:03.123Z`); empty in an older report.
+    #[serde(default)]
+    pub started: String,
     /// How long the VM ran (ms), from starting its vCPUs to its end.
     #[serde(default)]
     pub duration_ms: u64,
