@@ -12,6 +12,7 @@
  * Kernel command line: stagevm.test=boot stops after user space is reached
  * (the boot-time measurement); stagevm.test=exec runs the exec probe
  * (exec_probe); stagevm.test=console a tiny console shell (console_shell);
+ * stagevm.test=net only the network step (net_step: the README's walk-through);
  * otherwise the whole sequence runs: a CRC-32 of /dev/vda, with
  * stagevm.net=ADDR/PREFIX a TCP echo on eth0 (netecho.c), insmod, the
  * hostile sequence, the staged program (static, then off: the harness
@@ -361,6 +362,10 @@ int init_main(void)
 	}
 	if (cmdline_has("stagevm.test=console")) {
 		console_shell();
+		shut_down();
+	}
+	if (cmdline_has("stagevm.test=net")) {
+		net_step();
 		shut_down();
 	}
 
