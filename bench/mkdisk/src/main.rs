@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 
-
 /// Writes a reproducible disk image.
 #[derive(Parser, Debug)]
 #[command(name = "mkdisk", about)]
