@@ -17,7 +17,11 @@
 # Kconfig), `make vmlinux modules` (modules: Module.symvers for the agent).
 #
 # Environment: LINUX_SOURCE (package, default linux-source-6.1), OUT
-# (default target/linux-kernel), JOBS (default: the number of CPUs).
+# (default target/linux-kernel), JOBS (default: the number of CPUs),
+# FRAGMENTS (more config fragments merged after stagevm.config, e.g.
+# images/linux/kernel/mariadb.config; they are part of the key, and a kernel
+# with other fragments belongs in another OUT, since older trees in OUT are
+# removed).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -25,7 +29,11 @@ repo="$(cd "$here/../.." && pwd)"
 pkg="${LINUX_SOURCE:-linux-source-6.1}"
 out="${OUT:-$repo/target/linux-kernel}"
 jobs="${JOBS:-$(nproc)}"
-fragment="$here/kernel/stagevm.config"
+fragments=("$here/kernel/stagevm.config")
+for extra in ${FRAGMENTS:-}; do
+    [ -f "$extra" ] || { echo "linux-kernel: FRAGMENTS names $extra, which is not a file" >&2; exit 1; }
+    fragments+=("$(cd "$(dirname "$extra")" && pwd)/$(basename "$extra")")
+done
 log() { echo "linux-kernel: $*" >&2; }
 
 # The source package and what building a kernel needs, each checked.
@@ -46,7 +54,7 @@ tarball="$(dpkg -L "$pkg" | grep -E '/usr/src/linux-source-[^/]*\.tar\.(xz|bz2|g
 [ -f "$tarball" ] || { log "$pkg has no source tarball in /usr/src"; exit 1; }
 
 # The fragment's settings (not its comments) and the patches make the key.
-key="$( { echo "$pkg $version"; grep -E '^CONFIG_|^# CONFIG_.* is not set' "$fragment"; cat "$here"/kernel/*.patch; } | sha256sum | cut -c1-12)"
+key="$( { echo "$pkg $version"; grep -hE '^CONFIG_|^# CONFIG_.* is not set' "${fragments[@]}"; cat "$here"/kernel/*.patch; } | sha256sum | cut -c1-12)"
 dir="$out/$version-$key"
 if [ -f "$dir/vmlinux" ]; then
     log "cached: $dir/vmlinux ($pkg $version, config and patches $key)"
@@ -69,9 +77,9 @@ for p in "$here"/kernel/*.patch; do
     patch -d "$tree" -p1 --forward --quiet < "$p"
 done
 
-log "configuring: tinyconfig + $(grep -c '^CONFIG_\|^# CONFIG_.* is not set' "$fragment") options of $(basename "$fragment")"
+log "configuring: tinyconfig + $(cat "${fragments[@]}" | grep -c '^CONFIG_\|^# CONFIG_.* is not set') options of ${fragments[*]##*/}"
 make -C "$tree" -s tinyconfig >/dev/null
-"$tree/scripts/kconfig/merge_config.sh" -m -O "$tree" "$tree/.config" "$fragment" >/dev/null
+"$tree/scripts/kconfig/merge_config.sh" -m -O "$tree" "$tree/.config" "${fragments[@]}" >/dev/null
 make -C "$tree" -s olddefconfig >/dev/null
 missing=()
 while IFS= read -r line; do
@@ -82,7 +90,7 @@ while IFS= read -r line; do
         grep -q "^$opt=" "$tree/.config" && missing+=("$line")
         ;;
     esac
-done < "$fragment"
+done < <(cat "${fragments[@]}")
 if [ ${#missing[@]} -gt 0 ]; then
     log "the fragment's options did not all take (missing dependency or unknown option): ${missing[*]}"
     exit 1
