@@ -46,6 +46,36 @@ struct stagevm_ioc_stats {
 	__u32 reserved;
 };
 
+/* One uprobe of a stage map on an unmodified binary (`stagectl attach`). */
+struct stagevm_ioc_probe {
+	__u64 offset;   /* file offset of the probed instruction (a function entry) */
+	__u32 stage;    /* stage id: < the registered stages */
+	__u32 reserved; /* 0 */
+};
+
+/* Most probes one map attaches. */
+#define STAGEVM_MAX_PROBES 256
+
+struct stagevm_ioc_attach_map {
+	__s32 fd;         /* the binary (a regular file), open for reading */
+	__u32 num_probes; /* 1..STAGEVM_MAX_PROBES */
+	__u64 probes;     /* user address of num_probes struct stagevm_ioc_probe */
+	__u64 reserved;   /* 0 */
+};
+
+struct stagevm_ioc_probe_stats {
+	__u32 attached;          /* probes attached now (0: no map) */
+	__u32 num_stages;        /* registered stages when the map was attached */
+	__u64 hits[16];          /* probe hits per stage since the last ATTACH_MAP */
+	__u64 counted;           /* hits written to the CPU's stage counters */
+	__u64 not_counted;       /* hits with no counters (host minor < 2, no block) */
+	__u64 migrations;        /* hits after which the thread ran on another vCPU */
+	__u64 affinity_failures; /* set_cpus_allowed_ptr refusals */
+	__u64 map_attaches;      /* ATTACH_MAPs that took */
+	__u64 map_detaches;      /* DETACH_MAPs (and unregistrations) that removed one */
+	__u64 threads_reset;     /* threads given all CPUs back at detach */
+};
+
 /* Area geometry and state. */
 #define STAGEVM_IOC_INFO _IOR(STAGEVM_IOC_MAGIC, 1, struct stagevm_ioc_info)
 /* Lays out the area with these stages and sends REGISTER through the
@@ -59,5 +89,17 @@ struct stagevm_ioc_stats {
 #define STAGEVM_IOC_STATS _IOR(STAGEVM_IOC_MAGIC, 5, struct stagevm_ioc_stats)
 /* Sends UNREGISTER (the module also does on unload). */
 #define STAGEVM_IOC_UNREGISTER _IO(STAGEVM_IOC_MAGIC, 6)
+
+/* Attaches a stage map to a binary: a uprobe at each probe's offset whose
+ * hit counts the stage on the current vCPU's counters and, when the
+ * host's map gives the stage other vCPUs, moves the thread to them
+ * (guest-agent/linux/README.md). All or nothing. -ENOENT before REGISTER,
+ * -EBUSY with a map attached, -EINVAL for a bad count, stage or offset,
+ * -EBADF for a bad fd, -EOPNOTSUPP without CONFIG_UPROBES. */
+#define STAGEVM_IOC_ATTACH_MAP _IOW(STAGEVM_IOC_MAGIC, 7, struct stagevm_ioc_attach_map)
+/* Removes the attached map's uprobes and gives the probed threads every CPU
+ * back; -ENOENT with no map attached. */
+#define STAGEVM_IOC_DETACH_MAP _IO(STAGEVM_IOC_MAGIC, 8)
+#define STAGEVM_IOC_PROBE_STATS _IOR(STAGEVM_IOC_MAGIC, 9, struct stagevm_ioc_probe_stats)
 
 #endif /* STAGEVM_IOCTL_H */

@@ -8,6 +8,10 @@
  * migrations) - and, on /dev/stagevm, the module's counters. Read-only.
  *
  *   stagectl [--device PATH | --fd N | --file PATH]
+ *
+ * and attaches stage maps to unmodified binaries (attach.c):
+ *
+ *   stagectl attach --map FILE [--binary PATH] | detach | probes
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -23,6 +27,7 @@
 #include "stagevm_ioctl.h"
 #include "stagevm_layout.h"
 #include "stagemap_file.h"
+#include "stagectl.h"
 
 static void print_vcpus(uint64_t mask, char *out, size_t len)
 {
@@ -148,6 +153,12 @@ int main(int argc, char **argv)
 	uint8_t *base;
 	uint32_t v, s;
 
+	if (argc > 1 && !strcmp(argv[1], "attach"))
+		return stagectl_attach(argc - 1, argv + 1);
+	if (argc > 1 && !strcmp(argv[1], "detach"))
+		return stagectl_detach(argc - 1, argv + 1);
+	if (argc > 1 && !strcmp(argv[1], "probes"))
+		return stagectl_probes(argc - 1, argv + 1);
 	for (i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--device") && i + 1 < argc)
 			device = argv[++i];
@@ -159,7 +170,9 @@ int main(int argc, char **argv)
 			return print_map_file(argv[i + 1]);
 		else {
 			fprintf(stderr, "usage: stagectl [--device PATH | --fd N | --file PATH]\n"
-					"       stagectl --map-file PATH   (check and print a stage-map file)\n");
+					"       stagectl --map-file PATH   (check and print a stage-map file)\n"
+					"       stagectl attach --map FILE [--binary PATH] | detach | probes\n"
+					"                                  (a stage map on an unmodified binary, uprobes)\n");
 			return 2;
 		}
 	}

@@ -7,7 +7,8 @@
  * /dev/stagevm for mmap: the first page (header, stage descriptors, stage
  * map) read-only, the per-vCPU rings and (ABI minor 2) the per-vCPU counter
  * blocks after them read-write. Stage switches are written by libstage in
- * user space; no system call is on that path. See
+ * user space; no system call is on that path. Stage maps on unmodified
+ * binaries (uprobes, STAGEVM_IOC_ATTACH_MAP) are in probes.c. See
  * guest-agent/linux/README.md; the ABI is hypercall-abi/include/stagevm_abi.h.
  */
 #include <linux/atomic.h>
@@ -25,8 +26,7 @@
 #include <asm/cpufeature.h>
 #include <asm/msr.h>
 
-#include "stagevm_ioctl.h"
-#include "stagevm_layout.h"
+#include "agent.h"
 
 static unsigned int ring_entries = 256;
 module_param(ring_entries, uint, 0444);
@@ -52,6 +52,7 @@ static struct {
 	u64 size;
 	u32 num_vcpus;
 	u32 num_stages;
+	struct stagevm_layout layout; /* as registered */
 	bool registered;
 	u32 last_status;
 	u64 registrations;
@@ -102,8 +103,10 @@ static long do_register(struct stagevm_ioc_register __user *uarg)
 {
 	struct stagevm_ioc_register req;
 	struct stagevm_layout l;
-	char names[STAGEVM_MAX_STAGES][33];
-	const char *ptrs[STAGEVM_MAX_STAGES];
+	/* Static (under sv.lock), not on the stack: with `req` they would
+	 * pass the kernel's 1024-byte frame limit. */
+	static char names[STAGEVM_MAX_STAGES][33];
+	static const char *ptrs[STAGEVM_MAX_STAGES];
 	unsigned long pfn;
 	u32 i, status;
 	long ret;
@@ -112,12 +115,12 @@ static long do_register(struct stagevm_ioc_register __user *uarg)
 		return -EFAULT;
 	if (area_layout(&l, req.num_stages))
 		return -EINVAL;
+	mutex_lock(&sv.lock);
 	for (i = 0; i < req.num_stages; i++) {
 		memcpy(names[i], req.names[i], 32);
 		names[i][32] = 0;
 		ptrs[i] = names[i];
 	}
-	mutex_lock(&sv.lock);
 	if (sv.registered) {
 		ret = -EBUSY;
 		goto out;
@@ -144,6 +147,7 @@ static long do_register(struct stagevm_ioc_register __user *uarg)
 	} else {
 		sv.registered = true;
 		sv.num_stages = req.num_stages;
+		sv.layout = l;
 		sv.registrations++;
 		pr_info("stagevm: registered %u stages, %u vCPUs, %u ring entries%s\n",
 			req.num_stages, sv.num_vcpus, ring_entries, l.counters ? ", counters" : "");
@@ -163,6 +167,8 @@ static int do_unregister(void)
 
 	if (!sv.registered)
 		return -ENOENT;
+	/* A stage map's uprobes count into this registration's area. */
+	stagevm_probes_detach();
 	status = doorbell(STAGEVM_DOORBELL_UNREGISTER, 0);
 	sv.last_status = status;
 	sv.registered = false;
@@ -226,6 +232,27 @@ static long stagevm_ioctl(struct file *file, unsigned int cmd, unsigned long arg
 		mutex_unlock(&sv.lock);
 		return copy_to_user(uarg, &st, sizeof(st)) ? -EFAULT : 0;
 	}
+	case STAGEVM_IOC_ATTACH_MAP: {
+		struct stagevm_agent_area area;
+
+		mutex_lock(&sv.lock);
+		area = (struct stagevm_agent_area){ .base = sv.area, .layout = sv.layout,
+						    .num_stages = sv.num_stages,
+						    .registered = sv.registered };
+		ret = stagevm_probes_attach(&area, uarg);
+		mutex_unlock(&sv.lock);
+		return ret;
+	}
+	case STAGEVM_IOC_DETACH_MAP:
+		mutex_lock(&sv.lock);
+		ret = stagevm_probes_detach();
+		mutex_unlock(&sv.lock);
+		return ret;
+	case STAGEVM_IOC_PROBE_STATS:
+		mutex_lock(&sv.lock);
+		ret = stagevm_probes_stats(uarg);
+		mutex_unlock(&sv.lock);
+		return ret;
 	default:
 		return -ENOTTY;
 	}
@@ -324,6 +351,7 @@ static void __exit stagevm_exit(void)
 {
 	misc_deregister(&stagevm_misc);
 	mutex_lock(&sv.lock);
+	stagevm_probes_detach();
 	do_unregister();
 	mutex_unlock(&sv.lock);
 	__free_pages(sv.pages, sv.order);

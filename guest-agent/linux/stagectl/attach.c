@@ -1,0 +1,337 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * stagectl attach / detach / probes: stage maps on unmodified binaries
+ * (the module's uprobes, guest-agent/linux/module/probes.c).
+ *
+ *   stagectl attach --binary PATH --map FILE [--device PATH]
+ *       Reads the stage-map file (libstage/stagemap_file.h), resolves every
+ *       symbol of its `stage` and `request` lines in PATH's ELF symbol
+ *       tables (.symtab, then .dynsym; defined functions only) to a file
+ *       offset, registers the map's stages with the VMM when nothing is
+ *       registered yet (their names, in the file's order) or checks them
+ *       against the registered ones, and attaches one uprobe per symbol.
+ *       Anything wrong - a symbol PATH does not define, a stage the guest did
+ *       not register, more probes than STAGEVM_MAX_PROBES - is refused with
+ *       a message naming it before anything is attached.
+ *   stagectl detach [--device PATH]
+ *       Removes the map's uprobes; the probed threads get every CPU back.
+ *   stagectl probes [--device PATH]
+ *       One line: probes attached, hits per stage, counted, migrations.
+ */
+#define _GNU_SOURCE
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "stagevm_ioctl.h"
+#include "stagevm_layout.h"
+#include "stagemap_file.h"
+#include "stagectl.h"
+
+struct wanted {
+	const char *sym;
+	unsigned stage;
+	uint64_t offset; /* 0 until found (a function never starts at offset 0) */
+};
+
+/* A checked view of bytes [off, off + len) of the file; NULL when outside. */
+static const void *at(const uint8_t *base, size_t size, uint64_t off, uint64_t len)
+{
+	if (off > size || len > size - off)
+		return NULL;
+	return base + off;
+}
+
+/* File offset of virtual address `va` through the PT_LOAD segments; 0 when
+ * no segment holds it in its file bytes. */
+static uint64_t va_to_offset(const uint8_t *base, size_t size, const Elf64_Ehdr *eh, uint64_t va)
+{
+	for (unsigned i = 0; i < eh->e_phnum; i++) {
+		const Elf64_Phdr *ph = at(base, size, eh->e_phoff + (uint64_t)i * sizeof(*ph), sizeof(*ph));
+
+		if (ph && ph->p_type == PT_LOAD && va >= ph->p_vaddr && va - ph->p_vaddr < ph->p_filesz)
+			return va - ph->p_vaddr + ph->p_offset;
+	}
+	return 0;
+}
+
+/* Resolves `w` (n entries) in one symbol table section; returns how many
+ * were newly found. */
+static unsigned resolve_section(const uint8_t *base, size_t size, const Elf64_Ehdr *eh,
+				const Elf64_Shdr *sh, struct wanted *w, unsigned n)
+{
+	const Elf64_Shdr *strh = at(base, size, eh->e_shoff + (uint64_t)sh->sh_link * sizeof(*strh),
+				    sizeof(*strh));
+	const char *strtab;
+	unsigned found = 0;
+
+	if (sh->sh_entsize != sizeof(Elf64_Sym) || !strh || sh->sh_link >= eh->e_shnum ||
+	    !(strtab = at(base, size, strh->sh_offset, strh->sh_size)) || !at(base, size, sh->sh_offset, sh->sh_size))
+		return 0;
+	for (uint64_t k = 0; k < sh->sh_size / sizeof(Elf64_Sym); k++) {
+		const Elf64_Sym *s = (const Elf64_Sym *)(base + sh->sh_offset) + k;
+		const char *name;
+		size_t room;
+
+		if (ELF64_ST_TYPE(s->st_info) != STT_FUNC || s->st_shndx == SHN_UNDEF || s->st_name >= strh->sh_size)
+			continue;
+		name = strtab + s->st_name;
+		room = strh->sh_size - s->st_name;
+		if (!memchr(name, 0, room))
+			continue;
+		for (unsigned i = 0; i < n; i++)
+			if (!w[i].offset && !strcmp(name, w[i].sym)) {
+				w[i].offset = va_to_offset(base, size, eh, s->st_value);
+				found += w[i].offset != 0;
+			}
+	}
+	return found;
+}
+
+/* Finds every wanted symbol in the ELF file `path`; 0, or 1 after saying
+ * what is wrong (naming the first missing symbol and its stage). */
+static int resolve(const char *path, struct wanted *w, unsigned n, const struct stagemap_file *m)
+{
+	struct stat st;
+	const Elf64_Ehdr *eh;
+	uint8_t *base;
+	int fd = open(path, O_RDONLY | O_CLOEXEC), rc = 1;
+
+	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		fprintf(stderr, "stagectl: %s: %s\n", path, fd < 0 ? strerror(errno) : "not a regular file");
+		if (fd >= 0)
+			close(fd);
+		return 1;
+	}
+	base = mmap(NULL, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+	close(fd);
+	if (base == MAP_FAILED) {
+		fprintf(stderr, "stagectl: %s: mmap: %s\n", path, strerror(errno));
+		return 1;
+	}
+	eh = at(base, st.st_size, 0, sizeof(*eh));
+	if (!eh || memcmp(eh->e_ident, ELFMAG, SELFMAG) || eh->e_ident[EI_CLASS] != ELFCLASS64 ||
+	    eh->e_shentsize != sizeof(Elf64_Shdr) || eh->e_phentsize != sizeof(Elf64_Phdr)) {
+		fprintf(stderr, "stagectl: %s: not a 64-bit ELF file\n", path);
+		goto out;
+	}
+	/* .symtab first (every function of an unstripped binary), then .dynsym
+	 * (what a stripped distribution binary keeps). */
+	for (unsigned pass = 0; pass < 2; pass++)
+		for (unsigned i = 0; i < eh->e_shnum; i++) {
+			const Elf64_Shdr *sh = at(base, st.st_size, eh->e_shoff + (uint64_t)i * sizeof(*sh), sizeof(*sh));
+
+			if (sh && sh->sh_type == (pass ? SHT_DYNSYM : SHT_SYMTAB))
+				resolve_section(base, st.st_size, eh, sh, w, n);
+		}
+	for (unsigned i = 0; i < n; i++)
+		if (!w[i].offset) {
+			fprintf(stderr, "stagectl: symbol %s (stage %s) is not a function defined in %s; nothing attached\n",
+				w[i].sym, m->stages[w[i].stage].name, path);
+			goto out;
+		}
+	rc = 0;
+out:
+	munmap(base, st.st_size);
+	return rc;
+}
+
+/* The registered stages agree with the map's, or are registered now from
+ * it. 0, or 1 after saying which stage disagrees. */
+static int check_registration(int dev, const struct stagemap_file *m, const char *map)
+{
+	struct stagevm_ioc_info info;
+	struct stagevm_ioc_register reg = { .num_stages = m->nstages };
+	char names[STAGEVM_MAX_STAGES][33];
+	const struct stagevm_area_header *h;
+
+	if (ioctl(dev, STAGEVM_IOC_INFO, &info) < 0) {
+		fprintf(stderr, "stagectl: STAGEVM_IOC_INFO: %s\n", strerror(errno));
+		return 1;
+	}
+	if (!info.registered) {
+		for (unsigned s = 0; s < m->nstages; s++)
+			strncpy(reg.names[s], m->stages[s].name, sizeof(reg.names[s]));
+		if (ioctl(dev, STAGEVM_IOC_REGISTER, &reg) < 0) {
+			fprintf(stderr, "stagectl: registering the map's %u stages: %s (host status %s)\n",
+				m->nstages, strerror(errno), stagevm_status_name(reg.status));
+			return 1;
+		}
+		printf("stagectl: registered %u stages from %s\n", m->nstages, map);
+		return 0;
+	}
+	if (m->nstages > info.num_stages) {
+		fprintf(stderr, "stagectl: %s has %u stages, the guest registered %u; nothing attached\n", map,
+			m->nstages, info.num_stages);
+		return 1;
+	}
+	h = mmap(NULL, info.ro_bytes, PROT_READ, MAP_SHARED, dev, 0);
+	if (h == MAP_FAILED) {
+		fprintf(stderr, "stagectl: mmap of /dev/stagevm: %s\n", strerror(errno));
+		return 1;
+	}
+	for (unsigned s = 0; s < m->nstages; s++) {
+		const struct stagevm_stage_desc *d =
+			(const void *)((const char *)h + STAGEVM_STAGE_DESCS_OFFSET) + s * sizeof(*d);
+
+		memcpy(names[s], d->name, 32);
+		names[s][32] = 0;
+		if (strcmp(names[s], m->stages[s].name)) {
+			fprintf(stderr, "stagectl: stage %u is '%s' in %s but '%s' in the guest's registration; nothing attached\n",
+				s, m->stages[s].name, map, names[s]);
+			munmap((void *)h, info.ro_bytes);
+			return 1;
+		}
+	}
+	munmap((void *)h, info.ro_bytes);
+	return 0;
+}
+
+int stagectl_attach(int argc, char **argv)
+{
+	const char *binary = NULL, *map = NULL, *device = STAGEVM_DEVICE_PATH, *why = NULL;
+	struct stagevm_ioc_probe probes[STAGEVM_MAX_PROBES];
+	struct wanted w[STAGEVM_MAX_PROBES];
+	struct stagevm_ioc_attach_map req = { 0 };
+	struct stagemap_file m;
+	unsigned n = 0, line = 0;
+	int r, dev, bin, rc = 1;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--binary") && i + 1 < argc)
+			binary = argv[++i];
+		else if (!strcmp(argv[i], "--map") && i + 1 < argc)
+			map = argv[++i];
+		else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+			device = argv[++i];
+		else
+			map = NULL, i = argc;
+	}
+	if (!map) {
+		fprintf(stderr, "usage: stagectl attach --map FILE [--binary PATH] [--device PATH]\n"
+				"       (PATH: the binary the map's symbols are from; default its `binary` line)\n");
+		return 2;
+	}
+	r = stagemap_file_load(map, &m, &line, &why);
+	if (r < 0) {
+		if (r == -EINVAL)
+			fprintf(stderr, "stagectl: %s: line %u: %s\n", map, line, why);
+		else
+			fprintf(stderr, "stagectl: %s: %s\n", map, strerror(-r));
+		stagemap_file_free(&m);
+		return 1;
+	}
+	if (!binary)
+		binary = m.binary;
+	if (!binary) {
+		fprintf(stderr, "stagectl: %s names no binary: give --binary PATH\n", map);
+		goto out;
+	}
+	for (unsigned s = 0; s < m.nstages; s++)
+		for (unsigned k = 0; k < m.stages[s].nsyms + (m.request_stage == (int)s ? m.nrequest : 0); k++) {
+			if (n == STAGEVM_MAX_PROBES) {
+				fprintf(stderr, "stagectl: %s has more than %u symbols; nothing attached\n", map,
+					STAGEVM_MAX_PROBES);
+				goto out;
+			}
+			w[n++] = (struct wanted){ k < m.stages[s].nsyms ? m.stages[s].syms[k]
+									: m.request[k - m.stages[s].nsyms],
+						  s, 0 };
+		}
+	if (resolve(binary, w, n, &m))
+		goto out;
+	dev = open(device, O_RDWR | O_CLOEXEC);
+	if (dev < 0) {
+		fprintf(stderr, "stagectl: %s: %s\n", device, strerror(errno));
+		goto out;
+	}
+	bin = open(binary, O_RDONLY | O_CLOEXEC);
+	if (bin >= 0 && !check_registration(dev, &m, map)) {
+		for (unsigned i = 0; i < n; i++)
+			probes[i] = (struct stagevm_ioc_probe){ .offset = w[i].offset, .stage = w[i].stage };
+		req = (struct stagevm_ioc_attach_map){ .fd = bin, .num_probes = n,
+						       .probes = (uint64_t)(uintptr_t)probes };
+		if (ioctl(dev, STAGEVM_IOC_ATTACH_MAP, &req) < 0) {
+			fprintf(stderr, "stagectl: attaching %u uprobes to %s: %s%s\n", n, binary, strerror(errno),
+				errno == EOPNOTSUPP ? " (the guest kernel has no CONFIG_UPROBES)" :
+				errno == EBUSY ? " (a map is attached: stagectl detach)" : "");
+		} else {
+			printf("stagectl: attached %s to %s: %u uprobes, %u stages\n", map, binary, n, m.nstages);
+			for (unsigned i = 0; i < n; i++)
+				printf("stagectl:   stage %s: %s at file offset %#llx\n", m.stages[w[i].stage].name,
+				       w[i].sym, (unsigned long long)w[i].offset);
+			rc = 0;
+		}
+	} else if (bin < 0) {
+		fprintf(stderr, "stagectl: %s: %s\n", binary, strerror(errno));
+	}
+	if (bin >= 0)
+		close(bin);
+	close(dev);
+out:
+	stagemap_file_free(&m);
+	return rc;
+}
+
+static int open_device(int argc, char **argv)
+{
+	const char *device = STAGEVM_DEVICE_PATH;
+	int fd;
+
+	if (argc == 3 && !strcmp(argv[1], "--device"))
+		device = argv[2];
+	else if (argc != 1) {
+		fprintf(stderr, "usage: stagectl %s [--device PATH]\n", argv[0]);
+		return -2;
+	}
+	fd = open(device, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		fprintf(stderr, "stagectl: %s: %s\n", device, strerror(errno));
+	return fd;
+}
+
+int stagectl_detach(int argc, char **argv)
+{
+	int fd = open_device(argc, argv), r;
+
+	if (fd < 0)
+		return fd == -2 ? 2 : 1;
+	r = ioctl(fd, STAGEVM_IOC_DETACH_MAP);
+	if (r < 0)
+		fprintf(stderr, "stagectl: detach: %s\n", errno == ENOENT ? "no stage map is attached" : strerror(errno));
+	else
+		printf("stagectl: stage map detached\n");
+	close(fd);
+	return r < 0 ? 1 : 0;
+}
+
+int stagectl_probes(int argc, char **argv)
+{
+	struct stagevm_ioc_probe_stats st;
+	int fd = open_device(argc, argv), r;
+
+	if (fd < 0)
+		return fd == -2 ? 2 : 1;
+	r = ioctl(fd, STAGEVM_IOC_PROBE_STATS, &st);
+	close(fd);
+	if (r < 0) {
+		fprintf(stderr, "stagectl: probes: %s\n", strerror(errno));
+		return 1;
+	}
+	printf("stagectl: probes attached %u, hits", st.attached);
+	for (unsigned s = 0; s < st.num_stages && s < STAGEVM_MAX_STAGES; s++)
+		printf(" %llu", (unsigned long long)st.hits[s]);
+	printf(", counted %llu, not counted %llu, migrations %llu, affinity failures %llu, threads reset %llu\n",
+	       (unsigned long long)st.counted, (unsigned long long)st.not_counted,
+	       (unsigned long long)st.migrations, (unsigned long long)st.affinity_failures,
+	       (unsigned long long)st.threads_reset);
+	return 0;
+}
