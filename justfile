@@ -66,6 +66,27 @@ test-linux: linux-image
     cargo build --release -q -p stagevm --bins
     images/linux/test.py
 
+# The MariaDB guest image (images/linux/mariadb/README.md): the test kernel plus kernel/mariadb.config (ext4, unix
+# sockets, epoll, uprobes; cached in target/linux-kernel-mariadb), the test image's /init and agent against it, and
+# a root disk from Debian's own mariadb-server-core package and the libraries it links, with a data directory
+# initialised on the host (sysbench's sbtest table). Cached; the first build takes ~10 min on 2 cores.
+mariadb-image: setup
+    images/linux/mariadb/build.sh
+
+# MariaDB in a stagevm guest, staged through uprobes: attach the stage map to the unmodified mariadbd, query it
+# over virtio-net from a namespace of the test's own under static, off and auto, refused maps, detach, rmmod
+# (images/linux/mariadb/test.py; QUERIES per phase, default 200).
+test-mariadb QUERIES="200": mariadb-image
+    cargo build --release -q -p stagevm --bins
+    images/linux/mariadb/test.py --queries {{QUERIES}}
+
+# MariaDB in a guest as a benchmark: test-mariadb with QUERIES per phase (default 500) and its table of queries/s per
+# policy and uprobe hits and migrations per query. Run alone; on this machine the guest kernel is emulated (every
+# system call ~400 µs), so the figures show function, not speed; on hardware KVM it is the same recipe.
+bench-mariadb QUERIES="500": mariadb-image
+    cargo build --release -q -p stagevm --bins
+    images/linux/mariadb/test.py --queries {{QUERIES}}
+
 # Linux guest boot time: 3 boots of the test image to user space, median against the 60 s target (run alone).
 bench-linux-boot: linux-image
     cargo build --release -q -p stagevm --bins

@@ -11,7 +11,8 @@
 #   cmdline          the kernel command line (README.md says why each word)
 # Prints the step times. Needs gcc with static glibc and cpio.
 #
-# Environment: OUT=dir, STAGED_ARGS="THREADS ITERS WORK_US" (default
+# Environment: OUT=dir, KERNEL_OUT and KERNEL_FRAGMENTS (kernel.sh's OUT and
+# FRAGMENTS: images/linux/mariadb/build.sh builds its kernel so), STAGED_ARGS="THREADS ITERS WORK_US" (default
 # "2 100 100": the staged program's threads, requests per phase and µs of
 # work per stage).
 set -euo pipefail
@@ -36,7 +37,7 @@ need cpio:cpio gcc:build-essential
 
 # --- kernel ------------------------------------------------------------------
 t0=$(date +%s)
-kdir="$("$here/kernel.sh")"
+kdir="$(OUT="${KERNEL_OUT:-$repo/target/linux-kernel}" FRAGMENTS="${KERNEL_FRAGMENTS:-}" "$here/kernel.sh")"
 tree="$kdir/linux"
 cp "$kdir/vmlinux" "$out/vmlinux"
 kernel_s=$(($(date +%s) - t0))
@@ -53,7 +54,7 @@ make -s -C "$repo/guest-agent/linux/libstage" BUILD="$agent/libstage" all >/dev/
 inc=(-I"$repo/guest-agent/linux/libstage" -I"$repo/guest-agent/linux/include" -I"$repo/hypercall-abi/include")
 cflags=(-O2 -pthread -Wall -Wextra -Werror "${inc[@]}")
 objs=()
-for src in "$here/init.c" "$here/staged.c" "$here/hostile.c" "$here/stagevm-exit.c" "$here/netecho.c" "$repo/guest-agent/linux/stagectl/stagectl.c" "$here/multicall.c"; do
+for src in "$here/init.c" "$here/staged.c" "$here/hostile.c" "$here/stagevm-exit.c" "$here/netecho.c" "$here/mariadb.c" "$repo/guest-agent/linux/stagectl/stagectl.c" "$repo/guest-agent/linux/stagectl/attach.c" "$here/multicall.c"; do
     name="$(basename "$src" .c)"
     def=()
     [ "$name" = multicall ] || def=(-Dmain="${name//-/_}_main")
@@ -68,7 +69,7 @@ agent_s=$(($(date +%s) - t1))
 # is unpacked by emulated kernel code, and every shell fork is emulated too).
 root="$out/initramfs"
 rm -rf "$root"
-mkdir -p "$root"/{bin,dev,proc,sys,lib/stagevm}
+mkdir -p "$root"/{bin,dev,proc,sys,mnt,lib/stagevm}
 install -m 755 "$agent/stagevm-tools" "$root/bin/"
 strip "$root/bin/stagevm-tools"
 for prog in staged hostile stagevm-exit stagectl tlsprobe; do ln -s stagevm-tools "$root/bin/$prog"; done

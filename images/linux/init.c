@@ -13,6 +13,7 @@
  * (the boot-time measurement); stagevm.test=exec runs the exec probe
  * (exec_probe); stagevm.test=console a tiny console shell (console_shell);
  * stagevm.test=net only the network step (net_step: the README's walk-through);
+ * stagevm.test=mariadb the MariaDB guest's sequence (mariadb.c);
  * otherwise the whole sequence runs: a CRC-32 of /dev/vda, with
  * stagevm.net=ADDR/PREFIX a TCP echo on eth0 (netecho.c), insmod, the
  * hostile sequence, the staged program (static, then off: the harness
@@ -36,6 +37,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "init.h"
+
 #define MODULE_PATH "/lib/stagevm/stagevm_agent.ko"
 #define STAGED_ARGS "/lib/stagevm/staged-args"
 
@@ -50,10 +53,9 @@ static int hostile_entry(int argc, char **argv)
 	return hostile_main();
 }
 
-static int status;
+int status;
 
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void say(const char *fmt, ...)
+void say(const char *fmt, ...)
 {
 	char up[32] = "?";
 	int fd = open("/proc/uptime", O_RDONLY);
@@ -74,7 +76,7 @@ static void say(const char *fmt, ...)
 	fflush(stdout);
 }
 
-static void fail(const char *what)
+void fail(const char *what)
 {
 	say("FAILED: %s", what);
 	status = 1;
@@ -113,7 +115,7 @@ static const char *last_kernel_line(const char *word, char *buf, size_t size)
 }
 
 /* Lines of the kernel log that report an oops, BUG, WARNING or trace. */
-static int kernel_log_problems(void)
+int kernel_log_problems(void)
 {
 	const char *pat[] = { "Oops", "BUG:", "WARNING:", "general protection", "Call Trace" };
 	char *log = read_kernel_log();
@@ -136,7 +138,7 @@ static int kernel_log_problems(void)
  * signal when killed, and says which when it is not 0. The test's programs
  * run without an exec: each process start is a chance of the zeroed TLS
  * block this machine's KVM causes (images/linux/README.md). */
-static int run(const char *name, int (*entry)(int, char **), char *const argv[])
+int run(const char *name, int (*entry)(int, char **), char *const argv[])
 {
 	char path[64];
 	pid_t pid;
@@ -190,7 +192,7 @@ static int64_t crc32_file(const char *path)
 
 /* The kernel command line's word that is `word` or starts with it (a
  * `key=` prefix), copied into `out` (`size` bytes); 0 when there is none. */
-static int cmdline_word(const char *word, char *out, size_t size)
+int cmdline_word(const char *word, char *out, size_t size)
 {
 	char line[4096], *tok;
 	int fd = open("/proc/cmdline", O_RDONLY);
@@ -322,7 +324,7 @@ static void console_shell(void)
 	say("console closed");
 }
 
-static void shut_down(void)
+void shut_down(void)
 {
 	char code[8];
 	char *argv[] = { "stagevm-exit", code, NULL };
@@ -364,6 +366,8 @@ int init_main(void)
 		console_shell();
 		shut_down();
 	}
+	if (cmdline_has("stagevm.test=mariadb"))
+		mariadb_step();
 	if (cmdline_has("stagevm.test=net")) {
 		net_step();
 		shut_down();

@@ -28,6 +28,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "init.h"
+
 #define NETECHO_PORT 7
 #define NETECHO_WAIT_S 300
 
@@ -51,27 +53,17 @@ static int set_addr(int sock, unsigned long req, in_addr_t addr)
 	return ioctl(sock, req, &ifr);
 }
 
-int netecho_main(int argc, char **argv)
+/* Gives eth0 the address `addr` (network order) with a /`prefix` netmask and
+ * brings it up, with the classic interface ioctls. Returns 0, or 1 after
+ * printing the failing step and errno. Also used by mariadb.c. */
+int eth0_up(in_addr_t addr, long prefix)
 {
-	struct sockaddr_in me = { .sin_family = AF_INET, .sin_port = htons(NETECHO_PORT) };
-	struct sockaddr_in peer;
-	socklen_t peer_len = sizeof(peer);
-	struct in_addr addr;
 	struct ifreq ifr;
-	struct pollfd pfd;
-	char buf[4096];
-	long prefix, echoed = 0;
-	int sock, lsn, conn, one = 1;
+	int sock = socket(AF_INET, SOCK_DGRAM, 0);
 
-	if (argc != 3 || inet_pton(AF_INET, argv[1], &addr) != 1 ||
-	    (prefix = strtol(argv[2], NULL, 10)) < 1 || prefix > 30) {
-		printf("netecho: FAILED: usage: netecho IPV4-ADDRESS PREFIX (1-30)\n");
-		return 1;
-	}
-	sock = socket(AF_INET, SOCK_DGRAM, 0);
 	if (sock < 0)
 		return step_failed("socket");
-	if (set_addr(sock, SIOCSIFADDR, addr.s_addr) < 0)
+	if (set_addr(sock, SIOCSIFADDR, addr) < 0)
 		return step_failed("SIOCSIFADDR eth0");
 	if (set_addr(sock, SIOCSIFNETMASK, htonl(~0u << (32 - prefix))) < 0)
 		return step_failed("SIOCSIFNETMASK eth0");
@@ -83,6 +75,27 @@ int netecho_main(int argc, char **argv)
 	if (ioctl(sock, SIOCSIFFLAGS, &ifr) < 0)
 		return step_failed("SIOCSIFFLAGS eth0");
 	close(sock);
+	return 0;
+}
+
+int netecho_main(int argc, char **argv)
+{
+	struct sockaddr_in me = { .sin_family = AF_INET, .sin_port = htons(NETECHO_PORT) };
+	struct sockaddr_in peer;
+	socklen_t peer_len = sizeof(peer);
+	struct in_addr addr;
+	struct pollfd pfd;
+	char buf[4096];
+	long prefix, echoed = 0;
+	int lsn, conn, one = 1;
+
+	if (argc != 3 || inet_pton(AF_INET, argv[1], &addr) != 1 ||
+	    (prefix = strtol(argv[2], NULL, 10)) < 1 || prefix > 30) {
+		printf("netecho: FAILED: usage: netecho IPV4-ADDRESS PREFIX (1-30)\n");
+		return 1;
+	}
+	if (eth0_up(addr.s_addr, prefix) != 0)
+		return 1;
 
 	lsn = socket(AF_INET, SOCK_STREAM, 0);
 	if (lsn < 0)
