@@ -116,6 +116,19 @@ def tcp_echo(result):
         result["detail"] = f"{type(e).__name__}: {e}"
 
 
+def missing(out, files, build):
+    """Why a run cannot start: the first of `files` missing from `out` (with
+    `build`, the command that makes it) or of stagevm's binaries; None when
+    every one is there."""
+    for f in files:
+        if not os.path.exists(os.path.join(out, f)):
+            return f"{out}/{f} is missing: run {build}"
+    for b in ("stagevm", "stagevm-remote"):
+        if not os.path.exists(os.path.join(BIN, b)):
+            return f"{BIN}/{b} is missing: cargo build --release -p stagevm --bins"
+    return None
+
+
 def boot(extra_cmdline, timeout, on_line=None, args=(), tag=""):
     """Starts stagevm on the image; calls on_line(line, t) for each new serial
     line (t: seconds since start); returns (exit code, {marker: t}, serial
@@ -270,14 +283,10 @@ def main():
     ap.add_argument("--only-boots", action="store_true", help="time the boots only (just bench-linux-boot)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per boot")
     opts = ap.parse_args()
-    for f in ("vmlinux", "initramfs.cpio", "cmdline"):
-        if not os.path.exists(os.path.join(OUT, f)):
-            log(f"{OUT}/{f} is missing: run images/linux/build.sh")
-            return 2
-    for b in ("stagevm", "stagevm-remote"):
-        if not os.path.exists(os.path.join(BIN, b)):
-            log(f"{BIN}/{b} is missing: cargo build --release -p stagevm")
-            return 2
+    why = missing(OUT, ("vmlinux", "initramfs.cpio", "cmdline"), "images/linux/build.sh")
+    if why:
+        log(why)
+        return 2
 
     failed = []
 

@@ -95,10 +95,11 @@ struct stagevm_ioc_probe_stats {
  * host's map gives the stage other vCPUs, moves the thread to them
  * (guest-agent/linux/README.md). All or nothing. -ENOENT before REGISTER,
  * -EBUSY with a map attached, -EINVAL for a bad count, stage or offset,
- * -EBADF for a bad fd, -EOPNOTSUPP without CONFIG_UPROBES. */
+ * -EBADF for a bad fd, -EOPNOTSUPP without CONFIG_UPROBES, -EPERM without
+ * CAP_SYS_ADMIN (the probes act on every process running the binary). */
 #define STAGEVM_IOC_ATTACH_MAP _IOW(STAGEVM_IOC_MAGIC, 7, struct stagevm_ioc_attach_map)
 /* Removes the attached map's uprobes and gives the probed threads every CPU
- * back; -ENOENT with no map attached. */
+ * back; -ENOENT with no map attached, -EPERM without CAP_SYS_ADMIN. */
 #define STAGEVM_IOC_DETACH_MAP _IO(STAGEVM_IOC_MAGIC, 8)
 #define STAGEVM_IOC_PROBE_STATS _IOR(STAGEVM_IOC_MAGIC, 9, struct stagevm_ioc_probe_stats)
 

@@ -12,6 +12,7 @@
  * guest-agent/linux/README.md; the ABI is hypercall-abi/include/stagevm_abi.h.
  */
 #include <linux/atomic.h>
+#include <linux/capability.h>
 #include <linux/cpumask.h>
 #include <linux/fs.h>
 #include <linux/gfp.h>
@@ -235,6 +236,11 @@ static long stagevm_ioctl(struct file *file, unsigned int cmd, unsigned long arg
 	case STAGEVM_IOC_ATTACH_MAP: {
 		struct stagevm_agent_area area;
 
+		/* /dev/stagevm is open to every user (libstage), but a stage map
+		 * probes every process running the binary and moves its threads:
+		 * root's, like `perf probe`. */
+		if (!capable(CAP_SYS_ADMIN))
+			return -EPERM;
 		mutex_lock(&sv.lock);
 		area = (struct stagevm_agent_area){ .base = sv.area, .layout = sv.layout,
 						    .num_stages = sv.num_stages,
@@ -244,6 +250,8 @@ static long stagevm_ioctl(struct file *file, unsigned int cmd, unsigned long arg
 		return ret;
 	}
 	case STAGEVM_IOC_DETACH_MAP:
+		if (!capable(CAP_SYS_ADMIN))
+			return -EPERM;
 		mutex_lock(&sv.lock);
 		ret = stagevm_probes_detach();
 		mutex_unlock(&sv.lock);

@@ -48,13 +48,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 OUT = os.environ.get("OUT", os.path.join(REPO, "target", "mariadb-image"))
-BIN = os.path.join(REPO, "target", "release")
 MAP = os.path.join(HERE, "oltp_read_only.stagemap")
 GUEST_MAP = "/mnt/etc/mysql/stages.map"
 GUEST_BINARY = "/mnt/usr/sbin/mariadbd"
 _spec = importlib.util.spec_from_file_location("linux_test", os.path.join(HERE, "..", "test.py"))
 linux = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(linux)
+BIN = linux.BIN
 
 
 def log(msg):
@@ -163,14 +163,11 @@ def main():
     ap.add_argument("--queries", type=int, default=200, help="point selects per phase")
     ap.add_argument("--timeout", type=float, default=900, help="seconds from boot to mariadbd ready")
     opts = ap.parse_args()
-    for f in ("vmlinux", "initramfs.cpio", "cmdline", "root.ext4", "expected.tsv"):
-        if not os.path.exists(os.path.join(OUT, f)):
-            log(f"{OUT}/{f} is missing: run images/linux/mariadb/build.sh (just mariadb-image)")
-            return 2
-    for b in ("stagevm", "stagevm-remote"):
-        if not os.path.exists(os.path.join(BIN, b)):
-            log(f"{BIN}/{b} is missing: cargo build --release -p stagevm --bins")
-            return 2
+    why = linux.missing(OUT, ("vmlinux", "initramfs.cpio", "cmdline", "root.ext4", "expected.tsv"),
+                        "images/linux/mariadb/build.sh (just mariadb-image)")
+    if why:
+        log(why)
+        return 2
     why = linux.netns_tap()
     if why:
         log(f"skipped: {why} (the clients reach the guest only through a tap in a namespace of ours)")
