@@ -297,8 +297,11 @@ def main():
     check(bool(guest) and all(guest[s] == host.get(s) for s in stage_names),
           "per-stage counts in the VMM's report equal the module's uprobe hits")
     timeline = (report.get("sched") or {}).get("timeline", [])
-    check(any(e.get("source") == "api" and "auto" in (e.get("decision") or "") for e in timeline),
-          f"auto's switch in the timeline ({len(timeline)} entries)")
+    at = next((i for i, e in enumerate(timeline) if e.get("source") == "api" and "policy auto" in (e.get("decision") or "")), None)
+    own = [e["decision"] for e in timeline[at:] if e.get("decision") and e.get("source") != "api"] if at is not None else []
+    check(at is not None and bool(own),
+          f"the switch to auto and auto's own decisions in the timeline: {len(own)} after the switch"
+          + (f", first {own[0]!r}, last {own[-1]!r}" if own else ""))
     print("\n  phase                 queries/s   hits per query (" + ", ".join(stage_names) + ")   migrations per query")
     for seed, name in ((1, "static, map attached"), (2, "off, map attached"), (3, "auto, map attached"),
                        (5, "no map (detached)")):
