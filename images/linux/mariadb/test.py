@@ -137,6 +137,8 @@ def queries(n, expected, seed):
 
 # Queries per second of each phase, by the phase's seed.
 RATES = {}
+# The VM, stopped at exit whatever happened (an exception included).
+VMS = []
 
 
 def probes(con):
@@ -200,6 +202,7 @@ def main():
     start = time.monotonic()
     vmmlog = open(os.path.join(OUT, "stagevm.log"), "w")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    VMS.append(proc)
     path = None
     for line in proc.stderr:
         vmmlog.write(line)
@@ -317,4 +320,10 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    finally:
+        for vm in VMS:
+            if vm.poll() is None:
+                vm.terminate()
+                vm.wait()
