@@ -55,7 +55,7 @@ linux-agent: setup
 
 # The Linux test image (images/linux/README.md): a minimal kernel from Debian's linux-source-6.1 (tinyconfig +
 # images/linux/kernel/stagevm.config + the syscall-completion patch; built once, ~5.5 min on 2 cores, cached in
-# target/linux-kernel by source version, settings and patch), the guest agent built against it, and an 816 KB
+# target/linux-kernel by source version, settings and patch), the guest agent built against it, and a 945 KB
 # initramfs (one static binary that is /init, the staged program and the hostile sequence; and the module).
 linux-image: setup
     images/linux/build.sh
