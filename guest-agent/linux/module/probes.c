@@ -24,9 +24,10 @@
  * the thread table's spinlock, nothing is allocated.
  *
  * Cost per hit (the int3 trap, the handler, the out-of-line single step and
- * its trap): ~1-3 µs on hardware per Linux's uprobes documentation and the
- * measurements cited in guest-agent/linux/README.md; here, where guest
- * kernel mode is emulated, it is two emulated exceptions (README).
+ * its trap; Documentation/trace/uprobetracer.rst): on hardware, published
+ * figures range from a few hundred ns to a few µs (guest-agent/linux/
+ * README.md); here, where guest kernel mode is emulated, 0.2-2.5 ms
+ * (images/linux/mariadb/README.md).
  *
  * Without CONFIG_UPROBES (the test-linux kernel) every call answers
  * -EOPNOTSUPP.
