@@ -7,19 +7,11 @@ mod common;
 use common::*;
 use stagevm_report::Report;
 
-/// A deterministic disk image of `bytes` bytes (xorshift64 stream).
+/// A deterministic disk image of `bytes` bytes: the default image's
+/// xorshift64 stream (`stagevm_mkdisk::generate`).
 fn make_disk(name: &str, bytes: usize) -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!("stagevm-{name}-{}.img", std::process::id()));
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut data = Vec::with_capacity(bytes);
-    while data.len() < bytes {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        data.extend_from_slice(&x.to_le_bytes());
-    }
-    data.truncate(bytes);
-    std::fs::write(&path, &data).unwrap();
+    std::fs::write(&path, stagevm_mkdisk::generate(bytes)).unwrap();
     path
 }
 

@@ -1,8 +1,8 @@
 //! The default disk image generator: `bytes` bytes of the xorshift64 stream
 //! (Marsaglia 2003, shifts 13, 7, 17) seeded with 0x2545_f491_4f6c_dd1d,
 //! each word stored little-endian. Reproducible, incompressible, and easy to
-//! recompute anywhere (the end-to-end tests write it again independently).
-//! `mkdisk` writes it for `just run`; `disk-bench` uses it too.
+//! recompute anywhere. `mkdisk` writes it for `just run`; `disk-bench` and
+//! the end-to-end disk tests (tests/disk.rs) use it too.
 
 /// Generates the image.
 pub fn generate(bytes: usize) -> Vec<u8> {
