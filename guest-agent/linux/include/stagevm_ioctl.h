@@ -74,6 +74,8 @@ struct stagevm_ioc_probe_stats {
 	__u64 map_attaches;      /* ATTACH_MAPs that took */
 	__u64 map_detaches;      /* DETACH_MAPs (and unregistrations) that removed one */
 	__u64 threads_reset;     /* threads given all CPUs back at detach */
+	__u64 threads_lost;      /* moved threads the module's table (1024) could not
+				  * hold: they keep their last stage's vCPUs at detach */
 };
 
 /* Area geometry and state. */

@@ -86,8 +86,9 @@ static void remember_thread(void)
 			goto out;
 	if (pm.num_threads < PROBED_THREADS)
 		pm.threads[pm.num_threads++] = get_pid(pid);
-	else
-		atomic64_inc(&pm.threads_lost);
+	else if (atomic64_inc_return(&pm.threads_lost) == 1)
+		pr_warn_ratelimited("stagevm: more than %d threads moved by stage-map hits: the rest keep their vCPUs at detach (counted)\n",
+				    PROBED_THREADS);
 out:
 	spin_unlock_irqrestore(&pm.threads_lock, flags);
 }
@@ -297,6 +298,7 @@ long stagevm_probes_stats(struct stagevm_ioc_probe_stats __user *uarg)
 		.map_attaches = pm.map_attaches,
 		.map_detaches = pm.map_detaches,
 		.threads_reset = pm.threads_reset,
+		.threads_lost = atomic64_read(&pm.threads_lost),
 	};
 	u32 i;
 

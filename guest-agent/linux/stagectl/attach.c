@@ -329,9 +329,9 @@ int stagectl_probes(int argc, char **argv)
 	printf("stagectl: probes attached %u, hits", st.attached);
 	for (unsigned s = 0; s < st.num_stages && s < STAGEVM_MAX_STAGES; s++)
 		printf(" %llu", (unsigned long long)st.hits[s]);
-	printf(", counted %llu, not counted %llu, migrations %llu, affinity failures %llu, threads reset %llu\n",
+	printf(", counted %llu, not counted %llu, migrations %llu, affinity failures %llu, threads reset %llu, threads lost %llu\n",
 	       (unsigned long long)st.counted, (unsigned long long)st.not_counted,
 	       (unsigned long long)st.migrations, (unsigned long long)st.affinity_failures,
-	       (unsigned long long)st.threads_reset);
+	       (unsigned long long)st.threads_reset, (unsigned long long)st.threads_lost);
 	return 0;
 }
