@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * stagevm stage channel ABI v1 (minor 2), for C guest agents (the Linux module and
+ * stagevm stage channel ABI v1 (minor 4), for C guest agents (the Linux module and
  * libstage). Mirrors hypercall-abi/src/stage.rs; tests/c_header.rs compiles
  * this header and checks every size and offset against the Rust side.
  */
@@ -11,8 +11,9 @@
 
 #define STAGEVM_AREA_MAGIC 0x314e414843475453ULL /* "STGCHAN1" little endian */
 #define STAGEVM_ABI_VERSION 1u
-#define STAGEVM_ABI_MINOR 3ull /* 1: map owned, minor; 2: counters, lossy trace rings; 3: map visit */
+#define STAGEVM_ABI_MINOR 4ull /* 1: map owned, minor; 2: counters, lossy trace rings; 3: map visit; 4: latency */
 #define STAGEVM_AREA_FLAG_COUNTERS 1u /* header flags: counter blocks follow the rings */
+#define STAGEVM_AREA_FLAG_LATENCY 2u /* minor 4, with COUNTERS: latency blocks follow the counter blocks */
 /* Minor 3: stage-visit policies (stagevm_stage_map.visit, seed 002 ch. 3). */
 #define STAGEVM_VISIT_FIFO 0ull
 #define STAGEVM_VISIT_COHORT 1ull
@@ -133,6 +134,40 @@ struct stagevm_vcpu_counters {
 	uint64_t agent[2]; /* guest-private */
 	uint64_t reserved[6];
 };
+
+/* Minor 4: per-vCPU request-latency histograms
+ * (hypercall-abi/src/stage/latency.rs), right after the last counter block.
+ * Buckets are log-linear over 16-ns units u = ns >> 4: u < 8 is bucket u;
+ * else, with e = floor(log2 u), bucket 8 * (e - 2) + ((u >> (e - 3)) & 7),
+ * at most 255 (>= 2^38 ns). The agent records a timed request's latency in
+ * the vCPU it ends on: the bucket, sum_ns, then samples (release). */
+#define STAGEVM_LATENCY_BUCKETS 256u
+#define STAGEVM_LATENCY_SUB_BITS 3u
+#define STAGEVM_LATENCY_UNIT_SHIFT 4u
+#define STAGEVM_LATENCY_ALIGN 128u
+
+struct stagevm_vcpu_latency {
+	uint64_t samples; /* requests recorded: the sum of buckets, stored last */
+	uint64_t sum_ns;
+	uint64_t countdown; /* guest-private: requests to the next timed one */
+	uint64_t reserved[13];
+	uint64_t buckets[STAGEVM_LATENCY_BUCKETS];
+};
+
+/* The bucket of a latency of ns nanoseconds (as latency_bucket in Rust). */
+static inline uint32_t stagevm_latency_bucket(uint64_t ns)
+{
+	uint64_t u = ns >> STAGEVM_LATENCY_UNIT_SHIFT;
+	uint32_t e;
+	uint64_t index;
+
+	if (u < (1u << STAGEVM_LATENCY_SUB_BITS))
+		return (uint32_t)u;
+	e = 63u - (uint32_t)__builtin_clzll(u);
+	index = (uint64_t)(e - (STAGEVM_LATENCY_SUB_BITS - 1u)) << STAGEVM_LATENCY_SUB_BITS;
+	index += (u >> (e - STAGEVM_LATENCY_SUB_BITS)) & ((1u << STAGEVM_LATENCY_SUB_BITS) - 1u);
+	return index >= STAGEVM_LATENCY_BUCKETS ? STAGEVM_LATENCY_BUCKETS - 1u : (uint32_t)index;
+}
 
 #define STAGEVM_STAGE_DESCS_OFFSET 64u
 #define STAGEVM_STAGE_MAP_OFFSET (STAGEVM_STAGE_DESCS_OFFSET + STAGEVM_MAX_STAGES * 32u)

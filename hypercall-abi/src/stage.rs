@@ -15,6 +15,8 @@
 //! RINGS_OFFSET (4864)            per vCPU: RingHeader (192) + StageEvent × ring_entries
 //! Layout::counters_offset(0)     minor 2, with AREA_FLAG_COUNTERS:
 //!                                VcpuCounters (768) × num_vcpus   guest
+//! Layout::latency_offset(0)      minor 4, with AREA_FLAG_LATENCY too:
+//!                                VcpuLatency (2176) × num_vcpus   guest
 //! ```
 //!
 //! Protocol:
@@ -61,7 +63,9 @@ pub const ABI_VERSION: u32 = 1;
 ///   [`RingHeader::trace_dropped`]) and [`AreaHeader::register_tsc`].
 /// * 3 — [`StageMap::visit`]: the stage-visit policy the host asks each
 ///   vCPU's scheduler to use ([`VisitPolicy`], temporal staging).
-pub const ABI_MINOR: u64 = 3;
+/// * 4 — per-vCPU request-latency histograms ([`VcpuLatency`],
+///   [`AREA_FLAG_LATENCY`]): requests with a start and an end.
+pub const ABI_MINOR: u64 = 4;
 /// [`AreaHeader::flags`] bit (minor 2): the guest laid out one
 /// [`VcpuCounters`] block per vCPU after the rings
 /// ([`Layout::counters_offset`]) and, once the host's map says `minor` ≥ 2,
@@ -69,6 +73,13 @@ pub const ABI_MINOR: u64 = 3;
 /// know the flag ignores it (it never checked `flags`), and the guest, which
 /// then reads `minor` < 2, reports through the rings as before.
 pub const AREA_FLAG_COUNTERS: u32 = 1;
+/// [`AreaHeader::flags`] bit (minor 4), with [`AREA_FLAG_COUNTERS`]: one
+/// [`VcpuLatency`] block per vCPU follows the counter blocks
+/// ([`Layout::latency_offset`]), where the guest records the latency of
+/// the requests it times once the host's map says `minor` ≥ 4. Without
+/// the counters flag it is ignored. An older host ignores it too (it never
+/// checked `flags`) and the guest, reading `minor` < 4, records nothing.
+pub const AREA_FLAG_LATENCY: u32 = 2;
 /// Largest number of stages (stage ids are `0..num_stages`).
 pub const MAX_STAGES: usize = 16;
 /// Largest number of vCPUs (the stage map holds one 64-bit vCPU mask per stage).
@@ -168,8 +179,8 @@ pub struct AreaHeader {
     pub num_stages: u32,
     /// Entries per ring, a power of two, 2..=[`MAX_RING_ENTRIES`].
     pub ring_entries: u32,
-    /// Bit flags: [`AREA_FLAG_COUNTERS`]; other bits are reserved (0) and
-    /// ignored by the host.
+    /// Bit flags: [`AREA_FLAG_COUNTERS`], [`AREA_FLAG_LATENCY`]; other bits
+    /// are reserved (0) and ignored by the host.
     pub flags: u32,
     /// Guest TSC frequency in kHz, written by the host at REGISTER (0 if unknown).
     pub tsc_khz: u64,
@@ -345,6 +356,9 @@ pub struct Layout {
     /// Whether per-vCPU [`VcpuCounters`] follow the rings (minor 2,
     /// [`AREA_FLAG_COUNTERS`]).
     pub counters: bool,
+    /// Whether per-vCPU [`VcpuLatency`] blocks follow the counter blocks
+    /// (minor 4, [`AREA_FLAG_LATENCY`]; only with `counters`).
+    pub latency: bool,
 }
 
 impl Layout {
@@ -360,6 +374,7 @@ impl Layout {
             num_stages,
             ring_entries,
             counters: false,
+            latency: false,
         })
     }
 
@@ -369,6 +384,25 @@ impl Layout {
             counters: true,
             ..self
         }
+    }
+
+    /// The same layout with per-vCPU counters and, after them, per-vCPU
+    /// latency histograms (minor 4).
+    pub fn with_latency(self) -> Self {
+        Self {
+            counters: true,
+            latency: true,
+            ..self
+        }
+    }
+
+    /// Offset of vCPU `vcpu`'s [`VcpuLatency`]: right after the last
+    /// counter block (a multiple of [`LATENCY_ALIGN`], 128 bytes, as every
+    /// counter block is), blocks back to back (each 2,176 bytes). Only
+    /// meaningful when [`Self::latency`].
+    pub fn latency_offset(&self, vcpu: u32) -> u64 {
+        self.counters_offset(self.num_vcpus)
+            + u64::from(vcpu) * core::mem::size_of::<VcpuLatency>() as u64
     }
 
     /// Offset of vCPU `vcpu`'s [`VcpuCounters`]: after the last ring,
@@ -404,9 +438,12 @@ impl Layout {
     }
 
     /// Bytes the layout needs: the end of the last ring, or of the last
-    /// counter block with [`Self::counters`].
+    /// counter block with [`Self::counters`], or of the last latency block
+    /// with [`Self::latency`].
     pub fn used_bytes(&self) -> u64 {
-        if self.counters {
+        if self.latency {
+            self.latency_offset(self.num_vcpus)
+        } else if self.counters {
             self.counters_offset(self.num_vcpus)
         } else {
             self.ring_offset(self.num_vcpus)
@@ -429,7 +466,11 @@ impl Layout {
             num_vcpus: self.num_vcpus,
             num_stages: self.num_stages,
             ring_entries: self.ring_entries,
-            flags: if self.counters { AREA_FLAG_COUNTERS } else { 0 },
+            flags: match (self.counters, self.latency) {
+                (true, true) => AREA_FLAG_COUNTERS | AREA_FLAG_LATENCY,
+                (true, false) => AREA_FLAG_COUNTERS,
+                _ => 0,
+            },
             ..Default::default()
         }
     }
@@ -464,7 +505,11 @@ pub fn validate_header(h: &AreaHeader, vm_vcpus: u32) -> Result<Layout, Status> 
     let mut layout =
         Layout::new(h.num_vcpus, h.num_stages, h.ring_entries).ok_or(Status::BadLayout)?;
     if h.flags & AREA_FLAG_COUNTERS != 0 {
-        layout = layout.with_counters();
+        layout = if h.flags & AREA_FLAG_LATENCY != 0 {
+            layout.with_latency()
+        } else {
+            layout.with_counters()
+        };
     }
     if layout.used_bytes() > h.area_size {
         return Err(Status::BadLayout);
@@ -474,6 +519,8 @@ pub fn validate_header(h: &AreaHeader, vm_vcpus: u32) -> Result<Layout, Status> 
 
 mod counters;
 pub use counters::*;
+mod latency;
+pub use latency::*;
 mod visit;
 pub use visit::VisitPolicy;
 
@@ -527,6 +574,22 @@ mod tests {
         assert_eq!(validate_header(&h, 8), Err(Status::BadLayout));
         h.flags = 0;
         assert_eq!(validate_header(&h, 8), Ok(small));
+        // Minor 4: the latency blocks follow the counter blocks; the flag
+        // alone (without counters) is ignored.
+        let lat = l.with_latency();
+        assert_eq!(lat.latency_offset(0), c.used_bytes());
+        assert_eq!(lat.latency_offset(0) % LATENCY_ALIGN, 0);
+        assert_eq!(lat.used_bytes(), c.used_bytes() + 2 * 2176);
+        assert_eq!(lat.header().flags, AREA_FLAG_COUNTERS | AREA_FLAG_LATENCY);
+        assert_eq!(validate_header(&lat.header(), 2), Ok(lat));
+        let mut h = l.header();
+        h.flags = AREA_FLAG_LATENCY;
+        assert_eq!(validate_header(&h, 2), Ok(l));
+        // A latency flag in an area sized for the counters only is refused.
+        let mut h = lat.header();
+        h.area_size = c.area_size();
+        assert!(lat.used_bytes() > h.area_size);
+        assert_eq!(validate_header(&h, 2), Err(Status::BadLayout));
         // Unknown flag bits are ignored, as a v1.1 host ignored them all.
         let mut h = l.header();
         h.flags = 0x8000_0000;

@@ -7,6 +7,20 @@ use std::process::Command;
 
 use hypercall_abi::stage::*;
 
+/// The digest the probe computes with the C header's bucket function.
+fn bucket_digest() -> u64 {
+    let mut sum = 0u64;
+    for k in 0..64 {
+        let v = 1u64 << k;
+        for x in [v - 1, v, v + 1, v + v / 3] {
+            sum = sum
+                .wrapping_mul(31)
+                .wrapping_add(latency_bucket(x) as u64);
+        }
+    }
+    sum
+}
+
 #[test]
 fn c_header_matches_rust_layout() {
     let dir = std::env::temp_dir().join(format!("stagevm-abi-{}", std::process::id()));
@@ -75,6 +89,25 @@ int main(void) {
     P("counters.counts", offsetof(struct stagevm_vcpu_counters, counts));
     P("counters.migrations_in", offsetof(struct stagevm_vcpu_counters, migrations_in));
     P("counters.migrations_out", offsetof(struct stagevm_vcpu_counters, migrations_out));
+    P("flag_latency", STAGEVM_AREA_FLAG_LATENCY); P("latency_buckets", STAGEVM_LATENCY_BUCKETS);
+    P("latency_sub_bits", STAGEVM_LATENCY_SUB_BITS); P("latency_unit_shift", STAGEVM_LATENCY_UNIT_SHIFT);
+    P("latency_align", STAGEVM_LATENCY_ALIGN);
+    P("latency", sizeof(struct stagevm_vcpu_latency));
+    P("latency.sum_ns", offsetof(struct stagevm_vcpu_latency, sum_ns));
+    P("latency.countdown", offsetof(struct stagevm_vcpu_latency, countdown));
+    P("latency.buckets", offsetof(struct stagevm_vcpu_latency, buckets));
+    {
+        /* The bucket function on every power of two and its neighbours. */
+        unsigned long long sum = 0;
+        for (int k = 0; k < 64; k++) {
+            unsigned long long v = 1ull << k;
+            sum = sum * 31 + stagevm_latency_bucket(v - 1);
+            sum = sum * 31 + stagevm_latency_bucket(v);
+            sum = sum * 31 + stagevm_latency_bucket(v + 1);
+            sum = sum * 31 + stagevm_latency_bucket(v + v / 3);
+        }
+        P("latency_bucket_digest", sum);
+    }
     return 0;
 }
 "#,
@@ -198,6 +231,16 @@ int main(void) {
         ("counters.counts", COUNTERS_COUNTS_OFFSET),
         ("counters.migrations_in", COUNTERS_MIGRATIONS_IN_OFFSET),
         ("counters.migrations_out", COUNTERS_MIGRATIONS_OUT_OFFSET),
+        ("flag_latency", AREA_FLAG_LATENCY.into()),
+        ("latency_buckets", LATENCY_BUCKETS as u64),
+        ("latency_sub_bits", LATENCY_SUB_BITS.into()),
+        ("latency_unit_shift", LATENCY_UNIT_SHIFT.into()),
+        ("latency_align", LATENCY_ALIGN),
+        ("latency", size_of::<VcpuLatency>() as u64),
+        ("latency.sum_ns", LATENCY_SUM_OFFSET),
+        ("latency.countdown", LATENCY_COUNTDOWN_OFFSET),
+        ("latency.buckets", LATENCY_BUCKETS_OFFSET),
+        ("latency_bucket_digest", bucket_digest()),
     ];
     for (name, rust) in expect {
         assert_eq!(c.get(name), Some(rust), "C header vs Rust: {name}");
