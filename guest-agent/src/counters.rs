@@ -27,7 +27,7 @@ impl<P: Platform> Agent<P> {
     /// `vcpu < self.counted_vcpus`, and `offset` an 8-aligned offset inside
     /// the block.
     #[inline]
-    unsafe fn counter(&self, vcpu: u32, offset: u64) -> &'static AtomicU64 {
+    pub(crate) unsafe fn counter(&self, vcpu: u32, offset: u64) -> &'static AtomicU64 {
         const BLOCK: usize = core::mem::size_of::<VcpuCounters>();
         // SAFETY: the caller's contract puts the word inside the area.
         Self::word(unsafe {
@@ -39,7 +39,7 @@ impl<P: Platform> Agent<P> {
 
     /// Adds `by` to a counter this vCPU alone writes (no atomic RMW needed).
     #[inline]
-    fn bump(word: &AtomicU64, by: u64) -> u64 {
+    pub(crate) fn bump(word: &AtomicU64, by: u64) -> u64 {
         let n = word.load(Ordering::Relaxed).wrapping_add(by);
         word.store(n, Ordering::Relaxed);
         n

@@ -19,6 +19,12 @@
 //!   counters): every switch is an event in the vCPU's ring; a full ring is
 //!   waited for, never overwritten.
 //!
+//! Requests (ABI minor 4): a caller that keeps a [`RequestClock`] per
+//! thread and reports through [`Agent::request_begin`],
+//! [`Agent::stage_enter_request`] and [`Agent::stage_exit_request`] gets
+//! one request in N timed, its latency recorded in the histogram of the
+//! vCPU it ends on (the `latency` module).
+//!
 //! It also publishes each vCPU's scheduling state ([`VcpuState`]): run-queue
 //! depth, parked flag and fallback count. Per-stage runnable counts
 //! (`VcpuState::runnable`) are not maintained: the field stays in the ABI
@@ -52,8 +58,11 @@ use hypercall_abi::stage::{
 };
 
 mod counters;
+mod latency;
 mod ring;
 pub mod visit;
+
+pub use latency::RequestClock;
 
 /// What the agent needs from the machine it runs on.
 pub trait Platform {
@@ -137,6 +146,10 @@ pub struct AreaSpec<'a> {
     /// trace flag, refreshed at timed visits, follows the host within that
     /// many transitions.
     pub timed_every: u64,
+    /// With counters: lay out per-vCPU request-latency histograms too (ABI
+    /// minor 4), where the agent records the requests it times
+    /// ([`RequestClock`]).
+    pub latency: bool,
 }
 
 impl AreaSpec<'_> {
@@ -147,7 +160,11 @@ impl AreaSpec<'_> {
             self.stage_names.len() as u32,
             self.ring_entries,
         )?;
-        Some(if self.counters { l.with_counters() } else { l })
+        Some(match (self.counters, self.latency) {
+            (true, true) => l.with_latency(),
+            (true, false) => l.with_counters(),
+            _ => l,
+        })
     }
 }
 
@@ -202,6 +219,14 @@ pub struct Agent<P: Platform> {
     counters: *mut u8,
     /// vCPUs with a counter block (0 unless in [`Mode::Counters`]).
     counted_vcpus: u32,
+    /// vCPU 0's latency block (ABI minor 4; vCPU *v*'s is `v × 2176` bytes
+    /// further) when requests are timed; null otherwise.
+    latency: *mut u8,
+    /// vCPUs with a latency block in use (0 unless requests are timed:
+    /// counters, latency blocks, a host of minor ≥ 4, a known TSC rate).
+    latency_vcpus: u32,
+    /// ns per guest TSC tick × 2³² (0: the TSC rate is unknown).
+    ns_mult: u64,
     /// Stages of the registered area (0 when inactive).
     num_stages: u32,
     /// Fixed stride of timed visits, or 0: paced by time (`pace_ticks`).
@@ -228,6 +253,9 @@ impl<P: Platform> Agent<P> {
             mode: Mode::Rings,
             counters: ptr::null_mut(),
             counted_vcpus: 0,
+            latency: ptr::null_mut(),
+            latency_vcpus: 0,
+            ns_mult: 0,
             num_stages: 0,
             timed_every: TIMED_EVERY,
             pace_ticks: 0,
@@ -308,6 +336,9 @@ impl<P: Platform> Agent<P> {
             mode: Mode::Rings,
             counters: ptr::null_mut(),
             counted_vcpus: 0,
+            latency: ptr::null_mut(),
+            latency_vcpus: 0,
+            ns_mult: 0,
             num_stages: 0,
             timed_every: spec.timed_every.min(TIMED_STRIDE_MAX),
             pace_ticks: 0,
@@ -336,6 +367,18 @@ impl<P: Platform> Agent<P> {
             agent.pace_ticks = khz.saturating_mul(TIMED_INTERVAL_NS) / 1_000_000;
             if agent.timed_every == 0 && agent.pace_ticks == 0 {
                 agent.timed_every = TIMED_EVERY;
+            }
+            // Minor 4: requests are timed in ns, so only with the TSC rate
+            // (1 kHz at least: the multiplier stays below 2⁵²).
+            if agent.mode == Mode::Counters
+                && layout.latency
+                && khz > 0
+                && agent.map_word(MAP_MINOR) >= 4
+            {
+                agent.ns_mult = ((1_000_000u128 << 32) / u128::from(khz)) as u64;
+                // SAFETY: block 0 lies inside the layout.
+                agent.latency = unsafe { base.add(layout.latency_offset(0) as usize) };
+                agent.latency_vcpus = layout.num_vcpus;
             }
         }
         Ok(agent)
@@ -380,6 +423,8 @@ impl<P: Platform> Agent<P> {
         }
         self.counters = ptr::null_mut();
         self.counted_vcpus = 0;
+        self.latency = ptr::null_mut();
+        self.latency_vcpus = 0;
         self.num_stages = 0;
         self.send(DOORBELL_UNREGISTER, 0)
     }

@@ -97,6 +97,7 @@ fn register_minor(
         ring_entries: layout.ring_entries,
         counters: layout.counters,
         timed_every: TIMED_EVERY_IN_TESTS.with(|t| t.get()),
+        latency: layout.latency,
     };
     // SAFETY: `area` is our own page-aligned memory of `area_size` bytes;
     // every caller keeps it alive (declared before the agent) and unused
@@ -437,3 +438,5 @@ fn paced_timed_visits_follow_the_switch_rate() {
         "{timed} timed visits"
     );
 }
+
+mod latency;

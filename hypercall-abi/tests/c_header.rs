@@ -13,9 +13,7 @@ fn bucket_digest() -> u64 {
     for k in 0..64 {
         let v = 1u64 << k;
         for x in [v - 1, v, v + 1, v + v / 3] {
-            sum = sum
-                .wrapping_mul(31)
-                .wrapping_add(latency_bucket(x) as u64);
+            sum = sum.wrapping_mul(31).wrapping_add(latency_bucket(x) as u64);
         }
     }
     sum

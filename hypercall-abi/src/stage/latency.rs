@@ -119,7 +119,7 @@ pub const LATENCY_COUNTDOWN_OFFSET: u64 = core::mem::offset_of!(VcpuLatency, cou
 pub const LATENCY_BUCKETS_OFFSET: u64 = core::mem::offset_of!(VcpuLatency, buckets) as u64;
 
 const _: () = assert!(core::mem::size_of::<VcpuLatency>() == 2176);
-const _: () = assert!(core::mem::size_of::<VcpuLatency>() % LATENCY_ALIGN as usize == 0);
+const _: () = assert!(core::mem::size_of::<VcpuLatency>().is_multiple_of(LATENCY_ALIGN as usize));
 const _: () = assert!(LATENCY_SUM_OFFSET == 8);
 const _: () = assert!(LATENCY_COUNTDOWN_OFFSET == 16);
 const _: () = assert!(LATENCY_BUCKETS_OFFSET == 128);

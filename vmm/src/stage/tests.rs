@@ -70,6 +70,7 @@ fn agent_and_device_agree_under_concurrent_draining() {
                 ring_entries: 4,
                 counters: false,
                 timed_every: 0,
+                latency: false,
             },
         )
     }
