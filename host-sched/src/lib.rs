@@ -5,6 +5,8 @@
 //! * [`topology`] — allowed/online/isolated CPUs, thread affinity,
 //! * [`config`] — the TOML configuration and its resolution,
 //! * [`error`] — [`error::ConfigError`], one variant per bad key or value,
+//! * [`latency`] — request-latency histograms (ABI minor 4) and their
+//!   quantiles,
 //! * [`policy`] — `off`, `pinned`, `static`, `proportional`, `auto` as pure functions
 //!   behind the [`policy::Policy`] trait (seed 000 §4.5),
 //! * [`vm`] — the VM-level plan: stage cores for a VM's vCPU count and the
@@ -13,6 +15,7 @@
 pub mod config;
 pub mod cpuset;
 pub mod error;
+pub mod latency;
 pub mod policy;
 pub mod topology;
 pub mod vm;

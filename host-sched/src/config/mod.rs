@@ -11,6 +11,8 @@
 //! period_ms = 20         # policy period (seed 000 §4.5 "maximum assignment age")
 //! smoothing = 0.7        # EWMA weight of the newest load sample (proportional)
 //! hysteresis = 0.1       # cores a new allocation must gain (and hold for 2 periods)
+//! max_p99_increase = 0.1 # auto: most a mode may raise p99 latency over unstaged (fraction)
+//! latency_slo_us = 2000  # auto: or a p99 bound in µs (optional; 0 = none)
 //!
 //! [[stage]]
 //! name = "parse"         # matched with the names the guest registers
@@ -66,7 +68,26 @@ pub struct PolicySection {
     /// ch. 3); `auto` chooses its own.
     #[serde(default = "default_visit")]
     pub visit: String,
+    /// `auto`: the most a mode may raise the p99 request latency over the
+    /// unstaged mode's, as a fraction (0.10 = 10 %), ≥ 0.
+    #[serde(default = "default_max_p99_increase")]
+    pub max_p99_increase: f64,
+    /// `auto`: a p99 request latency the operator accepts (µs): a mode may
+    /// raise p99 up to it (or up to unstaged's, when that is higher), in
+    /// place of `max_p99_increase`; absent or 0: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_slo_us: Option<f64>,
 }
+
+fn default_max_p99_increase() -> f64 {
+    crate::policy::LatencyBound::DEFAULT_MAX_P99_INCREASE
+}
+
+/// Largest `policy.max_p99_increase` (100 × unstaged's p99: no bound in
+/// practice, and finite).
+pub const MAX_P99_INCREASE: f64 = 100.0;
+/// Largest `policy.latency_slo_us` (µs): 1,000 s.
+pub const MAX_LATENCY_SLO_US: f64 = 1e9;
 
 fn default_policy() -> String {
     "static".into()
@@ -92,6 +113,8 @@ impl Default for PolicySection {
             smoothing: default_smoothing(),
             hysteresis: default_hysteresis(),
             visit: default_visit(),
+            max_p99_increase: default_max_p99_increase(),
+            latency_slo_us: None,
         }
     }
 }
@@ -211,6 +234,8 @@ pub struct Resolved {
     pub hysteresis: f64,
     /// Stage-visit policy (temporal staging, ABI minor 3).
     pub visit: VisitPolicy,
+    /// `auto`'s bound on tail latency.
+    pub latency: crate::policy::LatencyBound,
 }
 
 fn range(key: &str, value: impl std::fmt::Display, expected: &'static str) -> ConfigError {
@@ -292,6 +317,13 @@ pub fn resolve(
         smoothing: p.smoothing,
         hysteresis: p.hysteresis,
         visit,
+        latency: crate::policy::LatencyBound {
+            max_p99_increase: p.max_p99_increase,
+            slo_ns: p
+                .latency_slo_us
+                .filter(|us| *us > 0.0)
+                .map(|us| us * 1000.0),
+        },
     })
 }
 
@@ -411,6 +443,22 @@ fn resolve_policy(config: &Config, overrides: &Overrides) -> Result<PolicyKind, 
     if !(p.hysteresis >= 0.0 && p.hysteresis.is_finite()) {
         return Err(range("policy.hysteresis", p.hysteresis, "≥ 0"));
     }
+    if !(0.0..=MAX_P99_INCREASE).contains(&p.max_p99_increase) {
+        return Err(range(
+            "policy.max_p99_increase",
+            p.max_p99_increase,
+            "a fraction in 0..=100 (0.1 = 10 %)",
+        ));
+    }
+    if let Some(us) = p.latency_slo_us {
+        if !(0.0..=MAX_LATENCY_SLO_US).contains(&us) {
+            return Err(range(
+                "policy.latency_slo_us",
+                us,
+                "µs in 0..=1000000000 (0: none)",
+            ));
+        }
+    }
     Ok(policy)
 }
 
@@ -483,6 +531,7 @@ impl Resolved {
             smoothing: self.smoothing,
             hysteresis: self.hysteresis,
             visit: self.visit,
+            latency: self.latency,
         }
     }
 

@@ -52,6 +52,18 @@ fn errors_name_key_and_value() {
         ),
         ("[policy]\nperiod_ms = 0", "policy.period_ms = 0"),
         (
+            "[policy]\nmax_p99_increase = -0.1",
+            "policy.max_p99_increase = -0.1: must be a fraction in 0..=100",
+        ),
+        (
+            "[policy]\nmax_p99_increase = nan",
+            "policy.max_p99_increase = NaN",
+        ),
+        (
+            "[policy]\nlatency_slo_us = 1e12",
+            "policy.latency_slo_us = 1000000000000: must be µs in 0..=1000000000",
+        ),
+        (
             "[[stage]]\nname = \"a\"\nmin_cores = 3\nmax_cores = 1",
             "min_cores = 3 > max_cores = 1",
         ),
@@ -209,6 +221,29 @@ fn api_changes_are_validated_like_the_file() {
         (0.5, Duration::from_millis(20))
     );
     assert_eq!(update.describe(), "policy proportional, smoothing 0.5");
+    // The latency bound, live: a fraction, an SLO, and 0 removing the SLO.
+    let update: PolicyUpdate =
+        serde_json::from_str(r#"{"name":"auto","max_p99_increase":0.25,"latency_slo_us":1500}"#)
+            .unwrap();
+    let with = base.clone().with_policy(&update);
+    let vm = replan(&with).unwrap();
+    assert_eq!(vm.resolved.latency.max_p99_increase, 0.25);
+    assert_eq!(vm.resolved.latency.slo_ns, Some(1_500_000.0));
+    assert_eq!(
+        update.describe(),
+        "policy auto, max_p99_increase 0.25, latency_slo_us 1500"
+    );
+    let clear: PolicyUpdate =
+        serde_json::from_str(r#"{"name":"auto","latency_slo_us":0}"#).unwrap();
+    let vm = replan(&with.clone().with_policy(&clear)).unwrap();
+    assert_eq!(vm.resolved.latency.slo_ns, None);
+    assert_eq!(vm.resolved.latency.max_p99_increase, 0.25);
+    let bad: PolicyUpdate =
+        serde_json::from_str(r#"{"name":"auto","max_p99_increase":-1}"#).unwrap();
+    let e = replan(&base.clone().with_policy(&bad))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("policy.max_p99_increase = -1"), "{e}");
     // Budgets replace [host] and every [[stage]], with the file's messages.
     let cases = [
         (

@@ -29,6 +29,14 @@ pub struct PolicyUpdate {
     /// `fifo`, `cohort`, `srpt`, `dbr`, `mg1`, `color`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub visit: Option<String>,
+    /// `auto`: the most a mode may raise p99 latency over unstaged's, a
+    /// fraction ≥ 0 (`policy.max_p99_increase`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_p99_increase: Option<f64>,
+    /// `auto`: a p99 latency the operator accepts (µs; 0 removes it;
+    /// `policy.latency_slo_us`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_slo_us: Option<f64>,
 }
 
 /// `PUT /api/v1/stages.budgets`: replaces the `[host]` table (stage and
@@ -63,6 +71,12 @@ impl PolicyUpdate {
         }
         if let Some(v) = &self.visit {
             s += &format!(", visit {v}");
+        }
+        if let Some(v) = self.max_p99_increase {
+            s += &format!(", max_p99_increase {v}");
+        }
+        if let Some(v) = self.latency_slo_us {
+            s += &format!(", latency_slo_us {v}");
         }
         s
     }
@@ -127,6 +141,12 @@ impl Config {
         }
         if let Some(v) = &update.visit {
             self.policy.visit = v.clone();
+        }
+        if let Some(v) = update.max_p99_increase {
+            self.policy.max_p99_increase = v;
+        }
+        if let Some(v) = update.latency_slo_us {
+            self.policy.latency_slo_us = Some(v);
         }
         self
     }

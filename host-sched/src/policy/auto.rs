@@ -24,15 +24,26 @@
 //!
 //! The policy runs short, interleaved **trial epochs** of the modes
 //! (unstaged first, then temporal, spatial, both, round after round),
-//! measures the guest's completed-request rate in each (the VMM counts
-//! `stage_exit` events per policy period), and keeps the fastest mode, but
-//! a mode other than unstaged only when it beats unstaged by a margin, so
-//! noise never flips it towards a mode that can lose (do no harm). A mode
-//! clearly behind another is dropped from the rest of a trial, and a clear
-//! winner ends it early (see the `trial` submodule). It trials again after
-//! a hold time and when the stage mix (each stage's share of the load)
-//! moves; while a mode other than unstaged is held, its rate falling below
-//! the unstaged rate of its trial ends the hold unstaged.
+//! measures in each what the VMM observes per policy period
+//! ([`Observation`]: the completed-request rate, the CPU the vCPU threads
+//! spent on work, their utilisation and the sampled request latencies),
+//! and keeps the best mode by the trial's **objective** (the `measure`
+//! submodule): the rate when the unstaged epochs ran the vCPUs saturated
+//! (utilisation ≥ [`AutoParams::saturation`], as in every closed loop), the
+//! CPU per request below that, where an open-loop server completes its
+//! requests at their arrival rate under every mode and only their cost
+//! differs. A mode other than unstaged is kept only when it beats unstaged
+//! by a margin, so noise never flips it towards a mode that can lose (do
+//! no harm), and never when its p99 request latency is beyond the
+//! operator's bound ([`LatencyBound`], `[policy] max_p99_increase` or
+//! `latency_slo_us`), nor, below saturation, when it did not keep up with
+//! the arrivals. A mode clearly behind another is dropped from the rest of
+//! a trial, and a clear winner ends it early (the `trial` submodule). The
+//! decision is held (the `hold` submodule): a new trial starts after a
+//! hold time, when the stage mix (each stage's share of the load) moves,
+//! and when the load crosses saturation; while a mode other than unstaged
+//! is held, its figure falling behind unstaged's of its trial, or its p99
+//! passing the bound, ends the hold unstaged.
 //!
 //! Ties (equal mean rates) go to the simpler mode, in the order unstaged <
 //! temporal < spatial < both ([`Mode::ALL`]): temporal changes only the
@@ -50,15 +61,21 @@
 //! Why trials and not a model: on these machines the cost of a migration
 //! (exits, idle, hand-off) and the gain in i-cache misses both depend on the
 //! workload and the host, and neither can be read from counters here (no
-//! cache counters); measuring the request rate under each mode is the one
-//! signal that decides what the user wants. The seeds' result that staging
+//! cache counters); measuring what a request costs and how long it takes
+//! under each mode is what decides what the user wants. The seeds' result that staging
 //! wins only when code overflows the caches (seed 000 §5, seed 004) is why
 //! the unstaged plan is the default whenever the difference is in the noise.
 
+mod hold;
+mod measure;
+#[cfg(test)]
+mod tests;
 mod trial;
 
-use super::{build, Context, Plan, Policy, PolicyKind, VisitPolicy};
-use trial::Trial;
+use super::{build, Context, Observation, Plan, Policy, PolicyKind, VisitPolicy};
+use hold::{Guard, Hold, Step};
+pub use measure::{LatencyBound, ModeSummary, Objective, TrialSummary};
+use trial::{Trial, Verdict};
 
 /// The temporal policy of the `temporal` and `both` modes when the operator
 /// named none (`[policy] visit` is FIFO): SRPT (the pipeline's last stage
@@ -113,6 +130,27 @@ pub struct AutoParams {
     pub fall_back_smoothing: f64,
     /// The modes trialled against unstaged (unstaged always is).
     pub candidates: Modes,
+    /// Utilisation of the unstaged epochs (work CPU ÷ the VM's CPU
+    /// capacity) at or above which the guest counts as saturated: the
+    /// trial then compares rates, below it CPU per request. 0.95: a closed
+    /// loop measures 0.97–1.00 here (its threads always have work; what is
+    /// left is idle between a request's stages), while at 90 % of the
+    /// unstaged capacity an open loop measures ~0.9: below, the rate is
+    /// the arrival rate under every mode that keeps up (docs/design.md,
+    /// "The objective").
+    pub saturation: f64,
+    /// The band around `saturation` a held mode's utilisation must leave
+    /// (below it by the band, or above it by a third of it) for
+    /// `mix_persist` periods to start a new trial: the load crossed
+    /// saturation.
+    pub saturation_band: f64,
+    /// Requests timed in each of two modes before their p99 latencies are
+    /// compared (fewer: the latency bound does not judge). 200: the p99 is
+    /// then the mean of the two slowest.
+    pub min_latency_samples: u64,
+    /// Periods of a hold whose timed requests form one block, whose p99 is
+    /// checked against the trial's latency bound.
+    pub latency_block: u32,
 }
 
 impl Default for AutoParams {
@@ -130,6 +168,10 @@ impl Default for AutoParams {
             first_trial_after: 10,
             fall_back_smoothing: 0.25,
             candidates: Modes::ALL,
+            saturation: 0.95,
+            saturation_band: 0.1,
+            min_latency_samples: 200,
+            latency_block: 25,
         }
     }
 }
@@ -202,29 +244,18 @@ impl Modes {
 pub struct AutoDecision {
     /// The mode it runs next.
     pub mode: Mode,
-    /// One line: a trial step or the decision with every mode's rate
-    /// (requests/s).
+    /// One line: a trial step, or the decision with every mode's figures.
     pub what: String,
+    /// A trial's end: what it measured and why it kept its mode.
+    pub summary: Option<TrialSummary>,
 }
 
 #[derive(Debug)]
 enum State {
-    /// Measuring the modes.
-    Trial(Trial),
-    /// Running `mode` for `left` more periods; `average` is the average of
-    /// the stage-load shares (the plain mean over the hold's first
-    /// periods, which becomes `reference`, then a moving average).
-    Hold {
-        mode: Mode,
-        left: u32,
-        average: Vec<f64>,
-        reference: Option<Vec<f64>>,
-        /// Holds of a mode other than unstaged: the unstaged rate the trial
-        /// measured and the moving average of the rate since (requests/s).
-        guard: Option<(f64, Option<f64>)>,
-        /// Consecutive periods the shares have been away from `reference`.
-        away: u32,
-    },
+    /// Measuring the modes (boxed: four modes' histograms).
+    Trial(Box<Trial>),
+    /// Running a mode (see the `hold` submodule).
+    Hold(Hold),
 }
 
 /// What `auto` has spent on trials so far (policy periods), for the report:
@@ -253,13 +284,17 @@ pub struct Auto {
     /// The visit policy of the temporal modes.
     temporal: VisitPolicy,
     params: AutoParams,
+    /// The operator's bound on tail latency.
+    bound: LatencyBound,
     state: State,
-    /// Requests/s of the period that just ended (set by `observe_rate`).
-    rate: Option<f64>,
+    /// What the period that just ended measured (set by `observe`).
+    observed: Option<Observation>,
     decision: Option<AutoDecision>,
     stats: AutoStats,
     /// The mode of the last hold (`None` before the first decision).
     last_hold: Option<Mode>,
+    /// The last finished trial's summary.
+    last_trial: Option<TrialSummary>,
 }
 
 fn shares(load: &[f64]) -> Vec<f64> {
@@ -277,7 +312,8 @@ fn shares(load: &[f64]) -> Vec<f64> {
 
 impl Auto {
     /// `auto` over `ctx` with `params`; the temporal modes use `ctx.visit`
-    /// when it is temporal, else [`DEFAULT_TEMPORAL`].
+    /// when it is temporal, else [`DEFAULT_TEMPORAL`]; the latency bound is
+    /// `ctx.latency`.
     pub fn new(ctx: Context, params: AutoParams) -> Self {
         let temporal = if ctx.visit.is_temporal() {
             ctx.visit
@@ -285,28 +321,28 @@ impl Auto {
             DEFAULT_TEMPORAL
         };
         Self {
+            bound: ctx.latency,
             spatial: build(PolicyKind::Static, ctx.clone()),
             unstaged: build(PolicyKind::Pinned, ctx),
             temporal,
             params,
-            state: State::Hold {
-                mode: Mode::Unstaged,
-                left: params.first_trial_after,
-                average: Vec::new(),
-                reference: None,
-                guard: None,
-                away: 0,
-            },
-            rate: None,
+            state: State::Hold(Hold::first(&params)),
+            observed: None,
             decision: None,
             stats: AutoStats::default(),
             last_hold: None,
+            last_trial: None,
         }
     }
 
     /// What trials have cost so far.
     pub fn stats(&self) -> AutoStats {
         self.stats
+    }
+
+    /// The last finished trial's summary.
+    pub fn last_trial(&self) -> Option<&TrialSummary> {
+        self.last_trial.as_ref()
     }
 
     /// The visit policy of the temporal modes.
@@ -316,21 +352,20 @@ impl Auto {
 
     fn start_trial(&mut self) -> Mode {
         self.stats.trials += 1;
-        self.state = State::Trial(Trial::new(self.params.candidates));
+        self.state = State::Trial(Box::new(Trial::new(self.params.candidates)));
         Mode::Unstaged
     }
 
     /// Ends the trial, if one runs, and holds `mode` (see
-    /// [`AutoParams::hold_periods`]); `unstaged_rate` is the unstaged rate
-    /// the trial measured (a hold of another mode falls back when its rate
-    /// drops below it).
+    /// [`AutoParams::hold_periods`]), watched by `guard` when it is not
+    /// unstaged.
     fn hold(
         &mut self,
         mode: Mode,
-        what: String,
         load: &[f64],
-        unstaged_rate: f64,
-    ) -> (Mode, String) {
+        guard: Option<Guard>,
+        objective: Objective,
+    ) -> Mode {
         if let State::Trial(trial) = &self.state {
             self.stats.losing_periods += trial.losing_periods(mode);
         }
@@ -338,31 +373,46 @@ impl Auto {
             self.stats.mode_switches += 1;
         }
         self.last_hold = Some(mode);
-        self.state = State::Hold {
-            mode,
-            left: self.params.hold_periods,
-            average: shares(load),
-            reference: None,
-            guard: (mode != Mode::Unstaged).then_some((unstaged_rate, None)),
-            away: 0,
-        };
-        (mode, what)
+        let guard = guard.filter(|_| mode != Mode::Unstaged);
+        self.state = State::Hold(Hold::new(mode, &self.params, load, guard, objective));
+        mode
     }
 
     /// Advances the trial by the period that just ended; returns the next
-    /// mode and what happened.
-    fn step_trial(&mut self, load: &[f64], rate: Option<f64>) -> (Mode, String) {
+    /// mode, what happened and, at its end, the trial's summary.
+    fn step_trial(
+        &mut self,
+        load: &[f64],
+        o: &Observation,
+    ) -> (Mode, String, Option<TrialSummary>) {
         let p = self.params;
         let State::Trial(trial) = &mut self.state else {
             unreachable!("step_trial runs in a trial");
         };
         self.stats.trial_periods += 1;
-        trial.record(rate);
+        trial.record(o);
         let dropped = trial.cut(&p);
         let over = trial.epoch_over(&p);
-        if let Some((mode, what)) = trial.verdict(&p, over) {
-            let u = trial.unstaged_rate();
-            return self.hold(mode, what, load, u);
+        if let Some(v) = trial.verdict(&p, over, &self.bound) {
+            let Verdict {
+                kept,
+                what,
+                summary,
+                objective,
+            } = v;
+            let u = trial.unstaged();
+            let unstaged = match objective {
+                Objective::Rate => u.rate(),
+                Objective::CpuPerRequest => u.cpu_per_request_ns(),
+            };
+            let guard = unstaged.map(|unstaged| Guard {
+                objective,
+                unstaged,
+                limit_ns: summary.p99_limit_ns,
+            });
+            self.last_trial = Some(summary.clone());
+            let mode = self.hold(kept, load, guard, objective);
+            return (mode, what, Some(summary));
         }
         if over {
             trial.advance();
@@ -378,75 +428,28 @@ impl Auto {
         } else {
             format!("{dropped}; {what}")
         };
-        (trial.mode, what)
+        (trial.mode, what, None)
     }
 
-    fn step(&mut self, load: &[f64]) -> (Mode, String) {
+    fn step(&mut self, load: &[f64]) -> (Mode, String, Option<TrialSummary>) {
         let p = self.params;
-        let rate = self.rate.take();
+        let o = self.observed.take().unwrap_or_default();
         self.stats.periods += 1;
-        let State::Hold {
-            mode,
-            left,
-            average,
-            reference,
-            guard,
-            away,
-        } = &mut self.state
-        else {
-            return self.step_trial(load, rate);
+        let State::Hold(hold) = &mut self.state else {
+            return self.step_trial(load, &o);
         };
-        let settled = p.hold_periods.saturating_sub(*left) >= p.mix_settle;
-        if let (Some((unstaged, avg)), Some(r)) =
-            (guard.as_mut(), rate.filter(|r| r.is_finite() && *r > 0.0))
-        {
-            let a = avg.map_or(r, |a| a + p.fall_back_smoothing * (r - a));
-            *avg = Some(a);
-            if settled && a < *unstaged * (1.0 - p.margin) {
-                let what = format!(
-                    "keep unstaged: {} fell to {a:.0} requests/s in its hold, below the {:.0} unstaged ran at in the trial",
-                    mode.name(),
-                    *unstaged
-                );
-                return self.hold(Mode::Unstaged, what, load, 0.0);
+        let (mode, objective) = (hold.mode, hold.objective);
+        match hold.step(&p, load, &o) {
+            Step::Stay => (mode, String::new(), None),
+            Step::FallBack(why) => {
+                let mode = self.hold(Mode::Unstaged, load, None, objective);
+                (mode, why, None)
+            }
+            Step::Trial(why) => {
+                let mode = self.start_trial();
+                (mode, format!("{why}: trial {}", mode.name()), None)
             }
         }
-        if load.iter().any(|l| *l > 0.0) {
-            // Until the hold settles, the plain mean of its periods (with
-            // the trial's last one): the reference must not be one noisy
-            // period, and under a temporal visit policy a period's shares
-            // swing by ±0.2 (a vCPU serves one stage for milliseconds).
-            // After that, the moving average.
-            let weight = if reference.is_none() {
-                1.0 / f64::from(p.hold_periods.saturating_sub(*left) + 2)
-            } else {
-                p.mix_smoothing
-            };
-            for (a, s) in average.iter_mut().zip(shares(load)) {
-                *a += weight * (s - *a);
-            }
-        }
-        if reference.is_none() && settled {
-            *reference = Some(average.clone());
-        }
-        let moved: f64 = reference.as_ref().map_or(0.0, |r| {
-            r.iter()
-                .zip(average.iter())
-                .map(|(a, b)| (a - b).abs())
-                .sum()
-        });
-        *away = if moved > p.mix_change { *away + 1 } else { 0 };
-        if *left == 0 || *away >= p.mix_persist.max(1) {
-            let why = if *left == 0 {
-                "hold over"
-            } else {
-                "stage mix changed"
-            };
-            let mode = self.start_trial();
-            return (mode, format!("{why}: trial {}", mode.name()));
-        }
-        *left -= 1;
-        (*mode, String::new())
     }
 }
 
@@ -461,8 +464,12 @@ impl Policy for Auto {
         // Both plans follow the load, so either is ready when chosen.
         let spatial = self.spatial.plan(load);
         let unstaged = self.unstaged.plan(load);
-        let (mode, what) = self.step(load);
-        self.decision = (!what.is_empty()).then_some(AutoDecision { mode, what });
+        let (mode, what, summary) = self.step(load);
+        self.decision = (!what.is_empty()).then_some(AutoDecision {
+            mode,
+            what,
+            summary,
+        });
         let mut plan = if mode.is_spatial() { spatial } else { unstaged };
         plan.visit = if mode.is_temporal() {
             self.temporal
@@ -472,8 +479,8 @@ impl Policy for Auto {
         plan
     }
 
-    fn observe_rate(&mut self, requests_per_s: f64) {
-        self.rate = Some(requests_per_s);
+    fn observe(&mut self, observation: &Observation) {
+        self.observed = Some(observation.clone());
     }
 
     fn decision(&self) -> Option<AutoDecision> {

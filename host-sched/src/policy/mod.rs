@@ -12,6 +12,8 @@ pub mod auto;
 
 use crate::config::Budget;
 use crate::cpuset::CpuSet;
+use crate::latency::Histogram;
+pub use auto::LatencyBound;
 pub use hypercall_abi::stage::VisitPolicy;
 
 /// Which policy.
@@ -119,6 +121,47 @@ pub struct Context {
     /// The operator's stage-visit policy (`[policy] visit`, default fifo),
     /// put into every plan (`auto` chooses its own, see [`auto`]).
     pub visit: VisitPolicy,
+    /// The operator's bound on tail latency (`[policy] max_p99_increase`,
+    /// `latency_slo_us`): `auto` keeps no mode beyond it.
+    pub latency: LatencyBound,
+}
+
+/// What the VMM measured over the policy period that just ended, given to
+/// the policy before [`Policy::plan`] (only `auto` uses it).
+#[derive(Clone, Debug, Default)]
+pub struct Observation {
+    /// Requests completed per second (requests/s; the VMM estimates them
+    /// from the period's stage entries, which arrive evenly).
+    pub requests_per_s: f64,
+    /// Requests completed in the period (the same estimate).
+    pub requests: f64,
+    /// CPU the vCPU threads spent on the guest's work in the period (ns):
+    /// their CPU time minus the guest's idle spinning (docs/design.md,
+    /// "CPU per request"); `None` when it could not be measured.
+    pub cpu_ns: Option<f64>,
+    /// Share of the VM's vCPU capacity that work used in the period
+    /// (0..=1: work CPU ÷ (period × the cores its vCPUs may use)).
+    pub utilisation: Option<f64>,
+    /// The period's sampled request latencies (ABI minor 4; `None` from an
+    /// older guest).
+    pub latency: Option<Histogram>,
+}
+
+impl Observation {
+    /// An observation of the rate alone (requests/s over one period).
+    pub fn rate(requests_per_s: f64) -> Self {
+        Self {
+            requests_per_s,
+            ..Default::default()
+        }
+    }
+
+    /// CPU per completed request (ns); `None` without CPU figures or
+    /// requests.
+    pub fn cpu_per_request_ns(&self) -> Option<f64> {
+        let cpu = self.cpu_ns?;
+        (self.requests > 0.0 && cpu.is_finite() && cpu >= 0.0).then(|| cpu / self.requests)
+    }
 }
 
 /// Consecutive policy periods a new allocation must be computed before the
@@ -138,9 +181,9 @@ pub trait Policy: Send {
     /// the VMM passes the vCPUs' worth of time each stage used in the
     /// period). Pure apart from the policy's own smoothing state.
     fn plan(&mut self, load: &[f64]) -> Plan;
-    /// The guest's completed requests per second over the period that just
-    /// ended, given before [`Policy::plan`] (only `auto` uses it).
-    fn observe_rate(&mut self, _requests_per_s: f64) {}
+    /// What the VMM measured over the period that just ended, given before
+    /// [`Policy::plan`] (only `auto` uses it).
+    fn observe(&mut self, _observation: &Observation) {}
     /// What the policy decided in its last `plan` call, for the timeline
     /// (only `auto` decides anything beyond the plan).
     fn decision(&self) -> Option<auto::AutoDecision> {

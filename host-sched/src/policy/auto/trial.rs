@@ -1,18 +1,28 @@
-//! One trial of `auto`: the modes' interleaved epochs, the rates measured in
-//! them, the early cut and the verdict.
+//! One trial of `auto`: the modes' interleaved epochs, what was measured in
+//! them ([`Measured`]), the early cut and the verdict.
 //!
-//! Gaps between two modes are fractions of the unstaged rate the trial
-//! measured (the reference every mode is judged against, as the margin is).
-//! A pair of modes is *decided* when one leads the other by
-//! [`AutoParams::decisive`] with a full epoch measured in each, or by twice
-//! that with one measured period in each. A mode other than unstaged that a
-//! decided pair puts behind any other mode is dropped from the rest of the
-//! trial (its epochs are skipped, its running epoch ends at once). The trial
-//! ends early when no mode is left besides unstaged, or only one that
-//! unstaged is decided behind; otherwise when every mode left has
+//! Every mode is scored by the trial's [`Objective`] (the rate, or minus
+//! the CPU per request), and gaps between two modes are fractions of the
+//! unstaged mode's score (the reference every mode is judged against, as
+//! the margin is). A pair of modes is *decided* when one leads the other
+//! by [`AutoParams::decisive`] with a full epoch measured in each, or by
+//! twice that with one measured period in each. A mode other than unstaged
+//! that a decided pair puts behind any other mode is dropped from the rest
+//! of the trial (its epochs are skipped, its running epoch ends at once).
+//! The trial ends early when no mode is left besides unstaged, or only one
+//! that unstaged is decided behind (and whose latency is known, when the
+//! guest times requests); otherwise when every mode left has
 //! [`AutoParams::rounds`] full epochs measured.
+//!
+//! The verdict keeps the best mode by the objective that beats unstaged by
+//! the margin, among those the latency bound allows (p99 within
+//! [`LatencyBound::limit_ns`] of unstaged's) and, under the CPU objective,
+//! that kept up with the arrivals (a rate within the margin of
+//! unstaged's); else unstaged.
 
+use super::measure::{LatencyBound, Measured, ModeSummary, Objective, TrialSummary};
 use super::{AutoParams, Mode, Modes};
+use crate::policy::Observation;
 
 /// A running trial.
 #[derive(Debug)]
@@ -21,17 +31,22 @@ pub(super) struct Trial {
     pub mode: Mode,
     /// The period within the epoch (0: the threads move, not measured).
     pub period: u32,
-    /// Per mode ([`Mode::index`]), the rates of its measured periods
-    /// (requests/s).
-    rates: [Vec<f64>; 4],
+    /// Per mode ([`Mode::index`]), its measured periods.
+    measured: [Measured; 4],
     /// Per mode, still in the trial (unstaged always is).
     live: [bool; 4],
     /// Per mode, the periods it ran in this trial (measured or not).
     ran: [u64; 4],
 }
 
-fn mean(v: &[f64]) -> Option<f64> {
-    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+/// The verdict of a trial: the mode to keep, the timeline's line and the
+/// summary.
+pub(super) struct Verdict {
+    pub kept: Mode,
+    pub what: String,
+    pub summary: TrialSummary,
+    /// The objective that decided it.
+    pub objective: Objective,
 }
 
 impl Trial {
@@ -41,19 +56,19 @@ impl Trial {
         Self {
             mode: Mode::Unstaged,
             period: 0,
-            rates: Default::default(),
+            measured: Default::default(),
             live: Mode::ALL.map(|m| m == Mode::Unstaged || candidates.contains(m)),
             ran: [0; 4],
         }
     }
 
-    fn mean(&self, m: Mode) -> Option<f64> {
-        mean(&self.rates[m.index()])
+    fn of(&self, m: Mode) -> &Measured {
+        &self.measured[m.index()]
     }
 
-    /// The unstaged rate measured so far (requests/s; 0 before any).
-    pub fn unstaged_rate(&self) -> f64 {
-        self.mean(Mode::Unstaged).unwrap_or(0.0)
+    /// The unstaged mode's measurements so far.
+    pub fn unstaged(&self) -> &Measured {
+        self.of(Mode::Unstaged)
     }
 
     /// Periods the trial ran in modes other than `kept`.
@@ -65,20 +80,31 @@ impl Trial {
             .sum()
     }
 
-    /// Records the period that just ended (it ran [`Trial::mode`]) and its
-    /// rate, if any; returns the period within the epoch that follows.
-    pub fn record(&mut self, rate: Option<f64>) -> u32 {
+    /// Records the period that just ended (it ran [`Trial::mode`]) and
+    /// what was measured in it; returns the period within the epoch that
+    /// follows.
+    pub fn record(&mut self, o: &Observation) -> u32 {
         let i = self.mode.index();
         self.ran[i] += 1;
         // The first period of an epoch is the move to the new plan; a period
         // without a completed request says nothing about any mode.
-        if self.period > 0 {
-            if let Some(r) = rate.filter(|r| r.is_finite() && *r > 0.0) {
-                self.rates[i].push(r);
-            }
+        let r = o.requests_per_s;
+        if self.period > 0 && r.is_finite() && r > 0.0 {
+            self.measured[i].record(o);
         }
         self.period += 1;
         self.period
+    }
+
+    /// The objective: the rate when the unstaged epochs were saturated
+    /// (utilisation ≥ [`AutoParams::saturation`]) or either figure is
+    /// missing (an older guest, no CPU figures), else CPU per request.
+    pub fn objective(&self, p: &AutoParams) -> Objective {
+        let u = self.unstaged();
+        match (u.utilisation(), u.cpu_per_request_ns()) {
+            (Some(util), Some(_)) if util < p.saturation => Objective::CpuPerRequest,
+            _ => Objective::Rate,
+        }
     }
 
     /// Measured periods of a full epoch.
@@ -86,14 +112,14 @@ impl Trial {
         (p.epoch_periods - 1).max(1) as usize
     }
 
-    /// By how much (a fraction of the unstaged rate) `a` leads `b`, when
-    /// the pair is decided.
-    fn lead(&self, p: &AutoParams, a: Mode, b: Mode) -> Option<f64> {
-        let u = self.mean(Mode::Unstaged)?;
-        let (ra, rb) = (&self.rates[a.index()], &self.rates[b.index()]);
-        let gap = (mean(ra)? - mean(rb)?) / u;
+    /// By how much (a fraction of the unstaged mode's score) `a` leads
+    /// `b` under `objective`, when the pair is decided.
+    fn lead(&self, p: &AutoParams, objective: Objective, a: Mode, b: Mode) -> Option<f64> {
+        let u = self.unstaged().score(objective)?.abs();
+        let (ma, mb) = (self.of(a), self.of(b));
+        let gap = (ma.score(objective)? - mb.score(objective)?) / u.max(f64::MIN_POSITIVE);
         let full = Self::full(p);
-        let enough = ra.len() >= full && rb.len() >= full;
+        let enough = ma.periods() >= full && mb.periods() >= full;
         (gap >= 2.0 * p.decisive || (enough && gap >= p.decisive)).then_some(gap)
     }
 
@@ -107,13 +133,14 @@ impl Trial {
     /// Drops the modes decidedly behind another; returns what it dropped,
     /// for the timeline (empty when nothing).
     pub fn cut(&mut self, p: &AutoParams) -> String {
+        let objective = self.objective(p);
         let dropped: Vec<(Mode, Mode, f64)> = self
             .candidates()
             .filter_map(|c| {
                 Mode::ALL
                     .iter()
                     .filter(|m| self.live[m.index()] && **m != c)
-                    .find_map(|m| self.lead(p, *m, c).map(|gap| (c, *m, gap)))
+                    .find_map(|m| self.lead(p, objective, *m, c).map(|gap| (c, *m, gap)))
             })
             .collect();
         let mut what = Vec::new();
@@ -121,11 +148,16 @@ impl Trial {
             self.live[c.index()] = false;
             let gap = gap * 100.0;
             what.push(match by {
-                Mode::Unstaged => format!("drop {} ({gap:.1} % behind unstaged)", c.name()),
-                _ => format!(
-                    "drop {} (behind {} by {gap:.1} % of unstaged)",
+                Mode::Unstaged => format!(
+                    "drop {} ({gap:.1} % behind unstaged by {})",
                     c.name(),
-                    by.name()
+                    objective.name()
+                ),
+                _ => format!(
+                    "drop {} (behind {} by {gap:.1} % of unstaged's {})",
+                    c.name(),
+                    by.name(),
+                    objective.name()
                 ),
             });
         }
@@ -150,17 +182,28 @@ impl Trial {
         self.mode
     }
 
-    /// The decision of the trial, if it has one: at the end of an epoch
+    /// Whether `m`'s p99 can be judged: the guest times no request at all
+    /// (nothing to judge), or `m` has enough of them.
+    fn latency_known(&self, p: &AutoParams, m: Mode) -> bool {
+        self.unstaged().latency_samples() == 0 || self.of(m).p99_ns(p.min_latency_samples).is_some()
+    }
+
+    /// The verdict of the trial, if it has one: at the end of an epoch
     /// (`epoch_over`) when every mode left has its rounds measured, or at
     /// once when the cut left no mode besides unstaged, or only one that
-    /// leads unstaged decidedly. Returns the mode to keep and the line for
-    /// the timeline.
-    pub fn verdict(&self, p: &AutoParams, epoch_over: bool) -> Option<(Mode, String)> {
-        let u = self.mean(Mode::Unstaged)?;
+    /// leads unstaged decidedly (with its latency known).
+    pub fn verdict(
+        &self,
+        p: &AutoParams,
+        epoch_over: bool,
+        bound: &LatencyBound,
+    ) -> Option<Verdict> {
+        let objective = self.objective(p);
+        let u = self.unstaged().score(objective)?;
         let left: Vec<Mode> = self.candidates().collect();
         let decided = match left[..] {
             [] => true,
-            [c] => self.lead(p, c, Mode::Unstaged).is_some(),
+            [c] => self.lead(p, objective, c, Mode::Unstaged).is_some() && self.latency_known(p, c),
             _ => false,
         };
         let rounds = Self::full(p) * p.rounds.max(1) as usize;
@@ -168,54 +211,160 @@ impl Trial {
             && Mode::ALL
                 .iter()
                 .filter(|m| self.live[m.index()])
-                .all(|m| self.rates[m.index()].len() >= rounds);
+                .all(|m| self.of(*m).periods() >= rounds);
         if !decided && !done {
             return None;
         }
-        // The fastest mode left; on a tie the simpler (earlier in ALL).
-        let mut best = (Mode::Unstaged, u);
-        for c in left {
-            if let Some(r) = self.mean(c).filter(|r| *r > best.1) {
-                best = (c, r);
-            }
-        }
-        let kept = if best.1 > u * (1.0 + p.margin) {
-            best.0
-        } else {
-            Mode::Unstaged
+        let limit = self
+            .unstaged()
+            .p99_ns(p.min_latency_samples)
+            .map(|pu| bound.limit_ns(pu));
+        let over = |m: Mode| {
+            limit
+                .zip(self.of(m).p99_ns(p.min_latency_samples))
+                .is_some_and(|(l, pm)| pm > l)
         };
-        Some((kept, self.describe(p, kept, best.0)))
+        let unstaged_rate = self.unstaged().rate().unwrap_or(0.0);
+        let behind = |m: Mode| {
+            objective == Objective::CpuPerRequest
+                && self
+                    .of(m)
+                    .rate()
+                    .is_some_and(|r| r < unstaged_rate * (1.0 - p.margin))
+        };
+        // The best mode left by the objective, with and without the
+        // latency bound; on a tie the simpler (earlier in ALL).
+        let best = |allowed: &dyn Fn(Mode) -> bool| {
+            let mut best = (Mode::Unstaged, u);
+            for c in left.iter().copied().filter(|c| allowed(*c)) {
+                if let Some(s) = self.of(c).score(objective).filter(|s| *s > best.1) {
+                    best = (c, s);
+                }
+            }
+            best
+        };
+        let keep = |(m, s): (Mode, f64)| {
+            if s > u + p.margin * u.abs() {
+                m
+            } else {
+                Mode::Unstaged
+            }
+        };
+        let kept = keep(best(&|c| !over(c) && !behind(c)));
+        let by_objective = keep(best(&|c| !behind(c)));
+        let decided_by = if kept != by_objective && over(by_objective) {
+            "latency bound"
+        } else {
+            objective.name()
+        };
+        let summary = TrialSummary {
+            kept: kept.name(),
+            objective: objective.name(),
+            decided_by,
+            unstaged_utilisation: self.unstaged().utilisation(),
+            p99_limit_ns: limit,
+            modes: Mode::ALL
+                .iter()
+                .map(|m| {
+                    let x = self.of(*m);
+                    ModeSummary {
+                        mode: m.name(),
+                        periods: x.periods(),
+                        rate: x.rate(),
+                        cpu_per_request_ns: x.cpu_per_request_ns(),
+                        p99_ns: x.p99_ns(p.min_latency_samples),
+                        utilisation: x.utilisation(),
+                        dropped: !self.live[m.index()],
+                        over_latency_bound: over(*m),
+                    }
+                })
+                .collect(),
+        };
+        let what = describe(p, &summary, objective, behind);
+        Some(Verdict {
+            kept,
+            what,
+            summary,
+            objective,
+        })
     }
+}
 
-    /// "keep temporal: unstaged 1000, temporal 1100 (+10.0 %), spatial 950,
-    /// both 1050 requests/s (margin 3 %, measured periods 6/6/6/6)": every
-    /// mode's mean rate, the gain of the fastest over unstaged, dropped and
-    /// unmeasured modes marked.
-    fn describe(&self, p: &AutoParams, kept: Mode, best: Mode) -> String {
-        let u = self.unstaged_rate();
-        let rates: Vec<String> = Mode::ALL
+/// "keep temporal: unstaged 1000, temporal 1100 (+10.0 %), spatial 900
+/// dropped, both 1050 requests/s (margin 3 %, measured periods 6/6/6/6);
+/// by rate, unstaged utilisation 99 %; p99 unstaged 812 µs, …": every
+/// mode's figure under the objective, the gain of the best over unstaged,
+/// dropped, unmeasured and refused modes marked, then what decided and the
+/// other figures.
+fn describe(
+    p: &AutoParams,
+    s: &TrialSummary,
+    objective: Objective,
+    behind: impl Fn(Mode) -> bool,
+) -> String {
+    let value = |m: &ModeSummary| match objective {
+        Objective::Rate => m.rate,
+        Objective::CpuPerRequest => m.cpu_per_request_ns.map(|ns| ns / 1000.0),
+    };
+    let (unit, digits) = match objective {
+        Objective::Rate => ("requests/s", 0),
+        Objective::CpuPerRequest => ("µs of CPU per request", 2),
+    };
+    let u = value(&s.modes[0]);
+    let mut parts = Vec::new();
+    for (m, mode) in s.modes.iter().zip(Mode::ALL) {
+        let Some(v) = value(m) else {
+            parts.push(format!("{} -", m.mode));
+            continue;
+        };
+        let mut part = format!("{} {v:.digits$}", m.mode);
+        if let Some(u) = u.filter(|u| *u > 0.0 && mode != Mode::Unstaged && m.mode == s.kept) {
+            part += &format!(" ({:+.1} %)", (v / u - 1.0) * 100.0);
+        }
+        if m.dropped {
+            part += " dropped";
+        }
+        if m.over_latency_bound {
+            part += " over the latency bound";
+        }
+        if behind(mode) {
+            part += " behind the arrivals";
+        }
+        parts.push(part);
+    }
+    let periods: Vec<String> = s.modes.iter().map(|m| m.periods.to_string()).collect();
+    let mut line = format!(
+        "keep {}: {} {unit} (margin {:.0} %, measured periods {}); by {}",
+        s.kept,
+        parts.join(", "),
+        p.margin * 100.0,
+        periods.join("/"),
+        s.decided_by
+    );
+    if let Some(util) = s.unstaged_utilisation {
+        line += &format!(", unstaged utilisation {:.0} %", util * 100.0);
+    }
+    if objective == Objective::CpuPerRequest {
+        let rates: Vec<String> = s
+            .modes
+            .iter()
+            .map(|m| m.rate.map_or("-".into(), |r| format!("{r:.0}")))
+            .collect();
+        line += &format!("; rates {} requests/s", rates.join("/"));
+    }
+    if s.modes.iter().any(|m| m.p99_ns.is_some()) {
+        let p99: Vec<String> = s
+            .modes
             .iter()
             .map(|m| {
-                let Some(r) = self.mean(*m) else {
-                    return format!("{} -", m.name());
-                };
-                let mut s = format!("{} {r:.0}", m.name());
-                if *m != Mode::Unstaged && *m == best {
-                    s += &format!(" ({:+.1} %)", (r / u - 1.0) * 100.0);
-                }
-                if !self.live[m.index()] {
-                    s += " dropped";
-                }
-                s
+                m.p99_ns
+                    .map_or("-".into(), |ns| format!("{:.0}", ns / 1000.0))
             })
             .collect();
-        let periods: Vec<String> = self.rates.iter().map(|r| r.len().to_string()).collect();
-        format!(
-            "keep {}: {} requests/s (margin {:.0} %, measured periods {})",
-            kept.name(),
-            rates.join(", "),
-            p.margin * 100.0,
-            periods.join("/")
-        )
+        line += &format!("; p99 {} µs", p99.join("/"));
+        if let Some(l) = s.p99_limit_ns {
+            line += &format!(" (bound {:.0} µs)", l / 1000.0);
+        }
     }
+    line
 }
