@@ -230,7 +230,11 @@ fn auto_over_a_minute_switches_mode_at_most_once_per_phase() {
         &format!("{work} requests={requests}"),
         std::time::Duration::from_secs(150),
     );
-    let a = json.sched.auto.expect("auto reports what its trials cost");
+    let a = json
+        .sched
+        .auto
+        .clone()
+        .expect("auto reports what its trials cost");
     let seconds = a.periods as f64 * json.sched.period_ms as f64 / 1000.0;
     eprintln!("auto over {seconds:.0} s: {a:?}");
     assert!(seconds >= 40.0, "ran only {seconds:.1} s:\n{}", run.stdout);

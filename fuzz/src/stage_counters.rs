@@ -13,15 +13,22 @@
 //! the window and its slack; the load the policy would see
 //! (`take_window`'s busy time over its window) never exceeds the vCPU
 //! count.
+//!
+//! Minor 4: the area has latency histograms too, each vCPU's written with
+//! plausible requests (as many as its block completed, `VcpuLatency::record`)
+//! or arbitrary words; the device's `read_blocks` copies both. Checked: no
+//! panic, and a window never holds more timed requests than the requests
+//! its counters completed (+1 per vCPU, the one in flight).
 
 use hypercall_abi::stage::{
-    stage_code, state_word, transition, Layout, Status, VcpuCounters, DOORBELL_REGISTER,
-    DOORBELL_STATUS, NUM_CODES,
+    stage_code, state_word, transition, Layout, Status, VcpuCounters, VcpuLatency, CODE_NONE,
+    DOORBELL_REGISTER, DOORBELL_STATUS, NUM_CODES,
 };
 use stagevm::abi::Obj;
 use stagevm::sched::counters::{CounterReader, SLACK_DIV};
+use stagevm::sched::latency::LatencyReader;
 use stagevm::sched::Accounting;
-use stagevm::stage::StageDevice;
+use stagevm::stage::{Blocks, StageDevice};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::guest::{memory as guest_memory, ZeroOnDrop};
@@ -46,7 +53,7 @@ fn run(mem: &GuestMemoryMmap, data: &[u8]) {
     let stages = inp.range(1, 16);
     let layout = Layout::new(vcpus, stages, 2)
         .expect("valid counts")
-        .with_counters();
+        .with_latency();
     let _clean = ZeroOnDrop::new(mem, MEM, AREA, layout.area_size());
     let register_tsc = inp.u64_near(1 << 40);
     let header = hypercall_abi::stage::AreaHeader {
@@ -61,20 +68,28 @@ fn run(mem: &GuestMemoryMmap, data: &[u8]) {
     let mut st = [0u8; 4];
     dev.read_status(0, DOORBELL_STATUS, &mut st);
     assert_eq!(u32::from_le_bytes(st), Status::Ok as u32);
-    assert!(registered.counters);
+    assert!(registered.counters && registered.latency);
     let names: Vec<String> = (0..stages).map(|s| format!("s{s}")).collect();
     let mut host = inp.u64_near(1 << 40);
-    let mut accounting = Accounting::new(&names, vcpus, 2_000_000).with_counters(
-        CounterReader::new(registered.generation, vcpus, register_tsc, host, 2_000_000),
-    );
+    let mut accounting = Accounting::new(&names, vcpus, 2_000_000)
+        .with_counters(CounterReader::new(
+            registered.generation,
+            vcpus,
+            register_tsc,
+            host,
+            2_000_000,
+        ))
+        .with_latency(LatencyReader::new(vcpus));
     // An independent reader on the same reads, to check each window.
     let mut reader =
         CounterReader::new(registered.generation, vcpus, register_tsc, host, 2_000_000);
     let mut blocks: Vec<VcpuCounters> = vec![VcpuCounters::default(); vcpus as usize];
-    let mut buf = Vec::new();
+    let mut latency: Vec<VcpuLatency> = vec![VcpuLatency::default(); vcpus as usize];
+    let mut buf = Blocks::default();
     for _ in 0..inp.range(1, 6) {
         for (v, block) in blocks.iter_mut().enumerate() {
             write_block(mem, &layout, v as u32, block, stages, host, &mut inp);
+            write_latency(mem, &layout, v as u32, block, &mut latency[v], &mut inp);
         }
         let step = match inp.u8() % 5 {
             0 => 0,
@@ -87,11 +102,13 @@ fn run(mem: &GuestMemoryMmap, data: &[u8]) {
         };
         host = host.wrapping_add(step);
         let generation = dev
-            .read_counters(&mut buf)
+            .read_blocks(&mut buf)
             .expect("an area with counters")
             .generation;
-        assert_eq!(buf.len(), vcpus as usize);
-        let (deltas, window) = reader.update(&buf, host);
+        assert_eq!(buf.counters.len(), vcpus as usize);
+        assert_eq!(buf.latency.len(), vcpus as usize);
+        let (deltas, window) = reader.update(&buf.counters, host);
+        let completed: u64 = deltas.iter().map(|d| d.counts[CODE_NONE as usize]).sum();
         for d in &deltas {
             let sum: u64 = d.ticks.iter().sum();
             assert!(
@@ -103,6 +120,11 @@ fn run(mem: &GuestMemoryMmap, data: &[u8]) {
         }
         accounting.ingest_counters(generation, &buf, host);
         let window = accounting.take_window();
+        let timed = window.latency.as_ref().map_or(0, |h| h.count());
+        assert!(
+            timed <= completed + u64::from(vcpus),
+            "{timed} timed requests, {completed} completed"
+        );
         if let Some(ns) = window.length_ns {
             let load: u128 = window.busy.iter().map(|b| u128::from(*b)).sum();
             assert!(
@@ -156,6 +178,40 @@ fn write_block(
     }
     let at = AREA + layout.counters_offset(v);
     mem.write_obj(Obj(*block), GuestAddress(at)).unwrap();
+}
+
+/// Writes vCPU `v`'s latency histogram: a plausible request per request
+/// its counters completed since, or arbitrary words.
+fn write_latency(
+    mem: &GuestMemoryMmap,
+    layout: &Layout,
+    v: u32,
+    counters: &VcpuCounters,
+    block: &mut VcpuLatency,
+    inp: &mut Input,
+) {
+    if inp.u8().is_multiple_of(4) {
+        for _ in 0..inp.range(1, 8) {
+            let word = inp.below(272) as usize;
+            let value = inp.u64_near(1 << 20);
+            latency_words(block)[word] = value;
+        }
+    } else {
+        let done = counters.counts[CODE_NONE as usize];
+        while block.samples < done && block.samples < 1 << 16 {
+            block.record(inp.u64_near(1 << 30));
+        }
+    }
+    let at = AREA + layout.latency_offset(v);
+    mem.write_obj(Obj(*block), GuestAddress(at)).unwrap();
+}
+
+/// The latency block as 272 words.
+fn latency_words(block: &mut VcpuLatency) -> &mut [u64; 272] {
+    const _: () = assert!(std::mem::size_of::<VcpuLatency>() == 272 * 8);
+    // SAFETY: VcpuLatency is #[repr(C)] of 272 u64 words without padding
+    // (size asserted above and in hypercall-abi); any u64 is a valid field.
+    unsafe { &mut *(block as *mut VcpuLatency).cast::<[u64; 272]>() }
 }
 
 /// The block as 96 words.

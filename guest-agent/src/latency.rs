@@ -6,11 +6,13 @@
 //! caller passes (an open-loop client passes the request's arrival) — or,
 //! when the caller never calls it, at its first stage entry
 //! ([`Agent::stage_enter_request`]); it ends at
-//! [`Agent::stage_exit_request`]. One request in N is timed, N being the
-//! stride of the timed visits (`hypercall_abi::stage::TIMED_INTERVAL_NS`'s
-//! pacing, or the fixed stride): a per-vCPU countdown, decremented at each
-//! begin, picks it, and only a timed request reads the TSC (at its begin,
-//! unless given one, and at its end). Its latency goes to the histogram of
+//! [`Agent::stage_exit_request`]. One request in N is timed, paced as the
+//! timed visits are to about one per vCPU every
+//! `hypercall_abi::stage::TIMED_INTERVAL_NS` (N from the vCPU's mean time
+//! per request, [`Agent::request_pace`]), or N the fixed stride of timed
+//! visits when the agent was given one: a per-vCPU countdown, decremented
+//! at each begin, picks it, and only a timed request reads the TSC (at its
+//! begin and at its end). Its latency goes to the histogram of
 //! the vCPU it ends on, which that vCPU alone writes: plain stores, no
 //! wait, no exit. The clock is the caller's, one per thread, because a
 //! request may begin on one vCPU and end on another.
@@ -18,8 +20,8 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use hypercall_abi::stage::{
-    latency_bucket, VcpuLatency, COUNTERS_AGENT_OFFSET, LATENCY_BUCKETS_OFFSET,
-    LATENCY_COUNTDOWN_OFFSET, LATENCY_SUM_OFFSET, TIMED_EVERY, TIMED_STRIDE_MAX,
+    latency_bucket, VcpuLatency, LATENCY_AGENT_OFFSET, LATENCY_BUCKETS_OFFSET,
+    LATENCY_COUNTDOWN_OFFSET, LATENCY_SUM_OFFSET, TIMED_STRIDE_MAX,
 };
 
 use crate::{Agent, Platform, Report};
@@ -51,6 +53,32 @@ impl RequestClock {
     pub fn timed_start(&self) -> Option<u64> {
         (self.open && self.start != 0).then_some(self.start)
     }
+
+    /// The clock as one word, for a runtime that keeps it in an atomic:
+    /// 0 no request open, `u64::MAX` open and untimed, else the timed start
+    /// (kept inside 1..`u64::MAX`).
+    pub fn to_raw(self) -> u64 {
+        match (self.open, self.start) {
+            (false, _) => 0,
+            (true, 0) => u64::MAX,
+            (true, s) => s.min(u64::MAX - 1),
+        }
+    }
+
+    /// The clock [`Self::to_raw`] gave `raw`.
+    pub fn from_raw(raw: u64) -> Self {
+        match raw {
+            0 => Self::new(),
+            u64::MAX => Self {
+                start: 0,
+                open: true,
+            },
+            s => Self {
+                start: s,
+                open: true,
+            },
+        }
+    }
 }
 
 impl<P: Platform> Agent<P> {
@@ -79,8 +107,8 @@ impl<P: Platform> Agent<P> {
     /// Starts a request on `vcpu` in `clock` (one per thread): at
     /// `start_tsc` when given (an open-loop client passes the request's
     /// arrival), else now. One request in N is timed (see the module
-    /// docs); only a timed one reads the TSC. A request already open is
-    /// started again.
+    /// docs); only a timed one reads the TSC (for its pacing, too). A
+    /// request already open is started again.
     pub fn request_begin(&self, vcpu: u32, clock: &mut RequestClock, start_tsc: Option<u64>) {
         *clock = RequestClock {
             start: 0,
@@ -97,25 +125,67 @@ impl<P: Platform> Agent<P> {
             countdown.store(left - 1, Ordering::Relaxed);
             return;
         }
-        countdown.store(self.request_stride(vcpu) - 1, Ordering::Relaxed);
-        clock.start = start_tsc.unwrap_or_else(|| self.platform.tsc()).max(1);
+        let now = self.platform.tsc();
+        let stride = if self.timed_every != 0 {
+            self.timed_every
+        } else {
+            // SAFETY: as above, the block's pacing words.
+            unsafe { self.request_pace(vcpu, now) }
+        };
+        countdown.store(stride - 1, Ordering::Relaxed);
+        clock.start = start_tsc.unwrap_or(now).max(1);
     }
 
-    /// The stride of timed requests: the fixed stride of timed visits, or
-    /// the paced one now in use on `vcpu` (the counters' agent word), at
-    /// least 1.
-    fn request_stride(&self, vcpu: u32) -> u64 {
-        if self.timed_every != 0 {
-            return self.timed_every;
-        }
-        // SAFETY: vcpu < latency_vcpus ≤ counted_vcpus; the pacing word
-        // `Agent::pace` keeps (the stride of paced timed visits).
-        let paced =
-            unsafe { self.counter(vcpu, COUNTERS_AGENT_OFFSET + 8) }.load(Ordering::Relaxed);
-        match paced {
-            0 => TIMED_EVERY,
-            n => n.min(TIMED_STRIDE_MAX + 3),
-        }
+    /// The next stride of timed requests on `vcpu`, at a timed start at
+    /// `now`: [`TIMED_INTERVAL_NS`](hypercall_abi::stage::TIMED_INTERVAL_NS)
+    /// over the mean TSC ticks per request (a moving average of weight 1/4
+    /// of the gaps between timed starts over the requests begun between
+    /// them), in 1..=[`TIMED_STRIDE_MAX`], plus up to a quarter of it (at
+    /// most 3) from the TSC's low bits so the stride never locks onto a
+    /// period of the workload (none below 4: every request is timed when
+    /// they are 16 µs apart or more). Unlike the
+    /// timed visits' pace, the average spans whole requests, whose gaps are
+    /// alike, not a visit and the short hop from one request's end to the
+    /// next one's start. Kept in the block's guest-private words: (last
+    /// timed start, stride since, mean ticks per request).
+    ///
+    /// # Safety
+    /// `vcpu < self.latency_vcpus`, and only one context writes this block.
+    unsafe fn request_pace(&self, vcpu: u32, now: u64) -> u64 {
+        // SAFETY: the caller's contract; the block's three pacing words.
+        let (last, stride, mean) = unsafe {
+            (
+                self.latency_word(vcpu, LATENCY_AGENT_OFFSET),
+                self.latency_word(vcpu, LATENCY_AGENT_OFFSET + 8),
+                self.latency_word(vcpu, LATENCY_AGENT_OFFSET + 16),
+            )
+        };
+        let (since, n, avg) = (
+            last.load(Ordering::Relaxed),
+            stride.load(Ordering::Relaxed),
+            mean.load(Ordering::Relaxed),
+        );
+        let avg = match now.checked_sub(since) {
+            Some(elapsed) if since != 0 && n != 0 => {
+                let per = elapsed / n;
+                if avg == 0 {
+                    per
+                } else {
+                    // avg + (per − avg) / 4, in integers.
+                    (avg / 4).saturating_mul(3).saturating_add(per / 4)
+                }
+            }
+            _ => avg,
+        };
+        let next = self
+            .pace_ticks
+            .checked_div(avg)
+            .map_or(1, |n| n.clamp(1, TIMED_STRIDE_MAX));
+        let next = next + ((now >> 6) & 3) % (next / 4 + 1);
+        last.store(now, Ordering::Relaxed);
+        stride.store(next, Ordering::Relaxed);
+        mean.store(avg, Ordering::Relaxed);
+        next
     }
 
     /// [`Agent::stage_enter`], starting a request in `clock` first when

@@ -150,7 +150,8 @@ struct stagevm_vcpu_latency {
 	uint64_t samples; /* requests recorded: the sum of buckets, stored last */
 	uint64_t sum_ns;
 	uint64_t countdown; /* guest-private: requests to the next timed one */
-	uint64_t reserved[13];
+	uint64_t agent[3]; /* guest-private: the agent's pacing of timed requests */
+	uint64_t reserved[10];
 	uint64_t buckets[STAGEVM_LATENCY_BUCKETS];
 };
 

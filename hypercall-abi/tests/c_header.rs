@@ -93,6 +93,7 @@ int main(void) {
     P("latency", sizeof(struct stagevm_vcpu_latency));
     P("latency.sum_ns", offsetof(struct stagevm_vcpu_latency, sum_ns));
     P("latency.countdown", offsetof(struct stagevm_vcpu_latency, countdown));
+    P("latency.agent", offsetof(struct stagevm_vcpu_latency, agent));
     P("latency.buckets", offsetof(struct stagevm_vcpu_latency, buckets));
     {
         /* The bucket function on every power of two and its neighbours. */
@@ -237,6 +238,7 @@ int main(void) {
         ("latency", size_of::<VcpuLatency>() as u64),
         ("latency.sum_ns", LATENCY_SUM_OFFSET),
         ("latency.countdown", LATENCY_COUNTDOWN_OFFSET),
+        ("latency.agent", LATENCY_AGENT_OFFSET),
         ("latency.buckets", LATENCY_BUCKETS_OFFSET),
         ("latency_bucket_digest", bucket_digest()),
     ];

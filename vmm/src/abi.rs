@@ -3,7 +3,7 @@
 //! (`hypercall-abi` has no dependencies, so the impls live here.)
 
 use hypercall_abi::boot::BootInfo;
-use hypercall_abi::stage::{AreaHeader, StageDesc, StageEvent, VcpuCounters};
+use hypercall_abi::stage::{AreaHeader, StageDesc, StageEvent, VcpuCounters, VcpuLatency};
 
 /// A `#[repr(C)]` ABI struct as a guest-memory object.
 #[derive(Clone, Copy, Default, Debug)]
@@ -19,4 +19,11 @@ macro_rules! byte_valued {
     )*};
 }
 
-byte_valued!(BootInfo, AreaHeader, StageDesc, StageEvent, VcpuCounters);
+byte_valued!(
+    BootInfo,
+    AreaHeader,
+    StageDesc,
+    StageEvent,
+    VcpuCounters,
+    VcpuLatency
+);

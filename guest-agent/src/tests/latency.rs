@@ -101,6 +101,16 @@ fn an_arrival_tsc_starts_the_request_and_a_guest_that_never_begins_starts_at_its
     tsc.fetch_add(300, Ordering::Relaxed);
     assert_eq!(a.stage_exit_request(0, 1, &mut clock).1, Some(1_000));
     assert_eq!(histogram(&mem, &layout, 0).sum_ns, 51_000);
+    // The clock round-trips through one word.
+    for c in [
+        RequestClock::new(),
+        RequestClock::from_raw(u64::MAX),
+        RequestClock::from_raw(12_345),
+    ] {
+        assert_eq!(RequestClock::from_raw(c.to_raw()), c);
+    }
+    assert!(RequestClock::from_raw(u64::MAX).is_open());
+    assert_eq!(RequestClock::from_raw(7).timed_start(), Some(7));
 }
 
 #[test]
@@ -123,4 +133,35 @@ fn an_older_host_or_layout_times_no_request() {
     let a = agent(&mut mem, &layout, 4, 1);
     assert!(!a.latency_active());
     assert_eq!(a.latency(0), None);
+}
+
+#[test]
+fn timed_requests_are_paced_to_one_per_16_us_per_vcpu() {
+    // A 1 GHz TSC: 16,000 ticks between timed requests.
+    for (gap, want_min, want_max) in [
+        (50_000u64, 0.99, 1.0),
+        (4_000, 0.12, 0.3),
+        (160, 0.005, 0.02),
+    ] {
+        let layout = Layout::new(1, 2, 8).unwrap().with_latency();
+        let mut mem = area(&layout);
+        let a = agent(&mut mem, &layout, 4, 0);
+        assert_eq!(a.timed_every(), 0, "paced");
+        let tsc = &a.platform().tsc;
+        let n = 20_000u64;
+        for _ in 0..n {
+            let mut clock = RequestClock::new();
+            a.request_begin(0, &mut clock, None);
+            a.stage_enter_request(0, 0, 1, &mut clock);
+            // Half the gap in the request, the other half before the next.
+            tsc.fetch_add(gap / 2, Ordering::Relaxed);
+            a.stage_exit_request(0, 1, &mut clock);
+            tsc.fetch_add(gap - gap / 2, Ordering::Relaxed);
+        }
+        let timed = histogram(&mem, &layout, 0).samples as f64 / n as f64;
+        assert!(
+            (want_min..=want_max).contains(&timed),
+            "a request every {gap} ticks: {timed} timed"
+        );
+    }
 }

@@ -490,4 +490,8 @@ impl Policy for Auto {
     fn auto_stats(&self) -> Option<AutoStats> {
         Some(self.stats)
     }
+
+    fn last_trial(&self) -> Option<TrialSummary> {
+        self.last_trial.clone()
+    }
 }

@@ -193,6 +193,10 @@ pub trait Policy: Send {
     fn auto_stats(&self) -> Option<auto::AutoStats> {
         None
     }
+    /// `auto` only: its last finished trial.
+    fn last_trial(&self) -> Option<auto::TrialSummary> {
+        None
+    }
 }
 
 /// Builds a policy.

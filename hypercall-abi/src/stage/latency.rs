@@ -4,13 +4,19 @@
 //! guest says it is — `stage_request_begin()`, with the TSC now or a TSC
 //! the caller passes (an open-loop client passes the request's arrival) —
 //! or, for a guest that never says, its first stage entry after the
-//! previous `stage_exit`. The agents time one request in N (the stride of
-//! the timed visits, [`super::TIMED_INTERVAL_NS`]'s pacing): at its start
-//! they note the start TSC, and at its `stage_exit` they add its latency,
-//! in ns, to the [`VcpuLatency`] block of the vCPU it ends on — plain
-//! stores by that vCPU alone, never a wait or an exit. The host reads the
-//! blocks once per policy period, takes bucket deltas and merges the
-//! vCPUs' into the period's histogram (docs/stage-protocol.md §5b).
+//! previous `stage_exit`. The agents time one request in N, paced as the
+//! timed visits are to about one per vCPU every
+//! [`super::TIMED_INTERVAL_NS`]: N is that interval over the vCPU's mean
+//! time per request (a moving average, measured at each timed request's
+//! start), at least 1 and at most [`super::TIMED_STRIDE_MAX`], plus up to a
+//! quarter of it (at most 3)
+//! from the TSC's low bits; a guest without the TSC rate times none. At a
+//! timed request's start they note the start TSC, and at its `stage_exit`
+//! they add its latency, in ns, to the [`VcpuLatency`] block of the vCPU
+//! it ends on — plain stores by that vCPU alone, never a wait or an exit.
+//! The host reads the blocks once per policy period, takes bucket deltas
+//! and merges the vCPUs' into the period's histogram
+//! (docs/stage-protocol.md §5b).
 //!
 //! **Buckets.** Log-linear, as HdrHistogram's (Tene): the latency in
 //! units of 16 ns, `u = ns >> 4`; below 8 units (128 ns) one bucket per
@@ -82,8 +88,12 @@ pub struct VcpuLatency {
     /// Guest-private: the agents' countdown to the next timed request
     /// (the host never reads it).
     pub countdown: u64,
+    /// Guest-private: the agents' pacing of timed requests (the Rust
+    /// agent: the TSC of the last timed start, the stride since, the mean
+    /// TSC ticks per request); the host never reads them.
+    pub agent: [u64; 3],
     /// Reserved, 0 (pads the header to 128 bytes).
-    pub reserved: [u64; 13],
+    pub reserved: [u64; 10],
     /// Per bucket ([`latency_bucket`]), requests whose latency fell in it.
     pub buckets: [u64; LATENCY_BUCKETS],
 }
@@ -94,7 +104,8 @@ impl Default for VcpuLatency {
             samples: 0,
             sum_ns: 0,
             countdown: 0,
-            reserved: [0; 13],
+            agent: [0; 3],
+            reserved: [0; 10],
             buckets: [0; LATENCY_BUCKETS],
         }
     }
@@ -115,6 +126,8 @@ impl VcpuLatency {
 pub const LATENCY_SUM_OFFSET: u64 = core::mem::offset_of!(VcpuLatency, sum_ns) as u64;
 /// Offset of [`VcpuLatency::countdown`] in the block.
 pub const LATENCY_COUNTDOWN_OFFSET: u64 = core::mem::offset_of!(VcpuLatency, countdown) as u64;
+/// Offset of [`VcpuLatency::agent`] in the block.
+pub const LATENCY_AGENT_OFFSET: u64 = core::mem::offset_of!(VcpuLatency, agent) as u64;
 /// Offset of [`VcpuLatency::buckets`] in the block.
 pub const LATENCY_BUCKETS_OFFSET: u64 = core::mem::offset_of!(VcpuLatency, buckets) as u64;
 
@@ -122,6 +135,7 @@ const _: () = assert!(core::mem::size_of::<VcpuLatency>() == 2176);
 const _: () = assert!(core::mem::size_of::<VcpuLatency>().is_multiple_of(LATENCY_ALIGN as usize));
 const _: () = assert!(LATENCY_SUM_OFFSET == 8);
 const _: () = assert!(LATENCY_COUNTDOWN_OFFSET == 16);
+const _: () = assert!(LATENCY_AGENT_OFFSET == 24);
 const _: () = assert!(LATENCY_BUCKETS_OFFSET == 128);
 
 #[cfg(test)]

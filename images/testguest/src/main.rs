@@ -34,6 +34,19 @@
 //! * `counters=0` — register the stage channel without per-vCPU counters,
 //!   as a v1.1 guest: every switch is a ring event (default 1: counters,
 //!   ABI minor 2, the rings only carry a trace when the VMM asks),
+//! * `latency=0` — with counters, register without request-latency
+//!   histograms, as a minor-3 guest (default 1: the agent times one request
+//!   in N, ABI minor 4),
+//! * `arrival=RATE` — open-loop load: the requests (threads × requests ×
+//!   vCPUs in all, as in the closed loop) arrive at RATE per second for the
+//!   whole guest, into a queue of `queue=N` (default 1024, ≤ 4096) that idle
+//!   threads take from; a full queue drops the request (counted), the
+//!   generator never waits; gaps `arrival_dist=fixed|poisson` (default
+//!   poisson). Threads wait off the run queues between requests (their
+//!   vCPUs idle as in the closed loop). Prints `testguest: open loop: …`:
+//!   the rate achieved, drops, and p50/p99/p99.9 latency from arrival of
+//!   the steady 10–90 % of the requests. Works with every workload, policy
+//!   and visit policy (not with `hopper=`),
 //! * `timed_every=N` — with counters, time one stage visit in N (a TSC read
 //!   at its start and end; default 0: the agent paces them to about one
 //!   per 16 µs per vCPU; 1 times every visit),
@@ -373,6 +386,7 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
             &info,
             opts.ring,
             opts.counters,
+            opts.latency,
             opts.timed_every,
             opts.abuse.then_some(hostile::abuse::bad_registers),
             opts.footprint,

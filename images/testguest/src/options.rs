@@ -19,6 +19,11 @@ pub(crate) struct Options {
     pub(crate) ring: u32,
     /// Lay out per-vCPU stage counters (`counters=0`: a v1.1 guest).
     pub(crate) counters: bool,
+    /// With counters, lay out request-latency histograms too (`latency=0`:
+    /// a minor-3 guest).
+    pub(crate) latency: bool,
+    /// Open-loop load: `arrival=RATE`, `arrival_dist=`, `queue=`.
+    pub(crate) arrival: Option<staged::ArrivalConfig>,
     /// One timed visit in this many (0: the agent's default).
     pub(crate) timed_every: u64,
     pub(crate) abuse: bool,
@@ -76,6 +81,8 @@ pub(crate) fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         footprint: None,
         ring: 256,
         counters: true,
+        latency: true,
+        arrival: None,
         timed_every: 0,
         abuse: false,
         bench: false,
@@ -103,6 +110,12 @@ pub(crate) fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         data_words: 0,
     };
     let mut fp_word = None;
+    // `arrival=`'s rate (0: closed loop), its gaps and the queue.
+    let mut arrival = (
+        0u64,
+        stage_workload::arrivals::ArrivalDist::Poisson,
+        1024usize,
+    );
     // The words that set stages, funcs and calls, to name a bad one.
     let mut fp_words = ["", "", ""];
     for word in cmdline.split_ascii_whitespace() {
@@ -142,6 +155,19 @@ pub(crate) fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
                 "1" => opts.counters = true,
                 _ => return Err(word),
             },
+            "latency" => match value {
+                "0" => opts.latency = false,
+                "1" => opts.latency = true,
+                _ => return Err(word),
+            },
+            "arrival" => arrival.0 = value.parse().map_err(|_| word)?,
+            "arrival_dist" => {
+                arrival.1 = stage_workload::arrivals::ArrivalDist::parse(value).ok_or(word)?
+            }
+            "queue" => match value.parse() {
+                Ok(n @ 1..=staged::arrivals::QUEUE_MAX) => arrival.2 = n,
+                _ => return Err(word),
+            },
             "idle_spin_us" => opts.idle.shared_us = value.parse().map_err(|_| word)?,
             "owned_idle_us" => opts.idle.owned_us = value.parse().map_err(|_| word)?,
             "spill_us" => opts.idle.spill_us = value.parse().map_err(|_| word)?,
@@ -169,6 +195,13 @@ pub(crate) fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
             "diskchunk" => opts.disk_chunk = value.parse().map_err(|_| word)?,
             _ => return Err(word),
         }
+    }
+    if arrival.0 > 0 {
+        opts.arrival = Some(staged::ArrivalConfig {
+            rate: arrival.0,
+            dist: arrival.1,
+            queue: arrival.2,
+        });
     }
     if let Some(word) = fp_word {
         if opts.hopper != 0 {
@@ -217,5 +250,7 @@ pub(crate) fn staged_config(
         phase: opts.phase,
         idle: opts.idle,
         switch_cost: opts.switch_cost,
+        // Hopper's switches are not requests.
+        arrival: opts.arrival.filter(|_| opts.hopper == 0),
     })
 }

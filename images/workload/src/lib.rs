@@ -21,6 +21,8 @@
 
 use core::arch::global_asm;
 
+pub mod arrivals;
+
 include!(concat!(env!("OUT_DIR"), "/params.rs"));
 
 global_asm!(include_str!(concat!(env!("OUT_DIR"), "/workload.s")));

@@ -18,9 +18,11 @@ use serde::{Deserialize, Serialize};
 
 pub mod api;
 mod per_stage;
+mod requests;
 mod summary;
 
 pub use per_stage::PerStage;
+pub use requests::{CpuReport, LatencyBucket, LatencyReport, ModeReport, TrialReport};
 
 /// A string from the guest as it may be shown on an operator's terminal or
 /// in a log line: control characters, quotes and backslashes escaped
@@ -177,6 +179,10 @@ pub struct ChannelReport {
     pub requests_per_s: f64,
     /// Threads not tracked for migrations (more than the tracking limit).
     pub untracked_threads: u64,
+    /// The requests the guest timed (ABI minor 4; `None` from an older
+    /// guest or before the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<LatencyReport>,
 }
 
 /// A helper thread of the VMM and the affinity read back after pinning it.
@@ -212,7 +218,7 @@ pub struct VcpuThread {
 }
 
 /// One policy period.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct TimelineEntry {
     /// Time since the VM started (ms).
     pub t_ms: f64,
@@ -244,6 +250,22 @@ pub struct TimelineEntry {
     /// `color`; `auto`'s choice under `auto`). Empty in an older report.
     #[serde(default)]
     pub visit: String,
+    /// CPU per completed request in the period (µs): the vCPU threads'
+    /// work CPU ÷ requests (docs/design.md, "CPU per request").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_per_request_us: Option<f64>,
+    /// Share of the VM's vCPU capacity work used in the period (0..=1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilisation: Option<f64>,
+    /// Median latency of the period's timed requests (µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p50_us: Option<f64>,
+    /// 99th percentile of the period's timed requests (µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p99_us: Option<f64>,
+    /// Requests the guest timed in the period.
+    #[serde(default)]
+    pub latency_samples: u64,
 }
 
 /// Per stage, where it runs now.
@@ -300,10 +322,14 @@ pub struct SchedReport {
     /// timeline).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto: Option<AutoReport>,
+    /// The CPU the guest's work cost (whole run; `None` when the host
+    /// could not read its vCPU threads' scheduler statistics).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuReport>,
 }
 
 /// What `auto`'s trials cost over the run, in policy periods.
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct AutoReport {
     /// Policy periods `auto` planned.
     pub periods: u64,
@@ -320,6 +346,9 @@ pub struct AutoReport {
     /// losing mode of a trial (the trial overhead; target ≤ 2 % over
     /// a 60 s run).
     pub losing_share: f64,
+    /// The last finished trial: each mode's figures and what decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_trial: Option<TrialReport>,
 }
 
 /// Counters of one virtio-blk disk.

@@ -44,6 +44,9 @@ pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport, disks: &[BlockReport
                 c.drains, c.drain_period_us, c.dropped, c.ring_full_backoffs, c.requests, c.requests_per_s
             );
         }
+        if let Some(line) = requests_line(c, sc) {
+            let _ = writeln!(s, "{line}");
+        }
         let vcpu_ns = (c.busy_ns as f64 * c.vcpus.len() as f64).max(1.0);
         for st in &c.stages {
             let place = sc.stages.iter().find(|p| p.name == st.name);
@@ -105,8 +108,72 @@ pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport, disks: &[BlockReport
             a.losing_share * 100.0,
             a.mode_switches
         );
+        if let Some(t) = &a.last_trial {
+            let _ = writeln!(s, "{}", trial_line(t));
+        }
     }
     s
+}
+
+/// `stagevm: requests: latency p50 … µs, p99 … µs, p99.9 … µs (N timed),
+/// CPU per request … µs, utilisation … %`, when the guest timed requests
+/// or the host measured CPU.
+fn requests_line(c: &ChannelReport, sc: &SchedReport) -> Option<String> {
+    let mut parts = Vec::new();
+    if let Some(l) = c.latency.as_ref().filter(|l| l.samples > 0) {
+        parts.push(format!(
+            "latency p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs ({} timed, {} clamped)",
+            l.p50_us, l.p99_us, l.p999_us, l.samples, l.clamps
+        ));
+    }
+    if let Some(cpu) = sc.cpu.as_ref().filter(|c| c.requests > 0.0) {
+        parts.push(format!(
+            "CPU per request {:.2} µs, utilisation {:.1} %",
+            cpu.cpu_per_request_us,
+            cpu.utilisation * 100.0
+        ));
+    }
+    (!parts.is_empty()).then(|| format!("stagevm: requests: {}", parts.join(", ")))
+}
+
+/// `stagevm: auto: last trial kept M by …: unstaged … µs/request … p99 …`.
+fn trial_line(t: &crate::TrialReport) -> String {
+    let modes: Vec<String> = t
+        .modes
+        .iter()
+        .map(|m| {
+            let mut part = m.mode.clone();
+            if let Some(r) = m.requests_per_s {
+                let _ = write!(part, " {r:.0}/s");
+            }
+            if let Some(c) = m.cpu_per_request_us {
+                let _ = write!(part, " {c:.2} µs CPU");
+            }
+            if let Some(p) = m.p99_us {
+                let _ = write!(part, " p99 {p:.0} µs");
+            }
+            if m.dropped {
+                part += " dropped";
+            }
+            if m.over_latency_bound {
+                part += " over the bound";
+            }
+            part
+        })
+        .collect();
+    let util = t.unstaged_utilisation.map_or(String::new(), |u| {
+        format!(", unstaged utilisation {:.0} %", u * 100.0)
+    });
+    let bound = t
+        .p99_limit_us
+        .map_or(String::new(), |b| format!(", p99 bound {b:.0} µs"));
+    format!(
+        "stagevm: auto: last trial kept {} (decided by {}, objective {}{util}{bound}): {}",
+        t.kept,
+        t.decided_by,
+        t.objective,
+        modes.join("; ")
+    )
 }
 
 /// One line per virtio-net device (`stagevm:   net …`), printed after

@@ -31,6 +31,7 @@ fn guest_names_cannot_forge_terminal_output() {
         timeline: vec![],
         timeline_dropped: 0,
         auto: None,
+        cpu: None,
     };
     let text = summary(Some(&channel), &sched, &[]);
     assert!(!text.contains('\u{1b}'), "{text}");

@@ -18,7 +18,11 @@
 //! | `stagevm_trace_every` | gauge | — | `trace_every` |
 //! | `stagevm_trace_events_total` | counter | — | `traced_events` |
 //! | `stagevm_trace_dropped_total` | counter | — | `trace_dropped` |
-//! | `stagevm_counter_clamps_total` | counter | — | `counter_clamps` |
+//! | `stagevm_stage_clamps_total` | counter | — | `counter_clamps` |
+//! | `stagevm_request_latency_seconds` | histogram (`le` = 2ᵏ ns) | — | `latency.buckets`, `latency.sum_ns`, `latency.samples` (the guest's timed requests, ABI minor 4) |
+//! | `stagevm_latency_clamps_total` | counter | — | `latency.clamps` |
+//! | `stagevm_request_cpu_seconds_total` | counter | — | `sched.cpu.work_ns` / 1e9 (÷ `stagevm_requests_total`: CPU per request) |
+//! | `stagevm_vcpu_utilisation_ratio` | gauge | `vcpu` | `sched.cpu.vcpu_utilisation` (the last policy period) |
 //! | `stagevm_registrations_coalesced_total` | counter | — | `registrations_coalesced` |
 //! | `stagevm_waits_total`, `stagevm_wakes_total` | counter | — | `waits`, `wakes` |
 //! | `stagevm_map_changes_total` | counter | — | `sched.map_changes` |
@@ -39,6 +43,8 @@ use prometheus::{
 };
 use stagevm_report::api::StagesView;
 use stagevm_report::{BlockReport, NetReport};
+
+mod requests;
 
 /// `Content-Type` of the exposition.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -151,7 +157,7 @@ pub fn render(
             ch.trace_dropped,
         )?;
         b.counter(
-            "stagevm_counter_clamps_total",
+            "stagevm_stage_clamps_total",
             "Impossible stage-counter values clamped",
             ch.counter_clamps,
         )?;
@@ -229,6 +235,7 @@ pub fn render(
                 .set(1.0);
         }
     }
+    requests::request_metrics(&b, view)?;
     net_metrics(&b, devices.nets)?;
     disk_metrics(&b, devices.disks)?;
     let mut out = Vec::new();

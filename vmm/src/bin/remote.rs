@@ -61,6 +61,14 @@ enum Command {
         /// Stage-visit policy: fifo, cohort, srpt, dbr, mg1 or color.
         #[arg(long, value_name = "NAME")]
         visit: Option<String>,
+        /// auto: the most a mode may raise p99 latency over unstaged's, a
+        /// fraction (0.1 = 10 %).
+        #[arg(long, value_name = "FRACTION")]
+        max_p99_increase: Option<f64>,
+        /// auto: a p99 latency the operator accepts (µs), in place of
+        /// --max-p99-increase; 0 removes it.
+        #[arg(long, value_name = "US")]
+        latency_slo_us: Option<f64>,
     },
     /// Replaces `[host]` cores and the `[[stage]]` budgets from a stages file
     /// (its `[policy]` table, if any, is not sent: use `policy`).
@@ -124,6 +132,9 @@ fn print_table(view: &StagesView) {
             ))
             .unwrap_or_default()
     );
+    if let Some(line) = requests_line(view) {
+        println!("{line}");
+    }
     if let Some(p) = &view.pending {
         println!("pending: {p}");
     }
@@ -162,6 +173,34 @@ fn print_table(view: &StagesView) {
     }
 }
 
+/// `requests: latency p50 … p99 … (N timed) · CPU per request … ·
+/// utilisation …`: the run's figures so far, when there are any.
+fn requests_line(view: &StagesView) -> Option<String> {
+    let mut parts = Vec::new();
+    if let Some(l) = view
+        .stage_channel
+        .as_ref()
+        .and_then(|c| c.latency.as_ref())
+        .filter(|l| l.samples > 0)
+    {
+        parts.push(format!(
+            "latency p50 {:.1} µs p99 {:.1} µs ({} timed)",
+            l.p50_us, l.p99_us, l.samples
+        ));
+    }
+    if let Some(c) = view.sched.cpu.as_ref() {
+        parts.push(format!(
+            "CPU per request {:.2} µs · utilisation {:.1} %",
+            c.cpu_per_request_us,
+            c.utilisation * 100.0
+        ));
+    }
+    if let Some(t) = view.sched.auto.as_ref().and_then(|a| a.last_trial.as_ref()) {
+        parts.push(format!("auto kept {} by {}", t.kept, t.decided_by));
+    }
+    (!parts.is_empty()).then(|| format!("requests: {}", parts.join(" · ")))
+}
+
 fn run(cli: Cli) -> Result<(), (u8, String)> {
     let usage = |e: anyhow::Error| (2, format!("{e:#}"));
     let (method, path, body) = match &cli.command {
@@ -181,6 +220,8 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             smoothing,
             hysteresis,
             visit,
+            max_p99_increase,
+            latency_slo_us,
         } => {
             let update = PolicyUpdate {
                 name: name.clone(),
@@ -188,6 +229,8 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
                 smoothing: *smoothing,
                 hysteresis: *hysteresis,
                 visit: visit.clone(),
+                max_p99_increase: *max_p99_increase,
+                latency_slo_us: *latency_slo_us,
             };
             (
                 "PUT",

@@ -10,13 +10,13 @@
 
 use std::collections::HashMap;
 
-use hypercall_abi::stage::{
-    stage_code, VcpuCounters, CODE_IDLE, CODE_NONE, IDLE_THREAD, STAGE_NONE,
-};
-use stagevm_report::{ChannelReport, StageStats};
+use host_sched::latency::Histogram;
+use hypercall_abi::stage::{stage_code, CODE_IDLE, CODE_NONE, IDLE_THREAD, STAGE_NONE};
+use stagevm_report::{ChannelReport, LatencyBucket, LatencyReport, StageStats};
 
 use super::counters::CounterReader;
-use crate::stage::Drained;
+use super::latency::LatencyReader;
+use crate::stage::{Blocks, Drained};
 
 /// Per-vCPU totals of a counters guest.
 #[derive(Clone, Copy, Debug, Default)]
@@ -26,6 +26,7 @@ struct VcpuTotals {
     idles: u64,
     idle_ticks: u64,
     clamps: u64,
+    latency_clamps: u64,
 }
 
 /// Most guest threads tracked for migration counting (bounds the map a
@@ -44,6 +45,11 @@ pub struct Window {
     /// A counters guest: the window's length (ns, the reads' own); `None`
     /// for a rings guest (the caller's period is the window).
     pub length_ns: Option<u64>,
+    /// A counters guest: per vCPU, its idle time in the window (ns).
+    pub idle_ns: Vec<u64>,
+    /// The requests the guest timed in the window (`None` unless it has
+    /// latency histograms, ABI minor 4).
+    pub latency: Option<Histogram>,
 }
 
 /// Counters per stage since REGISTER, and the load window.
@@ -78,6 +84,13 @@ pub struct Accounting {
     /// A counters guest's reader and per-vCPU totals (`None`: rings).
     counters: Option<CounterReader>,
     vcpu_totals: Vec<VcpuTotals>,
+    /// A counters guest: per vCPU, idle ticks since the last window.
+    window_idle_ticks: Vec<u64>,
+    /// A guest with latency histograms (minor 4): their reader, the
+    /// window's and the run's timed requests.
+    latency: Option<LatencyReader>,
+    window_latency: Histogram,
+    total_latency: Histogram,
     /// Trace events drained from a counters guest's rings.
     traced: u64,
 }
@@ -117,7 +130,15 @@ impl Accounting {
     /// only count as trace events.
     pub fn with_counters(mut self, reader: CounterReader) -> Self {
         self.vcpu_totals = vec![VcpuTotals::default(); self.current.len()];
+        self.window_idle_ticks = vec![0; self.current.len()];
         self.counters = Some(reader);
+        self
+    }
+
+    /// Makes this counters guest's accounting read its latency histograms
+    /// too (ABI minor 4) through `reader`.
+    pub fn with_latency(mut self, reader: LatencyReader) -> Self {
+        self.latency = Some(reader);
         self
     }
 
@@ -128,15 +149,36 @@ impl Accounting {
 
     /// Folds in one read of a counters guest's blocks, taken at host TSC
     /// `host_tsc` for registration `generation` (a read of another
-    /// registration is ignored). No-op for a rings guest.
-    pub fn ingest_counters(&mut self, generation: u64, blocks: &[VcpuCounters], host_tsc: u64) {
+    /// registration is ignored): the counters, then the latency
+    /// histograms against each vCPU's completed requests. No-op for a
+    /// rings guest.
+    pub fn ingest_counters(&mut self, generation: u64, blocks: &Blocks, host_tsc: u64) {
         let Some(reader) = self.counters.as_mut() else {
             return;
         };
         if reader.generation() != generation {
             return;
         }
-        let (deltas, window) = reader.update(blocks, host_tsc);
+        let (deltas, window) = reader.update(&blocks.counters, host_tsc);
+        if let Some(latency) = self.latency.as_mut().filter(|_| !blocks.latency.is_empty()) {
+            let done: Vec<u64> = deltas
+                .iter()
+                .map(|d| d.counts[CODE_NONE as usize])
+                .collect();
+            let (timed, clamps) = latency.update(&blocks.latency, &done);
+            self.window_latency.merge(&timed);
+            self.total_latency.merge(&timed);
+            for (v, c) in clamps.iter().enumerate().filter(|(_, c)| **c > 0) {
+                if let Some(t) = self.vcpu_totals.get_mut(v) {
+                    t.latency_clamps = t.latency_clamps.saturating_add(*c);
+                    crate::guest_warn!(
+                        vcpu = v,
+                        clamps = t.latency_clamps,
+                        "request latency histogram: impossible values clamped"
+                    );
+                }
+            }
+        }
         self.window_ticks = self.window_ticks.saturating_add(window);
         for (v, d) in deltas.iter().enumerate() {
             for (s, stage) in self.stages.iter_mut().enumerate() {
@@ -163,6 +205,9 @@ impl Accounting {
                 t.exits = t.exits.saturating_add(requests);
                 t.idles = t.idles.saturating_add(d.counts[CODE_IDLE as usize]);
                 t.idle_ticks = t.idle_ticks.saturating_add(d.ticks[CODE_IDLE as usize]);
+                if let Some(w) = self.window_idle_ticks.get_mut(v) {
+                    *w = w.saturating_add(d.ticks[CODE_IDLE as usize]);
+                }
                 t.clamps = t.clamps.saturating_add(d.clamps);
                 if d.clamps > 0 {
                     crate::guest_warn!(
@@ -266,6 +311,11 @@ impl Accounting {
         let busy = self.window_ns.clone();
         self.window_ns.iter_mut().for_each(|w| *w = 0);
         let length = std::mem::take(&mut self.window_ticks);
+        let idle_ns = self
+            .window_idle_ticks
+            .iter_mut()
+            .map(|t| ticks_to_ns(self.tsc_khz, std::mem::take(t)))
+            .collect();
         Window {
             busy,
             requests: std::mem::take(&mut self.window_requests),
@@ -275,7 +325,22 @@ impl Accounting {
                 .as_ref()
                 .map(|_| self.ticks_to_ns(length))
                 .filter(|ns| *ns > 0),
+            idle_ns,
+            latency: self
+                .latency
+                .as_ref()
+                .map(|_| std::mem::take(&mut self.window_latency)),
         }
+    }
+
+    /// The run's timed requests so far (`None` unless the guest has
+    /// latency histograms).
+    pub fn latency_report(&self) -> Option<LatencyReport> {
+        self.latency.as_ref()?;
+        Some(latency_report(
+            &self.total_latency,
+            self.vcpu_totals.iter().map(|t| t.latency_clamps).sum(),
+        ))
     }
 
     /// Stage entries per completed request since REGISTER (`None` before
@@ -307,6 +372,7 @@ impl Accounting {
                 }
                 r.counter_clamps = self.vcpu_totals.iter().map(|t| t.clamps).sum();
                 r.traced_events = self.traced;
+                r.latency = self.latency_report();
                 reader.span_ticks()
             }
             None => self
@@ -318,6 +384,32 @@ impl Accounting {
         if r.busy_ns > 0 {
             r.requests_per_s = r.requests as f64 * 1e9 / r.busy_ns as f64;
         }
+    }
+}
+
+/// The report of the timed requests in `h`, with `clamps` impossible
+/// values clamped: quantiles and the cumulative counts at every power of
+/// two of ns from 2^7 to 2^38 (each an exact bucket boundary).
+pub fn latency_report(h: &Histogram, clamps: u64) -> LatencyReport {
+    let us = |q: f64| h.quantile(q).map_or(0.0, |ns| ns / 1000.0);
+    LatencyReport {
+        samples: h.count(),
+        sum_ns: h.sum_ns(),
+        mean_us: h.mean_ns().map_or(0.0, |ns| ns / 1000.0),
+        p50_us: us(0.5),
+        p90_us: us(0.9),
+        p99_us: us(0.99),
+        p999_us: us(0.999),
+        clamps,
+        buckets: (7..=38)
+            .map(|k| {
+                let le_ns = (1u64 << k) - 1;
+                LatencyBucket {
+                    le_ns,
+                    count: h.count_at_or_below(le_ns),
+                }
+            })
+            .collect(),
     }
 }
 

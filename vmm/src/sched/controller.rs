@@ -13,16 +13,19 @@
 use std::time::Instant;
 
 use host_sched::config::{BudgetsUpdate, Config, ConfigError, PolicyUpdate};
-use host_sched::policy::{Plan, Policy};
+use host_sched::cpuset::CpuSet;
+use host_sched::policy::{Observation, Plan, Policy};
 use host_sched::topology::Topology;
 use host_sched::vm::{build_policy, replan, Setup, VmPlan};
-use hypercall_abi::stage::VcpuCounters;
-use stagevm_report::{ChannelReport, PerStage, StagePlacement, TimelineEntry};
+use stagevm_report::{ChannelReport, CpuReport, PerStage, StagePlacement, TimelineEntry};
 
 use super::accounting::Accounting;
 use super::counters::CounterReader;
+use super::cpu::SchedStat;
+use super::latency::LatencyReader;
+use super::observe::Observer;
 use super::timeline::Timeline;
-use crate::stage::{Drained, Registered};
+use crate::stage::{Blocks, Drained, Registered};
 
 /// The scheduling state of one VM.
 pub struct Controller {
@@ -55,6 +58,8 @@ pub struct Controller {
     /// A change accepted by [`Controller::propose`], applied at the start
     /// of the next policy period.
     pending: Option<Pending>,
+    /// The periods' measurements for the policy and the run's CPU totals.
+    observer: Observer,
 }
 
 /// A change the operator asks for while the VM runs (the operator API).
@@ -84,14 +89,18 @@ impl Guest {
     /// or ring events.
     fn accounting(registered: &Registered, num_vcpus: u32, tsc_khz: u64) -> Accounting {
         let a = Accounting::new(&registered.names, num_vcpus, tsc_khz);
-        if registered.counters {
-            a.with_counters(CounterReader::new(
-                registered.generation,
-                num_vcpus,
-                registered.register_tsc,
-                registered.host_tsc,
-                tsc_khz,
-            ))
+        if !registered.counters {
+            return a;
+        }
+        let a = a.with_counters(CounterReader::new(
+            registered.generation,
+            num_vcpus,
+            registered.register_tsc,
+            registered.host_tsc,
+            tsc_khz,
+        ));
+        if registered.latency {
+            a.with_latency(LatencyReader::new(num_vcpus))
         } else {
             a
         }
@@ -139,6 +148,7 @@ impl Controller {
             config: setup.config.clone(),
             topology: setup.topology.clone(),
             pending: None,
+            observer: Observer::default(),
         }
     }
 
@@ -278,21 +288,23 @@ impl Controller {
 
     /// Folds one read of a counters guest's blocks (registration
     /// `generation`, read at host TSC `host_tsc`) into the accounting.
-    pub fn ingest_counters(&mut self, generation: u64, blocks: &[VcpuCounters], host_tsc: u64) {
+    pub fn ingest_counters(&mut self, generation: u64, blocks: &Blocks, host_tsc: u64) {
         if let Some(g) = self.guest.as_mut() {
             g.accounting.ingest_counters(generation, blocks, host_tsc);
         }
     }
 
     /// Ends the policy period at `now`: the load of each stage over the
-    /// period (vCPUs' worth of time: busy ns / period ns) goes to the
-    /// policy, and its plan is returned with whether the stage map changed.
-    /// `None` before the guest registered.
+    /// period (vCPUs' worth of time: busy ns / period ns) and what was
+    /// measured in it ([`Observation`]: the rate, the work CPU from the vCPU
+    /// threads' schedstat `cpu` read now, the utilisation, the timed
+    /// requests) go to the policy, and its plan is returned with whether
+    /// the stage map changed. `None` before the guest registered.
     ///
     /// Load is measured vCPU time per stage rather than seed 000 §4.5's
     /// runnable threads per stage: measured here, that signal swung between
     /// stages with thread convoys every other period (docs/design.md).
-    pub fn period(&mut self, now: Instant) -> Option<Decision> {
+    pub fn period(&mut self, now: Instant, cpu: &[Option<SchedStat>]) -> Option<Decision> {
         let mut registered_now = false;
         if let Some(r) = self.pending_register.take() {
             // A REGISTER coalesced since the last period: plan it now.
@@ -304,7 +316,8 @@ impl Controller {
         let Some(g) = self.guest.as_mut() else {
             // Before REGISTER only an operator's change makes a new plan.
             let what = applied?;
-            self.record(now, Vec::new(), false, 0.0, None, Some(what), true);
+            let nothing = Observation::default();
+            self.record(now, Vec::new(), false, &nothing, None, Some(what), true);
             return Some(Decision {
                 plan: self.plan.clone(),
                 map_changed: false,
@@ -312,7 +325,7 @@ impl Controller {
         };
         let elapsed_ns = now.saturating_duration_since(self.period_start).as_nanos() as f64;
         self.period_start = now;
-        let window = g.accounting.take_window();
+        let mut window = g.accounting.take_window();
         let (busy, window_ns) = (&window.busy, window.length_ns);
         // A counters guest's window is the reads' own (every vCPU's time
         // sums to it); a rings guest's is the period's.
@@ -339,7 +352,18 @@ impl Controller {
             _ => window.requests as f64,
         };
         let requests_per_s = requests * 1e9 / rate_ns.max(1.0);
-        g.policy.observe_rate(requests_per_s);
+        // The cores the vCPUs may use: at most one each.
+        let cores = self
+            .plan
+            .vcpu_cores
+            .iter()
+            .flat_map(|c| c.iter())
+            .collect::<CpuSet>()
+            .len();
+        let observation =
+            self.observer
+                .period(&mut window, period_ns, requests, requests_per_s, cpu, cores);
+        g.policy.observe(&observation);
         let plan = g.policy.plan(&load);
         let decision = g.policy.decision();
         if let Some(d) = &decision {
@@ -359,7 +383,7 @@ impl Controller {
             (a, d) => a.or(d.map(|d| d.what)),
         };
         self.plan = plan.clone();
-        self.record(now, load, map_changed, requests_per_s, mode, what, from_api);
+        self.record(now, load, map_changed, &observation, mode, what, from_api);
         Some(Decision { plan, map_changed })
     }
 
@@ -370,23 +394,44 @@ impl Controller {
         now: Instant,
         load: Vec<f64>,
         map_changed: bool,
-        requests_per_s: f64,
+        o: &Observation,
         mode: Option<String>,
         decision: Option<String>,
         from_api: bool,
     ) {
         let names = self.guest.as_ref().map_or(&[][..], |g| &g.names[..]);
+        let quantile = |q: f64| {
+            o.latency
+                .as_ref()
+                .and_then(|h| h.quantile(q))
+                .map(|ns| ns / 1000.0)
+        };
         self.timeline.push(TimelineEntry {
             t_ms: now.saturating_duration_since(self.start).as_secs_f64() * 1e3,
             load: PerStage::zip(names, load),
             requirement: PerStage::zip(names, self.plan.requirement.iter().copied()),
             map_changed,
-            requests_per_s,
+            requests_per_s: o.requests_per_s,
             mode,
             decision,
             source: from_api.then(|| "api".to_string()),
             visit: self.plan.visit.name().into(),
+            cpu_per_request_us: o.cpu_per_request_ns().map(|ns| ns / 1000.0),
+            utilisation: o.utilisation,
+            p50_us: quantile(0.5),
+            p99_us: quantile(0.99),
+            latency_samples: o.latency.as_ref().map_or(0, |h| h.count()),
         });
+    }
+
+    /// The run's CPU figures so far (see [`Observer::report`]).
+    pub fn cpu_report(&self) -> Option<CpuReport> {
+        self.observer.report()
+    }
+
+    /// `--policy auto`: its last finished trial.
+    pub fn last_trial(&self) -> Option<host_sched::policy::auto::TrialSummary> {
+        self.guest.as_ref()?.policy.last_trial()
     }
 
     /// Per stage, where it runs now (empty before REGISTER).

@@ -17,18 +17,25 @@
 //! * [`accounting`] — per-stage counters and the load window,
 //! * [`counters`] — a counters guest's per-vCPU blocks (ABI minor 2) turned
 //!   into deltas under the untrusted-guest rules,
+//! * [`latency`] — its request-latency histograms (minor 4), likewise,
+//! * [`cpu`] — the vCPU threads' CPU time, less idle spinning: the work
+//!   CPU behind CPU per request and utilisation,
+//! * [`observe`] — what each policy period gives the policy,
 //! * [`timeline`] — the policy periods, a ring bounded in bytes,
 //! * [`pinner`] — thread ids and affinities.
 
 pub mod accounting;
 pub mod controller;
 pub mod counters;
+pub mod cpu;
+pub mod latency;
+pub mod observe;
 pub mod pinner;
 pub mod stage_sched;
 pub mod timeline;
 
 use stagevm_report::api::StagesView;
-use stagevm_report::{AutoReport, ChannelReport, SchedReport};
+use stagevm_report::{AutoReport, ChannelReport, ModeReport, SchedReport, TrialReport};
 
 pub use accounting::Accounting;
 pub use controller::{Change, Controller, Decision};
@@ -42,7 +49,7 @@ impl StageSched {
     /// controller (no second copy).
     pub fn finish(&self) -> (Option<ChannelReport>, SchedReport) {
         self.drain();
-        self.read_counters(&mut Vec::new());
+        self.read_counters(&mut crate::stage::Blocks::default());
         let mut c = self.controller();
         let channel = self.device.as_ref().map(|d| {
             let mut r = d.report();
@@ -62,7 +69,7 @@ impl StageSched {
     /// decision, and the change waiting for the next period.
     pub fn view(&self, timeline: usize, decisions: usize) -> StagesView {
         // A counters guest's counters as of now, not of the last period.
-        self.read_counters(&mut Vec::new());
+        self.read_counters(&mut crate::stage::Blocks::default());
         let c = self.controller();
         let stage_channel = self.device.as_ref().map(|d| {
             let mut r = d.report();
@@ -115,7 +122,35 @@ impl StageSched {
                 losing_periods: a.losing_periods,
                 mode_switches: a.mode_switches,
                 losing_share: a.losing_periods as f64 / a.periods.max(1) as f64,
+                last_trial: c.last_trial().map(|t| trial_report(&t)),
             }),
+            cpu: c.cpu_report(),
         }
+    }
+}
+
+/// `auto`'s trial summary as the report's (ns as µs).
+fn trial_report(t: &host_sched::policy::auto::TrialSummary) -> TrialReport {
+    let us = |ns: Option<f64>| ns.map(|ns| ns / 1000.0);
+    TrialReport {
+        kept: t.kept.into(),
+        objective: t.objective.into(),
+        decided_by: t.decided_by.into(),
+        unstaged_utilisation: t.unstaged_utilisation,
+        p99_limit_us: us(t.p99_limit_ns),
+        modes: t
+            .modes
+            .iter()
+            .map(|m| ModeReport {
+                mode: m.mode.into(),
+                periods: m.periods as u64,
+                requests_per_s: m.rate,
+                cpu_per_request_us: us(m.cpu_per_request_ns),
+                p99_us: us(m.p99_ns),
+                utilisation: m.utilisation,
+                dropped: m.dropped,
+                over_latency_bound: m.over_latency_bound,
+            })
+            .collect(),
     }
 }

@@ -131,6 +131,14 @@ impl Pinner {
         }
     }
 
+    /// Per vCPU, its thread's kernel id (0 until it started).
+    pub fn vcpu_tids(&self) -> Vec<i32> {
+        self.vcpu_tids
+            .iter()
+            .map(|t| t.load(Ordering::Acquire))
+            .collect()
+    }
+
     /// Pins every thread of this process that is neither a vCPU thread nor a
     /// known helper to the housekeeping cores and records it as a helper
     /// (e.g. KVM's `kvm-nx-lpage-recovery` worker). Called at start and every

@@ -17,14 +17,14 @@ use std::time::{Duration, Instant};
 
 use host_sched::config::ConfigError;
 use host_sched::vm::Setup;
-use hypercall_abi::stage::VcpuCounters;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::controller::{Change, Controller, Decision};
+use super::cpu::read_schedstat;
 use super::pinner::{thread_cpu_ns, Pinner};
 use crate::poll::Poller;
-use crate::stage::{Drain, Registered, StageDevice};
+use crate::stage::{Blocks, Drain, Registered, StageDevice};
 
 /// Most of a core the `stage-sched` thread spends on a counters guest's
 /// event trace: the drain interval grows until the thread's measured CPU
@@ -99,7 +99,7 @@ impl StageSched {
     pub fn on_register(&self, registered: &Registered) {
         // What the previous registration's counters saw until its
         // UNREGISTER goes to its accounting before a new one replaces it.
-        self.read_counters(&mut Vec::new());
+        self.read_counters(&mut Blocks::default());
         let mut c = self.controller();
         let served = c.register(registered, Instant::now());
         let plan = c.plan();
@@ -135,13 +135,13 @@ impl StageSched {
     /// end): the controller's lock is held from the copies to their
     /// ingestion (controller before device, as everywhere), so reads are
     /// ingested in the order of their host TSCs.
-    pub(super) fn read_counters(&self, buf: &mut Vec<VcpuCounters>) {
+    pub(super) fn read_counters(&self, buf: &mut Blocks) {
         if let Some(device) = &self.device {
             let mut c = self.controller();
-            if let Some(copy) = device.take_final_counters(buf) {
+            if let Some(copy) = device.take_final_blocks(buf) {
                 c.ingest_counters(copy.generation, buf, copy.host_tsc);
             }
-            if let Some(copy) = device.read_counters(buf) {
+            if let Some(copy) = device.read_blocks(buf) {
                 c.ingest_counters(copy.generation, buf, copy.host_tsc);
             }
             drop(c);
@@ -157,17 +157,24 @@ impl StageSched {
         self.controller().propose(change)
     }
 
-    /// One policy period: read the counters, adopt stray threads (every
-    /// [`ADOPT_EVERY`] periods), ask the controller, publish a changed stage
-    /// map, re-pin moved vCPUs and, after a change of the housekeeping
-    /// cores, the helper threads.
-    fn policy_period(&self, count: u64, buf: &mut Vec<VcpuCounters>) {
+    /// One policy period: read the counters and the vCPU threads'
+    /// scheduler statistics, adopt stray threads (every [`ADOPT_EVERY`]
+    /// periods), ask the controller, publish a changed stage map, re-pin
+    /// moved vCPUs and, after a change of the housekeeping cores, the
+    /// helper threads.
+    fn policy_period(&self, count: u64, buf: &mut Blocks) {
         self.read_counters(buf);
+        let cpu: Vec<_> = self
+            .pinner
+            .vcpu_tids()
+            .into_iter()
+            .map(read_schedstat)
+            .collect();
         if count.is_multiple_of(ADOPT_EVERY) {
             self.pinner.adopt_threads();
         }
         let mut c = self.controller();
-        if let Some(Decision { plan, map_changed }) = c.period(Instant::now()) {
+        if let Some(Decision { plan, map_changed }) = c.period(Instant::now(), &cpu) {
             if map_changed {
                 if let Some(device) = &self.device {
                     device.publish(&plan.stage_vcpus, plan.owned_vcpus(), plan.visit);
@@ -237,7 +244,7 @@ impl StageSched {
             .map_err(std::io::Error::other)?;
         let mut next_period = Instant::now() + self.period();
         let mut periods = 0u64;
-        let mut buf = Vec::new();
+        let mut buf = Blocks::default();
         let mut cpu = thread_cpu_ns();
         loop {
             let mut now_registered = false;

@@ -124,6 +124,7 @@ mod tests {
                 .then(|| "decided".to_string()),
             source: None,
             visit: "fifo".into(),
+            ..Default::default()
         }
     }
 

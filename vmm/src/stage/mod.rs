@@ -31,8 +31,8 @@ use std::time::Duration;
 
 use hypercall_abi::boot::KERNEL_MIN_GPA;
 use hypercall_abi::stage::{
-    validate_header, AreaHeader, Layout, StageDesc, StageMap, Status, VcpuCounters, VcpuState,
-    VisitPolicy, ABI_MINOR, DOORBELL_REGISTER, DOORBELL_STATUS, DOORBELL_UNREGISTER, DOORBELL_WAIT,
+    validate_header, AreaHeader, Layout, StageDesc, StageMap, Status, VcpuState, VisitPolicy,
+    ABI_MINOR, DOORBELL_REGISTER, DOORBELL_STATUS, DOORBELL_UNREGISTER, DOORBELL_WAIT,
     DOORBELL_WAKE, MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, WAIT_MAX_US,
 };
 use stagevm_report::{ChannelReport, VcpuRingStats};
@@ -80,6 +80,8 @@ pub struct Registered {
     /// The area has per-vCPU counters (ABI minor 2): the scheduler reads
     /// them ([`StageDevice::read_counters`]) instead of draining events.
     pub counters: bool,
+    /// The area has per-vCPU latency histograms too (ABI minor 4).
+    pub latency: bool,
     /// Which registration this is (1 for the first): counters of a new
     /// area start from zero.
     pub generation: u64,
@@ -124,7 +126,7 @@ struct Inner {
     /// registration's generation: handed out once by
     /// [`StageDevice::take_final_counters`], so the switches of the last
     /// policy period before an unregistration are counted.
-    final_counters: Option<(CounterCopy, Vec<VcpuCounters>)>,
+    final_counters: Option<(CounterCopy, Blocks)>,
 }
 
 /// The stage device of one VM. Shared by the vCPU threads (doorbell) and the
@@ -331,6 +333,7 @@ impl StageDevice {
         Ok(Registered {
             names,
             counters: layout.counters,
+            latency: layout.latency,
             generation: inner.report.registrations,
             register_tsc,
             host_tsc,
@@ -381,8 +384,8 @@ impl StageDevice {
         let mut blocks = inner
             .final_counters
             .take()
-            .map_or_else(Vec::new, |(_, v)| v);
-        if let Some(copy) = self.copy_counters(&inner, &mut blocks) {
+            .map_or_else(Blocks::default, |(_, v)| v);
+        if let Some(copy) = self.copy_blocks(&inner, &mut blocks) {
             inner.final_counters = Some((copy, blocks));
         }
         inner.area = None;
@@ -596,7 +599,7 @@ impl StageDevice {
 }
 
 mod counters;
-pub use counters::CounterCopy;
+pub use counters::{Blocks, CounterCopy};
 mod ring;
 use ring::Ring;
 pub use ring::{Event, MAX_DRAIN_PER_RING};

@@ -20,7 +20,7 @@ fn memory() -> GuestMemoryMmap {
 /// A device of 2 vCPUs over `mem` with a counters area of 3 stages and
 /// `ring_entries` entries laid out (not yet registered) at [`AREA`].
 fn counters_device(mem: &GuestMemoryMmap, ring_entries: u32) -> (Layout, StageDevice) {
-    let layout = Layout::new(2, 3, ring_entries).unwrap().with_counters();
+    let layout = Layout::new(2, 3, ring_entries).unwrap().with_latency();
     mem.write_obj(Obj(layout.header()), GuestAddress(AREA))
         .unwrap();
     (layout, StageDevice::new(mem.clone(), MEM, 2, 0, 0))
@@ -386,16 +386,23 @@ fn unregister_keeps_the_counters_for_one_last_read() {
     block.counts[stage_code(1) as usize] = 42;
     mem.write_obj(Obj(block), GuestAddress(AREA + layout.counters_offset(1)))
         .unwrap();
-    let mut buf = Vec::new();
-    assert_eq!(dev.take_final_counters(&mut buf), None);
+    let mut latency = hypercall_abi::stage::VcpuLatency::default();
+    latency.record(5_000);
+    mem.write_obj(Obj(latency), GuestAddress(AREA + layout.latency_offset(0)))
+        .unwrap();
+    let mut buf = Blocks::default();
+    assert_eq!(dev.take_final_blocks(&mut buf), None);
     dev.doorbell(0, DOORBELL_UNREGISTER, &[0]);
-    assert_eq!(dev.read_counters(&mut buf), None, "no area any more");
+    assert_eq!(dev.read_blocks(&mut buf), None, "no area any more");
     assert_eq!(
-        dev.take_final_counters(&mut buf).map(|c| c.generation),
+        dev.take_final_blocks(&mut buf).map(|c| c.generation),
         Some(first.generation)
     );
-    assert_eq!(buf[1].counts[stage_code(1) as usize], 42);
-    assert_eq!(dev.take_final_counters(&mut buf), None, "handed out once");
+    assert_eq!(buf.counters[1].counts[stage_code(1) as usize], 42);
+    assert_eq!(buf.latency.len(), 2);
+    assert_eq!(buf.latency[0], latency);
+    assert_eq!(dev.take_final_blocks(&mut buf), None, "handed out once");
+    let mut buf = Vec::new();
     // Registered again: a new generation, read live.
     let second = dev
         .doorbell(0, DOORBELL_REGISTER, &((AREA >> 12) as u32).to_le_bytes())

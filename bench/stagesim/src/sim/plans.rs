@@ -101,6 +101,8 @@ impl Plans {
             smoothing: cfg.smoothing,
             hysteresis: cfg.hysteresis,
             visit: policy::VisitPolicy::Fifo,
+            // The replay times no request: the bound never judges.
+            latency: policy::LatencyBound::default(),
         };
         // The replay does not model visit orders (a temporal mode would run
         // as unstaged): `auto` trials unstaged against spatial only, the
@@ -172,7 +174,9 @@ impl Plans {
             .map(|l| *l as f64 / period as f64)
             .collect();
         self.load.fill(0);
-        self.policy.observe_rate(instrs as f64 / seconds);
+        self.policy.observe(&host_sched::policy::Observation::rate(
+            instrs as f64 / seconds,
+        ));
         let plan = self.policy.plan(&load);
         if let Some(d) = self.policy.decision() {
             self.decisions

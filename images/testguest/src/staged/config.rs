@@ -29,6 +29,10 @@ pub struct StagedConfig {
     /// Mixing iterations a vCPU pays when it runs a different stage than
     /// the one it ran last (`switch_cost=`, a synthetic i-cache refill).
     pub switch_cost: u64,
+    /// Open loop (`arrival=`): the requests arrive at this pace instead of
+    /// each thread running its `requests` back to back; their total is the
+    /// closed loop's (threads × requests × vCPUs).
+    pub arrival: Option<super::arrivals::ArrivalConfig>,
 }
 
 /// How long an idle vCPU polls its empty run queue before it parks with

@@ -239,7 +239,7 @@ pub(super) fn thread_main(t: &Thread, stages: u32) -> ! {
         }
     }
     core::hint::black_box(x);
-    stage_leave(t);
+    stage_leave(t, false);
     finish(t, hops)
 }
 

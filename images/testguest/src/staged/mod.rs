@@ -42,6 +42,8 @@
 //!   stack), the context switch and the creation of threads;
 //! * [`runq`] — the per-vCPU run queues (spinlocked FIFOs any vCPU may
 //!   push to, or take a thread from);
+//! * [`arrivals`] — open-loop load (`arrival=`): the generator, the queue
+//!   of arrived requests, the threads waiting for one and their latencies;
 //! * [`runtime`] — each vCPU's scheduler loop, idle spinning and parking,
 //!   and work conservation (steals and spills); the threads' entry function
 //!   comes from the workload layer;
@@ -61,6 +63,7 @@
 //! The hostile modes (`abuse=1`, `hostile=…`) are in [`crate::hostile`],
 //! which builds on [`platform`]; nothing here depends on them.
 
+pub mod arrivals;
 mod bench;
 mod config;
 pub mod hopper;
@@ -77,6 +80,7 @@ use core::sync::atomic::Ordering;
 
 use hypercall_abi::stage::MAX_VCPUS;
 
+pub use arrivals::ArrivalConfig;
 pub use bench::bench;
 pub use config::{IdleConfig, StagedConfig, MAX_THREADS_PER_VCPU};
 pub use platform::{alloc_pages, PortIo, RegisterHook};
@@ -86,7 +90,8 @@ pub use workload::pipeline::set_request_source;
 /// vCPU 0's part before the other vCPUs start the staged phase: the free
 /// range, hopper's sample buffers (after [`hopper::configure`]), the
 /// workload, the area and the agent (registered with the workload's stage
-/// names, with per-vCPU counters unless `counters` is false). With
+/// names, with per-vCPU counters unless `counters` is false, and latency
+/// histograms with them unless `latency` is false). With
 /// `before_register` (`abuse=1`'s bad REGISTERs,
 /// `crate::hostile::abuse::bad_registers`), it is called on the area before
 /// the registration.
@@ -94,6 +99,7 @@ pub fn setup(
     info: &hypercall_abi::boot::BootInfo,
     ring_entries: u32,
     counters: bool,
+    latency: bool,
     timed_every: u64,
     before_register: Option<RegisterHook>,
     footprint: Option<stage_workload::Params>,
@@ -110,7 +116,7 @@ pub fn setup(
         info,
         names,
         ring_entries,
-        counters,
+        (counters, latency),
         timed_every,
         before_register,
     );
@@ -130,14 +136,17 @@ pub fn run_vcpu(vcpu: u32, num_vcpus: u32, cfg: &StagedConfig, tsc_khz: u64) {
     );
 }
 
-/// Prints the guest's own counts (see [`stats::print_counts`]), then
-/// hopper's lines when it ran ([`hopper::print`]).
+/// Prints the guest's own counts (see [`stats::print_counts`]), the open
+/// loop's line when it ran ([`arrivals::print`]), then hopper's lines when
+/// it ran ([`hopper::print`]).
 pub fn print_counts() {
+    let khz = platform::TSC_KHZ.load(Ordering::Relaxed);
     stats::print_counts(
         platform::agent(),
         workload::stage_names(),
         platform::num_vcpus() as usize,
-        platform::TSC_KHZ.load(Ordering::Relaxed),
+        khz,
     );
+    arrivals::print(platform::num_vcpus() as usize, khz);
     hopper::print();
 }

@@ -78,7 +78,7 @@ pub(super) fn register(
     info: &hypercall_abi::boot::BootInfo,
     names: &[&str],
     ring_entries: u32,
-    counters: bool,
+    (counters, latency): (bool, bool),
     timed_every: u64,
     before_register: Option<RegisterHook>,
 ) {
@@ -90,6 +90,7 @@ pub(super) fn register(
         ring_entries,
         counters,
         timed_every,
+        latency,
     };
     let mut area = None;
     let agent = match spec.layout() {

@@ -17,6 +17,12 @@
 //! [`Visitor`] picks the stage to serve (Cohort, SRPT, DBR, MG1), or the
 //! vCPUs share one queue tagged by stage (Color, [`SHARED`]).
 //!
+//! Open loop (`arrival=`, [`super::arrivals`]): every scheduler pass and
+//! every idle poll releases the requests that are due; a thread that finds
+//! none waits off the run queues until one comes ([`take_arrival`]), and a
+//! released request wakes a waiting thread on the least-loaded vCPU that
+//! serves the first stage ([`poll_arrivals`]).
+//!
 //! What a thread runs is not the runtime's business: [`run_vcpu`] takes the
 //! threads' entry function and the maker of their
 //! [`Job`](super::config::Job)s from the workload layer. Thread stacks come
@@ -33,6 +39,7 @@ use guest_agent::visit::Visitor;
 use guest_agent::{Platform, VisitPolicy};
 use hypercall_abi::stage::{MAX_STAGES, MAX_VCPUS, STAGE_NONE};
 
+use super::arrivals::{self, Take};
 use super::config::{IdleConfig, StagedConfig, MAX_THREADS_PER_VCPU};
 use super::map::{map_on, visit_on};
 use super::platform::{agent, num_vcpus, PortIo};
@@ -86,6 +93,42 @@ pub(super) fn timed_yield(t: &Thread, k: usize) -> u64 {
     bump(&counts.switch_cycles[k], waited);
     bump(&counts.switches[k], 1);
     waited
+}
+
+/// Open loop: the next request for `t` (the TSC it arrived at), waiting
+/// off the run queues while none is queued; `None` when every request was
+/// released and taken (the thread is done).
+pub(super) fn take_arrival(t: &Thread) -> Option<u64> {
+    loop {
+        match arrivals::try_take(t) {
+            Take::Arrival(a) => return Some(a),
+            Take::Done => return None,
+            Take::Empty => {
+                // The scheduler parks it once its context is saved
+                // (`schedule`), or runs it again if a request came.
+                t.blocked.store(true, Ordering::Relaxed);
+                yield_now(t);
+            }
+        }
+    }
+}
+
+/// Open loop: releases the requests due now and wakes a waiting thread for
+/// each queued one, on the vCPU with the shortest queue among those that
+/// serve the first stage (all, without a map), `vcpu` first on ties.
+fn poll_arrivals(vcpu: u32) {
+    arrivals::release_due(PortIo.tsc());
+    while let Some(t) = arrivals::wake_one() {
+        let n = num_vcpus();
+        let first = map_on(vcpu).map_or(u64::MAX, |v| v.snap.vcpus[0]);
+        let serves = |v: u32| v >= 64 || first == 0 || first & (1 << v) != 0;
+        let target = core::iter::once(vcpu)
+            .chain(0..n)
+            .filter(|v| serves(*v))
+            .min_by_key(|v| queue_len(*v))
+            .unwrap_or(vcpu);
+        enqueue(t, target, vcpu);
+    }
 }
 
 /// Marks `t` done with `checksum` and yields for good.
@@ -306,8 +349,15 @@ fn idle(vcpu: u32, idle: &IdleConfig, tsc_khz: u64, shared: bool) {
     let mut polls = 0u32;
     let start = PortIo.tsc();
     let mut spin = 1u32;
+    let open = arrivals::is_open();
     while empty() && LIVE.load(Ordering::SeqCst) != 0 {
         polls = polls.wrapping_add(1);
+        if open {
+            poll_arrivals(vcpu);
+            if !empty() {
+                break;
+            }
+        }
         if polls % STEAL_EVERY == 1 {
             let spill = spill_cycles != 0 && PortIo.tsc().wrapping_sub(start) >= spill_cycles;
             if steal(vcpu, spill) {
@@ -318,7 +368,16 @@ fn idle(vcpu: u32, idle: &IdleConfig, tsc_khz: u64, shared: bool) {
             publish_depth(vcpu);
             a.set_parked(vcpu, true);
             if empty() && LIVE.load(Ordering::SeqCst) != 0 {
-                a.wait(IDLE_WAIT_US);
+                // Open loop: no longer than until the next request is due.
+                let us = match arrivals::next_arrival() {
+                    u64::MAX => IDLE_WAIT_US,
+                    next => {
+                        let ticks = next.saturating_sub(PortIo.tsc());
+                        (ticks.saturating_mul(1000) / tsc_khz.max(1))
+                            .clamp(1, u64::from(IDLE_WAIT_US)) as u32
+                    }
+                };
+                a.wait(us);
                 bump(&VCPU_COUNTS[vcpu as usize].waits, 1);
             }
             a.set_parked(vcpu, false);
@@ -441,7 +500,11 @@ fn schedule(vcpu: u32, idle_cfg: &IdleConfig, tsc_khz: u64) {
     let counts = &VCPU_COUNTS[vcpu as usize];
     let mut last_stage = None;
     let mut picks = 0u32;
+    let open = arrivals::is_open();
     loop {
+        if open {
+            poll_arrivals(vcpu);
+        }
         let visit = visit_on(vcpu);
         say_visit(vcpu, visit);
         if visit.is_temporal() {
@@ -474,7 +537,10 @@ fn schedule(vcpu: u32, idle_cfg: &IdleConfig, tsc_khz: u64) {
             visitor_on(vcpu, visit).served(s, PortIo.tsc().wrapping_sub(t0));
         }
         // Only now, with its context saved, may the thread become visible to
-        // another vCPU.
+        // another vCPU: a thread that found no request waits for one.
+        if t.blocked.swap(false, Ordering::Relaxed) && arrivals::park(t) {
+            continue;
+        }
         if t.done.load(Ordering::Acquire) {
             if LIVE.fetch_sub(1, Ordering::SeqCst) == 1 {
                 END_TSC.store(PortIo.tsc(), Ordering::Relaxed);
@@ -535,7 +601,15 @@ pub(super) fn run_vcpu(
             core::hint::spin_loop();
         }
         say_visit(vcpu, visit_on(vcpu));
-        START_TSC.store(PortIo.tsc().max(1), Ordering::Relaxed);
+        if let Some(open) = &cfg.arrival {
+            let total = TOTAL_REQUESTS.load(Ordering::Relaxed);
+            arrivals::configure(open, total, tsc_khz);
+        }
+        let now = PortIo.tsc().max(1);
+        START_TSC.store(now, Ordering::Relaxed);
+        if arrivals::is_open() {
+            arrivals::start(now);
+        }
         RELEASED.store(true, Ordering::Release);
     } else {
         while !RELEASED.load(Ordering::Acquire) {
@@ -544,11 +618,17 @@ pub(super) fn run_vcpu(
     }
     schedule(vcpu, &cfg.idle, tsc_khz);
     for t in own.iter().flatten() {
+        // Open loop: the requests it happened to serve.
+        let requests = if arrivals::is_open() {
+            t.served.load(Ordering::Relaxed)
+        } else {
+            t.job.requests
+        };
         println!(
             "thread {}: vcpu {}, requests {}, checksum {:#018x}",
             t.id,
             t.vcpu.load(Ordering::Relaxed),
-            t.job.requests,
+            requests,
             t.checksum.load(Ordering::Relaxed)
         );
     }

@@ -10,7 +10,7 @@
 
 use core::sync::atomic::Ordering;
 
-use guest_agent::choose_from_map;
+use guest_agent::{choose_from_map, RequestClock};
 use hypercall_abi::stage::{MAX_VCPUS, STAGE_NONE};
 
 use super::map::map_on;
@@ -134,11 +134,13 @@ pub(super) fn stage_switch(t: &Thread, stage: u32) -> Option<u64> {
         a.count_migration(cur, old, stage);
     }
     let counts = &VCPU_COUNTS[cur as usize];
+    let mut clock = RequestClock::from_raw(t.clock.load(Ordering::Relaxed));
     count(
         cur,
-        a.stage_enter(cur, stage, t.id),
+        a.stage_enter_request(cur, stage, t.id, &mut clock),
         &counts.reported[stage as usize],
     );
+    t.clock.store(clock.to_raw(), Ordering::Relaxed);
     bump(&counts.ran[stage as usize], 1);
     if let Some(v) = map_on(cur).filter(|_| !spilled) {
         if v.snap.vcpus[stage as usize] != 0 && v.here & (1 << stage) == 0 {
@@ -161,19 +163,37 @@ fn took_spill(t: &Thread, cur: u32) -> bool {
     true
 }
 
-/// `t` finished its request: reports the exit, leaves its stage and yields
-/// so the threads on its vCPU take turns, a request each. Under a temporal
-/// visit policy it does not yield here: it yields at its next request's
-/// first stage switch, into that stage's queue.
-pub(super) fn stage_leave(t: &Thread) {
+/// Starts `t`'s request at guest TSC `start` (an open-loop arrival) or now
+/// (`None`) on the vCPU it runs on: the agent times one in N.
+pub(super) fn request_begin(t: &Thread, start: Option<u64>) {
+    let vcpu = t.vcpu.load(Ordering::Relaxed);
+    let mut clock = RequestClock::new();
+    agent().request_begin(vcpu, &mut clock, start);
+    t.clock.store(clock.to_raw(), Ordering::Relaxed);
+}
+
+/// `t` finished its request: reports the exit (the agent records a timed
+/// request's latency) and leaves its stage. In a closed loop its next
+/// request starts at once — a closed-loop client issues it as soon as the
+/// last one completes, so the wait for its turn is part of its latency —
+/// and it yields so the threads on its vCPU take turns, a request each;
+/// under a temporal visit policy it does not yield here but at its next
+/// request's first stage switch, into that stage's queue. In an open loop
+/// (`open`) the next request starts when it arrives, and the thread goes
+/// on to take it without yielding.
+pub(super) fn stage_leave(t: &Thread, open: bool) {
     let a = agent();
     let vcpu = t.vcpu.load(Ordering::Relaxed);
-    count(
-        vcpu,
-        a.stage_exit(vcpu, t.id),
-        &VCPU_COUNTS[vcpu as usize].exits,
-    );
+    let mut clock = RequestClock::from_raw(t.clock.load(Ordering::Relaxed));
+    let (report, _) = a.stage_exit_request(vcpu, t.id, &mut clock);
+    count(vcpu, report, &VCPU_COUNTS[vcpu as usize].exits);
     t.stage.store(STAGE_NONE, Ordering::Relaxed);
+    if open {
+        t.clock.store(clock.to_raw(), Ordering::Relaxed);
+        return;
+    }
+    a.request_begin(vcpu, &mut clock, None);
+    t.clock.store(clock.to_raw(), Ordering::Relaxed);
     if !t.temporal.load(Ordering::Relaxed) {
         timed_yield(t, 0);
     }

@@ -90,6 +90,19 @@ pub(super) struct Thread {
     pub(super) done: AtomicBool,
     /// Checksum of its requests (final once `done`).
     pub(super) checksum: AtomicU64,
+    /// Its request's clock (`guest_agent::RequestClock::to_raw`): the
+    /// agent times one request in N from its start to its `stage_exit`.
+    pub(super) clock: AtomicU64,
+    /// Open loop (`arrival=`): the TSC its current request arrived at, and
+    /// the requests it served.
+    pub(super) arrival: AtomicU64,
+    pub(super) served: AtomicU64,
+    /// Open loop: set before it yields because no request waits; the
+    /// scheduler then parks it among the waiting threads
+    /// (`runtime::take_arrival`).
+    pub(super) blocked: AtomicBool,
+    /// Open loop: woken for a queued request, not yet come to take it.
+    pub(super) woken: AtomicBool,
     /// Unique id (`vcpu + num_vcpus × i` of the vCPU that created it).
     pub(super) id: u32,
     /// What it runs (requests and their parameters).
@@ -133,6 +146,11 @@ pub(super) fn new_thread(
             temporal: AtomicBool::new(false),
             done: AtomicBool::new(false),
             checksum: AtomicU64::new(0),
+            clock: AtomicU64::new(0),
+            arrival: AtomicU64::new(0),
+            served: AtomicU64::new(0),
+            blocked: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
             id,
             job,
         })

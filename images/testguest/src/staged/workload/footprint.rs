@@ -8,9 +8,9 @@
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use super::shared::{cold_start, complete};
+use super::shared::{cold_start, next_request, request_done};
 use crate::staged::runtime::{finish, Thread};
-use crate::staged::switch::{stage_leave, stage_switch};
+use crate::staged::switch::stage_switch;
 
 /// The footprint workload's parameters (stages, funcs, calls, data words),
 /// all 0 for the default workload; set by vCPU 0 in [`configure`].
@@ -53,16 +53,17 @@ pub(super) fn thread_main(t: &Thread, p: &stage_workload::Params) -> ! {
     };
     stage_workload::init_data(t.id, data);
     let mut checksum = 0;
-    for r in 0..t.job.requests {
+    let mut r = 0;
+    while next_request(t, r) {
         let mut x = stage_workload::request_seed(t.id, r);
         for s in 0..p.stages {
             stage_switch(t, s as u32);
             cold_start(t, s as u32);
             x = stage_workload::run_stage(s, x, p, data);
         }
-        stage_leave(t);
-        complete();
+        request_done(t);
         checksum = stage_workload::fold(checksum, x);
+        r += 1;
     }
     finish(t, checksum)
 }

@@ -10,10 +10,10 @@
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use super::shared::{cold_start, complete, mix, COMPLETED};
+use super::shared::{cold_start, mix, next_request, request_done, COMPLETED};
 use crate::staged::config::MAX_STAGES;
 use crate::staged::runtime::{finish, Thread};
-use crate::staged::switch::{stage_leave, stage_switch};
+use crate::staged::switch::stage_switch;
 
 /// Stage names of the default workload, in id order.
 pub(super) const STAGES: [&str; 3] = ["parse", "plan", "execute"];
@@ -79,7 +79,8 @@ pub(super) fn thread_main(t: &Thread) -> ! {
     let mut checksum = 0u64;
     let source = REQUEST_SOURCE[0].load(Ordering::Acquire);
     let span = REQUEST_SOURCE[1].load(Ordering::Relaxed) / 64 * 64;
-    for r in 0..t.job.requests {
+    let mut r = 0;
+    while next_request(t, r) {
         let work = &t.job.work[usize::from(COMPLETED.load(Ordering::Relaxed) >= t.job.half)];
         let mut req = [0u64; 8];
         if source != 0 && span != 0 {
@@ -105,9 +106,9 @@ pub(super) fn thread_main(t: &Thread) -> ! {
         stage_switch(t, 2);
         cold_start(t, 2);
         let c = execute(&mut req, &mut table, work[2]);
-        stage_leave(t);
-        complete();
+        request_done(t);
         checksum = checksum.rotate_left(3) ^ a ^ b.wrapping_mul(3) ^ c;
+        r += 1;
     }
     finish(t, checksum)
 }

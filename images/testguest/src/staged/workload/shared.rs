@@ -1,8 +1,11 @@
 //! What the workloads share: `switch_cost=`'s synthetic refill
 //! ([`cold_start`]), the mixing loop behind it and behind `work=` ([`mix`]),
-//! and the guest-wide count of completed requests ([`COMPLETED`]).
+//! the guest-wide count of completed requests ([`COMPLETED`]), and where a
+//! thread's requests come from and go ([`next_request`], [`request_done`]):
+//! its job's count in a closed loop, the arrivals in an open loop.
 //!
-//! Depends on [`crate::staged::runtime`]'s [`Thread`] only.
+//! Depends on [`crate::staged::runtime`] (threads, arrivals) and the stage
+//! switch.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -10,9 +13,11 @@ use hypercall_abi::stage::MAX_VCPUS;
 
 use guest_agent::Platform;
 
+use crate::staged::arrivals;
 use crate::staged::platform::PortIo;
-use crate::staged::runtime::Thread;
+use crate::staged::runtime::{take_arrival, Thread};
 use crate::staged::stats::{mark_at, MARKS};
+use crate::staged::switch::{request_begin, stage_leave};
 
 /// Per vCPU, the stage it ran last (`u32::MAX`: none yet), for `switch_cost`.
 static LAST_STAGE: [core::sync::atomic::AtomicU32; MAX_VCPUS] =
@@ -69,4 +74,35 @@ pub(super) fn complete() -> u64 {
         MARKS[k].store(PortIo.tsc(), Ordering::Relaxed);
     }
     before
+}
+
+/// Whether `t` runs its `r`-th request (from 0): in a closed loop while
+/// `r` is below its job's count; in an open loop when it takes one that
+/// arrived (waiting for it; none when every request was released and
+/// taken), whose start is its arrival.
+pub(super) fn next_request(t: &Thread, r: u64) -> bool {
+    if !arrivals::is_open() {
+        return r < t.job.requests;
+    }
+    let Some(arrival) = take_arrival(t) else {
+        return false;
+    };
+    t.arrival.store(arrival, Ordering::Relaxed);
+    request_begin(t, Some(arrival));
+    true
+}
+
+/// `t` finished its request: it leaves its stage (`switch::stage_leave`),
+/// the request counts guest-wide, and in an open loop its latency from
+/// arrival is recorded (`arrivals::record`).
+pub(super) fn request_done(t: &Thread) {
+    let open = arrivals::is_open();
+    stage_leave(t, open);
+    let before = complete();
+    t.served
+        .store(t.served.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    if open {
+        let vcpu = t.vcpu.load(Ordering::Relaxed);
+        arrivals::record(vcpu, t.arrival.load(Ordering::Relaxed), before);
+    }
 }

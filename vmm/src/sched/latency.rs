@@ -1,0 +1,204 @@
+//! From the guest's per-vCPU request-latency histograms (ABI minor 4) to
+//! the requests timed between two reads, merged into one [`Histogram`],
+//! under the untrusted-guest rules of docs/stage-protocol.md §8.
+//!
+//! The device copies each vCPU's block so that it holds every recorded
+//! request whole and at most one in flight (its bucket, not yet its
+//! `samples`), and copies the latency blocks before the counters, so that
+//! every request a copy holds is among the completed requests
+//! (`counts[none]`) of the counters read after it. Rules, per vCPU and
+//! window, each applied and counted in the clamps it returns (a guest that
+//! breaks them only loses its own latency figures):
+//! * `samples`, `sum_ns` or a bucket below its last value: the window
+//!   takes nothing from the vCPU, and the new values become the baseline;
+//! * the buckets' growth differs from `samples`' by more than the one
+//!   request in flight, or exceeds the vCPU's completed requests of the
+//!   window (+1): likewise;
+//! * a sum outside what the buckets allow (each request between its
+//!   bucket's bounds): the window's sum is the buckets' midpoints instead.
+//!
+//! With one request in flight the window's sum is the midpoints' too (not
+//! a clamp). Every operation is O(vCPUs × 256 buckets), never panics.
+
+use host_sched::latency::{bucket_mid_ns, Histogram};
+use hypercall_abi::stage::{latency_bucket_lower_ns, VcpuLatency, LATENCY_BUCKETS};
+
+/// Reads of one registration's latency blocks: per-vCPU baselines.
+#[derive(Debug)]
+pub struct LatencyReader {
+    last: Vec<VcpuLatency>,
+}
+
+impl LatencyReader {
+    /// Reads for `num_vcpus` vCPUs whose blocks start at zero (REGISTER).
+    pub fn new(num_vcpus: u32) -> Self {
+        Self {
+            last: vec![VcpuLatency::default(); num_vcpus as usize],
+        }
+    }
+
+    /// The requests timed since the previous read: `blocks` (one per vCPU;
+    /// those past the vCPU count are ignored) against the baselines, with
+    /// `requests[v]` the completed requests of vCPU `v` in the same window
+    /// (missing: 0). Returns the window's histogram and, per vCPU, the
+    /// impossible values clamped.
+    pub fn update(&mut self, blocks: &[VcpuLatency], requests: &[u64]) -> (Histogram, Vec<u64>) {
+        let mut window = Histogram::new();
+        let mut clamps = vec![0u64; self.last.len()];
+        for (v, (block, base)) in blocks.iter().zip(self.last.iter_mut()).enumerate() {
+            let done = requests.get(v).copied().unwrap_or(0);
+            clamps[v] = delta(base, block, done, &mut window);
+            *base = *block;
+        }
+        (window, clamps)
+    }
+}
+
+/// Adds one vCPU's window (`new` against `base`, `done` requests completed)
+/// to `window`; returns the clamps (0 or 1).
+fn delta(base: &VcpuLatency, new: &VcpuLatency, done: u64, window: &mut Histogram) -> u64 {
+    let (Some(samples), Some(sum)) = (
+        new.samples.checked_sub(base.samples),
+        new.sum_ns.checked_sub(base.sum_ns),
+    ) else {
+        return 1;
+    };
+    let mut growth = [0u64; LATENCY_BUCKETS];
+    let mut timed = 0u64;
+    for (g, (n, b)) in growth.iter_mut().zip(new.buckets.iter().zip(&base.buckets)) {
+        let Some(d) = n.checked_sub(*b) else {
+            return 1;
+        };
+        *g = d;
+        timed = timed.saturating_add(d);
+    }
+    if timed.abs_diff(samples) > 1 || timed > done.saturating_add(1) {
+        return 1;
+    }
+    // What the buckets allow the sum to be (u128: nothing a guest writes
+    // overflows it), and their midpoints.
+    let (mut lo, mut hi, mut mid) = (0u128, 0u128, 0u128);
+    let mut open_above = false;
+    for (b, count) in growth.iter().enumerate().filter(|(_, n)| **n > 0) {
+        let n = u128::from(*count);
+        lo += n * u128::from(latency_bucket_lower_ns(b));
+        mid += n * u128::from(bucket_mid_ns(b));
+        if b + 1 < LATENCY_BUCKETS {
+            hi += n * u128::from(latency_bucket_lower_ns(b + 1));
+        } else {
+            open_above = true;
+        }
+        window.add_bucket(b, *count);
+    }
+    let sum = u128::from(sum);
+    let consistent = timed == samples;
+    let in_bounds = sum >= lo && (open_above || sum <= hi);
+    if consistent && in_bounds {
+        window.add_sum(sum as u64);
+        return 0;
+    }
+    window.add_sum(mid.min(u128::from(u64::MAX)) as u64);
+    u64::from(consistent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn block(latencies: &[u64]) -> VcpuLatency {
+        let mut b = VcpuLatency::default();
+        for ns in latencies {
+            b.record(*ns);
+        }
+        b
+    }
+
+    #[test]
+    fn an_honest_guest_is_read_exactly_and_merged_over_vcpus() {
+        let mut r = LatencyReader::new(2);
+        let (h, clamps) = r.update(&[block(&[1000, 2000]), block(&[50_000])], &[2, 1]);
+        assert_eq!((h.count(), h.sum_ns(), clamps), (3, 53_000, vec![0, 0]));
+        // The next window holds only what was recorded since.
+        let (h, _) = r.update(&[block(&[1000, 2000, 3000]), block(&[50_000])], &[1, 0]);
+        assert_eq!((h.count(), h.sum_ns()), (1, 3000));
+    }
+
+    #[test]
+    fn one_request_in_flight_is_not_a_clamp() {
+        let mut r = LatencyReader::new(1);
+        // Its bucket is stored, its sum and samples not yet.
+        let mut b = block(&[1000]);
+        b.buckets[hypercall_abi::stage::latency_bucket(7000)] += 1;
+        let (h, clamps) = r.update(&[b], &[2]);
+        assert_eq!((h.count(), clamps[0]), (2, 0));
+        // The next read completes it: the sums add up over the two.
+        let (h2, clamps) = r.update(&[block(&[1000, 7000])], &[0]);
+        assert_eq!((h2.count(), clamps[0]), (0, 0));
+    }
+
+    #[test]
+    fn impossible_values_are_clamped_not_trusted() {
+        let mut r = LatencyReader::new(1);
+        r.update(&[block(&[1000, 1000])], &[2]);
+        // Going backwards.
+        let (h, clamps) = r.update(&[block(&[1000])], &[5]);
+        assert_eq!((h.count(), clamps[0]), (0, 1));
+        // More timed requests than completed ones.
+        let mut r = LatencyReader::new(1);
+        let (h, clamps) = r.update(&[block(&[1000; 10])], &[3]);
+        assert_eq!((h.count(), clamps[0]), (0, 1));
+        // `samples` far from the buckets.
+        let mut b = block(&[1000]);
+        b.samples = 1 << 40;
+        let mut r = LatencyReader::new(1);
+        assert_eq!(r.update(&[b], &[1]).1[0], 1);
+        // A sum the buckets cannot hold: midpoints instead, counted.
+        let mut b = block(&[1000, 1000]);
+        b.sum_ns = 1 << 50;
+        let mut r = LatencyReader::new(1);
+        let (h, clamps) = r.update(&[b], &[2]);
+        assert_eq!(clamps[0], 1);
+        assert_eq!(h.count(), 2);
+        assert!(h.sum_ns() > 1900 && h.sum_ns() < 2100, "{}", h.sum_ns());
+    }
+
+    proptest! {
+        /// Any sequence of blocks a guest may write: never a panic, never
+        /// more timed requests than completed ones (+1 per vCPU and window),
+        /// and an honest sequence is read without a clamp.
+        #[test]
+        fn reads_are_total_and_bounded(
+            writes in proptest::collection::vec(
+                (any::<u64>(), any::<u64>(), proptest::collection::vec((0usize..256, any::<u64>()), 0..8), 0u64..50),
+                1..12,
+            ),
+            honest in proptest::collection::vec(proptest::collection::vec(0u64..1 << 40, 0..20), 1..12),
+        ) {
+            let mut r = LatencyReader::new(1);
+            for (samples, sum, buckets, done) in writes {
+                let mut b = VcpuLatency { samples, sum_ns: sum, ..Default::default() };
+                for (i, n) in buckets {
+                    b.buckets[i] = n;
+                }
+                let (h, _) = r.update(&[b], &[done]);
+                prop_assert!(h.count() <= done + 1);
+            }
+            let mut r = LatencyReader::new(1);
+            let mut b = VcpuLatency::default();
+            let mut merged = Histogram::new();
+            for window in honest {
+                for ns in &window {
+                    b.record(*ns);
+                }
+                let (h, clamps) = r.update(&[b], &[window.len() as u64]);
+                prop_assert_eq!(clamps[0], 0);
+                prop_assert_eq!(h.count(), window.len() as u64);
+                prop_assert_eq!(h.sum_ns(), window.iter().sum::<u64>());
+                merged.merge(&h);
+            }
+            prop_assert_eq!(merged.count(), b.samples);
+            prop_assert_eq!(merged.sum_ns(), b.sum_ns);
+        }
+    }
+}
