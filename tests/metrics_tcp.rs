@@ -37,17 +37,26 @@ fn samples(text: &str) -> BTreeMap<String, f64> {
     scrape
         .samples
         .iter()
-        .map(|s| {
-            let v = match s.value {
-                prometheus_parse::Value::Counter(v)
-                | prometheus_parse::Value::Gauge(v)
-                | prometheus_parse::Value::Untyped(v) => v,
-                ref other => panic!("{}: {other:?}", s.metric),
-            };
+        .flat_map(|s| {
             let mut labels: Vec<String> =
                 s.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
             labels.sort();
-            (format!("{}{{{}}}", s.metric, labels.join(",")), v)
+            let key = |extra: Option<String>| {
+                let mut l = labels.clone();
+                l.extend(extra);
+                format!("{}{{{}}}", s.metric, l.join(","))
+            };
+            match &s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => vec![(key(None), *v)],
+                // A histogram's cumulative buckets, one sample each.
+                prometheus_parse::Value::Histogram(buckets) => buckets
+                    .iter()
+                    .map(|b| (key(Some(format!("le={}", b.less_than))), b.count))
+                    .collect(),
+                other => panic!("{}: {other:?}", s.metric),
+            }
         })
         .collect()
 }

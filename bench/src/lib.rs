@@ -1,10 +1,75 @@
 //! Shared pieces of the stagevm benchmarks: what to run ([`target`]),
-//! small statistics ([`stats`]) and the machine's background load during a
-//! run ([`load`]).
+//! booting the test guest ([`guest`]), the native references of the
+//! headline's workload ([`native`]), small statistics ([`stats`]) and the
+//! machine's background load during a run ([`load`]).
 
 pub mod target;
 
 pub mod guest;
+pub mod native;
+
+/// The CPU model and caches (from `lscpu`).
+pub fn machine() -> String {
+    let out = std::process::Command::new("lscpu")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    let text = out.unwrap_or_default();
+    let get = |k: &str| {
+        text.lines()
+            .find(|l| l.starts_with(k))
+            .map(|l| l[k.len()..].trim().to_string())
+            .unwrap_or_else(|| "?".into())
+    };
+    format!(
+        "{}, {} CPUs, L1i {}, L2 {}, L3 {} (lscpu)",
+        get("Model name:"),
+        get("CPU(s):"),
+        get("L1i cache:"),
+        get("L2 cache:"),
+        get("L3 cache:")
+    )
+}
+
+/// A TrueType font for the plots' labels (plotters' `ab_glyph` backend
+/// needs one registered; Debian's fonts-dejavu-core is on these machines).
+pub const PLOT_FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+/// Registers [`PLOT_FONT`] as plotters' `sans-serif`.
+///
+/// # Errors
+/// When the font cannot be read or is not usable.
+pub fn register_plot_font() -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let font =
+        std::fs::read(PLOT_FONT).with_context(|| format!("reading the plot font {PLOT_FONT}"))?;
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, font)
+        .map_err(|_| anyhow::anyhow!("{PLOT_FONT} is not a usable font"))
+}
+
+/// Writes `section` into the results file `path` between the marker lines
+/// `begin` and `end` (replacing what was between them; appended with its
+/// markers when they are absent; the file is created if needed).
+///
+/// # Errors
+/// When the file cannot be written.
+pub fn write_section(
+    path: &std::path::Path,
+    begin: &str,
+    end: &str,
+    section: &str,
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let old =
+        std::fs::read_to_string(path).unwrap_or_else(|_| "# stagevm benchmark results\n".into());
+    let new = match (old.find(begin), old.find(end)) {
+        (Some(b), Some(e)) if b < e => {
+            format!("{}{begin}\n{section}{}", &old[..b], &old[e..])
+        }
+        _ => format!("{}\n{begin}\n{section}{end}\n", old.trim_end()),
+    };
+    std::fs::write(path, new).with_context(|| format!("writing {}", path.display()))
+}
 
 /// The first number after `key` in `line` (digits and a decimal point), as
 /// the guest prints its figures; `None` when `key` or a number is missing.

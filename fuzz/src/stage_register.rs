@@ -9,9 +9,9 @@
 
 use hypercall_abi::boot::KERNEL_MIN_GPA;
 use hypercall_abi::stage::{
-    Layout, Status, ABI_VERSION, AREA_FLAG_COUNTERS, AREA_MAGIC, DOORBELL_REGISTER,
-    DOORBELL_STATUS, DOORBELL_UNREGISTER, MAX_RING_ENTRIES, MAX_STAGES, MAX_VCPUS, PAGE_SIZE,
-    RINGS_OFFSET, STAGE_DESCS_OFFSET,
+    Layout, Status, ABI_VERSION, AREA_FLAG_COUNTERS, AREA_FLAG_LATENCY, AREA_MAGIC,
+    DOORBELL_REGISTER, DOORBELL_STATUS, DOORBELL_UNREGISTER, MAX_RING_ENTRIES, MAX_STAGES,
+    MAX_VCPUS, PAGE_SIZE, RINGS_OFFSET, STAGE_DESCS_OFFSET,
 };
 use stagevm::stage::StageDevice;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -64,6 +64,10 @@ pub fn expected_status(h: &[u8; 64], gpa: u64, vm_vcpus: u32, mem_size: u64) -> 
         // Minor 2 (§5a): 768-byte counter blocks after the rings, from the
         // next 128-byte boundary.
         used = used.next_multiple_of(128) + u128::from(vcpus) * 768;
+        if u32_at(36) & AREA_FLAG_LATENCY != 0 {
+            // Minor 4 (§5b): 2,176-byte latency blocks after them.
+            used += u128::from(vcpus) * 2176;
+        }
     }
     if used > u128::from(area_size) {
         return Status::BadLayout;
@@ -78,8 +82,11 @@ pub fn expected_status(h: &[u8; 64], gpa: u64, vm_vcpus: u32, mem_size: u64) -> 
 /// made valid for a VM of `vm_vcpus` vCPUs with some probability.
 pub fn near_valid_header(inp: &mut Input, vm_vcpus: u32) -> [u8; 64] {
     let mut h: [u8; 64] = inp.array();
-    // Flags stay arbitrary: a size made valid follows them (counters or not).
-    let counters = u32::from_le_bytes(h[36..40].try_into().unwrap()) & AREA_FLAG_COUNTERS != 0;
+    // Flags stay arbitrary: a size made valid follows them (counters and
+    // latency blocks or not).
+    let flags = u32::from_le_bytes(h[36..40].try_into().unwrap());
+    let counters = flags & AREA_FLAG_COUNTERS != 0;
+    let latency = counters && flags & AREA_FLAG_LATENCY != 0;
     let fix = inp.u8();
     let mut put = |off: usize, bytes: &[u8]| h[off..off + bytes.len()].copy_from_slice(bytes);
     if fix & 1 == 0 {
@@ -112,7 +119,11 @@ pub fn near_valid_header(inp: &mut Input, vm_vcpus: u32) -> [u8; 64] {
     if fix & 64 == 0 {
         // The layout's size, a few pages more or less, or a near-page value.
         let base = Layout::new(vcpus, stages, entries)
-            .map(|l| if counters { l.with_counters() } else { l })
+            .map(|l| match (counters, latency) {
+                (true, true) => l.with_latency(),
+                (true, false) => l.with_counters(),
+                _ => l,
+            })
             .map_or(PAGE_SIZE, |l| l.area_size());
         let size = match inp.u8() % 4 {
             0 => base,

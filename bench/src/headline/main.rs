@@ -33,16 +33,15 @@ use stage_workload::{funcs_for_bytes, Params};
 
 mod cells;
 mod modes;
-mod native;
 mod plot;
 mod table;
 mod targets;
 
 use cells::{Cells, Measure, Work};
 use modes::Sched;
-use native::Mode;
 use stagevm_bench::guest::{Boot, GuestRun, STAGED_CMDLINE};
 use stagevm_bench::load::Meter;
+use stagevm_bench::native::{self, Mode};
 use stagevm_bench::stats::Spread;
 use stagevm_bench::target::Target;
 
@@ -534,13 +533,5 @@ fn markers(name: &str) -> (String, String) {
 /// the section when the markers are absent; creates the file if needed).
 fn write_results(path: &Path, name: &str, section: &str) -> Result<()> {
     let (begin, end) = markers(name);
-    let old =
-        std::fs::read_to_string(path).unwrap_or_else(|_| "# stagevm benchmark results\n".into());
-    let new = match (old.find(&begin), old.find(&end)) {
-        (Some(b), Some(e)) if b < e => {
-            format!("{}{begin}\n{section}{}", &old[..b], &old[e..])
-        }
-        _ => format!("{}\n{begin}\n{section}{end}\n", old.trim_end()),
-    };
-    std::fs::write(path, new).with_context(|| format!("writing {}", path.display()))
+    stagevm_bench::write_section(path, &begin, &end, section)
 }

@@ -12,8 +12,8 @@
 
 use stagevm_bench::stats::Spread;
 
-use crate::native::Mode;
 use crate::Point;
+use stagevm_bench::native::Mode;
 
 /// The unstaged baseline without pinning.
 pub const OFF: &str = "off";

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, Result};
 use plotters::prelude::*;
 
 /// One guest line.
@@ -30,19 +30,12 @@ pub struct Series {
     pub lines: Vec<Line>,
 }
 
-/// A TrueType font for the labels (plotters' `ab_glyph` backend needs one
-/// registered; Debian's fonts-dejavu-core is on these machines).
-const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
-
 /// Writes `series` as a 1200×700 PNG at `path`.
 ///
 /// # Errors
 /// When the font cannot be read or the PNG cannot be written.
 pub fn write(path: &Path, series: &Series) -> Result<()> {
-    let font = std::fs::read(FONT).with_context(|| format!("reading the plot font {FONT}"))?;
-    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
-    plotters::style::register_font("sans-serif", FontStyle::Normal, font)
-        .map_err(|_| anyhow!("{FONT} is not a usable font"))?;
+    stagevm_bench::register_plot_font()?;
     let root = BitMapBackend::new(path, (1200, 700)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
     let all = series

@@ -4,7 +4,6 @@
 //! staged (non-i-cache-bound) workload.
 
 use std::fmt::Write as _;
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -12,32 +11,10 @@ use stagevm_bench::load::BUSY_CORES;
 
 use crate::cells::{Cells, Measure, Work};
 use crate::modes::{native_ref, Sched, OFF, PINNED};
-use crate::native::Mode;
 use crate::{Args, Point};
 use stagevm_bench::guest::GuestRun;
+use stagevm_bench::native::Mode;
 use stagevm_bench::stats::Spread;
-
-/// The CPU model and caches (from `lscpu`).
-fn machine() -> String {
-    let out = Command::new("lscpu")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
-    let text = out.unwrap_or_default();
-    let get = |k: &str| {
-        text.lines()
-            .find(|l| l.starts_with(k))
-            .map(|l| l[k.len()..].trim().to_string())
-            .unwrap_or_else(|| "?".into())
-    };
-    format!(
-        "{}, {} CPUs, L1i {}, L2 {}, L3 {} (lscpu)",
-        get("Model name:"),
-        get("CPU(s):"),
-        get("L1i cache:"),
-        get("L2 cache:"),
-        get("L3 cache:")
-    )
-}
 
 /// Everything the sweep ran and measured.
 pub struct Sweep<'a> {
@@ -82,7 +59,7 @@ fn header(s: &mut String, sw: &Sweep, elapsed: Duration, others: f64) -> Result<
             args.section, args.calls, args.data_words
         )?;
     }
-    writeln!(s, "Machine: {}.", machine())?;
+    writeln!(s, "Machine: {}.", stagevm_bench::machine())?;
     writeln!(
         s,
         "Background load: other processes used {others:.2} cores on average during the sweep (from /proc/stat minus this benchmark's own CPU time){}.",

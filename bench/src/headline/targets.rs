@@ -28,9 +28,9 @@ use stagevm_bench::load::BUSY_CORES;
 
 use crate::cells::{Cells, Measure, Work};
 use crate::modes::{Staging, AUTO, OFF, STATIC};
-use crate::native::Mode;
 use crate::table::{gain_capture, Sweep};
 use crate::Point;
+use stagevm_bench::native::Mode;
 
 /// T1: the least native speed-up worth reaching.
 pub const T1_NATIVE_MIN: f64 = 1.05;

@@ -17,14 +17,19 @@
 //!
 //! A connection stands for one guest thread: the same ids, requests, data
 //! working sets and checksums (`stage_workload::thread_checksum`).
+//!
+//! Under open-loop load (the requests arrive on a schedule): [`open`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+
+pub mod open;
 use host_sched::cpuset::CpuSet;
 use host_sched::topology::{gettid, set_thread_affinity};
+pub use open::{run_open, Load, OpenRun};
 use stage_workload::{fold, init_data, request_seed, run_stage, Params};
 
 /// How the native reference splits the work over its two cores.
