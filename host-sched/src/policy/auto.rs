@@ -151,6 +151,11 @@ pub struct AutoParams {
     /// Periods of a hold whose timed requests form one block, whose p99 is
     /// checked against the trial's latency bound.
     pub latency_block: u32,
+    /// Periods of a hold of a mode other than unstaged between two
+    /// unstaged probes (one epoch each). 150 (3 s at 20 ms): a misjudged
+    /// mode is held at most that long, and the probes cost 2 % of the
+    /// hold's periods in unstaged.
+    pub probe_every: u32,
 }
 
 impl Default for AutoParams {
@@ -172,6 +177,7 @@ impl Default for AutoParams {
             saturation_band: 0.1,
             min_latency_samples: 200,
             latency_block: 25,
+            probe_every: 150,
         }
     }
 }
@@ -449,6 +455,7 @@ impl Auto {
                 let mode = self.start_trial();
                 (mode, format!("{why}: trial {}", mode.name()), None)
             }
+            Step::Probe(what) => (Mode::Unstaged, what, None),
         }
     }
 }

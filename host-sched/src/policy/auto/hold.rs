@@ -6,7 +6,14 @@
 //!   behind what unstaged measured in the trial by the margin — a rate
 //!   below, or a CPU per request above — or the p99 latency of a block of
 //!   [`AutoParams::latency_block`] periods passes the trial's latency
-//!   bound: it falls back to unstaged ([`Step::FallBack`]);
+//!   bound, or an **unstaged probe** — one epoch of unstaged every
+//!   [`AutoParams::probe_every`] periods of the hold ([`Step::Probe`]) —
+//!   beats it by [`AutoParams::decisive`]: it falls back to unstaged
+//!   ([`Step::FallBack`]). The probes bound how long a mode that a trial
+//!   misjudged, or that stopped paying while its figure stayed above the
+//!   trial's unstaged reference, can be held: one probe interval. A probe
+//!   that does not decide refreshes the reference (the mean of the
+//!   trial's and the probe's);
 //! * **the stage mix moves**: the stage-load shares, averaged, stay
 //!   [`AutoParams::mix_change`] away from those early in the hold for
 //!   [`AutoParams::mix_persist`] periods, or
@@ -14,7 +21,7 @@
 //!   the other side of [`AutoParams::saturation`] (by a band) from where
 //!   the trial found it for as long: a new trial ([`Step::Trial`]).
 
-use super::measure::Objective;
+use super::measure::{Measured, Objective};
 use super::{shares, AutoParams, Mode};
 use crate::latency::Histogram;
 use crate::policy::Observation;
@@ -41,6 +48,12 @@ struct Watch {
     /// The current block's latencies and periods.
     block: Histogram,
     block_periods: u32,
+    /// Periods since the last unstaged probe (or the start of the hold),
+    /// the running probe (its period and measurements), and periods left
+    /// whose figures the guard skips (the move back after a probe).
+    since_probe: u32,
+    probe: Option<(u32, Measured)>,
+    skip: u32,
 }
 
 /// What a period of the hold decided.
@@ -52,6 +65,8 @@ pub(super) enum Step {
     FallBack(String),
     /// Start a new trial (why).
     Trial(String),
+    /// Run unstaged this period: an unstaged probe (its step, or empty).
+    Probe(String),
 }
 
 /// A hold (see the module docs).
@@ -97,6 +112,9 @@ impl Hold {
                 avg: None,
                 block: Histogram::new(),
                 block_periods: 0,
+                since_probe: 0,
+                probe: None,
+                skip: 0,
             }),
             objective,
             utilisation: None,
@@ -115,8 +133,17 @@ impl Hold {
     /// Advances the hold by the period that just ended (`load`, `o`).
     pub fn step(&mut self, p: &AutoParams, load: &[f64], o: &Observation) -> Step {
         let settled = p.hold_periods.saturating_sub(self.left) >= p.mix_settle;
-        if let Some(why) = self.watch(p, o, settled) {
-            return Step::FallBack(why);
+        match self.probe(p, o, settled) {
+            Some(Step::Stay) => {}
+            Some(step) => {
+                self.left = self.left.saturating_sub(1);
+                return step;
+            }
+            None => {
+                if let Some(why) = self.watch(p, o, settled) {
+                    return Step::FallBack(why);
+                }
+            }
         }
         if let Some(why) = self.load_changed(p, o, settled) {
             return Step::Trial(why);
@@ -158,6 +185,68 @@ impl Hold {
         }
         self.left -= 1;
         Step::Stay
+    }
+
+    /// The unstaged probes of a held mode other than unstaged (see the
+    /// module docs): `None` when the period ran the held mode and the guard
+    /// judges it; `Some(Stay)` for a period the guard skips; else the probe's
+    /// step or its verdict.
+    fn probe(&mut self, p: &AutoParams, o: &Observation, settled: bool) -> Option<Step> {
+        let mode = self.mode.name();
+        let w = self.watch.as_mut()?;
+        let Some((period, measured)) = w.probe.as_mut() else {
+            w.since_probe += 1;
+            if w.skip > 0 {
+                w.skip -= 1;
+                return Some(Step::Stay);
+            }
+            if !settled || w.since_probe < p.probe_every.max(1) || w.avg.is_none() {
+                return None;
+            }
+            w.probe = Some((0, Measured::default()));
+            return Some(Step::Probe(format!("probe unstaged 1/{}", p.epoch_periods)));
+        };
+        // The period that just ended ran unstaged (its first is the move).
+        if *period > 0 && o.requests_per_s.is_finite() && o.requests_per_s > 0.0 {
+            measured.record(o);
+        }
+        *period += 1;
+        if *period < p.epoch_periods {
+            return Some(Step::Probe(format!(
+                "probe unstaged {}/{}",
+                *period + 1,
+                p.epoch_periods
+            )));
+        }
+        let (_, measured) = w.probe.take()?;
+        w.since_probe = 0;
+        // The move back to the held mode is not its figure.
+        w.skip = 1;
+        let g = &mut w.guard;
+        let (probe, held) = match g.objective {
+            Objective::Rate => (measured.rate(), w.avg),
+            Objective::CpuPerRequest => (measured.cpu_per_request_ns(), w.avg),
+        };
+        let (Some(probe), Some(held)) = (probe, held) else {
+            return Some(Step::Stay);
+        };
+        // By how much unstaged leads, as a fraction of the reference.
+        let lead = match g.objective {
+            Objective::Rate => (probe - held) / g.unstaged.max(f64::MIN_POSITIVE),
+            Objective::CpuPerRequest => (held - probe) / g.unstaged.max(f64::MIN_POSITIVE),
+        };
+        if settled && lead >= p.decisive {
+            let unit = match g.objective {
+                Objective::Rate => "requests/s",
+                Objective::CpuPerRequest => "ns of CPU per request",
+            };
+            return Some(Step::FallBack(format!(
+                "keep unstaged: an unstaged probe ran at {probe:.0} {unit}, {:.1} % ahead of {mode}'s {held:.0} in its hold",
+                lead * 100.0
+            )));
+        }
+        g.unstaged = (g.unstaged + probe) / 2.0;
+        Some(Step::Stay)
     }
 
     /// The guard of a held mode other than unstaged: why it falls back, if

@@ -33,6 +33,11 @@ pub(super) struct Trial {
     pub period: u32,
     /// Per mode ([`Mode::index`]), its measured periods.
     measured: [Measured; 4],
+    /// Per mode, its measured periods of each round (index: the round).
+    by_round: [Vec<Measured>; 4],
+    /// The round the current epoch belongs to (0 first; a round starts
+    /// with an unstaged epoch).
+    round: usize,
     /// Per mode, still in the trial (unstaged always is).
     live: [bool; 4],
     /// Per mode, the periods it ran in this trial (measured or not).
@@ -57,6 +62,8 @@ impl Trial {
             mode: Mode::Unstaged,
             period: 0,
             measured: Default::default(),
+            by_round: Default::default(),
+            round: 0,
             live: Mode::ALL.map(|m| m == Mode::Unstaged || candidates.contains(m)),
             ran: [0; 4],
         }
@@ -91,6 +98,11 @@ impl Trial {
         let r = o.requests_per_s;
         if self.period > 0 && r.is_finite() && r > 0.0 {
             self.measured[i].record(o);
+            let rounds = &mut self.by_round[i];
+            if rounds.len() <= self.round {
+                rounds.resize_with(self.round + 1, Measured::default);
+            }
+            rounds[self.round].record(o);
         }
         self.period += 1;
         self.period
@@ -178,20 +190,32 @@ impl Trial {
             .map(|k| Mode::ALL[(i + k) % 4])
             .find(|m| self.live[m.index()])
             .unwrap_or(Mode::Unstaged);
+        if self.mode == Mode::Unstaged {
+            self.round += 1;
+        }
         self.period = 0;
         self.mode
     }
 
-    /// Whether `m`'s p99 can be judged: the guest times no request at all
-    /// (nothing to judge), or `m` has enough of them.
-    fn latency_known(&self, p: &AutoParams, m: Mode) -> bool {
-        self.unstaged().latency_samples() == 0 || self.of(m).p99_ns(p.min_latency_samples).is_some()
+    /// Whether `m` beat the unstaged epoch of its own round under
+    /// `objective` in every round where both were measured (and there were
+    /// `p.rounds` such rounds).
+    fn wins_every_round(&self, p: &AutoParams, objective: Objective, m: Mode) -> bool {
+        let (mine, base) = (
+            &self.by_round[m.index()],
+            self.by_round[Mode::Unstaged.index()].as_slice(),
+        );
+        let pairs: Vec<bool> = mine
+            .iter()
+            .zip(base)
+            .filter_map(|(a, u)| Some(a.score(objective)? > u.score(objective)?))
+            .collect();
+        pairs.len() >= p.rounds.max(1) as usize && pairs.iter().all(|w| *w)
     }
 
     /// The verdict of the trial, if it has one: at the end of an epoch
     /// (`epoch_over`) when every mode left has its rounds measured, or at
-    /// once when the cut left no mode besides unstaged, or only one that
-    /// leads unstaged decidedly (with its latency known).
+    /// once when the cut left no mode besides unstaged.
     pub fn verdict(
         &self,
         p: &AutoParams,
@@ -201,11 +225,7 @@ impl Trial {
         let objective = self.objective(p);
         let u = self.unstaged().score(objective)?;
         let left: Vec<Mode> = self.candidates().collect();
-        let decided = match left[..] {
-            [] => true,
-            [c] => self.lead(p, objective, c, Mode::Unstaged).is_some() && self.latency_known(p, c),
-            _ => false,
-        };
+        let decided = left.is_empty();
         let rounds = Self::full(p) * p.rounds.max(1) as usize;
         let done = epoch_over
             && Mode::ALL
@@ -250,8 +270,9 @@ impl Trial {
                 Mode::Unstaged
             }
         };
-        let kept = keep(best(&|c| !over(c) && !behind(c)));
-        let by_objective = keep(best(&|c| !behind(c)));
+        let paired = |c: Mode| self.wins_every_round(p, objective, c);
+        let kept = keep(best(&|c| !over(c) && !behind(c) && paired(c)));
+        let by_objective = keep(best(&|c| !behind(c) && paired(c)));
         let decided_by = if kept != by_objective && over(by_objective) {
             "latency bound"
         } else {
