@@ -260,8 +260,9 @@ pub struct AutoDecision {
 enum State {
     /// Measuring the modes (boxed: four modes' histograms).
     Trial(Box<Trial>),
-    /// Running a mode (see the `hold` submodule).
-    Hold(Hold),
+    /// Running a mode (see the `hold` submodule; boxed: its probe's and
+    /// latency block's histograms).
+    Hold(Box<Hold>),
 }
 
 /// What `auto` has spent on trials so far (policy periods), for the report:
@@ -332,7 +333,7 @@ impl Auto {
             unstaged: build(PolicyKind::Pinned, ctx),
             temporal,
             params,
-            state: State::Hold(Hold::first(&params)),
+            state: State::Hold(Box::new(Hold::first(&params))),
             observed: None,
             decision: None,
             stats: AutoStats::default(),
@@ -380,7 +381,13 @@ impl Auto {
         }
         self.last_hold = Some(mode);
         let guard = guard.filter(|_| mode != Mode::Unstaged);
-        self.state = State::Hold(Hold::new(mode, &self.params, load, guard, objective));
+        self.state = State::Hold(Box::new(Hold::new(
+            mode,
+            &self.params,
+            load,
+            guard,
+            objective,
+        )));
         mode
     }
 

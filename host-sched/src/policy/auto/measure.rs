@@ -145,11 +145,6 @@ impl Measured {
             .flatten()
     }
 
-    /// Requests timed.
-    pub(super) fn latency_samples(&self) -> u64 {
-        self.latency.count()
-    }
-
     /// The mode's score under `objective`, higher better: the rate, or
     /// minus the CPU per request.
     pub(super) fn score(&self, objective: Objective) -> Option<f64> {
