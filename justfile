@@ -19,6 +19,11 @@ setup:
     if [ ${#missing[@]} -gt 0 ]; then
         apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
     fi
+    # promtool (Prometheus' linter) checks the /metrics exposition; the
+    # package's server is not started here (no init system runs it).
+    if ! command -v promtool >/dev/null; then
+        apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus
+    fi
     rustup target list --installed | grep -qx x86_64-unknown-none || rustup target add x86_64-unknown-none
 
 # Build the test unikernel (x86_64-unknown-none, its own cargo config).

@@ -189,6 +189,10 @@ fn remote_cli_reads_and_changes_the_vm() {
     let _ = std::fs::remove_file(&budgets);
     assert_eq!(code, 1);
     assert!(err.contains("host.cores = '0-7'"), "{err}");
+    // auto's latency bound, refused naming key and value.
+    let (code, _, err) = remote(&["policy", "auto", "--max-p99-increase", "-1"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("policy.max_p99_increase = -1"), "{err}");
     let (code, out, _) = remote(&["policy", "pinned", "--period-ms", "50"]);
     assert_eq!(
         (code, out.trim()),
@@ -403,6 +407,8 @@ fn bad_requests_are_answered_and_change_nothing() {
         ("period 0", "PUT", policy, br#"{"name":"static","period_ms":0}"#, 400, "policy.period_ms = 0"),
         ("smoothing 2", "PUT", policy, br#"{"name":"proportional","smoothing":2.0}"#, 400, "policy.smoothing = 2"),
         ("negative hysteresis", "PUT", policy, br#"{"name":"proportional","hysteresis":-1}"#, 400, "policy.hysteresis = -1"),
+        ("negative p99 increase", "PUT", policy, br#"{"name":"auto","max_p99_increase":-0.5}"#, 400, "policy.max_p99_increase = -0.5"),
+        ("SLO beyond 1000 s", "PUT", policy, br#"{"name":"auto","latency_slo_us":2e9}"#, 400, "policy.latency_slo_us = 2000000000"),
         ("unknown stage", "PUT", budgets, br#"{"stage":[{"name":"nosuch"}]}"#, 400, "'nosuch'"),
         ("cores not online", "PUT", budgets, br#"{"host":{"cores":"0-99"}}"#, 400, "host.cores = '0-99': CPU 2 is not online"),
         ("not a cpulist", "PUT", budgets, br#"{"host":{"cores":"x"}}"#, 400, "host.cores = 'x'"),

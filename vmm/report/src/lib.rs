@@ -326,6 +326,13 @@ pub struct SchedReport {
     /// could not read its vCPU threads' scheduler statistics).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<CpuReport>,
+    /// `auto`'s latency bound now: the most a mode may raise p99 over
+    /// unstaged's (a fraction; `policy.max_p99_increase`).
+    #[serde(default)]
+    pub max_p99_increase: f64,
+    /// The operator's p99 latency SLO (µs; `policy.latency_slo_us`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_slo_us: Option<f64>,
 }
 
 /// What `auto`'s trials cost over the run, in policy periods.

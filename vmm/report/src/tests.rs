@@ -32,6 +32,8 @@ fn guest_names_cannot_forge_terminal_output() {
         timeline_dropped: 0,
         auto: None,
         cpu: None,
+        max_p99_increase: 0.1,
+        latency_slo_us: None,
     };
     let text = summary(Some(&channel), &sched, &[]);
     assert!(!text.contains('\u{1b}'), "{text}");

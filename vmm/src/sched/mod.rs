@@ -125,6 +125,8 @@ impl StageSched {
                 last_trial: c.last_trial().map(|t| trial_report(&t)),
             }),
             cpu: c.cpu_report(),
+            max_p99_increase: r.latency.max_p99_increase,
+            latency_slo_us: r.latency.slo_ns.map(|ns| ns / 1000.0),
         }
     }
 }
