@@ -194,3 +194,48 @@ fn the_exposition_passes_promtool() {
     );
     vm.shutdown();
 }
+
+/// A read is a read (issue 36): eight clients scraping `/metrics` over TCP
+/// in tight loops beside an honest guest that times every visit must not
+/// make the VMM clamp any of its counters (scrapes once read the guest's
+/// blocks into the accounting, shrinking the load windows to microseconds),
+/// nor change its stage map more often than without them.
+#[test]
+fn scrape_loops_do_not_disturb_the_accounting() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let vm = Vm::boot_with(
+        "iters=1000 threads=2 requests=2500000 timed_every=1",
+        &["--metrics-listen", &listen],
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scrapers: Vec<_> = (0..8)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (status, _) = tcp_http(port, "GET", "/metrics");
+                    assert_eq!(status, 200);
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    vm.wait_requests(2 * 2 * 2_500_000);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let scrapes: u64 = scrapers.into_iter().map(|t| t.join().unwrap()).sum();
+    let (_, report) = vm.shutdown();
+    let ch = report.stage_channel.unwrap();
+    assert!(scrapes > 100, "only {scrapes} scrapes");
+    assert_eq!(ch.counter_clamps, 0, "{scrapes} scrapes: {:?}", ch.vcpus);
+    assert_eq!(ch.latency.map_or(0, |l| l.clamps), 0);
+    // `static` publishes its map once (at REGISTER).
+    assert_eq!(report.sched.map_changes, 1);
+    eprintln!("{scrapes} scrapes, 0 clamps");
+}

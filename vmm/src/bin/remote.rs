@@ -63,11 +63,11 @@ enum Command {
         visit: Option<String>,
         /// auto: the most a mode may raise p99 latency over unstaged's, a
         /// fraction (0.1 = 10 %).
-        #[arg(long, value_name = "FRACTION")]
+        #[arg(long, value_name = "FRACTION", allow_negative_numbers = true)]
         max_p99_increase: Option<f64>,
         /// auto: a p99 latency the operator accepts (µs), in place of
         /// --max-p99-increase; 0 removes it.
-        #[arg(long, value_name = "US")]
+        #[arg(long, value_name = "US", allow_negative_numbers = true)]
         latency_slo_us: Option<f64>,
     },
     /// Replaces `[host]` cores and the `[[stage]]` budgets from a stages file

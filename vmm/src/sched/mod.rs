@@ -61,15 +61,17 @@ impl StageSched {
         (channel, sched)
     }
 
-    /// The live report (the operator API's `GET /api/v1/stages`): the
-    /// channel's counters as of now (a counters guest's blocks are read
-    /// into the accounting first, as a policy period's read would), the
-    /// scheduler's state with the last
-    /// `timeline` entries, the last `decisions` entries that carry a
-    /// decision, and the change waiting for the next period.
+    /// The live report (the operator API's `GET /api/v1/stages` and
+    /// `GET /metrics`): a counters guest's counters as of the last policy
+    /// period's read (at most a period old), the scheduler's state with the
+    /// last `timeline` entries, the last `decisions` entries that carry a
+    /// decision, and the change waiting for the next period. A read is a
+    /// read: it never reads the guest's blocks into the accounting, whose
+    /// load windows only policy periods advance — a scrape loop (anyone on
+    /// the loopback may scrape `--metrics-listen`) once shrank them to
+    /// microseconds, so an honest guest's counts exceeded their windows
+    /// and were clamped (issue 36).
     pub fn view(&self, timeline: usize, decisions: usize) -> StagesView {
-        // A counters guest's counters as of now, not of the last period.
-        self.read_counters(&mut crate::stage::Blocks::default());
         let c = self.controller();
         let stage_channel = self.device.as_ref().map(|d| {
             let mut r = d.report();
