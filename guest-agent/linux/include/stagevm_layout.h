@@ -24,8 +24,9 @@
 
 /* Bytes at the start of the area that user space maps read-only in a guest:
  * the header, stage descriptors, stage map and the first vCPU states. Rings
- * start after RINGS_OFFSET (4864), inside the second page, and the counter
- * blocks (minor 2) after the rings: both can be mapped read-write. */
+ * start after RINGS_OFFSET (4864), inside the second page, the counter
+ * blocks (minor 2) after the rings and the latency blocks (minor 4) after
+ * them: all can be mapped read-write. */
 #define STAGEVM_RO_BYTES STAGEVM_PAGE_SIZE
 
 /* Offset of `head`, `tail`, `full_backoffs` and `trace_dropped` in a ring
@@ -48,6 +49,8 @@ struct stagevm_layout {
 	uint32_t num_stages;
 	uint32_t ring_entries;
 	uint32_t counters; /* 1: a VcpuCounters block per vCPU follows the rings */
+	uint32_t latency;  /* 1 (with counters): a VcpuLatency block per vCPU follows the
+			    * counter blocks (minor 4) */
 };
 
 /* Layout::new: 0 if the counts form a valid layout (rings only, no
@@ -63,6 +66,7 @@ static inline int stagevm_layout_init(struct stagevm_layout *l, uint32_t num_vcp
 	l->num_stages = num_stages;
 	l->ring_entries = ring_entries;
 	l->counters = 0;
+	l->latency = 0;
 	return 0;
 }
 
@@ -71,6 +75,28 @@ static inline int stagevm_layout_init(struct stagevm_layout *l, uint32_t num_vcp
 static inline void stagevm_layout_with_counters(struct stagevm_layout *l)
 {
 	l->counters = 1;
+}
+
+/* Layout::with_latency: the same layout with the counter blocks and, after
+ * them, the per-vCPU latency histograms (ABI minor 4,
+ * STAGEVM_AREA_FLAG_LATENCY, which means nothing without the counters). */
+static inline void stagevm_layout_with_latency(struct stagevm_layout *l)
+{
+	l->counters = 1;
+	l->latency = 1;
+}
+
+/* The layout a header's `flags` announce (as validate_header): counters
+ * with AREA_FLAG_COUNTERS, latency blocks too with AREA_FLAG_LATENCY as
+ * well; a latency flag alone is ignored. */
+static inline void stagevm_layout_apply_flags(struct stagevm_layout *l, uint32_t flags)
+{
+	if (!(flags & STAGEVM_AREA_FLAG_COUNTERS))
+		return;
+	if (flags & STAGEVM_AREA_FLAG_LATENCY)
+		stagevm_layout_with_latency(l);
+	else
+		stagevm_layout_with_counters(l);
 }
 
 static inline uint64_t stagevm_ring_bytes(const struct stagevm_layout *l)
@@ -108,10 +134,23 @@ static inline uint64_t stagevm_counters_offset(const struct stagevm_layout *l, u
 	       (uint64_t)vcpu * sizeof(struct stagevm_vcpu_counters);
 }
 
+/* Layout::latency_offset: vCPU `vcpu`'s latency histogram, right after the
+ * last counter block (a multiple of STAGEVM_LATENCY_ALIGN, as every counter
+ * block is), blocks back to back (2176 bytes each). Only meaningful for a
+ * layout with latency blocks. */
+static inline uint64_t stagevm_latency_offset(const struct stagevm_layout *l, uint32_t vcpu)
+{
+	return stagevm_counters_offset(l, l->num_vcpus) +
+	       (uint64_t)vcpu * sizeof(struct stagevm_vcpu_latency);
+}
+
 /* Layout::used_bytes: the end of the last ring, or of the last counter block
- * in a layout with counters. */
+ * in a layout with counters, or of the last latency block in a layout with
+ * latency blocks. */
 static inline uint64_t stagevm_used_bytes(const struct stagevm_layout *l)
 {
+	if (l->latency)
+		return stagevm_latency_offset(l, l->num_vcpus);
 	if (l->counters)
 		return stagevm_counters_offset(l, l->num_vcpus);
 	return stagevm_ring_offset(l, l->num_vcpus);
@@ -126,8 +165,9 @@ static inline uint64_t stagevm_area_size(const struct stagevm_layout *l)
 
 /*
  * Lays out an area of `area_size` bytes at `base` as Agent::register does:
- * zeroes it (so every counter starts at 0), writes the header (with
- * STAGEVM_AREA_FLAG_COUNTERS for a layout with counters) and the NUL-padded
+ * zeroes it (so every counter and histogram starts at 0), writes the header
+ * (with STAGEVM_AREA_FLAG_COUNTERS for a layout with counters, and
+ * STAGEVM_AREA_FLAG_LATENCY too for one with latency blocks) and the NUL-padded
  * stage names (`names` may be NULL; names[i] may be NULL; a name longer than
  * 32 bytes is cut, one of 32 bytes has no NUL, as in Agent::register). With
  * counters the caller then starts them (stagevm_area_start_counters) and
@@ -162,7 +202,9 @@ static inline int stagevm_area_init(void *base, uint64_t area_size, const struct
 	h->num_vcpus = l->num_vcpus;
 	h->num_stages = l->num_stages;
 	h->ring_entries = l->ring_entries;
-	h->flags = l->counters ? STAGEVM_AREA_FLAG_COUNTERS : 0;
+	h->flags = !l->counters ? 0 :
+		   l->latency  ? STAGEVM_AREA_FLAG_COUNTERS | STAGEVM_AREA_FLAG_LATENCY :
+				 STAGEVM_AREA_FLAG_COUNTERS;
 	return 0;
 }
 
