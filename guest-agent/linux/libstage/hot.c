@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * libstage's hot path: stage_enter and stage_exit (and the test hook
- * stage__write_raw, which writes through the same ring push). stage.c opens
+ * stage__write_raw, which writes through the same ring push); the request
+ * clock they open and close is request.h (ABI minor 4). stage.c opens
  * the channel, registers, reads the map and attaches threads; see stage.h
  * for the API and guest-agent/linux/README.md for the protocol. The path is
  * one translation unit so that the compiler sees all of it: count() with
@@ -52,6 +53,10 @@
  * writer on CPU c overwrites it. Code on one CPU is serialised, so per ring
  * the writes behave as one producer and the ABI and the VMM need no change.
  *
+ * Requests (ABI minor 4). stage_enter opens the thread's request clock
+ * when none is open, stage_exit closes it after counting the completion and
+ * records a timed request's latency on the same CPU (request.h).
+ *
  * Without rseq (old kernel, or STAGE_TRANSPORT=lock) rings and state words
  * are written under a spin lock in a guest-private word of the ring header
  * (RingHeader.pad0[0], which the host never reads); a waiter yields the CPU
@@ -65,6 +70,7 @@
 #include <errno.h>
 #include <time.h>
 
+#include "request.h"
 #include "rseq_cs.h"
 
 /* How long a writer waits for ring space or a ring lock before dropping. */
@@ -463,6 +469,8 @@ static int migrate(struct stage_thread *t, uint64_t mask)
 	return 0;
 }
 
+/* ---- the API's hot path ---- */
+
 int stage_enter(unsigned id)
 {
 	struct stage_thread *t = &T;
@@ -476,6 +484,10 @@ int stage_enter(unsigned id)
 	}
 	if (id >= G.l.num_stages)
 		return -EINVAL;
+	/* A program that never begins its requests: each starts at its first
+	 * stage entry (on the CPU it runs on before any migration). */
+	if (!t->req_open)
+		request_begin(t, 0);
 	if (__atomic_load_n(&map_at()->epoch, __ATOMIC_ACQUIRE) != t->epoch)
 		read_map(t);
 	mask = t->masks[id];
@@ -506,8 +518,14 @@ int stage_exit(void)
 		r = count(t, STAGEVM_CODE_NONE, STAGEVM_STAGE_NONE, 0);
 	else
 		r = push(t, STAGEVM_STAGE_NONE, t->tid, 0, 0);
-	if (r < 0)
+	if (r < 0) {
+		/* No completion counted: the request ends unrecorded. */
+		t->req_open = 0;
 		return r;
+	}
+	/* After the completion was counted on vCPU r (count() above). */
+	if (t->req_open)
+		request_end(t, r);
 	t->st.exits++;
 	t->stage = -1;
 	return r;

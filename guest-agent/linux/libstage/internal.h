@@ -27,6 +27,7 @@
 
 #include "stagevm_ioctl.h"
 #include "stagevm_layout.h"
+#include "stagevm_request.h"
 
 #if !defined(__x86_64__)
 #error "libstage's rseq critical section is written for x86-64"
@@ -59,6 +60,12 @@ struct stage_thread {
 	uint64_t epoch;
 	uint64_t masks[STAGEVM_MAX_STAGES];
 	cpu_set_t saved;
+	/* The thread's request clock (ABI minor 4; Rust: RequestClock): a
+	 * request is open from its begin (stage_request_begin*, or the first
+	 * stage_enter after a stage_exit) to its stage_exit; req_start is the
+	 * TSC a timed one started at, 0 for an untimed one. */
+	int req_open;
+	uint64_t req_start;
 	struct stage_stats st;
 };
 
@@ -73,8 +80,13 @@ struct libstage_global {
 	struct stagevm_layout l;
 	int report;               /* REPORT_*, written once under G_lock */
 	uint8_t *counters;        /* counters mode: vCPU 0's counter block */
-	uint64_t timed_every;     /* fixed stride of timed visits, or 0: paced */
-	uint64_t pace_ticks;      /* TSC ticks between paced timed visits */
+	/* vCPU 0's latency block when requests are timed (counters mode, an
+	 * area with latency blocks, a host of minor >= 4 that gave the TSC
+	 * rate), else NULL; written before G.report. */
+	struct stagevm_vcpu_latency *latency;
+	uint64_t ns_mult;         /* ns per TSC tick x 2^32 (timed requests) */
+	uint64_t timed_every;     /* fixed stride of timed visits and requests, or 0: paced */
+	uint64_t pace_ticks;      /* TSC ticks between paced timed visits (and requests) */
 	uint64_t all_mask;
 	char names[STAGEVM_MAX_STAGES][33];
 	int named;
@@ -109,6 +121,12 @@ void read_map(struct stage_thread *t) __asm__("libstage_read_map") LIBSTAGE_HIDD
 static inline uint8_t *ring_at(uint32_t vcpu)
 {
 	return G.base + stagevm_ring_offset(&G.l, vcpu);
+}
+
+/* vCPU `vcpu`'s latency block (a layout with latency blocks). */
+static inline struct stagevm_vcpu_latency *latency_at(uint32_t vcpu)
+{
+	return (struct stagevm_vcpu_latency *)(G.base + stagevm_latency_offset(&G.l, vcpu));
 }
 
 static inline const struct stagevm_stage_map *map_at(void)

@@ -112,7 +112,9 @@ static uint64_t read_map_raw(uint64_t v[STAGEVM_MAX_STAGES], uint64_t *owned, ui
 /*
  * Decides how this process reports, once, from the first published map
  * (epoch != 0): counters when the area has them and the host's minor is
- * >= 2, else rings. In device mode the host publishes its first map before
+ * >= 2, else rings; with counters, requests are timed when the area has
+ * latency blocks, the host's minor is >= 4 and it gave the TSC rate (as
+ * Agent::register). In device mode the host publishes its first map before
  * REGISTER returns; in fd mode the host registers the area after libstage
  * laid it out, so the decision waits for the map. Called with G_lock held.
  */
@@ -134,8 +136,16 @@ static void decide_report_locked(uint64_t epoch, uint64_t minor)
 	khz = __atomic_load_n(&h->tsc_khz, __ATOMIC_RELAXED);
 	G.pace_ticks = khz * STAGEVM_TIMED_INTERVAL_NS / 1000000u;
 	G.timed_every = env_u64("STAGE_TIMED_EVERY", 0);
+	if (G.timed_every > STAGEVM_TIMED_STRIDE_MAX)
+		G.timed_every = STAGEVM_TIMED_STRIDE_MAX;
 	if (G.timed_every == 0 && G.pace_ticks == 0)
 		G.timed_every = STAGEVM_TIMED_EVERY;
+	/* Minor 4: requests are timed in ns, so only with the TSC rate. The
+	 * hot path reads G.latency after G.report (acquire). */
+	if (G.l.latency && khz > 0 && minor >= 4) {
+		G.ns_mult = stagevm_ns_mult(khz);
+		G.latency = latency_at(0);
+	}
 	__atomic_store_n(&G.report, REPORT_COUNTERS, __ATOMIC_RELEASE);
 }
 
@@ -170,8 +180,7 @@ static int adopt_header(void)
 		return -ENOENT;
 	if (stagevm_layout_init(&l, h->num_vcpus, h->num_stages, h->ring_entries))
 		return -EPROTO;
-	if (h->flags & STAGEVM_AREA_FLAG_COUNTERS)
-		stagevm_layout_with_counters(&l);
+	stagevm_layout_apply_flags(&l, h->flags);
 	if (stagevm_used_bytes(&l) > G.len)
 		return -EPROTO;
 	G.l = l;
@@ -201,6 +210,7 @@ static int init_fd_locked(int fd, size_t len)
 	G.l.num_vcpus = (uint32_t)env_u64("STAGEVM_VCPUS", (uint64_t)sysconf(_SC_NPROCESSORS_CONF));
 	G.l.ring_entries = (uint32_t)env_u64("STAGEVM_RING_ENTRIES", 256);
 	G.l.counters = env_u64("STAGEVM_COUNTERS", 1) != 0;
+	G.l.latency = G.l.counters && env_u64("STAGEVM_LATENCY", 1) != 0;
 	/* An area laid out already (by another process) is joined. */
 	adopt_header();
 	G.ready = 1;
@@ -313,12 +323,16 @@ static int register_fd_locked(void)
 	if (stagevm_layout_init(&l, G.l.num_vcpus, (uint32_t)G.named, G.l.ring_entries))
 		return -EINVAL;
 	if (G.l.counters) {
-		struct stagevm_layout c = l;
+		struct stagevm_layout c = l, lat = l;
 
-		/* Counters only where they fit the area; else the rings, as an
-		 * older layout (the host serves both). */
+		/* Counters (and the latency blocks after them) only where they
+		 * fit the area; else the rings, as an older layout (the host
+		 * serves both). */
 		stagevm_layout_with_counters(&c);
-		if (stagevm_used_bytes(&c) <= G.len)
+		stagevm_layout_with_latency(&lat);
+		if (G.l.latency && stagevm_used_bytes(&lat) <= G.len)
+			l = lat;
+		else if (stagevm_used_bytes(&c) <= G.len)
 			l = c;
 	}
 	if (stagevm_used_bytes(&l) > G.len)
@@ -411,6 +425,8 @@ static int attach_locked(struct stage_thread *t)
 	t->last_cpu = -1;
 	t->epoch = UINT64_MAX;
 	t->affinity_changed = 0;
+	t->req_open = 0;
+	t->req_start = 0;
 	memset(&t->st, 0, sizeof(t->st));
 	t->st.threads = 1;
 	if (sched_getaffinity(0, sizeof(t->saved), &t->saved))
@@ -538,6 +554,7 @@ void stage_get_stats(struct stage_stats *out)
 	if (T.attached)
 		add_stats(out, &T.st);
 	out->counters = __atomic_load_n(&G.report, __ATOMIC_ACQUIRE) == REPORT_COUNTERS;
+	out->latency = out->counters && G.latency;
 }
 
 void stage_shutdown(void)
@@ -555,6 +572,8 @@ void stage_shutdown(void)
 	G.named = 0;
 	G.report = REPORT_UNDECIDED;
 	G.counters = NULL;
+	G.latency = NULL;
+	G.ns_mult = 0;
 	pthread_mutex_unlock(&G_lock);
 }
 

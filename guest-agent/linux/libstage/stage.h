@@ -49,9 +49,15 @@ extern "C" {
  *   STAGE_TRANSPORT=lock     write rings and state words under a per-ring
  *                            lock instead of rseq (tests; every writer of a
  *                            ring must agree);
- *   STAGE_TIMED_EVERY=N      counters mode: time one visit in N (1: every
- *                            visit; default: about one per 16 us when the
- *                            host gave the TSC rate, else one in 61).
+ *   STAGEVM_LATENCY=0        fd mode: lay the area out without the latency
+ *                            blocks (a minor-3 guest: no request is timed);
+ *                            they are also left out when they do not fit
+ *                            STAGEVM_LEN;
+ *   STAGE_TIMED_EVERY=N      counters mode: time one visit in N, and one
+ *                            request in N (1: every visit and request,
+ *                            at most 1021; default: about one per 16 us
+ *                            per vCPU when the host gave the TSC rate,
+ *                            else one visit in 61).
  * Idempotent; -EALREADY is never returned.
  */
 int stage_init(void);
@@ -90,8 +96,31 @@ int stage_detach(void);
 int stage_enter(unsigned id);
 
 /* Leaves the current stage: a request is done (reports STAGE_NONE, the
- * counters' "no stage" code); returns the vCPU written. */
+ * counters' "no stage" code); returns the vCPU written. It ends the
+ * thread's request (see stage_request_begin): a timed one's latency, from
+ * its start to now, goes to the latency histogram of the vCPU written. */
 int stage_exit(void);
+
+/*
+ * Requests with a start and an end (ABI minor 4). Each thread has a request
+ * clock. A request starts at stage_request_begin() (now), at
+ * stage_request_begin_at(tsc) (the caller's TSC: an open-loop client passes
+ * the request's arrival time; 0 means now), or - for a program that never
+ * calls either - at the first stage_enter() while none is open; a request
+ * already open is started again. It ends at stage_exit(). One request in N
+ * per vCPU is timed (N paced to about one timed request per vCPU every
+ * 16 us from the vCPU's mean time per request, or STAGE_TIMED_EVERY), and
+ * only a timed one reads the TSC. Its latency goes to the histogram of the
+ * vCPU its stage_exit ran on, which the host reads once per policy period.
+ * Requests are timed only when the area has latency blocks, the host's
+ * minor is >= 4 and it gave the TSC rate (stage_get_stats' `latency`);
+ * otherwise the clock only opens and closes.
+ *
+ * Both return 1 when this request is timed, 0 when not, -errno when the
+ * thread could not attach (as stage_attach).
+ */
+int stage_request_begin(void);
+int stage_request_begin_at(uint64_t tsc);
 
 /* The calling thread's stage, or -1. */
 int stage_current(void);
@@ -147,6 +176,10 @@ struct stage_stats {
 	uint64_t migrations_out[STAGEVM_MAX_STAGES]; /* counted, per stage left */
 	uint64_t trace_written; /* trace events written (StageMap.trace_every) */
 	uint64_t trace_dropped; /* trace events dropped on a full ring */
+	/* Requests (ABI minor 4). */
+	uint64_t latency;        /* 1 when the process times requests */
+	uint64_t requests;       /* requests begun (explicitly or at a stage_enter) */
+	uint64_t requests_timed; /* timed requests whose latency stage_exit recorded */
 };
 void stage_get_stats(struct stage_stats *out);
 
@@ -162,6 +195,12 @@ int stage__write_raw(uint64_t seq_xor, uint32_t stage, uint32_t thread);
 int64_t stage__ring_pending(unsigned vcpu);
 /* The area's base address and length (read-only view), or NULL. */
 const void *stage__area(size_t *len);
+/* Test only (tests/libstage.rs compares it with the Rust agent): records a
+ * request of `ns` nanoseconds in vCPU `cpu`'s latency block through the
+ * path stage_exit uses for a timed request, whether or not requests are
+ * timed (the area needs latency blocks). Returns the bucket, -ENODEV
+ * without latency blocks, -ERANGE for a vCPU past the area's. */
+int stage__test_record_latency(unsigned cpu, uint64_t ns);
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,9 @@
  * host's ABI minor and the trace it asks for), each vCPU's ring counters
  * and scheduling hints, each vCPU's stage counters (ABI minor 2: state,
  * entries per stage, requests, idles, timed visits and their cycles,
- * migrations) - and, on /dev/stagevm, the module's counters. Read-only.
+ * migrations) and request-latency histogram (ABI minor 4: timed requests,
+ * their mean, the fullest buckets) - and, on /dev/stagevm, the module's
+ * counters. Read-only.
  *
  *   stagectl [--device PATH | --fd N | --file PATH]
  *
@@ -117,6 +119,27 @@ static void print_counters(const uint8_t *base, const struct stagevm_layout *l, 
 		       (unsigned long long)load(&c->migrations_in[s]),
 		       (unsigned long long)load(&c->migrations_out[s]));
 	}
+}
+
+/* vCPU `v`'s latency histogram (minor 4): timed requests, their mean and
+ * the range of buckets holding them, read without the writers'
+ * cooperation. */
+static void print_latency(const uint8_t *base, const struct stagevm_layout *l, uint32_t v)
+{
+	const struct stagevm_vcpu_latency *b =
+		(const void *)(base + stagevm_latency_offset(l, v));
+	uint64_t samples = load(&b->samples), sum = load(&b->sum_ns);
+	uint32_t i, lo = STAGEVM_LATENCY_BUCKETS, hi = 0;
+
+	for (i = 0; i < STAGEVM_LATENCY_BUCKETS; i++)
+		if (load(&b->buckets[i])) {
+			lo = lo < i ? lo : i;
+			hi = i;
+		}
+	printf("  vcpu %2u latency: timed requests %llu", v, (unsigned long long)samples);
+	if (samples)
+		printf(", mean %.1f us, buckets %u-%u", (double)sum / (double)samples / 1e3, lo, hi);
+	printf("\n");
 }
 
 /* `stagectl --map-file PATH`: parses a stage-map file and prints it in
@@ -231,8 +254,7 @@ int main(int argc, char **argv)
 			(unsigned long long)h->magic, h->version);
 		return 1;
 	}
-	if (h->flags & STAGEVM_AREA_FLAG_COUNTERS)
-		stagevm_layout_with_counters(&l);
+	stagevm_layout_apply_flags(&l, h->flags);
 	if (stagevm_used_bytes(&l) > len) {
 		fprintf(stderr, "stagectl: the layout needs %llu bytes, the area has %zu\n",
 			(unsigned long long)stagevm_used_bytes(&l), len);
@@ -242,6 +264,7 @@ int main(int argc, char **argv)
 	       "kHz, %s\n",
 	       h->version, l.num_vcpus, l.num_stages, l.ring_entries,
 	       (unsigned long long)h->area_size, (unsigned long long)h->tsc_khz,
+	       l.latency ? "counters (minor 2), latency (minor 4)" :
 	       l.counters ? "counters (minor 2)" : "rings only");
 	if (l.counters)
 		printf("registered at guest TSC %llu\n", (unsigned long long)h->register_tsc);
@@ -300,6 +323,8 @@ int main(int argc, char **argv)
 	}
 	for (v = 0; l.counters && v < l.num_vcpus; v++)
 		print_counters(base, &l, v);
+	for (v = 0; l.latency && v < l.num_vcpus; v++)
+		print_latency(base, &l, v);
 	munmap(base, len);
 	return 0;
 }
