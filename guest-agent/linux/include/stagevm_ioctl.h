@@ -48,10 +48,17 @@ struct stagevm_ioc_stats {
 
 /* One uprobe of a stage map on an unmodified binary (`stagectl attach`). */
 struct stagevm_ioc_probe {
-	__u64 offset;   /* file offset of the probed instruction (a function entry) */
-	__u32 stage;    /* stage id: < the registered stages */
-	__u32 reserved; /* 0 */
+	__u64 offset; /* file offset of the probed instruction (a function entry) */
+	__u32 stage;  /* stage id: < the registered stages */
+	__u32 flags;  /* STAGEVM_PROBE_*; other bits 0 */
 };
+
+/* The probe is one of the map's `request` symbols (a function where the
+ * thread waits for its client's next request): besides entering `stage`,
+ * its outermost entry ends the thread's request (counted as a completion,
+ * a timed one's latency recorded) and its return - a uretprobe - begins the
+ * next one (guest-agent/linux/README.md, "Requests"). */
+#define STAGEVM_PROBE_REQUEST 1u
 
 /* Most probes one map attaches. */
 #define STAGEVM_MAX_PROBES 256
@@ -76,6 +83,12 @@ struct stagevm_ioc_probe_stats {
 	__u64 threads_reset;     /* threads given all CPUs back at detach */
 	__u64 threads_lost;      /* moved threads the module's table (1024) could not
 				  * hold: they keep their last stage's vCPUs at detach */
+	/* Requests (the map's `request` symbols; ABI minor 4). */
+	__u64 requests_begun;    /* begun at a request symbol's return */
+	__u64 requests_ended;    /* ended at a request symbol's entry: completions
+				  * counted in the CPU's counters */
+	__u64 requests_timed;    /* of which timed: latency recorded */
+	__u64 requests_dropped;  /* request events of threads the table could not hold */
 };
 
 /* Area geometry and state. */
@@ -94,9 +107,10 @@ struct stagevm_ioc_probe_stats {
 
 /* Attaches a stage map to a binary: a uprobe at each probe's offset whose
  * hit counts the stage on the current vCPU's counters and, when the
- * host's map gives the stage other vCPUs, moves the thread to them
+ * host's map gives the stage other vCPUs, moves the thread to them; a
+ * STAGEVM_PROBE_REQUEST probe also ends and begins requests
  * (guest-agent/linux/README.md). All or nothing. -ENOENT before REGISTER,
- * -EBUSY with a map attached, -EINVAL for a bad count, stage or offset,
+ * -EBUSY with a map attached, -EINVAL for a bad count, stage, flag or offset,
  * -EBADF for a bad fd, -EOPNOTSUPP without CONFIG_UPROBES, -EPERM without
  * CAP_SYS_ADMIN (the probes act on every process running the binary). */
 #define STAGEVM_IOC_ATTACH_MAP _IOW(STAGEVM_IOC_MAGIC, 7, struct stagevm_ioc_attach_map)

@@ -14,7 +14,10 @@
  *   request NAME SYMBOL...       optional, at most once, after stage NAME:
  *                                the functions where a request starts (the
  *                                thread waits for its client); a thread
- *                                entering them is in stage NAME
+ *                                entering them is in stage NAME (the
+ *                                agent's uprobes: the outermost entry ends
+ *                                the thread's request, the return from it
+ *                                begins the next; guest-agent/linux/README.md)
  *
  * NAME: 1..31 bytes of [A-Za-z0-9_.-]. SYMBOL: 1..1023 bytes without
  * whitespace or '#' (mangled names as in the binary's symbol tables); a

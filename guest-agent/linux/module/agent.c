@@ -5,9 +5,10 @@
  * out and registers it with the VMM through the port-I/O doorbell when user
  * space asks (STAGEVM_IOC_REGISTER, with the stage names), and exposes it as
  * /dev/stagevm for mmap: the first page (header, stage descriptors, stage
- * map) read-only, the per-vCPU rings and (ABI minor 2) the per-vCPU counter
- * blocks after them read-write. Stage switches are written by libstage in
- * user space; no system call is on that path. Stage maps on unmodified
+ * map) read-only, the per-vCPU rings, (ABI minor 2) the per-vCPU counter
+ * blocks after them and (minor 4) the per-vCPU request-latency histograms
+ * after those read-write. Stage switches and request latencies are written
+ * by libstage in user space; no system call is on that path. Stage maps on unmodified
  * binaries (uprobes, STAGEVM_IOC_ATTACH_MAP) are in probes.c. See
  * guest-agent/linux/README.md; the ABI is hypercall-abi/include/stagevm_abi.h.
  */
@@ -40,6 +41,10 @@ MODULE_PARM_DESC(vcpus, "Number of vCPUs (rings); 0: the present CPUs");
 static bool counters = true;
 module_param(counters, bool, 0444);
 MODULE_PARM_DESC(counters, "Lay out per-vCPU stage counters (ABI minor 2; 0: rings only, as a v1.1 guest)");
+
+static bool latency = true;
+module_param(latency, bool, 0444);
+MODULE_PARM_DESC(latency, "With counters, lay out per-vCPU request-latency histograms (ABI minor 4; 0: as a minor-3 guest)");
 
 static bool force_doorbell;
 module_param(force_doorbell, bool, 0444);
@@ -95,7 +100,9 @@ static int area_layout(struct stagevm_layout *l, u32 num_stages)
 {
 	if (stagevm_layout_init(l, sv.num_vcpus, num_stages, ring_entries))
 		return -1;
-	if (counters)
+	if (counters && latency)
+		stagevm_layout_with_latency(l);
+	else if (counters)
 		stagevm_layout_with_counters(l);
 	return 0;
 }
@@ -150,8 +157,9 @@ static long do_register(struct stagevm_ioc_register __user *uarg)
 		sv.num_stages = req.num_stages;
 		sv.layout = l;
 		sv.registrations++;
-		pr_info("stagevm: registered %u stages, %u vCPUs, %u ring entries%s\n",
-			req.num_stages, sv.num_vcpus, ring_entries, l.counters ? ", counters" : "");
+		pr_info("stagevm: registered %u stages, %u vCPUs, %u ring entries%s%s\n",
+			req.num_stages, sv.num_vcpus, ring_entries, l.counters ? ", counters" : "",
+			l.latency ? ", latency" : "");
 	}
 	req.status = status;
 	if (copy_to_user(uarg, &req, sizeof(req)))
@@ -327,7 +335,8 @@ static int __init stagevm_init(void)
 		return -EINVAL;
 	}
 	/* The area's size does not depend on the number of stages; with
-	 * counters it includes the counter blocks after the rings. */
+	 * counters it includes the counter blocks after the rings, and with
+	 * latency the latency blocks after those. */
 	sv.size = stagevm_area_size(&l);
 	sv.order = get_order(sv.size);
 	sv.pages = alloc_pages(GFP_KERNEL | __GFP_ZERO, sv.order);
@@ -346,9 +355,9 @@ static int __init stagevm_init(void)
 	ret = misc_register(&stagevm_misc);
 	if (ret)
 		goto free;
-	pr_info("stagevm: /dev/stagevm: %llu-byte area at %#llx, %u vCPUs, %u ring entries%s\n",
+	pr_info("stagevm: /dev/stagevm: %llu-byte area at %#llx, %u vCPUs, %u ring entries%s%s\n",
 		sv.size, (u64)PFN_PHYS(pfn), sv.num_vcpus, ring_entries,
-		l.counters ? ", counters" : "");
+		l.counters ? ", counters" : "", l.latency ? ", latency" : "");
 	return 0;
 free:
 	__free_pages(sv.pages, sv.order);

@@ -23,6 +23,30 @@
  * It never waits on anything but the migration itself: no lock is taken but
  * the thread table's spinlock, nothing is allocated.
  *
+ * Requests (ABI minor 4). The map's `request` symbols are the functions
+ * where a thread waits for its client's next request (MariaDB's network
+ * reads; libstage/stagemap_file.h). Their probes (STAGEVM_PROBE_REQUEST)
+ * also carry a uretprobe (uprobe_consumer.ret_handler), and per thread the
+ * module tracks how deep it is in them and its request clock:
+ *
+ *  - the outermost entry ends the thread's open request, as libstage's
+ *    stage_exit: the transition into "no stage" on the CPU it runs on
+ *    (counts[CODE_NONE], a completion) and, for a timed request, then its
+ *    latency in that CPU's latency block (bucket, sum, samples); then the
+ *    hit enters the request's stage as any other;
+ *  - the outermost return (the request has arrived) begins the next one on
+ *    the CPU it runs on: one step of that CPU's countdown decides whether
+ *    it is timed (stagevm_request.h, shared with libstage).
+ *
+ * So a request runs from the return of the read that brought it to the
+ * entry of the next read, the server's time for it; the client's think
+ * time between requests is outside. Nested request functions (a read
+ * calling the lower-level reads, also listed) move only the depth. The
+ * clock lives in the table of probed threads (below), a bounded hash table
+ * keyed by the thread's struct pid; a thread it cannot hold (1024 live
+ * threads) loses its request events, counted (requests_dropped), and
+ * threads that have exited are swept out when it is full.
+ *
  * Cost per hit (the int3 trap, the handler, the out-of-line single step and
  * its trap; Documentation/trace/uprobetracer.rst): on hardware, published
  * figures range from a few hundred ns to a few µs (guest-agent/linux/
@@ -36,6 +60,7 @@
 #include <linux/cpumask.h>
 #include <linux/file.h>
 #include <linux/fs.h>
+#include <linux/hash.h>
 #include <linux/pid.h>
 #include <linux/sched.h>
 #include <linux/sched/task.h>
@@ -46,6 +71,7 @@
 #include <asm/msr.h>
 
 #include "agent.h"
+#include "stagevm_request.h"
 
 #ifdef CONFIG_UPROBES
 
@@ -53,10 +79,22 @@ struct stage_probe {
 	struct uprobe_consumer uc;
 	loff_t offset;
 	u32 stage;
+	bool request; /* STAGEVM_PROBE_REQUEST */
 };
 
-/* Threads whose affinity a hit changed: given every CPU back at detach. */
-#define PROBED_THREADS 1024
+/* A thread the probes know: one whose affinity a hit changed (given every
+ * CPU back at detach), or one in or between requests (request symbols). */
+struct probed_thread {
+	struct pid *pid; /* a reference; NULL: a free slot */
+	u64 start;       /* the TSC an open timed request started at, else 0 */
+	u32 depth;       /* request functions entered and not returned from */
+	bool open;       /* a request is open */
+	bool moved;      /* a hit changed its affinity */
+};
+
+/* The table of probed threads: open addressing, linear probing. */
+#define PROBED_BITS 10
+#define PROBED_THREADS (1u << PROBED_BITS)
 
 static struct {
 	/* Attached map (written under the agent's lock, read by hits while
@@ -69,27 +107,107 @@ static struct {
 	atomic64_t counted, not_counted, migrations, affinity_failures;
 	u64 map_attaches, map_detaches, threads_reset;
 	spinlock_t threads_lock;
-	struct pid *threads[PROBED_THREADS];
-	u32 num_threads;
+	struct probed_thread threads[PROBED_THREADS];
 	atomic64_t threads_lost;
+	/* Requests are timed (set at attach): an area with latency blocks, a
+	 * host of minor >= 4 that gave the TSC rate; its ns per tick (x 2^32)
+	 * and the TSC ticks of TIMED_INTERVAL_NS. */
+	bool latency_on;
+	u64 ns_mult, pace_ticks;
+	atomic64_t requests_begun, requests_ended, requests_timed, requests_dropped;
 } pm = { .threads_lock = __SPIN_LOCK_UNLOCKED(pm.threads_lock) };
+
+/* ---- the table of probed threads (callers hold threads_lock) ---- */
+
+static u32 home_slot(const struct pid *pid)
+{
+	return hash_ptr(pid, PROBED_BITS);
+}
+
+/* Frees slot `i`, moving back the entries after it that may no longer be
+ * found past the hole (backward-shift deletion: no tombstones). */
+static void slot_free(u32 i)
+{
+	u32 j = i;
+
+	put_pid(pm.threads[i].pid);
+	pm.threads[i].pid = NULL;
+	for (;;) {
+		u32 home;
+
+		j = (j + 1) & (PROBED_THREADS - 1);
+		if (!pm.threads[j].pid)
+			return;
+		home = home_slot(pm.threads[j].pid);
+		/* Entry j stays when its home lies cyclically in (i, j]. */
+		if (i <= j ? (i < home && home <= j) : (i < home || home <= j))
+			continue;
+		pm.threads[i] = pm.threads[j];
+		pm.threads[j].pid = NULL;
+		i = j;
+	}
+}
+
+/* Frees the slots of threads that have exited; true when one was freed. */
+static bool sweep_exited(void)
+{
+	bool freed = false;
+	u32 i = 0;
+
+	while (i < PROBED_THREADS) {
+		struct pid *pid = pm.threads[i].pid;
+
+		if (pid && !pid_has_task(pid, PIDTYPE_PID)) {
+			slot_free(i); /* an entry after it may move into i */
+			freed = true;
+			continue;
+		}
+		i++;
+	}
+	return freed;
+}
+
+/* The calling thread's slot, or -1. With `add`, a thread without one gets
+ * a free slot (and the table a reference to its pid); -1 when the table is
+ * full of live threads. */
+static int thread_slot(bool add)
+{
+	struct pid *pid = task_pid(current);
+	bool swept = false;
+	u32 i, n;
+
+	for (;;) {
+		i = home_slot(pid);
+		for (n = 0; n < PROBED_THREADS; n++, i = (i + 1) & (PROBED_THREADS - 1)) {
+			if (pm.threads[i].pid == pid)
+				return i;
+			if (!pm.threads[i].pid)
+				break;
+		}
+		if (!add)
+			return -1;
+		if (n < PROBED_THREADS)
+			break;
+		if (swept || !sweep_exited())
+			return -1;
+		swept = true;
+	}
+	pm.threads[i] = (struct probed_thread){ .pid = get_pid(pid) };
+	return i;
+}
 
 static void remember_thread(void)
 {
-	struct pid *pid = task_pid(current);
 	unsigned long flags;
-	u32 i;
+	int i;
 
 	spin_lock_irqsave(&pm.threads_lock, flags);
-	for (i = 0; i < pm.num_threads; i++)
-		if (pm.threads[i] == pid)
-			goto out;
-	if (pm.num_threads < PROBED_THREADS)
-		pm.threads[pm.num_threads++] = get_pid(pid);
+	i = thread_slot(true);
+	if (i >= 0)
+		pm.threads[i].moved = true;
 	else if (atomic64_inc_return(&pm.threads_lost) == 1)
-		pr_warn_ratelimited("stagevm: more than %d threads moved by stage-map hits: the rest keep their vCPUs at detach (counted)\n",
+		pr_warn_ratelimited("stagevm: more than %u threads moved by stage-map hits: the rest keep their vCPUs at detach (counted)\n",
 				    PROBED_THREADS);
-out:
 	spin_unlock_irqrestore(&pm.threads_lock, flags);
 }
 
@@ -109,9 +227,11 @@ static bool serving(u32 stage, struct cpumask *mask)
 }
 
 /* The state-word transition of libstage's count() (hot.c) into `code` on
- * this CPU's block, with preemption off. Returns the CPU, or -1 when there
- * is no block to count in. */
-static int count_on_this_cpu(u32 code, u32 stage, bool moved)
+ * this CPU's block, with preemption off. A transition into "no stage" ends
+ * a request: with `timed_start` (its start TSC, if timed), its latency then
+ * goes to the same CPU's latency block, as libstage's stage_exit. Returns
+ * the CPU, or -1 when there is no block to count in. */
+static int count_on_this_cpu(u32 code, u32 stage, bool moved, u64 timed_start)
 {
 	const struct stagevm_stage_map *m = pm.area.base + STAGEVM_STAGE_MAP_OFFSET;
 	struct stagevm_vcpu_counters *b;
@@ -140,8 +260,71 @@ static int count_on_this_cpu(u32 code, u32 stage, bool moved)
 	if (moved)
 		__atomic_add_fetch(&b->migrations_in[stage], 1, __ATOMIC_RELAXED);
 	WRITE_ONCE(b->countdown, countdown ? countdown - 1 : STAGEVM_TIMED_EVERY - 1);
+	if (code == STAGEVM_CODE_NONE) {
+		/* After counts[CODE_NONE]: never more timed than completed. */
+		atomic64_inc(&pm.requests_ended);
+		if (timed_start && pm.latency_on) {
+			stagevm_latency_record(pm.area.base + stagevm_latency_offset(&pm.area.layout, cpu),
+					       stagevm_request_ns(timed_start, pm.ns_mult));
+			atomic64_inc(&pm.requests_timed);
+		}
+	}
 	put_cpu();
 	return cpu;
+}
+
+/* A request symbol's entry: the thread's outermost one ends its open
+ * request. Returns true then, with the request's timed start (0: untimed)
+ * in `*start`. */
+static bool request_entry(u64 *start)
+{
+	unsigned long flags;
+	bool end = false;
+	int i;
+
+	spin_lock_irqsave(&pm.threads_lock, flags);
+	i = thread_slot(true);
+	if (i < 0) {
+		atomic64_inc(&pm.requests_dropped);
+	} else if (pm.threads[i].depth++ == 0 && pm.threads[i].open) {
+		end = true;
+		*start = pm.threads[i].start;
+		pm.threads[i].open = false;
+		pm.threads[i].start = 0;
+	}
+	spin_unlock_irqrestore(&pm.threads_lock, flags);
+	return end;
+}
+
+/* A request symbol's return (uretprobe): the thread's outermost one begins
+ * a request on the CPU it runs on (one already open starts again). */
+static int probe_ret(struct uprobe_consumer *uc, unsigned long func, struct pt_regs *regs)
+{
+	struct probed_thread *t;
+	unsigned long flags;
+	int i;
+
+	spin_lock_irqsave(&pm.threads_lock, flags);
+	/* No slot: its entry found the table full (counted there). */
+	i = thread_slot(false);
+	if (i >= 0) {
+		t = &pm.threads[i];
+		if (t->depth)
+			t->depth--;
+		if (!t->depth) {
+			u32 cpu = raw_smp_processor_id(); /* interrupts are off */
+
+			t->open = true;
+			t->start = 0;
+			if (pm.latency_on && cpu < pm.area.layout.num_vcpus)
+				t->start = stagevm_request_begin(pm.area.base +
+								 stagevm_latency_offset(&pm.area.layout, cpu),
+								 0, pm.pace_ticks);
+			atomic64_inc(&pm.requests_begun);
+		}
+	}
+	spin_unlock_irqrestore(&pm.threads_lock, flags);
+	return 0;
 }
 
 static int probe_hit(struct uprobe_consumer *uc, struct pt_regs *regs)
@@ -152,6 +335,14 @@ static int probe_hit(struct uprobe_consumer *uc, struct pt_regs *regs)
 	cpumask_var_t mask;
 
 	atomic64_inc(&pm.hits[p->stage]);
+	if (p->request) {
+		u64 start = 0;
+
+		/* The request ends where the thread was, before it moves. */
+		if (request_entry(&start))
+			count_on_this_cpu(STAGEVM_CODE_NONE, STAGEVM_STAGE_NONE, false, start);
+		from = raw_smp_processor_id();
+	}
 	if (alloc_cpumask_var(&mask, GFP_ATOMIC)) {
 		if (!serving(p->stage, mask))
 			cpumask_copy(mask, cpu_possible_mask);
@@ -165,32 +356,34 @@ static int probe_hit(struct uprobe_consumer *uc, struct pt_regs *regs)
 		}
 		free_cpumask_var(mask);
 	}
-	cpu = count_on_this_cpu(STAGEVM_CODE_FIRST_STAGE + p->stage, p->stage, moved);
+	cpu = count_on_this_cpu(STAGEVM_CODE_FIRST_STAGE + p->stage, p->stage, moved, 0);
 	atomic64_inc(cpu < 0 ? &pm.not_counted : &pm.counted);
 	if (moved)
 		atomic64_inc(&pm.migrations);
 	return 0;
 }
 
-/* Gives every thread a hit moved all CPUs back. */
+/* Gives every thread a hit moved all CPUs back and empties the table
+ * (open requests are forgotten). */
 static void reset_threads(void)
 {
-	u32 i, n;
+	u32 i;
 
-	spin_lock_irq(&pm.threads_lock);
-	n = pm.num_threads;
-	pm.num_threads = 0;
-	spin_unlock_irq(&pm.threads_lock);
 	/* No hit runs now (every uprobe is unregistered): the table is ours. */
-	for (i = 0; i < n; i++) {
-		struct task_struct *t = get_pid_task(pm.threads[i], PIDTYPE_PID);
+	for (i = 0; i < PROBED_THREADS; i++) {
+		struct probed_thread *pt = &pm.threads[i];
+		struct task_struct *t;
 
+		if (!pt->pid)
+			continue;
+		t = pt->moved ? get_pid_task(pt->pid, PIDTYPE_PID) : NULL;
 		if (t) {
 			if (set_cpus_allowed_ptr(t, cpu_possible_mask) == 0)
 				pm.threads_reset++;
 			put_task_struct(t);
 		}
-		put_pid(pm.threads[i]);
+		put_pid(pt->pid);
+		*pt = (struct probed_thread){ 0 };
 	}
 }
 
@@ -232,19 +425,32 @@ long stagevm_probes_attach(const struct stagevm_agent_area *area,
 	pm.probes = kcalloc(req.num_probes, sizeof(*pm.probes), GFP_KERNEL);
 	ret = pm.probes ? 0 : -ENOMEM;
 	for (i = 0; !ret && i < req.num_probes; i++)
-		if (in[i].stage >= area->num_stages || in[i].reserved ||
+		if (in[i].stage >= area->num_stages || (in[i].flags & ~STAGEVM_PROBE_REQUEST) ||
 		    in[i].offset >= (u64)i_size_read(file_inode(f)))
 			ret = -EINVAL;
 	if (ret)
 		goto out;
 	pm.inode = igrab(file_inode(f));
 	pm.area = *area;
+	/* Requests are timed as libstage times them (its decide_report). */
+	{
+		const struct stagevm_area_header *h = area->base;
+		const struct stagevm_stage_map *m = area->base + STAGEVM_STAGE_MAP_OFFSET;
+		u64 khz = READ_ONCE(h->tsc_khz);
+
+		pm.latency_on = area->layout.latency && khz && READ_ONCE(m->minor) >= 4;
+		pm.ns_mult = khz ? stagevm_ns_mult(khz) : 0;
+		pm.pace_ticks = stagevm_pace_ticks(khz);
+	}
 	for (i = 0; i < STAGEVM_MAX_STAGES; i++)
 		atomic64_set(&pm.hits[i], 0);
 	for (i = 0; i < req.num_probes; i++) {
 		pm.probes[i].offset = in[i].offset;
 		pm.probes[i].stage = in[i].stage;
+		pm.probes[i].request = in[i].flags & STAGEVM_PROBE_REQUEST;
 		pm.probes[i].uc.handler = probe_hit;
+		if (pm.probes[i].request)
+			pm.probes[i].uc.ret_handler = probe_ret;
 		ret = uprobe_register(pm.inode, in[i].offset, &pm.probes[i].uc);
 		if (ret) {
 			pr_warn_ratelimited("stagevm: uprobe at offset %#llx refused (%ld); nothing attached\n",
@@ -257,8 +463,9 @@ long stagevm_probes_attach(const struct stagevm_agent_area *area,
 	}
 	pm.num_probes = req.num_probes;
 	pm.map_attaches++;
-	pr_info("stagevm: stage map attached: %u uprobes on inode %lu, %u stages\n",
-		pm.num_probes, pm.inode->i_ino, area->num_stages);
+	pr_info("stagevm: stage map attached: %u uprobes on inode %lu, %u stages, requests %s\n",
+		pm.num_probes, pm.inode->i_ino, area->num_stages,
+		pm.latency_on ? "timed" : "not timed");
 out:
 	if (!pm.inode) {
 		kfree(pm.probes);
@@ -299,6 +506,10 @@ long stagevm_probes_stats(struct stagevm_ioc_probe_stats __user *uarg)
 		.map_detaches = pm.map_detaches,
 		.threads_reset = pm.threads_reset,
 		.threads_lost = atomic64_read(&pm.threads_lost),
+		.requests_begun = atomic64_read(&pm.requests_begun),
+		.requests_ended = atomic64_read(&pm.requests_ended),
+		.requests_timed = atomic64_read(&pm.requests_timed),
+		.requests_dropped = atomic64_read(&pm.requests_dropped),
 	};
 	u32 i;
 

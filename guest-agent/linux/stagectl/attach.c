@@ -16,7 +16,8 @@
  *   stagectl detach [--device PATH]
  *       Removes the map's uprobes; the probed threads get every CPU back.
  *   stagectl probes [--device PATH]
- *       One line: probes attached, hits per stage, counted, migrations.
+ *       One line: probes attached, hits per stage, counted, migrations,
+ *       requests begun, ended (completions counted), timed and dropped.
  */
 #define _GNU_SOURCE
 #include <elf.h>
@@ -39,6 +40,7 @@
 struct wanted {
 	const char *sym;
 	unsigned stage;
+	int request;     /* a `request` symbol (STAGEVM_PROBE_REQUEST) */
 	uint64_t offset; /* 0 until found (a function never starts at offset 0) */
 };
 
@@ -244,7 +246,7 @@ int stagectl_attach(int argc, char **argv)
 			}
 			w[n++] = (struct wanted){ k < m.stages[s].nsyms ? m.stages[s].syms[k]
 									: m.request[k - m.stages[s].nsyms],
-						  s, 0 };
+						  s, k >= m.stages[s].nsyms, 0 };
 		}
 	if (resolve(binary, w, n, &m))
 		goto out;
@@ -256,7 +258,9 @@ int stagectl_attach(int argc, char **argv)
 	bin = open(binary, O_RDONLY | O_CLOEXEC);
 	if (bin >= 0 && !check_registration(dev, &m, map)) {
 		for (unsigned i = 0; i < n; i++)
-			probes[i] = (struct stagevm_ioc_probe){ .offset = w[i].offset, .stage = w[i].stage };
+			probes[i] = (struct stagevm_ioc_probe){
+				.offset = w[i].offset, .stage = w[i].stage,
+				.flags = w[i].request ? STAGEVM_PROBE_REQUEST : 0 };
 		req = (struct stagevm_ioc_attach_map){ .fd = bin, .num_probes = n,
 						       .probes = (uint64_t)(uintptr_t)probes };
 		if (ioctl(dev, STAGEVM_IOC_ATTACH_MAP, &req) < 0) {
@@ -266,8 +270,9 @@ int stagectl_attach(int argc, char **argv)
 		} else {
 			printf("stagectl: attached %s to %s: %u uprobes, %u stages\n", map, binary, n, m.nstages);
 			for (unsigned i = 0; i < n; i++)
-				printf("stagectl:   stage %s: %s at file offset %#llx\n", m.stages[w[i].stage].name,
-				       w[i].sym, (unsigned long long)w[i].offset);
+				printf("stagectl:   stage %s: %s at file offset %#llx%s\n", m.stages[w[i].stage].name,
+				       w[i].sym, (unsigned long long)w[i].offset,
+				       w[i].request ? " (request: entry ends one, return begins one)" : "");
 			rc = 0;
 		}
 	} else if (bin < 0) {
@@ -329,9 +334,12 @@ int stagectl_probes(int argc, char **argv)
 	printf("stagectl: probes attached %u, hits", st.attached);
 	for (unsigned s = 0; s < st.num_stages && s < STAGEVM_MAX_STAGES; s++)
 		printf(" %llu", (unsigned long long)st.hits[s]);
-	printf(", counted %llu, not counted %llu, migrations %llu, affinity failures %llu, threads reset %llu, threads lost %llu\n",
+	printf(", counted %llu, not counted %llu, migrations %llu, affinity failures %llu, threads reset %llu, threads lost %llu, "
+	       "requests begun %llu ended %llu timed %llu dropped %llu\n",
 	       (unsigned long long)st.counted, (unsigned long long)st.not_counted,
 	       (unsigned long long)st.migrations, (unsigned long long)st.affinity_failures,
-	       (unsigned long long)st.threads_reset, (unsigned long long)st.threads_lost);
+	       (unsigned long long)st.threads_reset, (unsigned long long)st.threads_lost,
+	       (unsigned long long)st.requests_begun, (unsigned long long)st.requests_ended,
+	       (unsigned long long)st.requests_timed, (unsigned long long)st.requests_dropped);
 	return 0;
 }
