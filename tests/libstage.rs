@@ -20,7 +20,10 @@
 //! `Cpus_allowed_list` is the CPU set of its last stage; corrupt ring
 //! entries written on purpose are counted, not fatal; concurrent writers
 //! (rseq, own rseq registration, lock transport) lose nothing in either
-//! mode; the C layout helpers equal `Layout`, with and without counters;
+//! mode; the C layout helpers equal `Layout`, with and without counters and
+//! latency blocks; libstage's latency record equals the Rust agent's, and
+//! requests it times reach the VMM's histogram with samples = completed
+//! requests per vCPU (ABI minor 4);
 //! `stagectl` prints the map and the counters. The cost of `stage_enter` is
 //! measured and printed.
 //!
@@ -32,6 +35,8 @@ mod common;
 // tests/ beside the other test targets; the helpers live in tests/libstage/.
 #[path = "libstage/host.rs"]
 mod host;
+#[path = "libstage/latency.rs"]
+mod latency;
 #[path = "libstage/program.rs"]
 mod program;
 #[path = "libstage/scenario.rs"]
@@ -99,6 +104,11 @@ fn c_layout_helpers_match_rust_layout() {
         expect.push(format!("counters used_bytes {}", c.used_bytes()));
         expect.push(format!("counters area_size {}", c.area_size()));
         expect.extend((0..=v).map(|i| format!("counters_offset {i} {}", c.counters_offset(i))));
+        // Minor 4: the latency blocks after the counters.
+        let lat = l.with_latency();
+        expect.push(format!("latency used_bytes {}", lat.used_bytes()));
+        expect.push(format!("latency area_size {}", lat.area_size()));
+        expect.extend((0..=v).map(|i| format!("latency_offset {i} {}", lat.latency_offset(i))));
         assert_eq!(text.lines().collect::<Vec<_>>(), expect, "({v}, {s}, {e})");
     }
 }
@@ -275,6 +285,23 @@ fn concurrent_writers_lose_nothing() {
             );
         }
     }
+}
+
+/// libstage's latency record path equals the Rust agent's
+/// `VcpuLatency::record` on the same latencies (ABI minor 4).
+#[test]
+fn libstage_latency_histogram_equals_the_rust_agents() {
+    let _serial = serial();
+    latency::histogram_equals_the_rust_agents();
+}
+
+/// Requests timed end to end through the VMM's stage device: samples equal
+/// completed requests per vCPU, no clamp, latencies at least the work; none
+/// timed without latency blocks or on a minor-3 host.
+#[test]
+fn libstage_times_requests_through_the_stage_device() {
+    let _serial = serial();
+    latency::requests_are_timed_through_the_device();
 }
 
 /// Cost of stage_enter / stage_exit without migration (an empty call loop

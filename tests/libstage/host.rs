@@ -14,8 +14,8 @@ use host_sched::cpuset::CpuSet;
 use host_sched::policy::{plan_from_assignment, Plan};
 use host_sched::topology::Topology;
 use hypercall_abi::stage::{
-    AreaHeader, Layout, RingHeader, StageMap, Status, DOORBELL_REGISTER, DOORBELL_STATUS,
-    STAGE_MAP_OFFSET,
+    AreaHeader, Layout, RingHeader, StageMap, Status, VcpuLatency, DOORBELL_REGISTER,
+    DOORBELL_STATUS, STAGE_MAP_OFFSET,
 };
 use stagevm::sched::StageSched;
 use stagevm::stage::{host_tsc, StageDevice};
@@ -50,11 +50,26 @@ pub struct Host {
 }
 
 impl Host {
+    /// Room for rings and counters (libstage then lays out no latency
+    /// blocks: they do not fit) and a device that gives no TSC rate.
     pub fn new(vcpus: u32, ring_entries: u32, policy: &str) -> Self {
-        // Room for libstage's default layout: rings and counters.
-        let layout = Layout::new(vcpus, STAGES.len() as u32, ring_entries)
-            .unwrap()
-            .with_counters();
+        Self::build(vcpus, ring_entries, policy, false, 0)
+    }
+
+    /// Room for libstage's whole layout, with the latency blocks (ABI minor
+    /// 4), and a device that gives the guest `tsc_khz` (requests are timed
+    /// only with a TSC rate).
+    pub fn with_latency(vcpus: u32, ring_entries: u32, policy: &str, tsc_khz: u64) -> Self {
+        Self::build(vcpus, ring_entries, policy, true, tsc_khz)
+    }
+
+    fn build(vcpus: u32, ring_entries: u32, policy: &str, latency: bool, tsc_khz: u64) -> Self {
+        let layout = Layout::new(vcpus, STAGES.len() as u32, ring_entries).unwrap();
+        let layout = if latency {
+            layout.with_latency()
+        } else {
+            layout.with_counters()
+        };
         let len = layout.area_size();
         // No MFD_CLOEXEC: the C child inherits the descriptor.
         // SAFETY: a NUL-terminated name; the result is checked.
@@ -69,7 +84,13 @@ impl Host {
             Some(FileOffset::new(memfd.try_clone().unwrap(), 0)),
         )])
         .unwrap();
-        let dev = Arc::new(StageDevice::new(memory, AREA_GPA + len, vcpus, 0, 1000));
+        let dev = Arc::new(StageDevice::new(
+            memory,
+            AREA_GPA + len,
+            vcpus,
+            tsc_khz,
+            1000,
+        ));
         let cores = CpuSet::from_iter(0..vcpus as usize).to_string();
         let toml = format!(
             "[host]\ncores = \"{cores}\"\n[policy]\nname = \"{policy}\"\n\
@@ -138,9 +159,45 @@ impl Host {
     /// [`Host::register_as_old_host`]).
     fn old_minor(&self) {
         if self.old_host {
-            let at = STAGE_MAP_OFFSET + std::mem::offset_of!(StageMap, minor) as u64;
-            self.write_u64(at, 1);
+            self.set_map_minor(1);
         }
+    }
+
+    /// Makes the published map say `minor` (a host of that minor, for the
+    /// guest; the device itself is this VMM's). The next publish undoes it.
+    pub fn set_map_minor(&self, minor: u64) {
+        let at = STAGE_MAP_OFFSET + std::mem::offset_of!(StageMap, minor) as u64;
+        self.write_u64(at, minor);
+    }
+
+    /// The header's `flags` as the guest wrote them.
+    pub fn header_flags(&self) -> u32 {
+        let at = std::mem::offset_of!(AreaHeader, flags) as u64;
+        (self.read_u64(at & !7) >> (8 * (at & 7))) as u32
+    }
+
+    /// vCPU `vcpu`'s latency block as the guest wrote it, read from the
+    /// area of `layout` (one with latency blocks).
+    pub fn read_latency(&self, layout: &Layout, vcpu: u32) -> VcpuLatency {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; std::mem::size_of::<VcpuLatency>()];
+        self.memfd
+            .read_exact_at(&mut buf, layout.latency_offset(vcpu))
+            .unwrap();
+        let w: Vec<u64> = buf
+            .chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let mut b = VcpuLatency {
+            samples: w[0],
+            sum_ns: w[1],
+            countdown: w[2],
+            ..Default::default()
+        };
+        b.agent.copy_from_slice(&w[3..6]);
+        b.reserved.copy_from_slice(&w[6..16]);
+        b.buckets.copy_from_slice(&w[16..]);
+        b
     }
 
     /// Publishes a stage map through the device (as an old host, with
@@ -225,6 +282,19 @@ impl Host {
     }
 
     pub fn child(&self, args: &[&str], env: &[(&str, &str)]) -> Driver {
+        let child = self
+            .command(args, env)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the libstage test program");
+        Driver::new(child)
+    }
+
+    /// The C program with `args` against this host's area (the memfd, its
+    /// geometry and `env` in its environment), its CPUs limited to the
+    /// vCPUs.
+    pub fn command(&self, args: &[&str], env: &[(&str, &str)]) -> Command {
         let mut cmd = Command::new(&binaries().e2e);
         cmd.args(args)
             .env("STAGEVM_FD", self.memfd.as_raw_fd().to_string())
@@ -232,8 +302,8 @@ impl Host {
             .env("STAGEVM_VCPUS", self.vcpus.to_string())
             .env("STAGEVM_RING_ENTRIES", self.ring_entries.to_string())
             .env_remove("STAGE_TRANSPORT")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
+            .env_remove("STAGE_TIMED_EVERY")
+            .env_remove("STAGEVM_LATENCY")
             .stderr(Stdio::inherit());
         for (k, v) in env {
             cmd.env(k, v);
@@ -254,8 +324,7 @@ impl Host {
                 Ok(())
             });
         }
-        let child = cmd.spawn().expect("spawn the libstage test program");
-        Driver::new(child)
+        cmd
     }
 }
 

@@ -18,6 +18,16 @@
  *   e2e bench BATCHES
  *       "ready" -> "go": stage_enter / stage_exit cost without migration vs
  *       an empty loop; "migrate ready" -> "go": stage_enter with migration.
+ *   e2e latency NS...
+ *       lays the area out (fd mode, nothing registered by a host) and
+ *       records each NS on vCPU 0 through stage__test_record_latency;
+ *       prints the buckets it returned ("buckets ...") and "end"
+ *   e2e requests THREADS ITERS WORK_NS AGE_US
+ *       "ready" -> waits "go"; prints the map; THREADS threads run ITERS
+ *       requests each (enter 0, work, enter 1, work, exit), begun in turn
+ *       by the first stage_enter, by stage_request_begin() and by
+ *       stage_request_begin_at(a TSC AGE_US before now); prints "requests
+ *       ...", the exits per vCPU and the stats, "end" -> waits "exit".
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -399,6 +409,137 @@ static int bench(int argc, char **argv)
 	return 0;
 }
 
+/* ---- latency, requests (ABI minor 4) ---- */
+
+static int latency(int argc, char **argv)
+{
+	char line[8192];
+	size_t n;
+	int i, b;
+
+	setup();
+	n = (size_t)snprintf(line, sizeof(line), "buckets");
+	for (i = 2; i < argc; i++) {
+		b = stage__test_record_latency(0, strtoull(argv[i], NULL, 0));
+		if (b < 0)
+			die("stage__test_record_latency", b);
+		if (n < sizeof(line) - 8)
+			n += (size_t)snprintf(line + n, sizeof(line) - n, " %d", b);
+	}
+	say("%s", line);
+	say("end");
+	return 0;
+}
+
+static struct {
+	long iters;
+	uint64_t work_ns, age_ticks;
+	uint64_t requests[MAX_THREADS], aged[MAX_THREADS], timed_begins[MAX_THREADS];
+	uint64_t errors[MAX_THREADS];
+	uint64_t exits_on[MAX_THREADS][64];
+} Q;
+
+static void *request_worker(void *arg)
+{
+	long t = (long)arg, i;
+
+	for (i = 0; i < Q.iters; i++) {
+		int v, r = 0;
+
+		/* Request i begins at its first stage_enter, at
+		 * stage_request_begin() or AGE_US before now. */
+		if (i % 3 == 1)
+			r = stage_request_begin();
+		else if (i % 3 == 2)
+			r = stage_request_begin_at(__builtin_ia32_rdtsc() - Q.age_ticks);
+		if (r < 0) {
+			Q.errors[t]++;
+			continue;
+		}
+		Q.timed_begins[t] += r == 1;
+		Q.aged[t] += i % 3 == 2;
+		if (stage_enter(0) < 0) {
+			Q.errors[t]++;
+			continue;
+		}
+		spin_ns(Q.work_ns);
+		if (stage_enter(1) < 0) {
+			Q.errors[t]++;
+			continue;
+		}
+		spin_ns(Q.work_ns);
+		v = stage_exit();
+		if (v < 0 || v >= 64) {
+			Q.errors[t]++;
+			continue;
+		}
+		Q.requests[t]++;
+		Q.exits_on[t][v]++;
+	}
+	return NULL;
+}
+
+static int requests(int argc, char **argv)
+{
+	uint64_t total = 0, aged = 0, timed = 0, errors = 0, exits_on[64] = { 0 };
+	const struct stagevm_area_header *h;
+	pthread_t th[MAX_THREADS];
+	struct stage_map_view map;
+	struct stage_stats st;
+	char line[2048];
+	long t, threads;
+	size_t n;
+	int v;
+
+	if (argc < 6)
+		return 2;
+	threads = atol(argv[2]);
+	Q.iters = atol(argv[3]);
+	Q.work_ns = strtoull(argv[4], NULL, 0);
+	if (threads < 1 || threads > MAX_THREADS)
+		return 2;
+	setup();
+	say("ready transport %s", stage_transport());
+	expect_line("go");
+	print_map();
+	/* The host wrote the TSC rate at REGISTER. */
+	h = stage__area(NULL);
+	Q.age_ticks = h->tsc_khz * strtoull(argv[5], NULL, 0) / 1000u;
+	for (t = 0; t < threads; t++)
+		if (pthread_create(&th[t], NULL, request_worker, (void *)t))
+			die("pthread_create", errno);
+	for (t = 0; t < threads; t++) {
+		pthread_join(th[t], NULL);
+		total += Q.requests[t];
+		aged += Q.aged[t];
+		timed += Q.timed_begins[t];
+		errors += Q.errors[t];
+		for (v = 0; v < 64; v++)
+			exits_on[v] += Q.exits_on[t][v];
+	}
+	stage_get_stats(&st);
+	say("requests total %llu aged %llu timed_begins %llu errors %llu work_ns %llu",
+	    (unsigned long long)total, (unsigned long long)aged, (unsigned long long)timed,
+	    (unsigned long long)errors, (unsigned long long)Q.work_ns);
+	if (stage_map(&map))
+		die("stage_map", -ENODEV);
+	n = (size_t)snprintf(line, sizeof(line), "vcpus exits");
+	for (v = 0; v < (int)map.num_vcpus && n < sizeof(line) - 24; v++)
+		n += (size_t)snprintf(line + n, sizeof(line) - n, " %llu",
+				      (unsigned long long)exits_on[v]);
+	say("%s", line);
+	say("stats counters %llu latency %llu requests %llu requests_timed %llu exits %llu "
+	    "enters %llu %llu dropped %llu",
+	    (unsigned long long)st.counters, (unsigned long long)st.latency,
+	    (unsigned long long)st.requests, (unsigned long long)st.requests_timed,
+	    (unsigned long long)st.exits, (unsigned long long)st.enters[0],
+	    (unsigned long long)st.enters[1], (unsigned long long)st.dropped);
+	say("end");
+	expect_line("exit");
+	stage_shutdown();
+	return 0;
+}
+
 /* ---- layout ---- */
 
 static int layout(int argc, char **argv)
@@ -428,6 +569,12 @@ static int layout(int argc, char **argv)
 	say("counters area_size %llu", (unsigned long long)stagevm_area_size(&l));
 	for (v = 0; v <= l.num_vcpus; v++)
 		say("counters_offset %u %llu", v, (unsigned long long)stagevm_counters_offset(&l, v));
+	/* And with the latency blocks after the counters (minor 4). */
+	stagevm_layout_with_latency(&l);
+	say("latency used_bytes %llu", (unsigned long long)stagevm_used_bytes(&l));
+	say("latency area_size %llu", (unsigned long long)stagevm_area_size(&l));
+	for (v = 0; v <= l.num_vcpus; v++)
+		say("latency_offset %u %llu", v, (unsigned long long)stagevm_latency_offset(&l, v));
 	return 0;
 }
 
@@ -439,6 +586,10 @@ int main(int argc, char **argv)
 		return bench(argc, argv);
 	if (argc >= 2 && !strcmp(argv[1], "layout"))
 		return layout(argc, argv);
-	fprintf(stderr, "usage: e2e run|bench|layout ...\n");
+	if (argc >= 2 && !strcmp(argv[1], "latency"))
+		return latency(argc, argv);
+	if (argc >= 2 && !strcmp(argv[1], "requests"))
+		return requests(argc, argv);
+	fprintf(stderr, "usage: e2e run|bench|layout|latency|requests ...\n");
 	return 2;
 }
