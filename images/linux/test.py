@@ -12,7 +12,10 @@ policy off", the harness switches the policy with `stagevm-remote policy
 off`. At the end it compares the guest's counts with stagevm's report: the
 guest agent reports through the per-vCPU stage counters (ABI minor 2), so
 the report's per-stage `events` and migrations and per-vCPU `events` and
-`exits` come from the VMM's counter reads, with no clamp.
+`exits` come from the VMM's counter reads, with no clamp; and libstage times
+the program's requests (ABI minor 4): the report's `stage_channel.latency`
+holds every request the guest timed, with no clamp, and the test prints its
+p50 and p99.
 
 With /dev/net/tun and the right to make a network namespace, the harness
 moves itself into a namespace of its own (unshare), makes a tap there with a
@@ -460,6 +463,22 @@ def main():
                                     g["exits"] == host_vcpus.get(v, {}).get("exits") for v, g in guest_vcpus.items()),
           "guest per-vCPU switches and exits equal the VMM's report")
     check(channel.get("counter_clamps") == 0, f"no counter clamped for the staged program (got {channel.get('counter_clamps')})")
+    # Requests (ABI minor 4): libstage times them into the latency blocks
+    # (implicit begins under static, stage_request_begin() under off); the
+    # VMM's histogram holds every one it recorded, with no clamp.
+    m = re.search(r"^staged: requests begun (\d+) timed (\d+) \(latency (\w+)\)", serial, re.M)
+    begun, timed = (int(m.group(1)), int(m.group(2))) if m else (None, None)
+    check(m is not None and m.group(3) == "on" and timed > 0,
+          f"libstage times requests (latency blocks, host minor 4, TSC rate): {begun} begun, {timed} timed "
+          f"(latency {m and m.group(3)})")
+    lat = channel.get("latency") or {}
+    check(lat.get("samples", 0) > 0 and lat.get("samples") == timed and lat.get("clamps") == 0,
+          f"the VMM's latency histogram holds the guest's timed requests: {lat.get('samples')} samples "
+          f"(guest timed {timed}), {lat.get('clamps')} clamped")
+    if lat:
+        print(f"  latency (VMM report): {lat.get('samples')} timed requests, p50 {lat.get('p50_us', 0):.1f} us, "
+              f"p99 {lat.get('p99_us', 0):.1f} us, mean {lat.get('mean_us', 0):.1f} us, clamps {lat.get('clamps')}",
+              flush=True)
     check("module unloaded" in times, "module unloaded")
     check(code == 0, f"exit status 0 (got {code})")
     log(f"booting again with {CONSOLE_MEMORY_MIB} MiB and --serial pty (stagevm.test=console)")
