@@ -16,6 +16,9 @@
  * ring ("rings"). It calls sched_setaffinity() only when that CPU does not
  * serve the stage in the host's current stage map (the map epoch and masks
  * are cached per thread), restricting the thread to the CPUs that serve it.
+ * On a host of minor 4 the requests these calls delimit are timed too: a
+ * request runs from its first stage_enter (or stage_request_begin*) to its
+ * stage_exit, and one in N per vCPU goes to that vCPU's latency histogram.
  *
  * Every function returns 0 (or a non-negative value) on success and -errno
  * on failure; none of them is async-signal-safe. Layout types come from
