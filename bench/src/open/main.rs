@@ -74,9 +74,14 @@ pub struct Args {
     /// Rounds (medians, min–max and worst rounds are reported).
     #[arg(long, default_value_t = 5)]
     rounds: usize,
-    /// Length of a run (s), at the unstaged capacity or the offered load.
+    /// Length of a closed-loop run (s) at the unstaged capacity.
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
+    /// Length of an open-loop run (s) at the offered load: long enough
+    /// that `auto`'s first trial (its first ~1 s) ends before the steady
+    /// 10 % mark of the requests.
+    #[arg(long, default_value_t = 10.0)]
+    open_seconds: f64,
     /// Guest threads in all (native connections); each vCPU gets an equal
     /// share.
     #[arg(long, default_value_t = 32)]
@@ -336,7 +341,9 @@ fn round(
         for &load in &loads {
             let rate = (load > 0).then(|| (cap * f64::from(load) / 100.0).round().max(1.0) as u64);
             let requests = match rate {
-                Some(rate) => requests_for(args.seconds, rate as f64, u64::from(args.threads), 50),
+                Some(rate) => {
+                    requests_for(args.open_seconds, rate as f64, u64::from(args.threads), 50)
+                }
                 None => shape.requests,
             };
             if let Some(rate) = rate {

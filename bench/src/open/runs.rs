@@ -34,6 +34,8 @@ pub struct Run {
     /// `auto`: the share of the middle 80 % of the periods spent in each
     /// mode other than unstaged (temporal, spatial, both).
     pub staged_share: f64,
+    /// `auto`: staged holds its latency guard ended.
+    pub latency_fallbacks: u64,
 }
 
 /// Work CPU per request (µs) over the middle 80 % (by time) of the policy
@@ -138,6 +140,7 @@ impl Run {
             } else {
                 f64::NAN
             },
+            latency_fallbacks: r.sched.auto.as_ref().map_or(0, |a| a.fallbacks_latency),
         })
     }
 }

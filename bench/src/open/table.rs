@@ -222,13 +222,14 @@ pub fn report(view: &View, elapsed: Duration, others: f64) -> String {
     );
     let _ = writeln!(
         s,
-        "Command: `open-bench --shapes {} --vcpus {} --loads {} --cells {} --rounds {} --seconds {} --threads {} --queue {}{}` (`just bench-open`), {:.1} min; median (min–max) of {} interleaved rounds, ratios per round against the better unstaged cell of the same round (closed loop: the higher throughput of `off`/`pinned`; open loop: the lower CPU per request), and each cell's worst round.\n",
+        "Command: `open-bench --shapes {} --vcpus {} --loads {} --cells {} --rounds {} --seconds {} --open-seconds {} --threads {} --queue {}{}` (`just bench-open`), {:.1} min; median (min–max) of {} interleaved rounds, ratios per round against the better unstaged cell of the same round (closed loop: the higher throughput of `off`/`pinned`; open loop: the lower CPU per request), and each cell's worst round.\n",
         a.shapes.join(","),
         a.vcpus.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
         a.loads.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
         a.cells.join(","),
         a.rounds,
         a.seconds,
+        a.open_seconds,
         a.threads,
         a.queue,
         if a.no_closed { " --no-closed" } else { "" },

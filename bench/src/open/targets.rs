@@ -11,8 +11,10 @@
 //! * **A3** — closed loop and at 90 % load: `auto` ≥ 0.97× the better
 //!   unstaged cell (T2) and ≥ 0.97× the best cell (T5), by throughput;
 //! * **A4** — a point where a staged cell saves CPU (by the 3 % margin) but
-//!   raises p99 beyond the bound: `auto` does not keep that mode, and its
-//!   report says the latency bound decided;
+//!   raises p99 beyond the bound: `auto` does not keep that mode (it runs
+//!   staged in under half of the steady periods of most rounds), and its
+//!   report says the latency bound decided (its last trial's verdict, or a
+//!   hold the latency guard ended);
 //! * **A5** — in no single round, anywhere, is `auto` below 0.90× the
 //!   better unstaged cell (throughput closed loop, CPU per request open).
 

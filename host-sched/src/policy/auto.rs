@@ -73,7 +73,7 @@ mod tests;
 mod trial;
 
 use super::{build, Context, Observation, Plan, Policy, PolicyKind, VisitPolicy};
-use hold::{Guard, Hold, Step};
+use hold::{Fallback, Guard, Hold, Step};
 pub use measure::{LatencyBound, ModeSummary, Objective, TrialSummary};
 use trial::{Trial, Verdict};
 
@@ -282,6 +282,14 @@ pub struct AutoStats {
     /// Holds whose mode differs from the previous hold's: switches of mode
     /// outside trials.
     pub mode_switches: u64,
+    /// Holds of a staged mode ended early: its figure fell behind
+    /// unstaged's, its p99 passed the latency bound, an unstaged probe beat
+    /// it.
+    pub fallbacks_figure: u64,
+    /// See `fallbacks_figure`.
+    pub fallbacks_latency: u64,
+    /// See `fallbacks_figure`.
+    pub fallbacks_probe: u64,
 }
 
 /// The `auto` policy (see the module docs).
@@ -404,7 +412,7 @@ impl Auto {
         };
         self.stats.trial_periods += 1;
         trial.record(o);
-        let dropped = trial.cut(&p);
+        let dropped = trial.cut(&p, &self.bound);
         let over = trial.epoch_over(&p);
         if let Some(v) = trial.verdict(&p, over, &self.bound) {
             let Verdict {
@@ -454,7 +462,12 @@ impl Auto {
         let (mode, objective) = (hold.mode, hold.objective);
         match hold.step(&p, load, &o) {
             Step::Stay => (mode, String::new(), None),
-            Step::FallBack(why) => {
+            Step::FallBack(kind, why) => {
+                match kind {
+                    Fallback::Figure => self.stats.fallbacks_figure += 1,
+                    Fallback::Latency => self.stats.fallbacks_latency += 1,
+                    Fallback::Probe => self.stats.fallbacks_probe += 1,
+                }
                 let mode = self.hold(Mode::Unstaged, load, None, objective);
                 (mode, why, None)
             }

@@ -353,6 +353,16 @@ pub struct AutoReport {
     /// losing mode of a trial (the trial overhead; target ≤ 2 % over
     /// a 60 s run).
     pub losing_share: f64,
+    /// Holds of a staged mode ended early because its figure (rate or CPU
+    /// per request) fell behind unstaged's of its trial.
+    #[serde(default)]
+    pub fallbacks_figure: u64,
+    /// ... because its p99 passed the latency bound.
+    #[serde(default)]
+    pub fallbacks_latency: u64,
+    /// ... because an unstaged probe beat it.
+    #[serde(default)]
+    pub fallbacks_probe: u64,
     /// The last finished trial: each mode's figures and what decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_trial: Option<TrialReport>,

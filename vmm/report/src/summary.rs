@@ -100,13 +100,16 @@ pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport, disks: &[BlockReport
     if let Some(a) = &sc.auto {
         let _ = writeln!(
             s,
-            "stagevm: auto: {} trials ({} of {} periods), {} periods in losing epochs ({:.2} % of the run), {} switches of mode outside trials",
+            "stagevm: auto: {} trials ({} of {} periods), {} periods in losing epochs ({:.2} % of the run), {} switches of mode outside trials; staged holds ended by their figure {}, by the latency bound {}, by a probe {}",
             a.trials,
             a.trial_periods,
             a.periods,
             a.losing_periods,
             a.losing_share * 100.0,
-            a.mode_switches
+            a.mode_switches,
+            a.fallbacks_figure,
+            a.fallbacks_latency,
+            a.fallbacks_probe
         );
         if let Some(t) = &a.last_trial {
             let _ = writeln!(s, "{}", trial_line(t));

@@ -56,13 +56,24 @@ struct Watch {
     skip: u32,
 }
 
+/// What ended a hold of a staged mode early.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Fallback {
+    /// Its figure fell behind unstaged's of its trial.
+    Figure,
+    /// Its p99 passed the latency bound.
+    Latency,
+    /// An unstaged probe beat it.
+    Probe,
+}
+
 /// What a period of the hold decided.
 #[derive(Debug, PartialEq)]
 pub(super) enum Step {
     /// Go on running the held mode.
     Stay,
-    /// Hold unstaged instead (why).
-    FallBack(String),
+    /// Hold unstaged instead (what ended the hold, why).
+    FallBack(Fallback, String),
     /// Start a new trial (why).
     Trial(String),
     /// Run unstaged this period: an unstaged probe (its step, or empty).
@@ -140,8 +151,8 @@ impl Hold {
                 return step;
             }
             None => {
-                if let Some(why) = self.watch(p, o, settled) {
-                    return Step::FallBack(why);
+                if let Some((kind, why)) = self.watch(p, o, settled) {
+                    return Step::FallBack(kind, why);
                 }
             }
         }
@@ -240,7 +251,7 @@ impl Hold {
                 Objective::Rate => "requests/s",
                 Objective::CpuPerRequest => "ns of CPU per request",
             };
-            return Some(Step::FallBack(format!(
+            return Some(Step::FallBack(Fallback::Probe, format!(
                 "keep unstaged: an unstaged probe ran at {probe:.0} {unit}, {:.1} % ahead of {mode}'s {held:.0} in its hold",
                 lead * 100.0
             )));
@@ -251,7 +262,12 @@ impl Hold {
 
     /// The guard of a held mode other than unstaged: why it falls back, if
     /// it does.
-    fn watch(&mut self, p: &AutoParams, o: &Observation, settled: bool) -> Option<String> {
+    fn watch(
+        &mut self,
+        p: &AutoParams,
+        o: &Observation,
+        settled: bool,
+    ) -> Option<(Fallback, String)> {
         let mode = self.mode.name();
         let w = self.watch.as_mut()?;
         let g = &w.guard;
@@ -265,17 +281,17 @@ impl Hold {
             if settled {
                 match g.objective {
                     Objective::Rate if a < g.unstaged * (1.0 - p.margin) => {
-                        return Some(format!(
+                        return Some((Fallback::Figure, format!(
                             "keep unstaged: {mode} fell to {a:.0} requests/s in its hold, below the {:.0} unstaged ran at in the trial",
                             g.unstaged
-                        ));
+                        )));
                     }
                     Objective::CpuPerRequest if a > g.unstaged * (1.0 + p.margin) => {
-                        return Some(format!(
+                        return Some((Fallback::Figure, format!(
                             "keep unstaged: {mode} rose to {:.2} µs of CPU per request in its hold, above the {:.2} unstaged used in the trial",
                             a / 1000.0,
                             g.unstaged / 1000.0
-                        ));
+                        )));
                     }
                     _ => {}
                 }
@@ -295,11 +311,11 @@ impl Hold {
         w.block = Histogram::new();
         w.block_periods = 0;
         let p99 = p99.filter(|v| *v > limit)?;
-        Some(format!(
+        Some((Fallback::Latency, format!(
             "keep unstaged: {mode}'s p99 latency rose to {:.0} µs in its hold, over the latency bound of {:.0} µs",
             p99 / 1000.0,
             limit / 1000.0
-        ))
+        )))
     }
 
     /// Whether the load crossed saturation for good since the trial (see

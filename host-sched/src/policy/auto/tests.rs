@@ -508,3 +508,30 @@ fn a_slow_unstaged_epoch_cannot_make_a_losing_mode_win() {
 }
 
 mod hold;
+
+#[test]
+fn a_mode_with_a_tail_far_beyond_the_bound_is_dropped_after_one_epoch() {
+    // Spatial saves CPU but its p99 is 5× unstaged's: dropped as soon as
+    // its first epoch timed enough requests, never run again.
+    let cpu = [30.0, 30.0, 24.0, 29.0];
+    let p99 = [200.0, 200.0, 1000.0, 200.0];
+    let mut p = auto_now(Default::default());
+    let (modes, decisions) = drive_observed(
+        &mut p,
+        80,
+        |_| [0.5, 0.5],
+        |m, _| period(30_000.0, cpu[m.index()], 0.6, p99[m.index()]),
+    );
+    let spatial = modes.iter().filter(|m| **m == Mode::Spatial).count();
+    assert!(
+        spatial <= AutoParams::default().epoch_periods as usize,
+        "{modes:?}"
+    );
+    assert!(
+        decisions.iter().any(|(_, d)| d
+            .what
+            .contains("drop spatial (p99 1048 µs, over twice the latency bound of 234 µs)")),
+        "{decisions:?}"
+    );
+    assert!(modes[50..].iter().all(|m| *m != Mode::Spatial));
+}

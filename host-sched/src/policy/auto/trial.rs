@@ -142,10 +142,36 @@ impl Trial {
             .filter(|m| self.live[m.index()])
     }
 
-    /// Drops the modes decidedly behind another; returns what it dropped,
-    /// for the timeline (empty when nothing).
-    pub fn cut(&mut self, p: &AutoParams) -> String {
+    /// Drops the modes decidedly behind another, and those whose p99 is
+    /// beyond twice the latency bound's limit already (a trial exposes the
+    /// server's requests to every mode it runs: a mode with such a tail is
+    /// not run again); returns what it dropped, for the timeline (empty
+    /// when nothing).
+    pub fn cut(&mut self, p: &AutoParams, bound: &LatencyBound) -> String {
         let objective = self.objective(p);
+        let limit = self
+            .unstaged()
+            .p99_ns(p.min_latency_samples)
+            .map(|pu| bound.limit_ns(pu));
+        let mut what = Vec::new();
+        if let Some(limit) = limit {
+            let tails: Vec<(Mode, f64)> = self
+                .candidates()
+                .filter_map(|c| {
+                    let p99 = self.of(c).p99_ns(p.min_latency_samples)?;
+                    (p99 > 2.0 * limit).then_some((c, p99))
+                })
+                .collect();
+            for (c, p99) in tails {
+                self.live[c.index()] = false;
+                what.push(format!(
+                    "drop {} (p99 {:.0} µs, over twice the latency bound of {:.0} µs)",
+                    c.name(),
+                    p99 / 1000.0,
+                    limit / 1000.0
+                ));
+            }
+        }
         let dropped: Vec<(Mode, Mode, f64)> = self
             .candidates()
             .filter_map(|c| {
@@ -155,7 +181,6 @@ impl Trial {
                     .find_map(|m| self.lead(p, objective, *m, c).map(|gap| (c, *m, gap)))
             })
             .collect();
-        let mut what = Vec::new();
         for (c, by, gap) in dropped {
             self.live[c.index()] = false;
             let gap = gap * 100.0;

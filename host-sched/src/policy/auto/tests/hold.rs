@@ -156,6 +156,13 @@ fn a_held_mode_falls_back_when_its_cpu_or_its_p99_rises() {
             "p99 latency rose to 426 µs in its hold, over the latency bound of 234 µs"
         };
         assert!(why.contains(want), "{why}");
+        let st = p.stats();
+        let counted = if what == "cpu" {
+            st.fallbacks_figure
+        } else {
+            st.fallbacks_latency
+        };
+        assert_eq!(counted, 1, "{st:?}");
     }
 }
 
