@@ -121,9 +121,9 @@ pub fn run_open(
     mode: Mode,
 ) -> Result<OpenRun> {
     anyhow::ensure!(mode != Mode::Cohort, "no open-loop cohort reference");
-    let mut arrivals = Arrivals::new(load.rate, load.dist);
+    let mut arrivals = Arrivals::new(load.rate, load.dist, 1_000_000_000);
     let shared = Arc::new(Shared {
-        at: (0..load.total).map(|_| arrivals.next_ns()).collect(),
+        at: (0..load.total).map(|_| arrivals.next()).collect(),
         start: Instant::now(),
         next: AtomicU64::new(0),
         dropped: AtomicU64::new(0),
