@@ -133,13 +133,14 @@ bench-disk: build
 bench-headline *ARGS: build
     cargo run --release -q -p stagevm-bench --bin headline-bench -- --stagevm {{stagevm}} --kernel {{guest}} {{ARGS}}
 
-# Open loop (issue 35): the headline's shapes (127 KiB: staging loses; 4 MiB: it wins; a short-visit 64 KiB one)
-# at 2 and 4 vCPUs, closed loop and open loop at 30/60/90 % of the unstaged capacity measured in the run, every
-# cell (off, pinned, pinned+srpt, static, proportional, auto) in interleaved rounds next to native open-loop
-# references: rate, CPU per request, p50/p99 latency, targets A1-A5; writes bench/RESULTS.md's open-loop section
-# and bench/open-loop.png (~75 min; run alone).
+# Open loop (issue 35): the headline's shapes (127 KiB: staging loses; 4 MiB: it wins) at 2 and 4 vCPUs, closed
+# loop and open loop at 30/60/90 % of the unstaged capacity measured in the run, every cell (off, pinned,
+# pinned+srpt, static, proportional, auto) in 5 interleaved rounds next to native open-loop references: rate, CPU
+# per request, p50/p99 latency, targets A1-A5; then a short-visit 64 KiB shape (staging loses 2.5x) under off,
+# pinned and auto; writes bench/RESULTS.md's open-loop sections and bench/open-loop*.png (~1 h 50 min; run alone).
 bench-open *ARGS: build
     cargo run --release -q -p stagevm-bench --bin open-bench -- --stagevm {{stagevm}} --kernel {{guest}} {{ARGS}}
+    cargo run --release -q -p stagevm-bench --bin open-bench -- --stagevm {{stagevm}} --kernel {{guest}} --shapes 64:10:64 --cells off,pinned,auto --section open-loop-short --plot bench/open-loop-short.png {{ARGS}}
 
 # Interrupt delivery vs MMIO exit into a ring-3 guest (raw KVM probe).
 bench-irq:

@@ -42,7 +42,10 @@ use runs::Run;
 /// Open-loop and closed-loop sweep of the cells over shapes × vCPUs ×
 /// loads.
 #[derive(Parser, Debug)]
-#[command(name = "open-bench", about)]
+#[command(
+    name = "open-bench",
+    about = "Stage scheduling under open and closed loop: CPU per request, throughput, p50/p99 latency, targets A1-A5"
+)]
 pub struct Args {
     #[command(flatten)]
     target: Target,
@@ -51,7 +54,7 @@ pub struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "128:400:512,4096:400:512,64:20:64"
+        default_value = "128:400:512,4096:400:512"
     )]
     shapes: Vec<String>,
     /// vCPU counts.
@@ -101,9 +104,13 @@ pub struct Args {
     /// Host cores of the native references.
     #[arg(long, value_delimiter = ',', default_value = "0,1")]
     native_cores: Vec<usize>,
-    /// Results file whose `open-loop` section is replaced.
+    /// Results file whose section is replaced.
     #[arg(long, default_value = "bench/RESULTS.md")]
     results: PathBuf,
+    /// Name of the results section (its markers carry it; `open-loop` is
+    /// the main one).
+    #[arg(long, default_value = "open-loop")]
+    section: String,
     /// PNG plot to write.
     #[arg(long, default_value = "bench/open-loop.png")]
     plot: PathBuf,
@@ -346,12 +353,15 @@ fn round(
                 }
                 None => shape.requests,
             };
-            if let Some(rate) = rate {
+            // The native references at the first vCPU count's loads (they
+            // have no trial to leave out: runs of `--seconds`).
+            if let Some(rate) = rate.filter(|_| v == args.vcpus[0]) {
+                let native = requests_for(args.seconds, rate as f64, u64::from(args.threads), 50);
                 for (m, mode) in [Mode::Whole, Mode::Spatial].into_iter().enumerate() {
                     let l = Load {
                         rate,
                         dist: ArrivalDist::Poisson,
-                        total: requests * u64::from(args.threads),
+                        total: native * u64::from(args.threads),
                         queue: args.queue,
                     };
                     let run = native::run_open(&shape.params, args.threads, l, cores, mode)?;
@@ -433,8 +443,11 @@ fn main() -> Result<()> {
     print!("{text}");
     stagevm_bench::write_section(
         &args.results,
-        "<!-- open-bench:begin (written by `just bench-open`) -->",
-        "<!-- open-bench:end -->",
+        &format!(
+            "<!-- open-bench:begin {} (written by `just bench-open`) -->",
+            args.section
+        ),
+        &format!("<!-- open-bench:end {} -->", args.section),
         &text,
     )?;
     plot::write(&args.plot, &view)?;

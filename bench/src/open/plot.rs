@@ -32,7 +32,10 @@ fn lines(view: &View, i: usize, v: u32, cpu: bool) -> Lines {
     let native: Vec<(f64, f64)> = loads
         .iter()
         .filter_map(|l| {
-            let runs = view.sweep.native_open.get(&(i, v, *l, 0))?;
+            let runs = view
+                .sweep
+                .native_open
+                .get(&(i, view.args.vcpus[0], *l, 0))?;
             let y = median(
                 runs.iter()
                     .map(|r| {

@@ -152,12 +152,14 @@ fn open(s: &mut String, view: &View, i: usize, v: u32, load: u32) {
     let rate = cap * f64::from(load) / 100.0;
     let _ = writeln!(
         s,
-        "\nOpen loop, {v} vCPUs, {load} % of the unstaged capacity ({rate:.0} requests/s, Poisson):\n"
+        "\nOpen loop, {v} vCPUs, {load} % of the unstaged capacity ({rate:.0} requests/s, Poisson; the native references at the {} vCPUs' rate):\n",
+        view.args.vcpus[0]
     );
     let _ = writeln!(s, "| cell | achieved req/s | CPU µs/request | vs better unstaged | worst round | p50 µs | p99 µs | p99 vs unstaged | dropped | auto |");
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for (m, name) in ["native whole", "native spatial"].iter().enumerate() {
-        let Some(runs) = view.sweep.native_open.get(&(i, v, load, m)) else {
+        let first = view.args.vcpus[0];
+        let Some(runs) = view.sweep.native_open.get(&(i, first, load, m)) else {
             continue;
         };
         let q = |q: f64| {
@@ -222,7 +224,7 @@ pub fn report(view: &View, elapsed: Duration, others: f64) -> String {
     );
     let _ = writeln!(
         s,
-        "Command: `open-bench --shapes {} --vcpus {} --loads {} --cells {} --rounds {} --seconds {} --open-seconds {} --threads {} --queue {}{}` (`just bench-open`), {:.1} min; median (min–max) of {} interleaved rounds, ratios per round against the better unstaged cell of the same round (closed loop: the higher throughput of `off`/`pinned`; open loop: the lower CPU per request), and each cell's worst round.\n",
+        "Command: `open-bench --shapes {} --vcpus {} --loads {} --cells {} --rounds {} --seconds {} --open-seconds {} --threads {} --queue {} --section {}{}` (`just bench-open`), {:.1} min; median (min–max) of {} interleaved rounds, ratios per round against the better unstaged cell of the same round (closed loop: the higher throughput of `off`/`pinned`; open loop: the lower CPU per request), and each cell's worst round.\n",
         a.shapes.join(","),
         a.vcpus.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
         a.loads.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
@@ -232,6 +234,7 @@ pub fn report(view: &View, elapsed: Duration, others: f64) -> String {
         a.open_seconds,
         a.threads,
         a.queue,
+        a.section,
         if a.no_closed { " --no-closed" } else { "" },
         elapsed.as_secs_f64() / 60.0,
         a.rounds
