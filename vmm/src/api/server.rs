@@ -13,27 +13,35 @@
 //!
 //! With `--metrics-listen` the same thread also accepts TCP connections,
 //! which get `GET /metrics` only (anything else `404`): the changes and
-//! the shutdown stay on the owner-only Unix socket.
+//! the shutdown stay on the owner-only Unix socket. Each listener has its
+//! own [`Limits`]: TCP needs no credentials on loopback, so its clients
+//! get a budget of their own ([`METRICS_LIMITS`]: 16 connections, 10 s and
+//! 100 requests each) and can never take the Unix socket's slots
+//! (`tests/metrics_tcp.rs` holds 300 TCP clients open while the operator
+//! changes the policy and shuts the VM down). Connections beyond a budget
+//! are answered `503` by at most [`MAX_REFUSING`] tasks per listener; the
+//! rest are closed unanswered, so a connection flood costs bounded memory.
 
 use std::convert::Infallible;
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper::{Request, StatusCode};
+use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use stagevm_report::api::MAX_BODY_BYTES;
 use tokio::io::{unix::AsyncFd, AsyncRead, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::sync::Semaphore;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{handle, ApiContext, Response};
+use super::{handle, metrics, ApiContext, Response};
 
 /// Time a client has to send a request's headers, from the connection (or
 /// the previous answer) on.
@@ -42,8 +50,68 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest a connection stays open (keep-alive included).
 pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
-/// Most connections served at once.
+/// Most connections the Unix socket serves at once.
 pub const MAX_CONNECTIONS: usize = 256;
+/// Most refusals (`503` being written) in flight per listener.
+pub const MAX_REFUSING: usize = 32;
+
+/// How long TCP scrapes share one rendering of the exposition: a client
+/// pipelining scrapes costs the `api` thread one rendering per 100 ms, not
+/// one per request (the figures change once per policy period anyway).
+pub const METRICS_SHARED_FOR: Duration = Duration::from_millis(100);
+
+/// The last rendering TCP scrapes share ([`METRICS_SHARED_FOR`]).
+#[derive(Default)]
+struct SharedScrape {
+    at: Option<Instant>,
+    body: Bytes,
+}
+
+type Shared = Arc<Mutex<SharedScrape>>;
+
+/// One listener's budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections served at once.
+    pub connections: usize,
+    /// Longest a connection stays open.
+    pub lifetime: Duration,
+    /// Requests one connection may make (the last answer closes it).
+    pub requests: u32,
+}
+
+/// The operator API's Unix socket (owner-only).
+pub const API_LIMITS: Limits = Limits {
+    connections: MAX_CONNECTIONS,
+    lifetime: CONNECTION_LIFETIME,
+    requests: u32::MAX,
+};
+
+/// `--metrics-listen`'s TCP clients (no credentials: a small budget of
+/// their own; Prometheus scrapes once per connection or keeps one alive).
+pub const METRICS_LIMITS: Limits = Limits {
+    connections: 16,
+    lifetime: Duration::from_secs(10),
+    requests: 100,
+};
+
+/// A listener's slots: connections served and refusals in flight.
+#[derive(Clone)]
+struct Budget {
+    limits: Limits,
+    slots: Arc<Semaphore>,
+    refusing: Arc<Semaphore>,
+}
+
+impl Budget {
+    fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            slots: Arc::new(Semaphore::new(limits.connections)),
+            refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
+        }
+    }
+}
 
 /// What the `api` thread listens on.
 #[derive(Debug, Default)]
@@ -98,19 +166,23 @@ pub fn serve(
         let exit = unsafe { AsyncFd::register_with_interest(exit, Interest::READABLE) }
             .map_err(|e| e.into_parts().1)?;
         ready()?;
-        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        let api = Budget::new(API_LIMITS);
+        let metrics = Budget::new(METRICS_LIMITS);
+        let shared = Shared::default();
         loop {
+            // `select!` polls its ready branches in random order: neither
+            // listener's accept loop can starve the other's.
             tokio::select! {
                 _ = exit.readable() => return Ok(()),
                 accepted = async { unix.as_ref().unwrap().accept().await }, if unix.is_some() => {
                     match accepted {
-                        Ok((stream, _)) => admit(stream, Routes::All, &slots, &ctx),
+                        Ok((stream, _)) => admit(stream, Routes::All, &api, &ctx, &shared),
                         Err(e) => accept_failed(e).await,
                     }
                 }
                 accepted = async { tcp.as_ref().unwrap().accept().await }, if tcp.is_some() => {
                     match accepted {
-                        Ok((stream, _)) => admit(stream, Routes::Metrics, &slots, &ctx),
+                        Ok((stream, _)) => admit(stream, Routes::Metrics, &metrics, &ctx, &shared),
                         Err(e) => accept_failed(e).await,
                     }
                 }
@@ -119,46 +191,79 @@ pub fn serve(
     })
 }
 
-/// Serves `stream` when a connection slot is free, else answers `503`.
-fn admit<S>(stream: S, routes: Routes, slots: &Arc<Semaphore>, ctx: &Arc<ApiContext>)
+/// Serves `stream` when a slot of its listener's `budget` is free, else
+/// answers `503` (or, with [`MAX_REFUSING`] refusals already in flight,
+/// closes it unanswered).
+fn admit<S>(stream: S, routes: Routes, budget: &Budget, ctx: &Arc<ApiContext>, shared: &Shared)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    match slots.clone().try_acquire_owned() {
-        Ok(slot) => {
-            let ctx = ctx.clone();
-            tokio::spawn(async move {
-                serve_connection(stream, routes, ctx).await;
-                drop(slot);
-            });
-        }
-        Err(_) => {
-            tokio::spawn(refuse_busy(stream));
-        }
+    if let Ok(slot) = budget.slots.clone().try_acquire_owned() {
+        let ctx = ctx.clone();
+        let limits = budget.limits;
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            serve_connection(stream, routes, limits, ctx, shared).await;
+            drop(slot);
+        });
+    } else if let Ok(refusing) = budget.refusing.clone().try_acquire_owned() {
+        tokio::spawn(async move {
+            refuse_busy(stream).await;
+            drop(refusing);
+        });
     }
 }
 
+/// An `accept` that failed (`EMFILE`, `ENFILE`, `ENOBUFS`, …): logged at
+/// most [`crate::ratelimit::BURST`] times per 5 s (a descriptor shortage
+/// fails every pass), then a 10 ms pause.
 async fn accept_failed(e: std::io::Error) {
-    tracing::warn!("operator API: accept failed: {e}");
+    static LIMIT: crate::ratelimit::RateLimit = crate::ratelimit::RateLimit::new();
+    if LIMIT.allow() {
+        tracing::warn!("operator API: accept failed: {e}");
+    }
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
-async fn serve_connection<S>(stream: S, routes: Routes, ctx: Arc<ApiContext>)
-where
+async fn serve_connection<S>(
+    stream: S,
+    routes: Routes,
+    limits: Limits,
+    ctx: Arc<ApiContext>,
+    shared: Shared,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let served = Arc::new(AtomicU32::new(0));
     let service = service_fn(move |req| {
-        let ctx = ctx.clone();
-        async move { Ok::<_, Infallible>(answer(&ctx, routes, req).await) }
+        let (ctx, shared) = (ctx.clone(), shared.clone());
+        let n = served.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+        async move {
+            if routes == Routes::Metrics {
+                // A pipelining client gives way to the other connections
+                // (the operator's among them) after every request.
+                tokio::task::yield_now().await;
+            }
+            let mut out = answer(&ctx, routes, &shared, req).await;
+            if n >= limits.requests {
+                // hyper closes the connection after this answer.
+                out.headers_mut()
+                    .insert(CONNECTION, HeaderValue::from_static("close"));
+            }
+            Ok::<_, Infallible>(out)
+        }
     });
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
         .max_buf_size(MAX_BODY_BYTES.max(8192) * 2)
         .serve_connection(TokioIo::new(stream), service);
-    match tokio::time::timeout(CONNECTION_LIFETIME, conn).await {
+    match tokio::time::timeout(limits.lifetime, conn).await {
         Ok(Err(e)) => tracing::debug!("operator API: connection ended: {e}"),
-        Err(_) => tracing::debug!("operator API: connection closed after {CONNECTION_LIFETIME:?}"),
+        Err(_) => tracing::debug!(
+            "operator API: connection closed after {:?}",
+            limits.lifetime
+        ),
         Ok(Ok(())) => {}
     }
 }
@@ -177,6 +282,7 @@ async fn refuse_busy<S: AsyncWrite + Unpin>(mut stream: S) {
 async fn answer(
     ctx: &ApiContext,
     routes: Routes,
+    shared: &Mutex<SharedScrape>,
     req: Request<Incoming>,
 ) -> hyper::Response<Full<Bytes>> {
     let (parts, body) = req.into_parts();
@@ -203,6 +309,9 @@ async fn answer(
             ),
             Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => too_large(),
             Ok(Err(e)) => Response::error(400, format!("reading the body: {e}")),
+            Ok(Ok(_)) if routes == Routes::Metrics && parts.method == Method::GET => {
+                return scrape_shared(ctx, shared);
+            }
             Ok(Ok(collected)) => handle(
                 ctx,
                 parts.method.as_str(),
@@ -212,13 +321,37 @@ async fn answer(
             ),
         }
     };
-    let mut out = hyper::Response::new(Full::new(Bytes::from(response.body)));
-    *out.status_mut() =
-        StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    out.headers_mut().insert(
-        CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static(response.content_type),
-    );
+    reply(
+        response.status,
+        response.content_type,
+        Bytes::from(response.body),
+    )
+}
+
+/// The TCP scrape: the rendering of at most [`METRICS_SHARED_FOR`] ago,
+/// or a fresh one (a failed rendering is answered as it is, not kept).
+fn scrape_shared(ctx: &ApiContext, shared: &Mutex<SharedScrape>) -> hyper::Response<Full<Bytes>> {
+    let mut last = shared.lock().unwrap_or_else(|p| p.into_inner());
+    if last.at.is_some_and(|at| at.elapsed() < METRICS_SHARED_FOR) {
+        return reply(200, metrics::CONTENT_TYPE, last.body.clone());
+    }
+    let fresh = handle(ctx, "GET", "/metrics", None, &[]);
+    let body = Bytes::from(fresh.body);
+    if fresh.status == 200 {
+        *last = SharedScrape {
+            at: Some(Instant::now()),
+            body: body.clone(),
+        };
+    }
+    reply(fresh.status, fresh.content_type, body)
+}
+
+/// An answer of `status` with `body` of `content_type`.
+fn reply(status: u16, content_type: &'static str, body: Bytes) -> hyper::Response<Full<Bytes>> {
+    let mut out = hyper::Response::new(Full::new(body));
+    *out.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    out.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     out
 }
 
