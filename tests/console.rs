@@ -171,6 +171,82 @@ fn a_socket_console_serves_one_client_at_a_time() {
     quit(&mut writer, &mut reader, 1, child, &report);
 }
 
+/// CPU time (ns) of the thread named `name` of process `pid`, from
+/// `/proc/PID/task/TID/schedstat`.
+fn thread_cpu_ns(pid: u32, name: &str) -> u64 {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() == name {
+            let stat = std::fs::read_to_string(task.path().join("schedstat")).unwrap();
+            return stat.split_whitespace().next().unwrap().parse().unwrap();
+        }
+    }
+    panic!("no thread {name} in process {pid}");
+}
+
+/// Issue 36, item 3: the guest leaves its console unread
+/// (`console_after=`); a client sends 100 bytes — more than the receive
+/// FIFO's 64 — and hangs up. `serial-in` must not spin on the hang-up
+/// (before the fix: 2.49 s of CPU in 5 s, and the next client read end of
+/// file at once), and the next client is served: it gets the guest's
+/// output, and the guest reads the 64 bytes that fitted followed by what
+/// the new client types (the gone client's other 36 are dropped with it).
+#[test]
+fn a_client_that_hangs_up_on_a_full_fifo_costs_nothing_and_gives_way() {
+    let _lock = vm_lock();
+    let report = report_path("console-hangup");
+    let socket = report.with_extension("sock");
+    let spec = format!("socket={}", socket.display());
+    let cmdline = format!("{CMDLINE} console_after=8000");
+    let args = guest_args_with_report(&report, &["--serial", &spec, "--cmdline", &cmdline]);
+    let mut child = spawn(&args);
+    stderr_line(&mut child, "stagevm: serial on socket ");
+    let pid = child.id();
+    let started = Instant::now();
+    {
+        let mut first = UnixStream::connect(&socket).unwrap();
+        let mut bytes = vec![b'x'; 99];
+        bytes.push(b'\n');
+        first.write_all(&bytes).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let before = thread_cpu_ns(pid, "serial-in");
+    std::thread::sleep(Duration::from_secs(5));
+    let used = thread_cpu_ns(pid, "serial-in") - before;
+    eprintln!(
+        "serial-in used {:.2} ms of CPU in 5 s after the hang-up",
+        used as f64 / 1e6
+    );
+    assert!(used < 50_000_000, "serial-in spun: {used} ns of CPU in 5 s");
+    assert!(
+        started.elapsed() < Duration::from_secs(7),
+        "the guest may have read already"
+    );
+    let client = UnixStream::connect(&socket).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut writer = client.try_clone().unwrap();
+    let mut reader = BufReader::new(client);
+    // Served: the guest's output comes to this client.
+    let lines = read_until(
+        &mut reader,
+        "testguest: console ready",
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        lines.last().map(String::as_str),
+        Some("testguest: console ready"),
+        "{lines:?}"
+    );
+    let answer = format!("testguest: console got '{}second'", "x".repeat(64));
+    type_and_expect(&mut writer, &mut reader, "second", &answer);
+    quit(&mut writer, &mut reader, 1, child, &report);
+}
+
 #[test]
 fn bad_serial_values_are_named() {
     expect_vmm_error(

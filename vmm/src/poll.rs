@@ -64,12 +64,38 @@ impl Poller {
     /// Blocks until at least one descriptor is readable; returns the tokens
     /// of the readable ones. Errors: `epoll_wait` failed (not `EINTR`).
     pub fn wait(&mut self) -> std::io::Result<Vec<u64>> {
+        Ok(self.wait_events()?.into_iter().map(|r| r.token).collect())
+    }
+
+    /// As [`Poller::wait`], with whether each descriptor hung up or failed
+    /// (`EPOLLHUP`, `EPOLLERR`: reported even when it is watched for
+    /// nothing, so a loop that stops reading must act on them or spin).
+    pub fn wait_events(&mut self) -> std::io::Result<Vec<Ready>> {
         loop {
             match self.epoll.wait(-1, &mut self.events) {
-                Ok(n) => return Ok(self.events[..n].iter().map(EpollEvent::data).collect()),
+                Ok(n) => {
+                    return Ok(self.events[..n]
+                        .iter()
+                        .map(|e| Ready {
+                            token: e.data(),
+                            hung_up: e
+                                .event_set()
+                                .intersects(EventSet::HANG_UP | EventSet::ERROR),
+                        })
+                        .collect())
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
         }
     }
+}
+
+/// One ready descriptor of [`Poller::wait_events`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ready {
+    /// Its token.
+    pub token: u64,
+    /// It hung up or has an error pending.
+    pub hung_up: bool,
 }

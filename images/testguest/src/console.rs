@@ -3,6 +3,10 @@
 //! off in ring 3) and answers each with `testguest: console got 'LINE'`
 //! until the line `quit`. Every poll is a port-I/O exit, so this is for
 //! tests, not for speed. Longer lines than [`LINE`] bytes are cut.
+//!
+//! `console_after=MS` keeps the receiver off for MS ms first (nothing
+//! reads the FIFO: a guest that ignores its console), then answers as
+//! above.
 
 use crate::{inb, print_line, SERIAL_LSR, SERIAL_PORT_BASE};
 
@@ -13,8 +17,15 @@ const RBR: u16 = 0;
 /// Bytes kept of one line.
 const LINE: usize = 128;
 
-/// Answers lines until `quit`; prints how many it answered.
-pub fn echo_lines() {
+/// Answers lines until `quit`, after `after_ms` ms of not reading on a
+/// TSC of `tsc_khz` kHz; prints how many it answered.
+pub fn echo_lines(after_ms: u64, tsc_khz: u64) {
+    // SAFETY: rdtsc is allowed in ring 3 (CR4.TSD clear).
+    let tsc = || unsafe { core::arch::x86_64::_rdtsc() };
+    let until = tsc().saturating_add(after_ms.saturating_mul(tsc_khz));
+    while tsc() < until {
+        core::hint::spin_loop();
+    }
     println!("testguest: console ready");
     let mut line = [0u8; LINE];
     let mut len = 0;

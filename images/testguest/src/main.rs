@@ -78,7 +78,8 @@
 //!   mapped like the rest), reads it back and prints
 //!   `testguest: high memory [START, END) pages FIRST LAST ok`,
 //! * `console=1` — vCPU 0 answers lines typed on the serial console until
-//!   `quit` (`console`; `--serial pty` or `socket=`),
+//!   `quit` (`console`; `--serial pty` or `socket=`); `console_after=MS`
+//!   first leaves it unread for MS ms (a guest that ignores its console),
 //! * `diskchunk=N` — bytes per disk read request (default 65536, 512…1 MiB),
 //! * `diskwrite=1` — then tries to write sector 0 back (a read-only disk
 //!   refuses),
@@ -411,7 +412,7 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
             disk::run(base, size, opts.disk_chunk, opts.disk_write, info.tsc_khz);
         }
         if opts.console {
-            console::echo_lines();
+            console::echo_lines(opts.console_after_ms, info.tsc_khz);
         }
         if opts.highmem {
             touch_high_memory(&info);

@@ -43,6 +43,8 @@ pub(crate) struct Options {
     pub(crate) net: Option<(u64, usize)>,
     /// `console=1`: answer lines typed on the serial console.
     pub(crate) console: bool,
+    /// `console_after=MS`: leave the console unread for MS ms first.
+    pub(crate) console_after_ms: u64,
     /// `highmem=1`: write and read back RAM above 4 GiB.
     pub(crate) highmem: bool,
     /// `netecho=1`, `netsink=1`, `netsource=SIZE:COUNT`: what the guest
@@ -94,6 +96,7 @@ pub(crate) fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         virtio: None,
         net: None,
         console: false,
+        console_after_ms: 0,
         highmem: false,
         net_mode: None,
         disk_write: false,
@@ -187,6 +190,7 @@ pub(crate) fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
                 }
             }
             "console" => opts.console = value == "1",
+            "console_after" => opts.console_after_ms = value.parse().map_err(|_| word)?,
             "highmem" => opts.highmem = value == "1",
             "netecho" | "netsink" | "netsource" => {
                 opts.net_mode = net::Mode::parse(key, value).ok_or(word)?

@@ -172,8 +172,9 @@ fn open_pty() -> io::Result<(OwnedFd, PathBuf)> {
     Ok((master, path))
 }
 
-/// Binds `path` as the console socket with mode 0600 (a stale socket of an
-/// ended VMM is replaced; anything else there is refused).
+/// Binds `path` as the console socket with mode 0600 from the start (a
+/// stale socket of an ended VMM is replaced; anything else there is
+/// refused).
 fn bind_socket(path: &Path) -> io::Result<UnixListener> {
     use std::os::unix::fs::FileTypeExt;
     if let Ok(meta) = std::fs::symlink_metadata(path) {
@@ -191,9 +192,9 @@ fn bind_socket(path: &Path) -> io::Result<UnixListener> {
         }
         std::fs::remove_file(path).map_err(|e| named(path, "--serial socket", &e))?;
     }
-    let listener = UnixListener::bind(path).map_err(|e| named(path, "--serial socket", &e))?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    // Mode 0600 from the bind on (VM construction: one thread).
+    let listener = crate::api::socket::bind_owner_only(path)
+        .map_err(|e| named(path, "--serial socket", &e))?;
     listener.set_nonblocking(true)?;
     Ok(listener)
 }
@@ -328,8 +329,15 @@ pub trait Sink {
 /// The `serial-in` thread's loop: moves input into `sink` while the FIFO has
 /// room, waits on `room` (written when the guest emptied the FIFO) when it
 /// has none, and returns when `exit` is readable. A socket console accepts
-/// one client at a time (a second one is closed at once). Errors: the
-/// epoll set cannot be made.
+/// one client at a time (a second one is closed at once).
+///
+/// A client that hangs up while the FIFO is full (a guest that never reads
+/// its console, a client that sent more than 64 bytes and left) is no
+/// longer watched — epoll reports a hang-up even on an empty interest set,
+/// so watching it would spin — and its unread bytes go in as the guest
+/// makes room; the next client to connect takes its place at once. The
+/// thread does work only when input, room, a client or the exit arrives.
+/// Errors: the epoll set cannot be made.
 pub fn serve_input(
     input: Input,
     sink: &dyn Sink,
@@ -342,96 +350,145 @@ pub fn serve_input(
     const LISTEN: u64 = 3;
     let mut poller =
         crate::poll::Poller::new(&[(exit.as_raw_fd(), EXIT), (room.as_raw_fd(), ROOM)])?;
-    let (mut fd, listener, client) = match input {
+    let (fd, listener, client) = match input {
         Input::None => return Ok(()),
         Input::Fd(fd) => (Some(fd), None, None),
         Input::Socket(l, c) => (None, Some(l), Some(c)),
     };
-    if let Some(f) = &fd {
-        poller.add(f.as_raw_fd(), INPUT)?;
+    let mut source = fd.map(Source::new);
+    if let Some(f) = &source {
+        poller.add(f.fd.as_raw_fd(), INPUT)?;
     }
     if let Some(l) = &listener {
         poller.add(l.as_raw_fd(), LISTEN)?;
     }
-    let mut reading = true;
+    let set_client = |stream: Option<&OwnedFd>| -> io::Result<()> {
+        if let Some(slot) = &client {
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) =
+                stream.map(OwnedFd::try_clone).transpose()?;
+        }
+        Ok(())
+    };
     let mut buf = [0u8; 64];
     loop {
-        let ready = poller.wait()?;
-        if ready.contains(&EXIT) {
+        let ready = poller.wait_events()?;
+        let has = |t: u64| ready.iter().any(|r| r.token == t);
+        if has(EXIT) {
             return Ok(());
         }
-        if ready.contains(&LISTEN) {
-            if let Some(l) = &listener {
-                // accept4 with the flags set at once: no later fcntl/ioctl.
-                loop {
-                    // SAFETY: accept4(2) without an address buffer.
-                    let c = unsafe {
-                        libc::accept4(
-                            l.as_raw_fd(),
-                            std::ptr::null_mut(),
-                            std::ptr::null_mut(),
-                            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                        )
-                    };
-                    if c < 0 {
-                        break;
-                    }
-                    // SAFETY: `c` was just accepted and is owned here.
-                    let stream = unsafe { OwnedFd::from_raw_fd(c) };
-                    if fd.is_some() {
-                        continue; // one client at a time: this one is closed
-                    }
-                    poller.add(stream.as_raw_fd(), INPUT)?;
-                    reading = true;
-                    if let Some(slot) = &client {
-                        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(stream.try_clone()?);
-                    }
-                    fd = Some(stream);
+        let mut fresh = false;
+        if let (true, Some(l)) = (has(LISTEN), &listener) {
+            while let Some(stream) = accept(l) {
+                match &source {
+                    // One client at a time: this one is closed.
+                    Some(s) if !s.hung_up => continue,
+                    // A client that left with input pending gives way.
+                    Some(s) => drop_source(&poller, s)?,
+                    None => {}
                 }
+                poller.add(stream.as_raw_fd(), INPUT)?;
+                set_client(Some(&stream))?;
+                source = Some(Source::new(stream));
+                fresh = true;
             }
         }
-        if ready.contains(&ROOM) {
+        if has(ROOM) {
             let _ = room.read();
         }
-        let Some(f) = &fd else {
+        let Some(s) = &mut source else {
             continue;
         };
-        let free = sink.room().min(buf.len());
-        if free == 0 {
-            if reading {
-                poller.watch(f.as_raw_fd(), INPUT, false)?;
-                reading = false;
+        // (An INPUT event of this pass was the replaced client's.)
+        let input_ready = ready.iter().find(|r| r.token == INPUT && !fresh);
+        if input_ready.is_some_and(|r| r.hung_up) && !s.hung_up && sink.room() == 0 {
+            // It hung up and the FIFO is full: stop watching it.
+            poller.remove(s.fd.as_raw_fd())?;
+            s.hung_up = true;
+            continue;
+        }
+        if !s.hung_up {
+            let free = sink.room() > 0;
+            if free != s.watched {
+                poller.watch(s.fd.as_raw_fd(), INPUT, free)?;
+                s.watched = free;
             }
-            continue;
+            if !free || input_ready.is_none() {
+                continue;
+            }
         }
-        if !reading {
-            poller.watch(f.as_raw_fd(), INPUT, true)?;
-            reading = true;
-        }
-        if !ready.contains(&INPUT) {
-            continue;
-        }
-        // SAFETY: read(2) writes at most `free` bytes into `buf`.
-        let n = unsafe { libc::read(f.as_raw_fd(), buf.as_mut_ptr().cast(), free) };
-        let again = n < 0
-            && matches!(
-                io::Error::last_os_error().kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-            );
-        match n {
-            n if n > 0 => {
+        // Read what fits; a hung-up source until it is empty or the FIFO
+        // full (nothing will wake the thread for it but room).
+        let ended = loop {
+            let free = sink.room().min(buf.len());
+            if free == 0 {
+                break false;
+            }
+            // SAFETY: read(2) writes at most `free` bytes into `buf`.
+            let n = unsafe { libc::read(s.fd.as_raw_fd(), buf.as_mut_ptr().cast(), free) };
+            if n > 0 {
                 sink.push(&buf[..n as usize]);
-            }
-            _ if again => {}
-            _ => {
-                // End of input: stdin closed, the socket client left. A
-                // socket console waits for the next client.
-                poller.remove(f.as_raw_fd())?;
-                fd = None;
-                if let Some(c) = &client {
-                    *c.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                if s.hung_up {
+                    continue;
                 }
+                break false;
             }
+            let again = n < 0
+                && matches!(
+                    io::Error::last_os_error().kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                );
+            // End of input (stdin closed, the client left) or an error.
+            break !again || s.hung_up;
+        };
+        if ended {
+            // A socket console waits for the next client.
+            drop_source(&poller, s)?;
+            source = None;
+            set_client(None)?;
         }
     }
+}
+
+/// The descriptor input is read from, and how it is watched.
+struct Source {
+    fd: OwnedFd,
+    /// Watched for input (else for nothing: the FIFO is full).
+    watched: bool,
+    /// It hung up while the FIFO was full: out of the epoll set, read as
+    /// room comes.
+    hung_up: bool,
+}
+
+impl Source {
+    fn new(fd: OwnedFd) -> Self {
+        Self {
+            fd,
+            watched: true,
+            hung_up: false,
+        }
+    }
+}
+
+/// Takes `s` out of the epoll set (unless it already is).
+fn drop_source(poller: &crate::poll::Poller, s: &Source) -> io::Result<()> {
+    if !s.hung_up {
+        poller.remove(s.fd.as_raw_fd())?;
+    }
+    Ok(())
+}
+
+/// The next pending connection of the console socket, non-blocking
+/// (`accept4` with the flags at once: no later `fcntl`), if any.
+fn accept(l: &UnixListener) -> Option<OwnedFd> {
+    // SAFETY: accept4(2) without an address buffer.
+    let c = unsafe {
+        libc::accept4(
+            l.as_raw_fd(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        )
+    };
+    // SAFETY: `c` was just accepted and is owned here.
+    (c >= 0).then(|| unsafe { OwnedFd::from_raw_fd(c) })
 }
