@@ -29,6 +29,23 @@ pub struct ApiSocket {
     listener: Option<UnixListener>,
 }
 
+/// Binds a Unix socket at `path` readable and writable by its owner only
+/// (mode 0600) from the start: the bind runs under `umask(0o177)`, so there
+/// is no window in which the umask's group or others could connect. Call it
+/// while the process has one thread (`umask` is process-wide). Errors: the
+/// bind or the chmod failed.
+pub fn bind_owner_only(path: &Path) -> std::io::Result<UnixListener> {
+    // SAFETY: umask only sets the process's file-mode mask; restored right
+    // after the bind.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    let listener = bound?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
 impl ApiSocket {
     /// Binds `path` with mode 0600. A socket file left by a VMM that ended
     /// (nothing accepts on it) is replaced. Errors: a live server holds the
@@ -55,14 +72,7 @@ impl ApiSocket {
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(io(e)),
         }
-        // SAFETY: umask only sets the process's file-mode mask; restored
-        // right after the bind.
-        let old = unsafe { libc::umask(0o177) };
-        let bound = UnixListener::bind(path);
-        // SAFETY: as above.
-        unsafe { libc::umask(old) };
-        let listener = bound.map_err(io)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+        let listener = bind_owner_only(path).map_err(io)?;
         Ok(Self {
             path: path.to_path_buf(),
             listener: Some(listener),
