@@ -276,17 +276,29 @@ fn delta(base: &mut Baseline, new: &VcpuCounters, now: u64, window: u64) -> Vcpu
         cycles[c] = growth(&mut base.raw.cycles[c], new.cycles[c], &mut clamps);
         timed[c] = growth(&mut base.raw.timed[c], new.timed[c], &mut clamps);
     }
+    // Migrations are cut like the counts: a thread arrives or leaves at
+    // most once per tick.
+    let cut = |v: u64, clamps: &mut u64| {
+        if v > window.saturating_add(slack) {
+            *clamps += 1;
+            window
+        } else {
+            v
+        }
+    };
     for s in 0..MAX_STAGES {
-        d.migrations_in[s] = growth(
+        let m = growth(
             &mut base.raw.migrations_in[s],
             new.migrations_in[s],
             &mut clamps,
         );
-        d.migrations_out[s] = growth(
+        d.migrations_in[s] = cut(m, &mut clamps);
+        let m = growth(
             &mut base.raw.migrations_out[s],
             new.migrations_out[s],
             &mut clamps,
         );
+        d.migrations_out[s] = cut(m, &mut clamps);
     }
     // Exact time of timed visits per code in this window: visits that
     // ended, minus the open part charged last time, plus the open part now

@@ -268,6 +268,7 @@ proptest! {
             for d in r.update_deltas(b, host) {
                 prop_assert!(d.ticks.iter().sum::<u64>() <= *step);
                 prop_assert!(d.counts.iter().all(|c| *c <= step + step / SLACK_DIV));
+                prop_assert!(d.migrations_in.iter().chain(&d.migrations_out).all(|c| *c <= step + step / SLACK_DIV));
                 prop_assert_eq!(d.ticks.len(), NUM_CODES);
             }
         }
