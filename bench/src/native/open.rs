@@ -123,7 +123,7 @@ pub fn run_open(
     anyhow::ensure!(mode != Mode::Cohort, "no open-loop cohort reference");
     let mut arrivals = Arrivals::new(load.rate, load.dist, 1_000_000_000);
     let shared = Arc::new(Shared {
-        at: (0..load.total).map(|_| arrivals.next()).collect(),
+        at: (0..load.total).map(|_| arrivals.next_arrival()).collect(),
         start: Instant::now(),
         next: AtomicU64::new(0),
         dropped: AtomicU64::new(0),

@@ -111,7 +111,7 @@ impl Arrivals {
     }
 
     /// The next arrival's time (units since the first).
-    pub fn next(&mut self) -> u64 {
+    pub fn next_arrival(&mut self) -> u64 {
         let t = self.next_q32;
         let gap = match self.dist {
             ArrivalDist::Fixed => u128::from(self.mean_q32),
@@ -133,13 +133,16 @@ mod tests {
     #[test]
     fn schedules_have_the_rate_and_the_shape_asked_for() {
         let mut f = Arrivals::new(1000, ArrivalDist::Fixed, 1_000_000_000);
-        assert_eq!((f.next(), f.next(), f.next()), (0, 1_000_000, 2_000_000));
+        assert_eq!(
+            (f.next_arrival(), f.next_arrival(), f.next_arrival()),
+            (0, 1_000_000, 2_000_000)
+        );
         let mut p = Arrivals::new(1000, ArrivalDist::Poisson, 1_000_000_000);
         let n = 200_000;
         let mut last = 0;
         let mut gaps = Vec::with_capacity(n);
         for _ in 0..n {
-            let t = p.next();
+            let t = p.next_arrival();
             gaps.push(t - last);
             last = t;
         }
@@ -155,7 +158,7 @@ mod tests {
         // The same seed, the same schedule, whatever the unit.
         let mut q = Arrivals::new(1000, ArrivalDist::Poisson, 2_600_000_000);
         let mut r = Arrivals::new(1000, ArrivalDist::Poisson, 2_600_000_000);
-        assert!((0..100).all(|_| q.next() == r.next()));
+        assert!((0..100).all(|_| q.next_arrival() == r.next_arrival()));
         assert_eq!(ArrivalDist::parse("poisson"), Some(ArrivalDist::Poisson));
         assert_eq!(ArrivalDist::parse("uniform"), None);
         let ln_q = 12.0 * core::f64::consts::LN_2 * (1u64 << FRAC) as f64;

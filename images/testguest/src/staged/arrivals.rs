@@ -175,7 +175,7 @@ pub fn is_open() -> bool {
 pub(super) fn start(now: u64) {
     with(|g| {
         g.start = now;
-        g.next = now.saturating_add(g.schedule.as_mut().map_or(u64::MAX, Arrivals::next));
+        g.next = now.saturating_add(g.schedule.as_mut().map_or(u64::MAX, Arrivals::next_arrival));
         NEXT.store(g.next, Ordering::Release);
     });
 }
@@ -204,7 +204,7 @@ pub(super) fn release_due(now: u64) {
             g.released += 1;
             g.next = g
                 .start
-                .saturating_add(g.schedule.as_mut().map_or(u64::MAX, Arrivals::next));
+                .saturating_add(g.schedule.as_mut().map_or(u64::MAX, Arrivals::next_arrival));
         }
         if g.released >= g.total {
             g.next = u64::MAX;
