@@ -101,7 +101,11 @@ fn an_open_loop_guest_keeps_its_arrival_rate_and_its_requests_are_timed() {
 /// iterations: `pinned` pays it twice a request, `static` never).
 fn auto_with_switch_cost(extra: &str) -> (Run, Report) {
     boot(
-        "[host]\ncores = \"0-1\"\n[policy]\nname = \"auto\"\n",
+        // The latency bound is not what these tests judge (host-sched's
+        // tests do): a debug VMM on 2 shared cores gives a staged mode's
+        // first periods p99s of a few ms (a woken vCPU thread waits out the
+        // host's wake-up granularity behind a spinning one).
+        "[host]\ncores = \"0-1\"\n[policy]\nname = \"auto\"\nmax_p99_increase = 20.0\n",
         &format!(
             "iters=1000 threads=2 workload=footprint stages=2 funcs=64 calls=50 switch_cost=20000 {extra}"
         ),

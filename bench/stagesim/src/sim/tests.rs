@@ -161,7 +161,9 @@ fn two_stage_trace(threads: u32, requests: u64, visit: u64, kib: u64) -> Trace {
 fn auto_runs_host_sched_trials_and_decides() {
     // Stages of 384 KiB each: both fit one 512 KiB L2 apart, not together,
     // so staging pays when migrations are cheap and not when they are dear.
-    let t = two_stage_trace(4, 400, 400, 384);
+    // 800 requests a thread: the hold-over and a trial of 3 rounds (each an
+    // unstaged and a staged epoch of 3 periods) fit with room to decide.
+    let t = two_stage_trace(4, 800, 400, 384);
     let mut decided = Vec::new();
     for cost in [100, 1_000_000] {
         let mut cfg = SimConfig::new(SimPolicy::Auto, 2, 100_000);
