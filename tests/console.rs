@@ -100,6 +100,7 @@ fn lines_typed_on_the_pty_reach_the_guest_and_its_answers_come_back() {
         ],
     );
     let mut child = spawn(&args);
+    let _reaper = KillOnPanic(child.id());
     let line = stderr_line(&mut child, "stagevm: serial on pty ");
     let path = line
         .trim_start_matches("stagevm: serial on pty ")
@@ -145,6 +146,7 @@ fn a_socket_console_serves_one_client_at_a_time() {
     let spec = format!("socket={}", socket.display());
     let args = guest_args_with_report(&report, &["--serial", &spec, "--cmdline", CMDLINE]);
     let mut child = spawn(&args);
+    let _reaper = KillOnPanic(child.id());
     stderr_line(&mut child, "stagevm: serial on socket ");
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
@@ -203,6 +205,7 @@ fn a_client_that_hangs_up_on_a_full_fifo_costs_nothing_and_gives_way() {
     let cmdline = format!("{CMDLINE} console_after=8000");
     let args = guest_args_with_report(&report, &["--serial", &spec, "--cmdline", &cmdline]);
     let mut child = spawn(&args);
+    let _reaper = KillOnPanic(child.id());
     stderr_line(&mut child, "stagevm: serial on socket ");
     let pid = child.id();
     let started = Instant::now();

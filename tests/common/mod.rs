@@ -103,6 +103,20 @@ impl Run {
     }
 }
 
+/// Kills process `pid` (SIGKILL) if dropped while the test panics: a
+/// failed test never leaves a VMM it spawned running (a leaked VM takes a
+/// core from every later test and benchmark).
+pub struct KillOnPanic(pub u32);
+
+impl Drop for KillOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+        }
+    }
+}
+
 /// Spawns `stagevm` with `args`, stdout and stderr piped.
 pub fn spawn(args: &[&str]) -> Child {
     Command::new(STAGEVM)
