@@ -247,6 +247,9 @@ const NOT_IN_EVERY_RUN: &[(&str, &str, &str)] = &[
     ("stage-sched", "timerfd_settime", "the trace's drain interval moving by more than 1/8 with its measured wake-up cost (a short traced run may keep the first interval)"),
     ("io-blk", "pwrite64", "a guest's write to a writable disk"),
     ("io-blk", "fdatasync", "a guest's flush of a writable disk"),
+    ("vmm-main", "ioctl", "TCSETS and TCGETS only: `--serial tty` on a terminal restored at the end (tests/signals.rs, stalled stdout)"),
+    ("vmm-main", "TCSETS", "`--serial tty` on a terminal restored at the end (tests/signals.rs, stalled stdout)"),
+    ("vmm-main", "TCGETS", "glibc's tcsetattr reading the restored settings back"),
 ];
 
 /// What each kind of thread called after installing its filter, read from

@@ -86,3 +86,119 @@ fn sigterm_with_a_10s_drain_period_exits_within_half_a_second() {
     assert_eq!(r.sched.vcpus.len(), 4);
     assert!(r.sched.helpers.iter().any(|h| h.name == "stage-sched"));
 }
+
+/// A pseudo-terminal: its master and its slave, both open.
+fn open_pty() -> (std::os::fd::OwnedFd, std::fs::File) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: posix_openpt/grantpt/unlockpt/ptsname on a descriptor owned
+    // here; ptsname's string is copied before any other call.
+    unsafe {
+        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        assert!(m >= 0, "no pty: {}", std::io::Error::last_os_error());
+        assert_eq!(libc::grantpt(m), 0);
+        assert_eq!(libc::unlockpt(m), 0);
+        let name = std::ffi::CStr::from_ptr(libc::ptsname(m))
+            .to_string_lossy()
+            .into_owned();
+        let slave = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&name)
+            .unwrap();
+        (std::os::fd::OwnedFd::from_raw_fd(m), slave)
+    }
+}
+
+/// Issue 36, item 5: stdout is a pipe nobody reads and stdin a terminal
+/// (`--serial tty` then reads it); the guest (`console=1`) answers the
+/// lines typed on the terminal until its answers exceed what the pipe
+/// holds. Console output never blocks a vCPU, so SIGTERM ends the VM
+/// within 1 s and the report counts the bytes lost. Before the fix vCPU 0
+/// blocked in `write(2)` holding the UART's lock, which the exit path's
+/// flush then waited for.
+#[test]
+fn a_stalled_stdout_never_blocks_the_vcpus() {
+    use std::io::Write;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::process::{Command, Stdio};
+    let _lock = vm_lock();
+    let report = report_path("stalled-stdout");
+    let (master, slave) = open_pty();
+    // Raw mode: the lines reach the VMM as typed, and nothing is echoed
+    // back into the master that this test never reads.
+    // SAFETY: tcgetattr/cfmakeraw/tcsetattr on the open slave.
+    unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        assert_eq!(libc::tcgetattr(slave.as_raw_fd(), &mut t), 0);
+        libc::cfmakeraw(&mut t);
+        assert_eq!(libc::tcsetattr(slave.as_raw_fd(), libc::TCSANOW, &t), 0);
+    }
+    let mut fds = [0; 2];
+    // SAFETY: pipe2(2) fills two descriptors, owned below.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both were just created and are owned by nothing else.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let args = guest_args_with_report(
+        &report,
+        &[
+            "--no-stage-device",
+            "--cmdline",
+            "console=1 iters=1000 requests=0",
+        ],
+    );
+    let mut child = Command::new(STAGEVM)
+        .args(&args)
+        .stdin(Stdio::from(slave))
+        .stdout(Stdio::from(write_end))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _reaper = KillOnPanic(child.id());
+    // 1000 lines of 120 bytes: about 150 KiB of answers, more than twice
+    // what the pipe holds. Typed from a thread: the terminal's input
+    // buffer may be full while the guest reads slowly.
+    let typist = std::thread::spawn(move || {
+        let mut master = std::fs::File::from(master);
+        for i in 0..1000 {
+            let line = format!("line {i:04} {}\n", "x".repeat(110));
+            if master.write_all(line.as_bytes()).is_err() {
+                return;
+            }
+        }
+        // Keep the terminal open until the VMM is gone.
+        std::thread::sleep(Duration::from_secs(30));
+    });
+    // The pipe fills: 64 KiB the guest wrote that nobody reads.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut queued: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int.
+        unsafe { libc::ioctl(read_end.as_raw_fd(), libc::FIONREAD, &mut queued) };
+        if queued >= 60_000 {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none() && Instant::now() < deadline,
+            "the pipe never filled ({queued} bytes)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Let the guest answer on into the full pipe for a while.
+    std::thread::sleep(Duration::from_secs(1));
+    let t = Instant::now();
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let run = wait(child, Duration::from_secs(10));
+    let took = t.elapsed();
+    drop(read_end);
+    drop(typist);
+    let r = stagevm_report::Report::read(&report).unwrap_or_else(|e| panic!("{e}: {run:#?}"));
+    let _ = std::fs::remove_file(&report);
+    eprintln!(
+        "SIGTERM to exit: {took:?}; {} bytes of console output dropped",
+        r.serial_dropped_bytes
+    );
+    assert_eq!(run.code(), i32::from(EXIT_SIGTERM), "{run:#?}");
+    assert!(took < Duration::from_secs(1), "took {took:?}: {run:#?}");
+    assert!(r.serial_dropped_bytes > 0, "{run:#?}");
+}

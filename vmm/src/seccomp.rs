@@ -60,8 +60,10 @@
 //! * `vmm-main` (installed once every thread runs, before it waits for the
 //!   exit) — `epoll_create1`, `epoll_ctl`, `epoll_wait`, `read` (signalfd),
 //!   `tgkill` (the vCPU kick), `unlink` (removing the `--api-socket` path
-//!   once the VM ended). No `ioctl`: dropping KVM objects only
-//!   closes their descriptors.
+//!   once the VM ended), `ioctl` only as `TCSETS` and `TCGETS` (`--serial
+//!   tty` on a terminal: its settings restored at the end, which glibc's
+//!   `tcsetattr` reads back). Dropping KVM objects
+//!   only closes their descriptors.
 //!
 //! `mremap`, in the common set, is glibc's `realloc` of a block above the
 //! mmap threshold (128 KiB at first): a buffer that grows past it — the
@@ -126,6 +128,8 @@ pub enum ThreadKind {
     Api,
     /// `serial-in`, the console's input (`--serial tty|pty|socket=`).
     SerialIn,
+    /// `serial-out`, the console's output to stdout (`--serial tty`).
+    SerialOut,
 }
 
 /// A system call: its number and the name of its `libc::SYS_*` constant.
@@ -208,6 +212,9 @@ fn own(kind: ThreadKind) -> &'static [Syscall] {
             SYS_read,
             SYS_tgkill,
             SYS_unlink,
+            // Only TCSETS and TCGETS (`allowed_ioctls`): the terminal's settings
+            // restored once the VM ended.
+            SYS_ioctl,
         ],
         ThreadKind::Api => syscalls![
             SYS_epoll_ctl,
@@ -228,6 +235,10 @@ fn own(kind: ThreadKind) -> &'static [Syscall] {
             SYS_read,
             SYS_accept4,
         ],
+        // Its eventfd with `read`, stdout with `write` (common).
+        ThreadKind::SerialOut => {
+            syscalls![SYS_epoll_create1, SYS_epoll_ctl, SYS_epoll_wait, SYS_read]
+        }
     }
 }
 
@@ -298,6 +309,9 @@ pub fn allowed_syscalls(kind: ThreadKind) -> Vec<&'static str> {
 pub fn allowed_ioctls(kind: ThreadKind) -> &'static [(&'static str, u64)] {
     match kind {
         ThreadKind::Vcpu => VCPU_IOCTLS,
+        // tcsetattr(3) with TCSANOW (glibc reads the settings back with
+        // TCGETS): `--serial tty`'s terminal restored.
+        ThreadKind::Main => &[("TCSETS", libc::TCSETS), ("TCGETS", libc::TCGETS)],
         _ => &[],
     }
 }
@@ -387,7 +401,8 @@ fn denied(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, String> {
         | ThreadKind::IoNet
         | ThreadKind::Main
         | ThreadKind::Api
-        | ThreadKind::SerialIn => Vec::new(),
+        | ThreadKind::SerialIn
+        | ThreadKind::SerialOut => Vec::new(),
     };
     Ok(BTreeMap::from([(libc::SYS_openat, rules)]))
 }
@@ -482,6 +497,7 @@ fn kind_name(kind: ThreadKind) -> &'static [u8] {
         ThreadKind::Main => b"vmm-main",
         ThreadKind::Api => b"api",
         ThreadKind::SerialIn => b"serial-in",
+        ThreadKind::SerialOut => b"serial-out",
     }
 }
 

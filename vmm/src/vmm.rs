@@ -202,6 +202,15 @@ impl Vmm {
                 })?,
             );
         }
+        // stdout's writer (`--serial tty`): never joined, it may be blocked
+        // on a reader that stalled (devices/legacy/serial_out.rs).
+        if let Some(drain) = self.bus.take_console_output() {
+            drop(
+                self.spawn_helper("serial-out".into(), ThreadKind::SerialOut, move |exit| {
+                    drain.serve(exit)
+                })?,
+            );
+        }
         // Threads the VMM did not start itself (KVM's workers) go to the
         // housekeeping cores too; stage-sched repeats this every period.
         let pinner = self.sched.pinner();

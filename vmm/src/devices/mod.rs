@@ -74,6 +74,11 @@ pub struct Bus {
     serial: Mutex<Uart>,
     /// The console's input, taken by the `serial-in` thread.
     console_input: Mutex<Option<legacy::console::Input>>,
+    /// stdout's buffered output, taken by the `serial-out` thread.
+    console_output: Mutex<Option<legacy::serial_out::Drain>>,
+    /// Waits for that output at the end of the run (without the UART's
+    /// lock).
+    console_flusher: Option<legacy::serial_out::Flusher>,
     /// Restores the user's terminal when the bus goes (`--serial tty`).
     _terminal: Option<legacy::console::TermiosGuard>,
     stage: Option<Arc<StageDevice>>,
@@ -104,9 +109,12 @@ impl Bus {
         }
         let trigger = EventFdTrigger(EventFd::new(libc::EFD_NONBLOCK)?);
         let room = RoomEvent(EventFd::new(libc::EFD_NONBLOCK)?);
+        let (drain, flusher) = console.drain.unzip();
         Ok(Self {
             serial: Mutex::new(Serial::with_events(trigger, room, console.out)),
             console_input: Mutex::new(Some(console.input)),
+            console_output: Mutex::new(drain),
+            console_flusher: flusher,
             _terminal: console.restore,
             stage,
             legacy: legacy_pc.then(Legacy::new),
@@ -125,6 +133,15 @@ impl Bus {
         }
         let room = self.lock_serial().events().0.try_clone()?;
         Ok(slot.take().map(|input| (input, room)))
+    }
+
+    /// stdout's buffered output, for the `serial-out` thread; `None` for
+    /// the other consoles (or once taken).
+    pub fn take_console_output(&self) -> Option<legacy::serial_out::Drain> {
+        self.console_output
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     fn serial_offset(port: u16) -> Option<u8> {
@@ -279,7 +296,15 @@ impl Bus {
 
     /// Flushes the serial output (called once at VM exit).
     pub fn flush(&self) {
-        if let Err(e) = self.lock_serial().writer_mut().flush() {
+        if let Some(f) = &self.console_flusher {
+            let lost = f.flush(legacy::serial_out::FLUSH_TIMEOUT);
+            if lost > 0 {
+                tracing::warn!(
+                    "console: {lost} bytes of output not written within {:?} (stdout not read?)",
+                    legacy::serial_out::FLUSH_TIMEOUT
+                );
+            }
+        } else if let Err(e) = self.lock_serial().writer_mut().flush() {
             tracing::warn!("serial flush failed: {e}");
         }
     }

@@ -3,13 +3,15 @@
 
 use super::*;
 
-const KINDS: [ThreadKind; 6] = [
+const KINDS: [ThreadKind; 8] = [
     ThreadKind::Vcpu,
     ThreadKind::StageSched,
     ThreadKind::IoBlk,
     ThreadKind::IoNet,
     ThreadKind::Main,
     ThreadKind::Api,
+    ThreadKind::SerialIn,
+    ThreadKind::SerialOut,
 ];
 
 #[test]
@@ -41,9 +43,13 @@ fn every_thread_kind_has_a_filter_and_modes_parse() {
         assert_eq!(conditional, kind == ThreadKind::StageSched, "{kind:?}");
         assert!(deny_program(kind).is_ok());
     }
-    for kind in [ThreadKind::Api, ThreadKind::Main] {
-        assert!(!allowed_syscalls(kind).contains(&"ioctl"), "{kind:?}");
-    }
+    assert!(!allowed_syscalls(ThreadKind::Api).contains(&"ioctl"));
+    // vmm-main: only the terminal's settings (`--serial tty` restored).
+    let main: Vec<&str> = allowed_ioctls(ThreadKind::Main)
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
+    assert_eq!(main, ["TCSETS", "TCGETS"]);
     assert_eq!("log".parse(), Ok(SeccompMode::Log));
     assert!("yes".parse::<SeccompMode>().unwrap_err().contains("'yes'"));
 }

@@ -14,12 +14,13 @@
 //! raises its receive interrupt; the `serial-in` helper thread reads only
 //! as many bytes as the FIFO has room for and waits for the guest to empty
 //! it (`SerialEvents::in_buffer_empty`), so nothing typed is lost and a fast
-//! sender cannot make the VMM buffer without bound. Output to a pty or a
-//! socket never blocks a vCPU: a full pty or a slow client loses bytes
-//! (counted in `dropped`).
+//! sender cannot make the VMM buffer without bound. Output never blocks a
+//! vCPU: a full pty or a slow socket client loses bytes, and stdout is
+//! written by the `serial-out` helper from a bounded buffer
+//! ([`super::serial_out`]); lost bytes are counted ([`DROPPED`]).
 
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -53,6 +54,9 @@ pub type Client = Arc<Mutex<Option<OwnedFd>>>;
 pub struct Console {
     /// The UART's output.
     pub out: Box<dyn Write + Send>,
+    /// For stdout (`tty`): the `serial-out` helper's side of the buffered
+    /// output and the end of the run's flush ([`super::serial_out`]).
+    pub drain: Option<(super::serial_out::Drain, super::serial_out::Flusher)>,
     /// Its input.
     pub input: Input,
     /// A line for stderr at start (the pty's path, the socket's), if any.
@@ -66,9 +70,23 @@ pub struct Console {
 pub fn open(config: &SerialConfig) -> io::Result<Console> {
     let plain = |out: Box<dyn Write + Send>| Console {
         out,
+        drain: None,
         input: Input::None,
         announce: None,
         restore: None,
+    };
+    // stdout through the `serial-out` helper: a stalled reader never
+    // blocks a vCPU.
+    // (A closed stdout, as a daemon may have, discards the output.)
+    let stdout = || -> io::Result<_> {
+        let Ok(fd) = io::stdout().as_fd().try_clone_to_owned() else {
+            return Ok((Box::new(io::sink()) as Box<dyn Write + Send>, None));
+        };
+        let (out, drain, flusher) = super::serial_out::buffered(fd)?;
+        Ok((
+            Box::new(out) as Box<dyn Write + Send>,
+            Some((drain, flusher)),
+        ))
     };
     Ok(match config {
         SerialConfig::Null => plain(Box::new(io::sink())),
@@ -82,7 +100,11 @@ pub fn open(config: &SerialConfig) -> io::Result<Console> {
         SerialConfig::Tty => {
             // SAFETY: isatty(3) on a descriptor number.
             if unsafe { libc::isatty(libc::STDIN_FILENO) } != 1 {
-                return Ok(plain(Box::new(io::stdout())));
+                let (out, drain) = stdout()?;
+                return Ok(Console {
+                    drain,
+                    ..plain(out)
+                });
             }
             let restore = TermiosGuard::raw_input(libc::STDIN_FILENO)?;
             // SAFETY: dup(2) of stdin; the copy is owned here.
@@ -90,8 +112,10 @@ pub fn open(config: &SerialConfig) -> io::Result<Console> {
             if fd < 0 {
                 return Err(io::Error::last_os_error());
             }
+            let (out, drain) = stdout()?;
             Console {
-                out: Box::new(io::stdout()),
+                out,
+                drain,
                 // SAFETY: `fd` was just duplicated and is owned by nothing else.
                 input: Input::Fd(unsafe { OwnedFd::from_raw_fd(fd) }),
                 announce: None,
@@ -103,6 +127,7 @@ pub fn open(config: &SerialConfig) -> io::Result<Console> {
             let out = NonBlocking(master.try_clone()?);
             Console {
                 out: Box::new(out),
+                drain: None,
                 input: Input::Fd(master),
                 announce: Some(format!("serial on pty {}", path.display())),
                 restore: None,
@@ -113,6 +138,7 @@ pub fn open(config: &SerialConfig) -> io::Result<Console> {
             let client: Client = Arc::default();
             Console {
                 out: Box::new(ClientWriter(client.clone())),
+                drain: None,
                 input: Input::Socket(listener, client),
                 announce: Some(format!("serial on socket {}", path.display())),
                 restore: None,
