@@ -71,8 +71,31 @@ impl Poller {
     /// (`EPOLLHUP`, `EPOLLERR`: reported even when it is watched for
     /// nothing, so a loop that stops reading must act on them or spin).
     pub fn wait_events(&mut self) -> std::io::Result<Vec<Ready>> {
+        self.wait_events_for(None)
+    }
+
+    /// As [`Poller::wait`], for at most `timeout` (`None`: without end;
+    /// rounded up to whole ms): no tokens when it passed. Errors:
+    /// `epoll_wait` failed (not `EINTR`).
+    pub fn wait_for(&mut self, timeout: Option<std::time::Duration>) -> std::io::Result<Vec<u64>> {
+        Ok(self
+            .wait_events_for(timeout)?
+            .into_iter()
+            .map(|r| r.token)
+            .collect())
+    }
+
+    fn wait_events_for(
+        &mut self,
+        timeout: Option<std::time::Duration>,
+    ) -> std::io::Result<Vec<Ready>> {
+        // epoll_wait(2) takes ms (-1: none); round up so a short timeout
+        // does not become a spin.
+        let ms = timeout.map_or(-1, |t| {
+            i32::try_from(t.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
+        });
         loop {
-            match self.epoll.wait(-1, &mut self.events) {
+            match self.epoll.wait(ms, &mut self.events) {
                 Ok(n) => {
                     return Ok(self.events[..n]
                         .iter()
@@ -98,4 +121,34 @@ pub struct Ready {
     pub token: u64,
     /// It hung up or has an error pending.
     pub hung_up: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+    use std::time::{Duration, Instant};
+
+    use vmm_sys_util::eventfd::EventFd;
+
+    use super::Poller;
+
+    #[test]
+    fn wait_for_ends_at_its_timeout_and_reports_what_is_ready() {
+        let fd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let mut poller = Poller::new(&[(fd.as_raw_fd(), 7)]).unwrap();
+        let t = Instant::now();
+        assert!(poller
+            .wait_for(Some(Duration::from_micros(1500)))
+            .unwrap()
+            .is_empty());
+        // Rounded up to 2 ms, not down to a spin.
+        assert!(t.elapsed() >= Duration::from_millis(2), "{:?}", t.elapsed());
+        fd.write(1).unwrap();
+        assert_eq!(poller.wait_for(Some(Duration::from_secs(5))).unwrap(), [7]);
+        // Muted: a write is not reported until the fd is watched again.
+        poller.watch(fd.as_raw_fd(), 7, false).unwrap();
+        assert!(poller.wait_for(Some(Duration::ZERO)).unwrap().is_empty());
+        poller.watch(fd.as_raw_fd(), 7, true).unwrap();
+        assert_eq!(poller.wait_for(None).unwrap(), [7]);
+    }
 }

@@ -144,6 +144,9 @@
 //!     card: loops, a next index out of range, buffers outside RAM, a
 //!     device-writable buffer, an indirect descriptor, a chain shorter than
 //!     the header and a 4000-byte frame, then a good 60-byte frame;
+//!   - `netspin` — (needs `--net`) the receive queue holds no buffer while
+//!     frames come, and QueueNotify is written on it every ~50 µs for 10 s;
+//!     then one buffer is posted, which must get a frame;
 //! * `exit=N` — exit code to shut down with after the work (default 0),
 //! * `fault=1` — execute `hlt` in ring 3 after the banner: a #GP with no IDT,
 //!   i.e. a triple fault, to test the VMM's failure path.

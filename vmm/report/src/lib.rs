@@ -438,6 +438,16 @@ pub struct NetReport {
     /// Used-buffer interrupts raised to the guest.
     #[serde(default)]
     pub interrupts: u64,
+    /// Polls of an empty queue the device did not make: the notification
+    /// brought nothing new since the last fruitless poll, or the second's
+    /// poll budget (5 % of a core) was spent.
+    #[serde(default)]
+    pub polls_skipped: u64,
+    /// Receive notifications that brought no new buffer and let no frame
+    /// through; each muted the receive notification for 1 ms (a guest
+    /// notifying in a loop wakes the device at most once a ms).
+    #[serde(default)]
+    pub rx_muted: u64,
     /// Whether the tap disappeared while the VM ran.
     pub tap_gone: bool,
 }

@@ -32,7 +32,7 @@
 //! | `stagevm_visit_policy_info` | gauge (1) | `policy` | `sched.visit` |
 //! | `stagevm_log_lines_suppressed_total` | counter | — | `log_lines_suppressed` |
 //! | `stagevm_ring_full_backoffs_total` | counter | — | `ring_full_backoffs` (a rings guest's waits on a full ring) |
-//! | `stagevm_net_{rx,tx}_{packets,bytes,dropped,errors,notifications}_total`, `stagevm_net_interrupts_total` | counter | `device` | `nets[].rx_packets`, … (`vm.info`'s `nets`) |
+//! | `stagevm_net_{rx,tx}_{packets,bytes,dropped,errors,notifications}_total`, `stagevm_net_interrupts_total`, `stagevm_net_polls_skipped_total`, `stagevm_net_rx_muted_total` | counter | `device` | `nets[].rx_packets`, … (`vm.info`'s `nets`) |
 //! | `stagevm_disk_{requests,errors,dropped,bad_heads,read_bytes,written_bytes}_total` | counter | `device` | the report's `disks[].ok`, `errors`, `dropped`, `bad_heads`, `bytes_read`, `bytes_written` |
 //! | `stagevm_build_info` | gauge (1) | `version`, `abi` | the stagevm package version; the stage channel's ABI `major.minor` |
 
@@ -245,7 +245,7 @@ pub fn render(
 
 /// The virtio-net devices' counters, labelled by device name.
 fn net_metrics(b: &Builder, nets: &[NetReport]) -> prometheus::Result<()> {
-    let fields: [Field<NetReport>; 11] = [
+    let fields: [Field<NetReport>; 13] = [
         ("rx_packets", "Frames delivered to the guest", |n| {
             n.rx_packets
         }),
@@ -293,6 +293,16 @@ fn net_metrics(b: &Builder, nets: &[NetReport]) -> prometheus::Result<()> {
         ("interrupts", "Used-buffer interrupts raised", |n| {
             n.interrupts
         }),
+        (
+            "polls_skipped",
+            "Polls of an empty queue not made (nothing new, or the poll budget spent)",
+            |n| n.polls_skipped,
+        ),
+        (
+            "rx_muted",
+            "Receive notifications that brought nothing, each muting the next for 1 ms",
+            |n| n.rx_muted,
+        ),
     ];
     device_counters(b, "net", nets, |n| &n.name, &fields)
 }

@@ -62,10 +62,13 @@ pub enum Attack {
     Reregister,
     /// Bad transmit chains on the network card (`--net`).
     NetChains,
+    /// A frame waiting for a receive buffer and QueueNotify every ~50 µs
+    /// (`--net`).
+    NetSpin,
 }
 
 /// Attack names on the command line, in the order they run.
-pub const ATTACKS: [(&str, Attack); 10] = [
+pub const ATTACKS: [(&str, Attack); 11] = [
     ("register_flood", Attack::RegisterFlood),
     ("wake_flood", Attack::WakeFlood),
     ("ring_wrap", Attack::RingWrap),
@@ -76,6 +79,7 @@ pub const ATTACKS: [(&str, Attack); 10] = [
     ("counters", Attack::Counters),
     ("reregister", Attack::Reregister),
     ("net_chains", Attack::NetChains),
+    ("netspin", Attack::NetSpin),
 ];
 
 /// The attacks chosen with `hostile=`.
@@ -174,6 +178,7 @@ fn run_one(attack: Attack, env: &Env, verbose: bool) {
         Attack::VirtioBad => virtio::bad_registers(env, verbose),
         Attack::VirtioChains => virtio::bad_chains(env, verbose),
         Attack::NetChains => virtio::net_chains(env, verbose),
+        Attack::NetSpin => virtio::net_spin(env, verbose),
         Attack::Counters => counters::impossible_counters(env, verbose),
         Attack::Reregister => counters::reregister_loop(env, verbose),
     }

@@ -3,7 +3,7 @@
 //! writes bad register values and bad descriptor chains to the first
 //! `--disk`, with good 512-byte reads in between that must still work;
 //! `hostile=net_chains`: the same driver on the first `--net`'s transmit
-//! queue.
+//! queue; `hostile=netspin`: on its receive queue.
 //! Register offsets are the VMM's (`vmm/src/devices/virtio/mod.rs`).
 //!
 //! Depends on [`super::env`] and [`crate::staged::platform`]'s allocator.
@@ -468,6 +468,53 @@ pub fn net_chains(env: &Env, verbose: bool) {
         println!(
             "hostile: net_chains {} of {} bad chains completed, good frame completed {}",
             completed, NET_CHAINS, good
+        );
+    }
+}
+
+/// How long [`net_spin`] notifies an empty receive queue (ms).
+const NETSPIN_MS: u64 = 10_000;
+
+/// `netspin`: the receive queue holds no buffer while the host sends
+/// frames (the device keeps one waiting), and the driver writes
+/// QueueNotify on it about every 50 µs for [`NETSPIN_MS`] — a few percent
+/// of one vCPU, which the device must not turn into a host core's worth of
+/// polling (issue 36). Then one 2 KiB receive buffer is posted: the frame
+/// waiting must arrive in it.
+pub fn net_spin(env: &Env, verbose: bool) {
+    let Some(base) = env.net else {
+        fail(format_args!("netspin needs --net"));
+    };
+    let mut raw = Raw::new(&Env {
+        virtio: Some(base),
+        ..*env
+    });
+    raw.queue = 0;
+    raw.setup(false);
+    if verbose {
+        println!("hostile: netspin notifying an empty receive queue");
+    }
+    let gap = env.ticks(1) / 20;
+    let end = tsc() + env.ticks(NETSPIN_MS);
+    let mut notifications = 0u64;
+    while tsc() < end {
+        raw.w(reg::QUEUE_NOTIFY, 0);
+        notifications += 1;
+        let t = tsc();
+        while tsc() - t < gap {
+            core::hint::spin_loop();
+        }
+    }
+    raw.desc(0, raw.buf + DATA, 2048, F_WRITE, 0);
+    raw.offer(0);
+    let got = raw.completed(env.ticks(1000));
+    // The used element's length (VIRTIO 1.2 §2.7.8: id, then len).
+    // SAFETY: our own used-ring page, entry 0.
+    let len = unsafe { ((raw.used + 4 + 4) as *const u32).read_volatile() };
+    if verbose {
+        println!(
+            "hostile: netspin {} notifications, then a frame received {} ({} bytes with the header)",
+            notifications, got, len
         );
     }
 }

@@ -77,6 +77,13 @@ pub struct NetStats {
     pub tx_notifications: AtomicU64,
     /// Used-buffer interrupts raised (irqfd writes).
     pub interrupts: AtomicU64,
+    /// Polls of an empty queue not made (`io::PollBudget`): the
+    /// notification brought nothing new since the last fruitless one, or
+    /// the second's poll budget was spent.
+    pub polls_skipped: AtomicU64,
+    /// Receive notifications that brought no new buffer and let no frame
+    /// through, each muting the receive notification for `io::RX_MUTE`.
+    pub rx_muted: AtomicU64,
 }
 
 /// Register state of the transport.
@@ -328,6 +335,8 @@ impl MmioNet {
             rx_notifications: get(&s.rx_notifications),
             tx_notifications: get(&s.tx_notifications),
             interrupts: get(&s.interrupts),
+            polls_skipped: get(&s.polls_skipped),
+            rx_muted: get(&s.rx_muted),
             tap_gone: self.tap_gone.load(Ordering::Relaxed),
         }
     }
