@@ -1,6 +1,6 @@
 //! `irq-probe`: what delivering one interrupt to a ring-3 guest costs on this
 //! KVM, next to an MMIO exit — the figures behind the virtio-blk design
-//! choice (polling with interrupts off, see `vmm/src/virtio/mod.rs`).
+//! choice (polling with interrupts off, see `vmm/src/devices/virtio/mod.rs`).
 //!
 //! A minimal raw-KVM guest (no stagevm code, like the project's KVM probes (`docs/design.md`)): an
 //! in-kernel irqchip, a 64-bit IDT with a ring-0 handler that increments a

@@ -10,6 +10,7 @@
 pub mod legacy;
 pub mod virtio;
 
+use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::sync::{Arc, Mutex};
 
@@ -83,11 +84,13 @@ pub struct Bus {
     _terminal: Option<legacy::console::TermiosGuard>,
     stage: Option<Arc<StageDevice>>,
     legacy: Option<Legacy>,
-    /// virtio-mmio block devices and whether KVM delivers their queue
-    /// notifications through an ioeventfd (else the MMIO exit does).
+    /// The virtio-mmio register windows, by GPA of their first byte
+    /// (each [`virtio::MMIO_SIZE`] long).
+    mmio: BTreeMap<u64, virtio::mmio::MmioTransport>,
+    /// The block devices among them (reports, I/O threads) and whether
+    /// KVM delivers their queue notifications (ioeventfd).
     blocks: Vec<(virtio::SharedBlock, bool)>,
-    /// virtio-mmio network devices and whether KVM delivers their queue
-    /// notifications itself (ioeventfd).
+    /// The network devices among them, likewise.
     nets: Vec<(Arc<virtio::net::MmioNet>, bool)>,
 }
 
@@ -118,6 +121,7 @@ impl Bus {
             _terminal: console.restore,
             stage,
             legacy: legacy_pc.then(Legacy::new),
+            mmio: BTreeMap::new(),
             blocks: Vec::new(),
             nets: Vec::new(),
         })
@@ -213,7 +217,15 @@ impl Bus {
     /// Adds a virtio-mmio block device; `ioeventfd` tells whether KVM
     /// signals its notifications itself.
     pub fn add_block(&mut self, block: virtio::SharedBlock, ioeventfd: bool) {
+        self.add_mmio(block.clone(), ioeventfd);
         self.blocks.push((block, ioeventfd));
+    }
+
+    /// Maps `device`'s register window at its base GPA.
+    fn add_mmio(&mut self, device: Arc<dyn virtio::mmio::VirtioDevice>, ioeventfd: bool) {
+        let base = device.base();
+        self.mmio
+            .insert(base, virtio::mmio::MmioTransport::new(device, ioeventfd));
     }
 
     /// The block devices.
@@ -232,6 +244,7 @@ impl Bus {
     /// Adds a virtio-mmio network device; `ioeventfd` tells whether KVM
     /// signals its notifications itself.
     pub fn add_net(&mut self, net: Arc<virtio::net::MmioNet>, ioeventfd: bool) {
+        self.add_mmio(net.clone(), ioeventfd);
         self.nets.push((net, ioeventfd));
     }
 
@@ -248,25 +261,17 @@ impl Bus {
             .collect()
     }
 
-    fn net_at(&self, addr: u64) -> Option<&(Arc<virtio::net::MmioNet>, bool)> {
-        self.nets
-            .iter()
-            .find(|(n, _)| (n.base..n.base + virtio::MMIO_SIZE).contains(&addr))
-    }
-
-    fn block_at(&self, addr: u64) -> Option<&(virtio::SharedBlock, bool)> {
-        self.blocks
-            .iter()
-            .find(|(b, _)| (b.base..b.base + virtio::MMIO_SIZE).contains(&addr))
+    /// The register window holding `addr`, and `addr`'s offset in it.
+    fn mmio_at(&self, addr: u64) -> Option<(&virtio::mmio::MmioTransport, u64)> {
+        let (base, t) = self.mmio.range(..=addr).next_back()?;
+        let offset = addr - base;
+        (offset < virtio::MMIO_SIZE).then_some((t, offset))
     }
 
     /// An MMIO read at guest-physical `addr`; unbacked addresses read as ones.
     pub fn mmio_read(&self, addr: u64, data: &mut [u8]) {
-        if let Some((n, _)) = self.net_at(addr) {
-            return n.read(addr - n.base, data);
-        }
-        match self.block_at(addr) {
-            Some((b, _)) => b.read(addr - b.base, data),
+        match self.mmio_at(addr) {
+            Some((t, offset)) => t.read(offset, data),
             None => {
                 tracing::trace!("MMIO read from unmapped {addr:#x}");
                 data.fill(0xff);
@@ -276,19 +281,9 @@ impl Bus {
 
     /// An MMIO write at guest-physical `addr`; unbacked addresses ignore it.
     pub fn mmio_write(&self, addr: u64, data: &[u8]) {
-        if let Some((n, ioeventfd)) = self.net_at(addr) {
-            if let Some(q) = n.write(addr - n.base, data) {
-                if !ioeventfd {
-                    let _ = n.notify[q].write(1);
-                }
-            }
-            return;
-        }
-        match self.block_at(addr) {
-            Some((b, ioeventfd)) => {
-                if b.write(addr - b.base, data) && !ioeventfd {
-                    let _ = b.notify.write(1);
-                }
+        match self.mmio_at(addr) {
+            Some((t, offset)) => {
+                t.write(offset, data);
             }
             None => tracing::trace!("MMIO write to unmapped {addr:#x}"),
         }

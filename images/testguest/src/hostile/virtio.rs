@@ -4,7 +4,7 @@
 //! `--disk`, with good 512-byte reads in between that must still work;
 //! `hostile=net_chains`: the same driver on the first `--net`'s transmit
 //! queue; `hostile=netspin`: on its receive queue.
-//! Register offsets are the VMM's (`vmm/src/devices/virtio/mod.rs`).
+//! Register offsets are the VMM's (`vmm/src/devices/virtio/mmio.rs`).
 //!
 //! Depends on [`super::env`] and [`crate::staged::platform`]'s allocator.
 

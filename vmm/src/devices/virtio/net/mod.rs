@@ -16,21 +16,23 @@
 //! the vCPU's MMIO exit writes the `EventFd` instead (as virtio-blk does).
 
 pub mod io;
+pub mod serve;
 pub mod tap;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{reg, MAGIC, QUEUE_MAX, STATUS_DRIVER_OK, STATUS_FAILED, VENDOR};
+#[cfg(test)]
+use super::mmio::reg;
+use super::mmio::{self, VirtioDevice};
+use super::QUEUE_MAX;
 pub use stagevm_report::NetReport;
 use tap::Tap;
-
-/// virtio device id of a network card.
-const DEVICE_ID_NET: u32 = 1;
 /// `VIRTIO_NET_F_MAC` (VIRTIO 1.2 §5.1.3).
 const NET_F_MAC: u64 = 1 << 5;
 /// `VIRTIO_RING_F_EVENT_IDX` (VIRTIO 1.2 §6).
@@ -86,17 +88,9 @@ pub struct NetStats {
     pub rx_muted: AtomicU64,
 }
 
-/// Register state of the transport.
-struct Regs {
-    device_features_sel: u32,
-    driver_features_sel: u32,
-    driver_features: u64,
-    queue_sel: u32,
-    status: u32,
-}
-
-/// A virtio-mmio network device: transport registers, its two queues, its
-/// tap, and the notification `EventFd`s its I/O thread waits on.
+/// A virtio-net device (its registers are [`mmio::MmioTransport`]'s): its
+/// two queues, its tap, and the notification `EventFd`s its I/O thread
+/// waits on.
 pub struct MmioNet {
     /// Device name (`net0`, …).
     pub name: String,
@@ -104,7 +98,6 @@ pub struct MmioNet {
     pub base: u64,
     mac: [u8; 6],
     tap: Tap,
-    regs: Mutex<Regs>,
     queues: [Mutex<Queue>; 2],
     interrupt_status: AtomicU32,
     /// Written by the guest's `QueueNotify` of queue 0 (receiveq) and 1
@@ -137,13 +130,6 @@ impl MmioNet {
             base,
             mac,
             tap,
-            regs: Mutex::new(Regs {
-                device_features_sel: 0,
-                driver_features_sel: 0,
-                driver_features: 0,
-                queue_sel: 0,
-                status: 0,
-            }),
             queues: [queue()?, queue()?],
             interrupt_status: AtomicU32::new(0),
             notify: [efd()?, efd()?],
@@ -177,140 +163,8 @@ impl MmioNet {
         format!("virtio_mmio.device=4K@{:#x}:{irq}", self.base)
     }
 
-    fn device_features() -> u64 {
-        (1u64 << VIRTIO_F_VERSION_1) | NET_F_MAC | RING_F_EVENT_IDX
-    }
-
-    fn lock_regs(&self) -> MutexGuard<'_, Regs> {
-        self.regs.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn lock_queue(&self, index: usize) -> MutexGuard<'_, Queue> {
         self.queues[index].lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A guest read of `data.len()` bytes at `offset` in the register window.
-    pub fn read(&self, offset: u64, data: &mut [u8]) {
-        data.fill(0);
-        if offset >= reg::CONFIG {
-            // Config space (VIRTIO 1.2 §5.1.4): mac[6], then status (not
-            // offered: zeros).
-            let start = (offset - reg::CONFIG) as usize;
-            for (i, b) in data.iter_mut().enumerate() {
-                *b = self.mac.get(start + i).copied().unwrap_or(0);
-            }
-            return;
-        }
-        let regs = self.lock_regs();
-        let queue = match regs.queue_sel {
-            0 => Some(RX),
-            1 => Some(TX),
-            _ => None,
-        };
-        let value: u32 = match offset {
-            reg::MAGIC => MAGIC,
-            reg::VERSION => 2,
-            reg::DEVICE_ID => DEVICE_ID_NET,
-            reg::VENDOR_ID => VENDOR,
-            reg::DEVICE_FEATURES => match regs.device_features_sel {
-                0 => Self::device_features() as u32,
-                1 => (Self::device_features() >> 32) as u32,
-                _ => 0,
-            },
-            reg::QUEUE_NUM_MAX if queue.is_some() => u32::from(QUEUE_MAX),
-            reg::QUEUE_READY => queue.map_or(0, |q| u32::from(self.lock_queue(q).ready())),
-            reg::INTERRUPT_STATUS => self.interrupt_status.load(Ordering::Acquire),
-            reg::STATUS => regs.status,
-            _ => 0,
-        };
-        let bytes = value.to_le_bytes();
-        let n = data.len().min(4);
-        data[..n].copy_from_slice(&bytes[..n]);
-    }
-
-    /// A guest write at `offset`. Returns the queue a `QueueNotify` names
-    /// (which the caller forwards to the I/O thread when no ioeventfd is
-    /// bound), if it names one of ours.
-    pub fn write(&self, offset: u64, data: &[u8]) -> Option<usize> {
-        let mut raw = [0u8; 4];
-        let n = data.len().min(4);
-        raw[..n].copy_from_slice(&data[..n]);
-        let v = u32::from_le_bytes(raw);
-        let mut regs = self.lock_regs();
-        match offset {
-            reg::DEVICE_FEATURES_SEL => regs.device_features_sel = v,
-            reg::DRIVER_FEATURES_SEL => regs.driver_features_sel = v,
-            reg::DRIVER_FEATURES => match regs.driver_features_sel {
-                0 => regs.driver_features = (regs.driver_features & !0xffff_ffff) | u64::from(v),
-                1 => {
-                    regs.driver_features =
-                        (regs.driver_features & 0xffff_ffff) | (u64::from(v) << 32)
-                }
-                _ => {}
-            },
-            reg::QUEUE_SEL => regs.queue_sel = v,
-            reg::QUEUE_NOTIFY => return (v < 2).then_some(v as usize),
-            reg::INTERRUPT_ACK => {
-                self.interrupt_status.fetch_and(!v, Ordering::AcqRel);
-            }
-            reg::STATUS => {
-                if v == 0 {
-                    // Device reset (VIRTIO 1.2 §2.1.2).
-                    regs.driver_features = 0;
-                    for q in [RX, TX] {
-                        self.lock_queue(q).reset();
-                    }
-                } else if v & STATUS_DRIVER_OK != 0 {
-                    if regs.driver_features & !Self::device_features() != 0 {
-                        crate::guest_warn!(device = %self.name, "driver accepted unoffered features");
-                        regs.status = v | STATUS_FAILED;
-                        return None;
-                    }
-                    let event_idx = regs.driver_features & RING_F_EVENT_IDX != 0;
-                    for q in [RX, TX] {
-                        self.lock_queue(q).set_event_idx(event_idx);
-                    }
-                    self.event_idx.store(event_idx, Ordering::Release);
-                }
-                regs.status = v;
-            }
-            _ => match regs.queue_sel {
-                0 => self.write_queue(RX, offset, v),
-                1 => self.write_queue(TX, offset, v),
-                _ => {}
-            },
-        }
-        None
-    }
-
-    /// A write to queue `index`'s registers, checked as virtio-blk's are
-    /// (VIRTIO 1.2 §2.7: size a power of two ≤ `QueueNumMax`; descriptor
-    /// table 16-, driver area 2-, device area 4-byte aligned).
-    fn write_queue(&self, index: usize, offset: u64, v: u32) {
-        let bad = |what: &str| {
-            crate::guest_warn!(device = %self.name, value = v, "queue register write refused: {what}");
-        };
-        let mut q = self.lock_queue(index);
-        match offset {
-            reg::QUEUE_NUM if v == 0 => {}
-            reg::QUEUE_NUM if v > u32::from(QUEUE_MAX) || !v.is_power_of_two() => {
-                bad("size not a power of two up to 256")
-            }
-            reg::QUEUE_NUM => q.set_size(v as u16),
-            reg::QUEUE_READY => q.set_ready(v == 1),
-            reg::QUEUE_DESC_LOW if !v.is_multiple_of(16) => {
-                bad("descriptor table not 16-byte aligned")
-            }
-            reg::QUEUE_DESC_LOW => q.set_desc_table_address(Some(v), None),
-            reg::QUEUE_DESC_HIGH => q.set_desc_table_address(None, Some(v)),
-            reg::QUEUE_DRIVER_LOW if !v.is_multiple_of(2) => bad("driver area not 2-byte aligned"),
-            reg::QUEUE_DRIVER_LOW => q.set_avail_ring_address(Some(v), None),
-            reg::QUEUE_DRIVER_HIGH => q.set_avail_ring_address(None, Some(v)),
-            reg::QUEUE_DEVICE_LOW if !v.is_multiple_of(4) => bad("device area not 4-byte aligned"),
-            reg::QUEUE_DEVICE_LOW => q.set_used_ring_address(Some(v), None),
-            reg::QUEUE_DEVICE_HIGH => q.set_used_ring_address(None, Some(v)),
-            _ => {}
-        }
     }
 
     /// Counters for the report; `ioeventfd` tells how notifications arrive.
@@ -339,6 +193,52 @@ impl MmioNet {
             rx_muted: get(&s.rx_muted),
             tap_gone: self.tap_gone.load(Ordering::Relaxed),
         }
+    }
+}
+
+impl VirtioDevice for MmioNet {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_NET
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn base(&self) -> u64 {
+        self.base
+    }
+
+    fn device_features(&self) -> u64 {
+        (1u64 << VIRTIO_F_VERSION_1) | NET_F_MAC | RING_F_EVENT_IDX
+    }
+
+    fn queues(&self) -> &[Mutex<Queue>] {
+        &self.queues
+    }
+
+    fn notify(&self, index: usize) -> &EventFd {
+        &self.notify[index]
+    }
+
+    fn interrupt_status(&self) -> &AtomicU32 {
+        &self.interrupt_status
+    }
+
+    /// Config space (VIRTIO 1.2 §5.1.4): mac[6], then status (not offered:
+    /// zeros).
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        mmio::read_bytes(&self.mac, offset, data);
+    }
+
+    /// Notification suppression both ways when the driver took
+    /// `VIRTIO_RING_F_EVENT_IDX`.
+    fn activate(&self, features: u64) {
+        let event_idx = features & RING_F_EVENT_IDX != 0;
+        for q in [RX, TX] {
+            self.lock_queue(q).set_event_idx(event_idx);
+        }
+        self.event_idx.store(event_idx, Ordering::Release);
     }
 }
 
