@@ -17,6 +17,7 @@ use crate::arch::x86_64::layout::{self, STACK_SIZE};
 use crate::arch::x86_64::linux::{self, LinuxEntry};
 use crate::arch::x86_64::regs;
 use crate::config::{BootMode, VmConfig};
+use crate::devices::virtio::disk::DiskError;
 use crate::devices::virtio::{self, SharedBlock};
 use crate::devices::Bus;
 use crate::error::{kvm_err, VmmError};
@@ -64,7 +65,7 @@ impl Boot {
 
     /// Picks the boot protocol for `image` under `mode`; the error says why
     /// the two do not fit.
-    fn choose(mode: BootMode, image: KernelImage) -> Result<Self, String> {
+    fn choose(mode: BootMode, image: KernelImage) -> Result<Self, &'static str> {
         match (mode, image) {
             (BootMode::Auto, KernelImage::Elf(f, e)) => Ok(match e.pvh_entry {
                 Some(entry) => Boot::Pvh(f, e, entry),
@@ -74,18 +75,17 @@ impl Boot {
             (BootMode::Pvh, KernelImage::Elf(f, e)) => match e.pvh_entry {
                 Some(entry) => Ok(Boot::Pvh(f, e, entry)),
                 None => Err(
-                    "the ELF has no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY): not a Linux vmlinux built with CONFIG_PVH"
-                        .into(),
+                    "the ELF has no PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY): not a Linux vmlinux built with CONFIG_PVH",
                 ),
             },
             (BootMode::Auto | BootMode::BzImage, KernelImage::BzImage(f, info)) => {
                 Ok(Boot::BzImage(f, info))
             }
             (BootMode::BzImage, KernelImage::Elf(..)) => {
-                Err("the kernel is an ELF, not a bzImage (use --boot-mode pvh or auto)".into())
+                Err("the kernel is an ELF, not a bzImage (use --boot-mode pvh or auto)")
             }
             (BootMode::Unikernel | BootMode::Pvh, KernelImage::BzImage(..)) => {
-                Err("the kernel is a bzImage, which boots only with --boot-mode bzimage or auto".into())
+                Err("the kernel is a bzImage, which boots only with --boot-mode bzimage or auto")
             }
         }
     }
@@ -112,7 +112,7 @@ fn open_image(config: &VmConfig) -> Result<Image, VmmError> {
         path: path.clone(),
         reason,
     };
-    let boot = Boot::choose(config.boot_mode, image).map_err(boot_mode_err)?;
+    let boot = Boot::choose(config.boot_mode, image).map_err(|why| boot_mode_err(why.into()))?;
     let cmdline_max = match &boot {
         Boot::Unikernel(..) => CMDLINE_MAX - 1,
         Boot::Pvh(..) => linux::LINUX_CMDLINE_MAX - 1,
@@ -129,10 +129,10 @@ fn open_image(config: &VmConfig) -> Result<Image, VmmError> {
         )));
     }
     if let Some(initramfs) = &config.initramfs {
-        crate::config::check_input_file(initramfs, MAX_INITRAMFS).map_err(|reason| {
+        crate::config::check_input_file(initramfs, MAX_INITRAMFS).map_err(|e| {
             VmmError::Initramfs {
                 path: initramfs.display().to_string(),
-                reason,
+                reason: e.to_string(),
             }
         })?;
     }
@@ -363,16 +363,14 @@ fn attach_disks(
     let mut blocks = Vec::new();
     for (i, disk) in config.disks.iter().enumerate() {
         let path = disk.path.display().to_string();
-        let disk_err = |reason: String| VmmError::Disk {
+        let disk_err = |source: DiskError| VmmError::Disk {
             path: path.clone(),
-            reason,
+            source,
         };
         let (file, len) =
             virtio::disk::open(&disk.path, disk.readonly, disk.direct).map_err(disk_err)?;
         if len < virtio::block::SECTOR_SIZE {
-            return Err(disk_err(format!(
-                "{len} bytes is smaller than one 512-byte sector"
-            )));
+            return Err(disk_err(DiskError::TooSmall(len)));
         }
         let (base, gsi) = virtio::slot(i);
         let name = disk.id.clone().unwrap_or_else(|| format!("blk{i}"));
@@ -381,7 +379,7 @@ fn attach_disks(
             .enumerate()
             .any(|(j, d)| d.id.clone().unwrap_or_else(|| format!("blk{j}")) == name)
         {
-            return Err(disk_err(format!("id={name}: another --disk has this name")));
+            return Err(disk_err(DiskError::DuplicateId(name)));
         }
         let mut backend = virtio::block::Block::new(file, len, disk.readonly);
         backend.set_serial(&name);
@@ -431,14 +429,14 @@ fn attach_nets(
             (Some(tap), None) => format!("tap={tap}"),
             (None, None) => String::new(),
         };
-        let net_err = |reason: String| VmmError::Net {
+        let net_err = |source| VmmError::Net {
             spec: spec.clone(),
-            reason,
+            source,
         };
         let tap = match (&net.tap, net.fd) {
             (_, Some(fd)) => virtio::net::tap::Tap::from_fd(fd),
             (Some(name), None) => virtio::net::tap::Tap::open(name),
-            (None, None) => Err("no tap= or fd=".into()),
+            (None, None) => Err(virtio::net::tap::TapError::Missing),
         }
         .map_err(net_err)?;
         let (base, gsi) = virtio::slot(config.disks.len() + i);

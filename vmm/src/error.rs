@@ -110,20 +110,22 @@ pub enum VmmError {
         source: kvm_ioctls::Error,
     },
     /// A `--disk` file cannot be used.
-    #[error("--disk path={path}: {reason}")]
+    #[error("--disk path={path}: {source}")]
     Disk {
         /// The path given.
         path: String,
         /// Why.
-        reason: String,
+        #[source]
+        source: crate::devices::virtio::disk::DiskError,
     },
     /// A `--net` tap cannot be used.
-    #[error("--net {spec}: {reason}")]
+    #[error("--net {spec}: {source}")]
     Net {
         /// The option's tap (`tap=NAME` or `fd=N`).
         spec: String,
         /// Why.
-        reason: String,
+        #[source]
+        source: crate::devices::virtio::net::tap::TapError,
     },
     /// Guest memory could not be set up.
     #[error("guest memory: {0}")]

@@ -165,15 +165,15 @@ const DEFAULT_STAGES: &str = include_str!("../default-stages.toml");
 
 /// Loads `--stages` (or the default) and resolves it against this host with
 /// the command-line overrides. The error is one line naming key and value.
-fn resolve_sched(cli: &Cli) -> Result<host_sched::vm::Setup, String> {
+fn resolve_sched(cli: &Cli) -> anyhow::Result<host_sched::vm::Setup> {
     use host_sched::config::{Config, Overrides};
     let config = match &cli.stages {
         Some(path) => Config::load(path),
         None => Config::from_toml(DEFAULT_STAGES, "default-stages.toml"),
     }
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
     let topo = host_sched::topology::Topology::detect()
-        .map_err(|e| format!("reading the host CPU topology: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("reading the host CPU topology: {e}"))?;
     let overrides = Overrides {
         cores: cli.stage_cores.clone(),
         housekeeping: cli.housekeeping.clone(),
@@ -185,8 +185,10 @@ fn resolve_sched(cli: &Cli) -> Result<host_sched::vm::Setup, String> {
         // command-line option names the option (`--policy = …`).
         let e = e.to_string();
         match &cli.stages {
-            Some(path) if !e.starts_with("--") => format!("--stages {}: {e}", path.display()),
-            _ => e,
+            Some(path) if !e.starts_with("--") => {
+                anyhow::anyhow!("--stages {}: {e}", path.display())
+            }
+            _ => anyhow::anyhow!(e),
         }
     })
 }
@@ -194,7 +196,7 @@ fn resolve_sched(cli: &Cli) -> Result<host_sched::vm::Setup, String> {
 /// Opens `--report PATH` for writing: created with mode 0600 (or
 /// truncated), refused if PATH is a symbolic link or not a regular file.
 /// The error names the option and the path.
-fn open_report(path: &std::path::Path) -> Result<std::fs::File, String> {
+fn open_report(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
         .write(true)
@@ -204,8 +206,8 @@ fn open_report(path: &std::path::Path) -> Result<std::fs::File, String> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => format!("--report {}: is a symbolic link", path.display()),
-            _ => format!(
+            Some(libc::ELOOP) => anyhow::anyhow!("--report {}: is a symbolic link", path.display()),
+            _ => anyhow::anyhow!(
                 "--report {}: {}",
                 path.display(),
                 stagevm::error::describe_path_error(path, &e)
@@ -213,12 +215,12 @@ fn open_report(path: &std::path::Path) -> Result<std::fs::File, String> {
         })?;
     let meta = file
         .metadata()
-        .map_err(|e| format!("--report {}: {e}", path.display()))?;
+        .map_err(|e| anyhow::anyhow!("--report {}: {e}", path.display()))?;
     if !meta.is_file() {
-        return Err(format!("--report {}: not a regular file", path.display()));
+        anyhow::bail!("--report {}: not a regular file", path.display());
     }
     file.set_len(0)
-        .map_err(|e| format!("--report {}: {e}", path.display()))?;
+        .map_err(|e| anyhow::anyhow!("--report {}: {e}", path.display()))?;
     Ok(file)
 }
 

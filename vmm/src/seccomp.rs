@@ -100,15 +100,41 @@ pub enum SeccompMode {
 }
 
 impl std::str::FromStr for SeccompMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = SeccompError;
+    fn from_str(s: &str) -> Result<Self, SeccompError> {
         match s {
             "true" => Ok(Self::Trap),
             "log" => Ok(Self::Log),
             "false" => Ok(Self::Off),
-            _ => Err(format!("'{s}': expected true, false or log")),
+            _ => Err(SeccompError::BadMode(s.to_string())),
         }
     }
+}
+
+/// Why a filter cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// `--seccomp` given something else than `true`, `false` or `log`.
+    #[error("'{0}': expected true, false or log")]
+    BadMode(String),
+    /// seccompiler refused a rule or a filter of ours (a bug).
+    #[error("seccomp filter for {kind:?}: {source}")]
+    Build {
+        /// The thread kind whose filter it is.
+        kind: ThreadKind,
+        /// seccompiler's reason.
+        #[source]
+        source: seccompiler::BackendError,
+    },
+    /// The kernel refused the filter.
+    #[error("installing the seccomp filter for {kind:?}: {source}")]
+    Install {
+        /// The thread kind whose filter it is.
+        kind: ThreadKind,
+        /// seccompiler's reason.
+        #[source]
+        source: seccompiler::Error,
+    },
 }
 
 /// The kinds of VMM thread, each with its own filter.
@@ -328,20 +354,20 @@ pub fn fcntl_commands(kind: ThreadKind) -> &'static [u64] {
 }
 
 /// One rule per value: argument `arg` (32 bits) equal to one of `values`.
-fn arg_rules(kind: ThreadKind, arg: u8, values: &[u64]) -> Result<Vec<SeccompRule>, String> {
+fn arg_rules(kind: ThreadKind, arg: u8, values: &[u64]) -> Result<Vec<SeccompRule>, SeccompError> {
     values
         .iter()
         .map(|v| {
             SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *v)
                 .and_then(|c| SeccompRule::new(vec![c]))
-                .map_err(|e| format!("seccomp rule for {kind:?}: {e}"))
+                .map_err(|source| SeccompError::Build { kind, source })
         })
         .collect()
 }
 
 /// The BPF program of `kind` under `mode` (`None` for [`SeccompMode::Off`]).
 /// Errors: seccompiler refused the filter (a bug, reported as text).
-pub fn program(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>, String> {
+pub fn program(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>, SeccompError> {
     let mismatch = match mode {
         SeccompMode::Off => return Ok(None),
         SeccompMode::Trap => SeccompAction::Trap,
@@ -359,11 +385,11 @@ pub fn program(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>
         *ioctl = arg_rules(kind, 1, &requests)?;
     }
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, TargetArch::x86_64)
-        .map_err(|e| format!("seccomp filter for {kind:?}: {e}"))?;
+        .map_err(|source| SeccompError::Build { kind, source })?;
     filter
         .try_into()
         .map(Some)
-        .map_err(|e: seccompiler::BackendError| format!("seccomp filter for {kind:?}: {e}"))
+        .map_err(|source| SeccompError::Build { kind, source })
 }
 
 /// Syscalls a thread kind may make that fail with `EACCES` instead of
@@ -374,7 +400,7 @@ pub fn program(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>
 /// on without it when the open fails. `stage-sched` reads `/proc/self/task`
 /// and may open read-only: an `openat` that writes, creates, truncates or
 /// appends fails there too.
-fn denied(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, String> {
+fn denied(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
     let rules = match kind {
         ThreadKind::StageSched => {
             // openat(dirfd, path, flags): arg 2, any of these set.
@@ -386,7 +412,7 @@ fn denied(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, String> {
                     value as u64,
                 )
                 .and_then(|c| SeccompRule::new(vec![c]))
-                .map_err(|e| format!("seccomp deny rule for {kind:?}: {e}"))
+                .map_err(|source| SeccompError::Build { kind, source })
             };
             vec![
                 flag(libc::O_ACCMODE, libc::O_WRONLY)?,
@@ -410,30 +436,30 @@ fn denied(kind: ThreadKind) -> Result<BTreeMap<i64, Vec<SeccompRule>>, String> {
 /// A second filter that answers [`denied`]'s syscalls with `EACCES`
 /// (seccomp takes the strictest action of all installed filters: the first
 /// filter's Allow loses to this Errno).
-fn deny_program(kind: ThreadKind) -> Result<BpfProgram, String> {
+fn deny_program(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
     let filter = SeccompFilter::new(
         denied(kind)?,
         SeccompAction::Allow,
         SeccompAction::Errno(libc::EACCES as u32),
         TargetArch::x86_64,
     )
-    .map_err(|e| format!("seccomp deny filter for {kind:?}: {e}"))?;
+    .map_err(|source| SeccompError::Build { kind, source })?;
     filter
         .try_into()
-        .map_err(|e: seccompiler::BackendError| format!("seccomp deny filter for {kind:?}: {e}"))
+        .map_err(|source| SeccompError::Build { kind, source })
 }
 
 /// Installs the filter of `kind` on the calling thread (no-op for
 /// [`SeccompMode::Off`]). Errors: the filter cannot be built or applied.
-pub fn install(kind: ThreadKind, mode: SeccompMode) -> Result<(), String> {
+pub fn install(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> {
     KIND.with(|k| k.set(kind_name(kind)));
     if let Some(prog) = program(kind, mode)? {
         // The deny filter first: the main one forbids the `prctl` and
         // `seccomp` calls that installing a filter makes.
         seccompiler::apply_filter(&deny_program(kind)?)
-            .map_err(|e| format!("installing the seccomp filter for {kind:?}: {e}"))?;
+            .map_err(|source| SeccompError::Install { kind, source })?;
         seccompiler::apply_filter(&prog)
-            .map_err(|e| format!("installing the seccomp filter for {kind:?}: {e}"))?;
+            .map_err(|source| SeccompError::Install { kind, source })?;
     }
     test_forbidden_syscall_hook(kind);
     Ok(())

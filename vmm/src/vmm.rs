@@ -267,6 +267,7 @@ impl Vmm {
                 sched.pinner().start_helper_thread(&name);
                 let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
                 let served = crate::seccomp::install(kind, seccomp)
+                    .map_err(|e| e.to_string())
                     .and_then(|()| serve(exit.fd()).map_err(|e| e.to_string()));
                 if let Err(reason) = served {
                     exit.request(VmExit::ThreadFailure {

@@ -143,7 +143,7 @@ pub fn handle(
         "/vm.info" => Response::json(200, &info(ctx)),
         "/stages" => match stages_query(query) {
             Ok((timeline, decisions)) => Response::json(200, &ctx.sched.view(timeline, decisions)),
-            Err(e) => Response::error(400, e),
+            Err(e) => Response::error(400, e.to_string()),
         },
         "/metrics" => {
             let view = ctx.sched.view(0, 0);
@@ -224,28 +224,40 @@ fn refuse_changes(ctx: &ApiContext) -> Option<Response> {
 
 /// `?timeline=N|all&decisions=N|all`: how many timeline entries and
 /// decisions to return.
-fn stages_query(query: Option<&str>) -> Result<(usize, usize), String> {
+fn stages_query(query: Option<&str>) -> Result<(usize, usize), QueryError> {
     let (mut timeline, mut decisions) = (DEFAULT_TIMELINE, DEFAULT_DECISIONS);
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let slot = match key {
-            "timeline" => &mut timeline,
-            "decisions" => &mut decisions,
-            _ => {
-                return Err(format!(
-                    "unknown query parameter '{}' (expected timeline=N|all, decisions=N|all)",
-                    pair.escape_debug()
-                ))
-            }
+        let (key, slot) = match key {
+            "timeline" => ("timeline", &mut timeline),
+            "decisions" => ("decisions", &mut decisions),
+            _ => return Err(QueryError::Unknown(pair.escape_debug().to_string())),
         };
         *slot = match value {
             "all" => usize::MAX,
-            v => v.parse().map_err(|_| {
-                format!("{key} = '{}': expected a count or 'all'", v.escape_debug())
+            v => v.parse().map_err(|_| QueryError::BadCount {
+                key,
+                value: v.escape_debug().to_string(),
             })?,
         };
     }
     Ok((timeline, decisions))
+}
+
+/// Why a `GET /stages` query is refused (answered 400 with this text).
+#[derive(Debug, thiserror::Error)]
+enum QueryError {
+    /// A parameter other than `timeline` and `decisions` (escaped).
+    #[error("unknown query parameter '{0}' (expected timeline=N|all, decisions=N|all)")]
+    Unknown(String),
+    /// Not a count or `all` (the value escaped).
+    #[error("{key} = '{value}': expected a count or 'all'")]
+    BadCount {
+        /// `timeline` or `decisions`.
+        key: &'static str,
+        /// The value given.
+        value: String,
+    },
 }
 
 /// A `PUT` of a change: the body parsed into `T` (unknown fields refused),

@@ -104,12 +104,32 @@ impl Drop for ApiSocket {
 /// (any address, only when given explicitly; `[::1]:PORT` for IPv6).
 /// Errors name the value: not an address, or the bind failed (in use, not
 /// an address of this host, a port below 1024 without the right).
-pub fn bind_metrics(value: &str) -> Result<std::net::TcpListener, String> {
+pub fn bind_metrics(value: &str) -> Result<std::net::TcpListener, MetricsListenError> {
     let addr: std::net::SocketAddr = match value.parse::<u16>() {
         Ok(port) => (std::net::Ipv4Addr::LOCALHOST, port).into(),
-        Err(_) => value.parse().map_err(|_| {
-            format!("--metrics-listen {value}: not PORT or ADDR:PORT (e.g. 9100 or 127.0.0.1:9100)")
-        })?,
+        Err(_) => value
+            .parse()
+            .map_err(|_| MetricsListenError::BadValue(value.to_string()))?,
     };
-    std::net::TcpListener::bind(addr).map_err(|e| format!("--metrics-listen {value}: {e}"))
+    std::net::TcpListener::bind(addr).map_err(|source| MetricsListenError::Bind {
+        value: value.to_string(),
+        source,
+    })
+}
+
+/// Why `--metrics-listen VALUE` cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsListenError {
+    /// Neither a port nor a socket address.
+    #[error("--metrics-listen {0}: not PORT or ADDR:PORT (e.g. 9100 or 127.0.0.1:9100)")]
+    BadValue(String),
+    /// The bind failed.
+    #[error("--metrics-listen {value}: {source}")]
+    Bind {
+        /// The value given.
+        value: String,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
 }

@@ -571,19 +571,47 @@ pub struct VmConfig {
 /// VMM reads it whole (a FIFO, `/dev/zero` or a huge file would block or
 /// exhaust memory); returns its size. The error says why, for the caller to
 /// prefix with the option and path.
-pub fn check_input_file(path: &std::path::Path, max: u64) -> Result<u64, String> {
-    let meta = std::fs::metadata(path).map_err(|e| crate::error::describe_path_error(path, &e))?;
+pub fn check_input_file(path: &std::path::Path, max: u64) -> Result<u64, InputFileError> {
+    let meta = std::fs::metadata(path).map_err(|source| InputFileError::Open {
+        described: crate::error::describe_path_error(path, &source),
+        source,
+    })?;
     if !meta.is_file() {
-        return Err("not a regular file".into());
+        return Err(InputFileError::NotAFile);
     }
     if meta.len() > max {
-        return Err(format!(
-            "{} bytes is larger than the {} bytes this option accepts",
-            meta.len(),
-            max
-        ));
+        return Err(InputFileError::TooLarge {
+            len: meta.len(),
+            max,
+        });
     }
     Ok(meta.len())
+}
+
+/// Why [`check_input_file`] refused a file (the caller names the option
+/// and path).
+#[derive(Debug, thiserror::Error)]
+pub enum InputFileError {
+    /// It cannot be examined; `described` says why in the user's terms.
+    #[error("{described}")]
+    Open {
+        /// [`crate::error::describe_path_error`]'s text.
+        described: String,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A FIFO, a device, a directory.
+    #[error("not a regular file")]
+    NotAFile,
+    /// Larger than the option accepts (bytes).
+    #[error("{len} bytes is larger than the {max} bytes this option accepts")]
+    TooLarge {
+        /// The file's size.
+        len: u64,
+        /// The option's limit.
+        max: u64,
+    },
 }
 
 #[cfg(test)]

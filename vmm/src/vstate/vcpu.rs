@@ -180,7 +180,7 @@ impl Vcpu {
         IMMEDIATE_EXIT.with(|p| p.set(kvm_run));
         let event = match crate::seccomp::install(crate::seccomp::ThreadKind::Vcpu, self.seccomp) {
             Ok(()) => self.run_loop(),
-            Err(e) => Some(VmEvent::ThreadFailure(e)),
+            Err(e) => Some(VmEvent::ThreadFailure(e.to_string())),
         };
         IMMEDIATE_EXIT.with(|p| p.set(std::ptr::null_mut()));
         if !self.assists.is_empty() {

@@ -65,14 +65,16 @@ impl Paging {
         &self,
         la: u64,
         read: impl Fn(u64, usize) -> Option<u64>,
-    ) -> Result<u64, String> {
-        let entry = |gpa: u64, size: usize, level: &str| {
-            let e = read(gpa, size)
-                .ok_or_else(|| format!("{level} entry at GPA {gpa:#x} is outside RAM"))?;
+    ) -> Result<u64, GvaError> {
+        let entry = |gpa: u64, size: usize, level: &'static str| {
+            let e = read(gpa, size).ok_or(GvaError::EntryOutsideRam { level, gpa })?;
             if e & PRESENT == 0 {
-                return Err(format!(
-                    "{level} entry {e:#x} at GPA {gpa:#x} is not present for {la:#x}"
-                ));
+                return Err(GvaError::NotPresent {
+                    level,
+                    entry: e,
+                    gpa,
+                    la,
+                });
             }
             Ok(e)
         };
@@ -116,6 +118,38 @@ impl Paging {
     }
 }
 
+/// Why a linear address has no GPA (in a failure report: where the walk
+/// of the guest's own page tables stopped).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GvaError {
+    /// A paging-structure entry lies outside guest RAM.
+    #[error("{level} entry at GPA {gpa:#x} is outside RAM")]
+    EntryOutsideRam {
+        /// The structure (`PML4E`, `PDE`, …).
+        level: &'static str,
+        /// Its entry's GPA.
+        gpa: u64,
+    },
+    /// A paging-structure entry is not present.
+    #[error("{level} entry {entry:#x} at GPA {gpa:#x} is not present for {la:#x}")]
+    NotPresent {
+        /// The structure (`PML4E`, `PDE`, …).
+        level: &'static str,
+        /// The entry's value.
+        entry: u64,
+        /// Its GPA.
+        gpa: u64,
+        /// The linear address translated.
+        la: u64,
+    },
+    /// The code's first byte translates to a GPA outside RAM.
+    #[error("code GPA {gpa:#x} is outside RAM")]
+    CodeOutsideRam {
+        /// The GPA.
+        gpa: u64,
+    },
+}
+
 /// Reads up to `buf.len()` bytes of code at `rip` of a vCPU in state
 /// `sregs`: the linear address is `RIP` in 64-bit mode and `CS.base + RIP`
 /// otherwise, translated page by page. Returns the GPA of the first byte and
@@ -126,7 +160,7 @@ pub fn read_code(
     sregs: &kvm_sregs,
     rip: u64,
     buf: &mut [u8],
-) -> Result<(u64, usize), String> {
+) -> Result<(u64, usize), GvaError> {
     let paging = Paging::from_sregs(sregs);
     let long = paging.efer & EFER_LMA != 0 && sregs.cs.l == 1;
     let la = if long {
@@ -155,7 +189,7 @@ pub fn read_code(
             .is_err()
         {
             if done == 0 {
-                return Err(format!("code GPA {gpa:#x} is outside RAM"));
+                return Err(GvaError::CodeOutsideRam { gpa });
             }
             break;
         }
@@ -202,7 +236,11 @@ mod tests {
         m.insert(0x3000 + 8 * ((la >> 21) & 511), 0x0100_0000 | 0x81);
         assert_eq!(p.translate(la, reader(&m)), Ok(0x0100_1234));
         let e = p.translate(0x7000_0000_0000, reader(&m)).unwrap_err();
-        assert!(e.contains("PML4E") && e.contains("not present"), "{e}");
+        assert!(
+            matches!(e, GvaError::NotPresent { level: "PML4E", .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("PML4E entry 0x0 at GPA"), "{e}");
     }
 
     #[test]

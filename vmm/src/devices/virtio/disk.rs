@@ -6,6 +6,45 @@
 use std::fs::File;
 use std::path::Path;
 
+/// Why a `--disk` cannot be used (the path is named by the caller).
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// The path cannot be examined or opened; `described` says why in the
+    /// user's terms (a missing directory is named).
+    #[error("{described}")]
+    Open {
+        /// [`crate::error::describe_path_error`]'s text.
+        described: String,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `direct=on` on a file system without `O_DIRECT`.
+    #[error("direct=on: this file system refuses O_DIRECT (EINVAL); use direct=off")]
+    DirectRefused,
+    /// The path is no regular file or block device (`what` it is).
+    #[error("is {0}; a disk is a regular file or a block device")]
+    NotADisk(&'static str),
+    /// The opened file cannot be examined.
+    #[error("{0}")]
+    Metadata(#[source] std::io::Error),
+    /// A block device's size cannot be read.
+    #[error("block device size (BLKGETSIZE64): {0}")]
+    Size(#[source] nix::Error),
+    /// Another process holds a conflicting lock.
+    #[error("locked by another process (another VMM uses this image)")]
+    Locked,
+    /// `flock` failed otherwise.
+    #[error("cannot lock: {0}")]
+    Lock(#[source] std::io::Error),
+    /// Smaller than one sector (bytes).
+    #[error("{0} bytes is smaller than one 512-byte sector")]
+    TooSmall(u64),
+    /// Two disks with one `id=`.
+    #[error("id={0}: another --disk has this name")]
+    DuplicateId(String),
+}
+
 /// Opens `path` as a disk, read-only or writable, and locks it: returns the
 /// file and its size in bytes. The type is checked before the open (a FIFO
 /// would block it, a directory would open read-only and fail every
@@ -17,9 +56,12 @@ use std::path::Path;
 /// or block device, cannot be opened, sized or locked.
 /// With `direct`, the file is opened `O_DIRECT` (a file system that
 /// refuses it is named in the error).
-pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<(File, u64), String> {
+pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<(File, u64), DiskError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let why = |e: std::io::Error| crate::error::describe_path_error(path, &e);
+    let why = |source: std::io::Error| DiskError::Open {
+        described: crate::error::describe_path_error(path, &source),
+        source,
+    };
     disk_kind(&std::fs::metadata(path).map_err(why)?.file_type())?;
     let direct_flag = if direct { libc::O_DIRECT } else { 0 };
     let file = std::fs::OpenOptions::new()
@@ -28,16 +70,13 @@ pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<(File, u64), St
         .custom_flags(libc::O_NONBLOCK | direct_flag)
         .open(path)
         .map_err(|e| match e.raw_os_error() {
-            Some(libc::EINVAL) if direct => {
-                "direct=on: this file system refuses O_DIRECT (EINVAL); use direct=off".into()
-            }
+            Some(libc::EINVAL) if direct => DiskError::DirectRefused,
             _ => why(e),
         })?;
-    let meta = file.metadata().map_err(|e| e.to_string())?;
+    let meta = file.metadata().map_err(DiskError::Metadata)?;
     let len = match disk_kind(&meta.file_type())? {
         DiskKind::File => meta.len(),
-        DiskKind::BlockDevice => block_device_size(&file)
-            .map_err(|e| format!("block device size (BLKGETSIZE64): {e}"))?,
+        DiskKind::BlockDevice => block_device_size(&file).map_err(DiskError::Size)?,
     };
     lock_disk(&file, readonly)?;
     Ok((file, len))
@@ -53,7 +92,7 @@ enum DiskKind {
 
 /// The kind of a `--disk` path, or why it cannot be a disk (a directory, a
 /// FIFO, a socket, a character device).
-fn disk_kind(t: &std::fs::FileType) -> Result<DiskKind, String> {
+fn disk_kind(t: &std::fs::FileType) -> Result<DiskKind, DiskError> {
     use std::os::unix::fs::FileTypeExt;
     if t.is_file() {
         return Ok(DiskKind::File);
@@ -72,9 +111,7 @@ fn disk_kind(t: &std::fs::FileType) -> Result<DiskKind, String> {
     } else {
         "not a regular file"
     };
-    Err(format!(
-        "is {what}; a disk is a regular file or a block device"
-    ))
+    Err(DiskError::NotADisk(what))
 }
 
 nix::ioctl_read!(
@@ -100,7 +137,7 @@ fn block_device_size(file: &File) -> nix::Result<u64> {
 /// open: shared for a read-only disk, exclusive for a writable one (as
 /// Cloud Hypervisor does), so two VMMs cannot write one image. The error
 /// says who holds it.
-fn lock_disk(file: &File, readonly: bool) -> Result<(), String> {
+fn lock_disk(file: &File, readonly: bool) -> Result<(), DiskError> {
     use std::os::fd::AsRawFd;
     let kind = if readonly {
         libc::LOCK_SH
@@ -113,8 +150,8 @@ fn lock_disk(file: &File, readonly: bool) -> Result<(), String> {
     }
     let e = std::io::Error::last_os_error();
     Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        "locked by another process (another VMM uses this image)".into()
+        DiskError::Locked
     } else {
-        format!("cannot lock: {e}")
+        DiskError::Lock(e)
     })
 }

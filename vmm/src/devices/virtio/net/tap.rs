@@ -14,6 +14,35 @@ use std::os::unix::fs::OpenOptionsExt;
 /// the queues (bytes; `struct virtio_net_hdr_v1`, VIRTIO 1.2 §5.1.6).
 pub const VNET_HDR_LEN: usize = 12;
 
+/// Why a tap cannot be used (the caller names the `--net` option).
+#[derive(Debug, thiserror::Error)]
+pub enum TapError {
+    /// Not a Linux interface name.
+    #[error("'{0}' is not an interface name (1 to {max} bytes)", max = libc::IFNAMSIZ - 1)]
+    BadName(String),
+    /// `/dev/net/tun` cannot be opened.
+    #[error("/dev/net/tun: {0}")]
+    Tun(#[source] std::io::Error),
+    /// The kernel refused the interface (`TUNSETIFF`).
+    #[error("TUNSETIFF: {0}")]
+    SetIff(#[source] std::io::Error),
+    /// `fd=N` is not an open descriptor, or cannot be made non-blocking.
+    #[error("fd {fd}: {source}")]
+    Fd {
+        /// The descriptor given.
+        fd: RawFd,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not a tap with `IFF_VNET_HDR` (`TUNSETVNETHDRSZ` refused).
+    #[error("TUNSETVNETHDRSZ (not a tap with IFF_VNET_HDR?): {0}")]
+    HeaderLen(#[source] std::io::Error),
+    /// Neither `tap=` nor `fd=` was given.
+    #[error("no tap= or fd=")]
+    Missing,
+}
+
 /// An open tap queue.
 pub struct Tap {
     file: File,
@@ -36,19 +65,16 @@ impl Tap {
     /// Errors: the name is empty or longer than 15 bytes, `/dev/net/tun`
     /// cannot be opened, or the kernel refuses the interface (it exists as
     /// another kind, or is owned by another user).
-    pub fn open(name: &str) -> Result<Self, String> {
+    pub fn open(name: &str) -> Result<Self, TapError> {
         if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains('\0') {
-            return Err(format!(
-                "'{name}' is not an interface name (1 to {} bytes)",
-                libc::IFNAMSIZ - 1
-            ));
+            return Err(TapError::BadName(name.to_string()));
         }
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open("/dev/net/tun")
-            .map_err(|e| format!("/dev/net/tun: {e}"))?;
+            .map_err(TapError::Tun)?;
         let mut req = IfReq {
             name: [0; libc::IFNAMSIZ],
             flags: (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short,
@@ -59,7 +85,7 @@ impl Tap {
         // `req` is (40 bytes, the layout above), live for the call.
         let r = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req) };
         if r < 0 {
-            return Err(format!("TUNSETIFF: {}", std::io::Error::last_os_error()));
+            return Err(TapError::SetIff(std::io::Error::last_os_error()));
         }
         let tap = Self {
             file,
@@ -73,11 +99,15 @@ impl Tap {
     /// IFF_NO_PI | IFF_VNET_HDR` (`--net fd=N`), and makes it
     /// non-blocking. Errors: `fd` is not an open descriptor, or not a tap
     /// that accepts a 12-byte virtio-net header.
-    pub fn from_fd(fd: RawFd) -> Result<Self, String> {
+    pub fn from_fd(fd: RawFd) -> Result<Self, TapError> {
+        let fd_err = || TapError::Fd {
+            fd,
+            source: std::io::Error::last_os_error(),
+        };
         // SAFETY: F_GETFD only reads the descriptor's flags; it fails with
         // EBADF if `fd` is not open, before we take ownership.
         if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-            return Err(format!("fd {fd}: {}", std::io::Error::last_os_error()));
+            return Err(fd_err());
         }
         // SAFETY: `fd` is open (checked above) and the command line hands
         // it to the VMM: nothing else in the process uses or closes it.
@@ -88,7 +118,7 @@ impl Tap {
             flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) == 0
         };
         if !ok {
-            return Err(format!("fd {fd}: {}", std::io::Error::last_os_error()));
+            return Err(fd_err());
         }
         let tap = Self {
             file,
@@ -108,15 +138,12 @@ impl Tap {
         }
     }
 
-    fn set_header_len(&self) -> Result<(), String> {
+    fn set_header_len(&self) -> Result<(), TapError> {
         let len: libc::c_int = VNET_HDR_LEN as libc::c_int;
         // SAFETY: TUNSETVNETHDRSZ reads one int, `len`, live for the call.
         let r = unsafe { libc::ioctl(self.file.as_raw_fd(), libc::TUNSETVNETHDRSZ, &len) };
         if r < 0 {
-            return Err(format!(
-                "TUNSETVNETHDRSZ (not a tap with IFF_VNET_HDR?): {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(TapError::HeaderLen(std::io::Error::last_os_error()));
         }
         Ok(())
     }
