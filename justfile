@@ -158,9 +158,10 @@ bench-sim *ARGS:
 fuzz *ARGS:
     fuzz/run.sh {{ARGS}}
 
-# Formatting and lints (the workspace's [workspace.lints] and the guest's copy of them), warnings as errors.
+# Formatting, lints (the workspace's [workspace.lints] and the guest's copy of them) and rustdoc links, warnings as errors.
 lint: setup
     cargo fmt --all --check
     cd {{guest_dir}} && cargo fmt --check
     cargo clippy --workspace --all-targets -- -D warnings
     cd {{guest_dir}} && cargo clippy --release -- -D warnings
+    RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace -q

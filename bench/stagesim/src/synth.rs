@@ -57,7 +57,7 @@ impl Default for SynthConfig {
     }
 }
 
-/// What [`write`] produced.
+/// What [`write()`] produced.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct SynthSummary {
     /// Instructions in the trace.

@@ -10,7 +10,7 @@
 //!   until a WAKE or a timeout; WAKE unparks a vCPU. Each command's
 //!   [`Status`] is read back from [`DOORBELL_STATUS`].
 //! * [`StageDevice::read_counters`] (ABI minor 2): a copy of every vCPU's
-//!   [`VcpuCounters`], once per policy period; the values are untrusted and
+//!   [`VcpuCounters`](hypercall_abi::stage::VcpuCounters), once per policy period; the values are untrusted and
 //!   checked by the scheduler's accounting (`crate::sched::counters`).
 //! * [`StageDevice::drain`]: every ring's `head` is read with acquire
 //!   ordering, each entry validated (`Ring::drain`) and returned as an [`Event`]

@@ -96,10 +96,10 @@ pub struct Counters {
     /// Cycles spent migrating.
     pub migration_cycles: u64,
     /// Stage changes onto a stage the core does not serve where the
-    /// min-visit rule ([`VisitRule`]) kept the thread on its core.
+    /// min-visit rule ([`VisitRule`](super::VisitRule)) kept the thread on its core.
     pub kept: u64,
     /// Queued threads an idle core took from another core's queue
-    /// ([`SimConfig::steal`]); counted on the taking core, under the
+    /// ([`SimConfig::steal`](super::SimConfig::steal)); counted on the taking core, under the
     /// thread's stage, and charged `migration_cycles` there.
     pub steals: u64,
 }
@@ -192,11 +192,11 @@ pub struct StageResult {
 pub struct SimResult {
     /// Model name.
     pub policy: String,
-    /// Model label ([`SimConfig::label`]): the name plus any variant.
+    /// Model label ([`SimConfig::label`](super::SimConfig::label)): the name plus any variant.
     pub label: String,
-    /// Stage grouping label ([`StageGroups::label`]).
+    /// Stage grouping label ([`StageGroups::label`](crate::groups::StageGroups::label)).
     pub groups: String,
-    /// Stage grouping, every group written out ([`StageGroups::full_spec`]).
+    /// Stage grouping, every group written out ([`StageGroups::full_spec`](crate::groups::StageGroups::full_spec)).
     pub group_spec: String,
     /// Migration cost, cycles.
     pub migration_cycles: u64,

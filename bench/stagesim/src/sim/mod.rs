@@ -1,4 +1,4 @@
-//! Replay of a [`Trace`] on N simulated cores under a scheduling model.
+//! Replay of a [`Trace`](crate::stream::Trace) on N simulated cores under a scheduling model.
 //!
 //! ## Scheduling model
 //! Every simulated core has a clock in cycles, at most one *current* thread

@@ -91,7 +91,7 @@ impl Block {
         }
     }
 
-    /// `GET_ID` answers `name` (its first [`ID_LEN`] bytes).
+    /// `GET_ID` answers `name` (its first `ID_LEN` (20) bytes).
     pub fn set_serial(&mut self, name: &str) {
         self.serial = [0; ID_LEN];
         let n = name.len().min(ID_LEN);

@@ -225,7 +225,7 @@ impl VirtioDevice for MmioNet {
         &self.interrupt_status
     }
 
-    /// Config space (VIRTIO 1.2 §5.1.4): mac[6], then status (not offered:
+    /// Config space (VIRTIO 1.2 §5.1.4): `mac[6]`, then status (not offered:
     /// zeros).
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         mmio::read_bytes(&self.mac, offset, data);
