@@ -25,7 +25,7 @@ use hypercall_abi::stage::{
     DOORBELL_REGISTER, DOORBELL_STATUS, NUM_CODES,
 };
 use stagevm::abi::Obj;
-use stagevm::sched::counters::{CounterReader, SLACK_DIV};
+use stagevm::sched::counter_reader::{CounterReader, SLACK_DIV};
 use stagevm::sched::latency::LatencyReader;
 use stagevm::sched::Accounting;
 use stagevm::stage::{Blocks, StageDevice};

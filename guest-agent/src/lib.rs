@@ -57,7 +57,7 @@ use hypercall_abi::stage::{
     TIMED_EVERY, TIMED_INTERVAL_NS, TIMED_STRIDE_MAX,
 };
 
-mod counters;
+mod counter_writer;
 mod latency;
 mod ring;
 pub mod visit;

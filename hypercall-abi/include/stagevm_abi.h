@@ -102,7 +102,7 @@ struct stagevm_stage_event {
 	uint64_t reserved;
 };
 
-/* Minor 2: per-vCPU counters (hypercall-abi/src/stage/counters.rs). The
+/* Minor 2: per-vCPU counters (hypercall-abi/src/stage/counter_block.rs). The
  * state word is (TSC & ~STATE_LOW_MASK) | timed flag | code, or for an
  * untimed visit (guest-private value << 6) | code; codes index
  * cycles[], timed[] and counts[]: 0 none (requests completed), 1 idle,

@@ -517,8 +517,8 @@ pub fn validate_header(h: &AreaHeader, vm_vcpus: u32) -> Result<Layout, Status> 
     Ok(layout)
 }
 
-mod counters;
-pub use counters::*;
+mod counter_block;
+pub use counter_block::*;
 mod latency;
 pub use latency::*;
 mod visit;

@@ -208,7 +208,7 @@ static inline int stagevm_area_init(void *base, uint64_t area_size, const struct
 	return 0;
 }
 
-/* ---- minor 2: state words (hypercall-abi/src/stage/counters.rs) ---- */
+/* ---- minor 2: state words (hypercall-abi/src/stage/counter_block.rs) ---- */
 
 /* state_word: `code` since guest TSC `tsc`, timed or not. */
 static inline uint64_t stagevm_state_word(uint64_t tsc, uint32_t code, int timed)

@@ -15,7 +15,7 @@
  *
  * Counters (ABI minor 2: the area has STAGEVM_AREA_FLAG_COUNTERS and the
  * map says minor >= 2). A switch is a transition of the current CPU's
- * counter block (hypercall-abi/src/stage/counters.rs): the state word is
+ * counter block (hypercall-abi/src/stage/counter_block.rs): the state word is
  * replaced, then counts[new] grows by one and, when a timed visit ended,
  * its length goes into cycles[old] and timed[old] grows by one. The TSC is
  * read only when the transition ends or starts a timed visit (needs_tsc).

@@ -14,7 +14,7 @@ use host_sched::latency::Histogram;
 use hypercall_abi::stage::{stage_code, CODE_IDLE, CODE_NONE, IDLE_THREAD, STAGE_NONE};
 use stagevm_report::{ChannelReport, LatencyBucket, LatencyReport, StageStats};
 
-use super::counters::CounterReader;
+use super::counter_reader::CounterReader;
 use super::latency::LatencyReader;
 use crate::stage::{Blocks, Drained};
 

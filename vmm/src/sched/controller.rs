@@ -20,7 +20,7 @@ use host_sched::vm::{build_policy, replan, Setup, VmPlan};
 use stagevm_report::{ChannelReport, CpuReport, PerStage, StagePlacement, TimelineEntry};
 
 use super::accounting::Accounting;
-use super::counters::CounterReader;
+use super::counter_reader::CounterReader;
 use super::cpu::SchedStat;
 use super::latency::LatencyReader;
 use super::observe::Observer;

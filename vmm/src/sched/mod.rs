@@ -2,7 +2,7 @@
 //!
 //! Data flows one way: a counters guest's per-vCPU blocks are copied once
 //! per policy period ([`crate::stage::StageDevice::read_counters`]) and
-//! turned into checked deltas ([`counters`]); an older guest's rings are
+//! turned into checked deltas ([`counter_reader`]); an older guest's rings are
 //! drained into validated events ([`crate::stage::StageDevice::drain`]);
 //! the [`Controller`] folds either into its load window and, every policy
 //! period, asks host-sched's policy for a [`Plan`](host_sched::policy::Plan); the
@@ -15,7 +15,7 @@
 //! * [`stage_sched`] — the wiring, the REGISTER hand-off and the
 //!   `stage-sched` loop,
 //! * [`accounting`] — per-stage counters and the load window,
-//! * [`counters`] — a counters guest's per-vCPU blocks (ABI minor 2) turned
+//! * [`counter_reader`] — a counters guest's per-vCPU blocks (ABI minor 2) turned
 //!   into deltas under the untrusted-guest rules,
 //! * [`latency`] — its request-latency histograms (minor 4), likewise,
 //! * [`cpu`] — the vCPU threads' CPU time, less idle spinning: the work
@@ -26,7 +26,7 @@
 
 pub mod accounting;
 pub mod controller;
-pub mod counters;
+pub mod counter_reader;
 pub mod cpu;
 pub mod latency;
 pub mod observe;

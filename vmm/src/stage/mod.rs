@@ -11,7 +11,7 @@
 //!   [`Status`] is read back from [`DOORBELL_STATUS`].
 //! * [`StageDevice::read_counters`] (ABI minor 2): a copy of every vCPU's
 //!   [`VcpuCounters`](hypercall_abi::stage::VcpuCounters), once per policy period; the values are untrusted and
-//!   checked by the scheduler's accounting (`crate::sched::counters`).
+//!   checked by the scheduler's accounting (`crate::sched::counter_reader`).
 //! * [`StageDevice::drain`]: every ring's `head` is read with acquire
 //!   ordering, each entry validated (`Ring::drain`) and returned as an [`Event`]
 //!   or counted as a drop, and `tail` published — for a rings-only guest
@@ -598,8 +598,8 @@ impl StageDevice {
     }
 }
 
-mod counters;
-pub use counters::{Blocks, CounterCopy};
+mod block_copy;
+pub use block_copy::{Blocks, CounterCopy};
 mod ring;
 use ring::Ring;
 pub use ring::{Event, MAX_DRAIN_PER_RING};

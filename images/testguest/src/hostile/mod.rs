@@ -12,7 +12,7 @@
 //! The stage-channel attacks write the ring memory directly (the area's
 //! address and layout come from the registration), as a hostile guest
 //! would; the virtio attacks are in [`virtio`], the counter and
-//! re-registration attacks in [`counters`], and `abuse=1` (bad REGISTERs
+//! re-registration attacks in [`bad_counters`], and `abuse=1` (bad REGISTERs
 //! and corrupt ring entries around the staged workload's registration) in
 //! [`abuse`]; [`env`](mod@env) holds what they all use.
 //!
@@ -22,7 +22,7 @@
 //! `staged::setup`).
 
 pub mod abuse;
-mod counters;
+mod bad_counters;
 mod env;
 mod virtio;
 
@@ -179,8 +179,8 @@ fn run_one(attack: Attack, env: &Env, verbose: bool) {
         Attack::VirtioChains => virtio::bad_chains(env, verbose),
         Attack::NetChains => virtio::net_chains(env, verbose),
         Attack::NetSpin => virtio::net_spin(env, verbose),
-        Attack::Counters => counters::impossible_counters(env, verbose),
-        Attack::Reregister => counters::reregister_loop(env, verbose),
+        Attack::Counters => bad_counters::impossible_counters(env, verbose),
+        Attack::Reregister => bad_counters::reregister_loop(env, verbose),
     }
 }
 
