@@ -4,7 +4,7 @@
 /// value (a TOML syntax error: toml's message with the line and a caret).
 /// The VMM wraps it with `#[source]`.
 #[derive(Debug, thiserror::Error, PartialEq)]
-pub enum ConfigError {
+pub enum StagesConfigError {
     /// The file cannot be read.
     #[error("--stages {path}: {reason}")]
     Read {

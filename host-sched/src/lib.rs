@@ -4,7 +4,7 @@
 //! * [`cpuset`] — CPU sets in cpulist form,
 //! * [`topology`] — allowed/online/isolated CPUs, thread affinity,
 //! * [`config`] — the TOML configuration and its resolution,
-//! * [`error`] — [`error::ConfigError`], one variant per bad key or value,
+//! * [`error`] — [`error::StagesConfigError`], one variant per bad key or value,
 //! * [`latency`] — request-latency histograms (ABI minor 4) and their
 //!   quantiles,
 //! * [`policy`] — `off`, `pinned`, `static`, `proportional`, `auto` as pure functions

@@ -2,7 +2,7 @@
 //! VM of `n` vCPUs can use, and the policy for its guest's stages. The VMM
 //! calls these and applies the result; it decides nothing itself.
 
-use crate::config::{ConfigError, Resolved};
+use crate::config::{Resolved, StagesConfigError};
 use crate::policy::{self, Policy, PolicyKind};
 
 /// The configuration a VM runs under and what was changed to fit it.
@@ -53,14 +53,14 @@ pub fn for_vm(resolved: &Resolved, num_vcpus: u32) -> VmPlan {
 /// `v` to stage core `v mod C`), else the names it declared, in stage-id
 /// order, which the configured budgets are matched against.
 ///
-/// Errors: [`ConfigError::UnknownStage`] for a configured stage the guest
-/// did not declare, [`ConfigError::MaxCoresTooFew`] when the budgets cannot
+/// Errors: [`StagesConfigError::UnknownStage`] for a configured stage the guest
+/// did not declare, [`StagesConfigError::MaxCoresTooFew`] when the budgets cannot
 /// use every stage core.
 pub fn build_policy(
     resolved: &Resolved,
     num_vcpus: u32,
     guest_stages: Option<&[String]>,
-) -> Result<Box<dyn Policy>, ConfigError> {
+) -> Result<Box<dyn Policy>, StagesConfigError> {
     let budgets = match guest_stages {
         None => Vec::new(),
         Some(names) => resolved.budgets_for(names)?,
@@ -130,14 +130,14 @@ pub fn guest_policy(
 /// to the VM ([`for_vm`]) and builds (then drops) its policy, so a change
 /// the VM could not run is refused before anything is applied.
 ///
-/// Errors: every [`ConfigError`] of [`crate::config::resolve`] and of
+/// Errors: every [`StagesConfigError`] of [`crate::config::resolve`] and of
 /// [`build_policy`], each naming key and value.
 pub fn replan(
     config: &crate::config::Config,
     topo: &crate::topology::Topology,
     num_vcpus: u32,
     guest_stages: Option<&[String]>,
-) -> Result<VmPlan, ConfigError> {
+) -> Result<VmPlan, StagesConfigError> {
     let resolved = crate::config::resolve(config, &Default::default(), topo)?;
     let vm = for_vm(&resolved, num_vcpus);
     build_policy(&vm.resolved, num_vcpus, guest_stages)?;
@@ -161,13 +161,13 @@ pub struct Setup {
 
 impl Setup {
     /// Resolves `config` with the command-line `overrides` against
-    /// `topology`. Errors: every [`ConfigError`] of
+    /// `topology`. Errors: every [`StagesConfigError`] of
     /// [`crate::config::resolve`], naming the option or key and its value.
     pub fn new(
         config: crate::config::Config,
         overrides: &crate::config::Overrides,
         topology: crate::topology::Topology,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, StagesConfigError> {
         let resolved = crate::config::resolve(&config, overrides, &topology)?;
         Ok(Self {
             config: config.with_overrides(overrides),

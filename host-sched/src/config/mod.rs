@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::error::ConfigError;
+pub use crate::error::StagesConfigError;
 pub use update::{BudgetsUpdate, PolicyUpdate};
 
 mod update;
@@ -169,8 +169,8 @@ impl Config {
     /// crate's own message: the line and column, the line itself with a
     /// caret under the error, and what was expected (several lines; the
     /// one error of this crate that is not one line, as a compiler's).
-    pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Toml {
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, StagesConfigError> {
+        toml::from_str(text).map_err(|e| StagesConfigError::Toml {
             origin: origin.to_string(),
             message: e.to_string().trim_end().to_string(),
         })
@@ -179,8 +179,8 @@ impl Config {
     /// Reads and parses a file.
     /// Errors: not a regular file, larger than [`MAX_CONFIG_BYTES`],
     /// unreadable, or not a valid configuration.
-    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let read_err = |reason: String| ConfigError::Read {
+    pub fn load(path: &std::path::Path) -> Result<Self, StagesConfigError> {
+        let read_err = |reason: String| StagesConfigError::Read {
             path: path.display().to_string(),
             reason,
         };
@@ -238,8 +238,8 @@ pub struct Resolved {
     pub latency: crate::policy::LatencyBound,
 }
 
-fn range(key: &str, value: impl std::fmt::Display, expected: &'static str) -> ConfigError {
-    ConfigError::OutOfRange {
+fn range(key: &str, value: impl std::fmt::Display, expected: &'static str) -> StagesConfigError {
+    StagesConfigError::OutOfRange {
         key: key.into(),
         value: value.to_string(),
         expected,
@@ -259,8 +259,8 @@ pub struct Overrides {
     pub visit: Option<String>,
 }
 
-fn cpulist(key: &str, text: &str) -> Result<CpuSet, ConfigError> {
-    CpuSet::parse(text).map_err(|_| ConfigError::NotCpuList {
+fn cpulist(key: &str, text: &str) -> Result<CpuSet, StagesConfigError> {
+    CpuSet::parse(text).map_err(|_| StagesConfigError::NotCpuList {
         key: key.into(),
         value: text.into(),
     })
@@ -279,10 +279,10 @@ fn chosen<'a>(
 }
 
 /// Parses the cpulist `text` of `key` and checks every CPU is online.
-fn online_cpulist(key: &str, text: &str, topo: &Topology) -> Result<CpuSet, ConfigError> {
+fn online_cpulist(key: &str, text: &str, topo: &Topology) -> Result<CpuSet, StagesConfigError> {
     let set = cpulist(key, text)?;
     if let Some(cpu) = set.iter().find(|c| !topo.online.contains(*c)) {
-        return Err(ConfigError::CpuNotOnline {
+        return Err(StagesConfigError::CpuNotOnline {
             key: key.into(),
             value: text.into(),
             cpu,
@@ -299,7 +299,7 @@ pub fn resolve(
     config: &Config,
     overrides: &Overrides,
     topo: &Topology,
-) -> Result<Resolved, ConfigError> {
+) -> Result<Resolved, StagesConfigError> {
     let (cores_key, stage_cores) = resolve_stage_cores(config, overrides, topo)?;
     let (housekeeping, helpers_share_stage_cores) =
         resolve_housekeeping(config, overrides, topo, cores_key, &stage_cores)?;
@@ -328,13 +328,13 @@ pub fn resolve(
 }
 
 /// The stage-visit policy: `--visit`, else `policy.visit`.
-fn resolve_visit(config: &Config, overrides: &Overrides) -> Result<VisitPolicy, ConfigError> {
+fn resolve_visit(config: &Config, overrides: &Overrides) -> Result<VisitPolicy, StagesConfigError> {
     let (key, text) = chosen(
         ("--visit", overrides.visit.as_deref()),
         ("policy.visit", Some(config.policy.visit.as_str())),
     );
     let text = text.unwrap_or_default();
-    VisitPolicy::parse(text).ok_or_else(|| ConfigError::UnknownVisit {
+    VisitPolicy::parse(text).ok_or_else(|| StagesConfigError::UnknownVisit {
         key: key.into(),
         value: text.into(),
     })
@@ -346,7 +346,7 @@ fn resolve_stage_cores(
     config: &Config,
     overrides: &Overrides,
     topo: &Topology,
-) -> Result<(&'static str, CpuSet), ConfigError> {
+) -> Result<(&'static str, CpuSet), StagesConfigError> {
     let (cores_key, cores_text) = chosen(
         ("--stage-cores", overrides.cores.as_deref()),
         ("host.cores", config.host.cores.as_deref()),
@@ -355,13 +355,13 @@ fn resolve_stage_cores(
         Some(text) => {
             let set = online_cpulist(cores_key, text, topo)?;
             if set.is_empty() {
-                return Err(ConfigError::NoCpu {
+                return Err(StagesConfigError::NoCpu {
                     key: cores_key.into(),
                     value: text.into(),
                 });
             }
             if let Some(cpu) = set.iter().find(|c| !topo.allowed.contains(*c)) {
-                return Err(ConfigError::CpuNotAllowed {
+                return Err(StagesConfigError::CpuNotAllowed {
                     key: cores_key.into(),
                     value: text.into(),
                     cpu,
@@ -391,7 +391,7 @@ fn resolve_housekeeping(
     topo: &Topology,
     cores_key: &str,
     stage_cores: &CpuSet,
-) -> Result<(CpuSet, bool), ConfigError> {
+) -> Result<(CpuSet, bool), StagesConfigError> {
     let (hk_key, hk_text) = chosen(
         ("--housekeeping", overrides.housekeeping.as_deref()),
         ("host.housekeeping", config.host.housekeeping.as_deref()),
@@ -401,7 +401,7 @@ fn resolve_housekeeping(
             let set = online_cpulist(hk_key, text, topo)?;
             let overlap = set.intersection(stage_cores);
             if !overlap.is_empty() {
-                return Err(ConfigError::HousekeepingOverlap {
+                return Err(StagesConfigError::HousekeepingOverlap {
                     key: hk_key.into(),
                     value: text.into(),
                     cores_key: cores_key.into(),
@@ -423,16 +423,17 @@ fn resolve_housekeeping(
 }
 
 /// The policy (`--policy`, else `policy.name`) and checks of its parameters.
-fn resolve_policy(config: &Config, overrides: &Overrides) -> Result<PolicyKind, ConfigError> {
+fn resolve_policy(config: &Config, overrides: &Overrides) -> Result<PolicyKind, StagesConfigError> {
     let (policy_key, policy_text) = chosen(
         ("--policy", overrides.policy.as_deref()),
         ("policy.name", Some(config.policy.name.as_str())),
     );
     let policy_text = policy_text.unwrap_or_default();
-    let policy = PolicyKind::parse(policy_text).ok_or_else(|| ConfigError::UnknownPolicy {
-        key: policy_key.into(),
-        value: policy_text.into(),
-    })?;
+    let policy =
+        PolicyKind::parse(policy_text).ok_or_else(|| StagesConfigError::UnknownPolicy {
+            key: policy_key.into(),
+            value: policy_text.into(),
+        })?;
     let p = &config.policy;
     if p.period_ms == 0 || p.period_ms > 60_000 {
         return Err(range("policy.period_ms", p.period_ms, "1..=60000"));
@@ -468,19 +469,19 @@ fn resolve_budgets(
     config: &Config,
     cores_key: &str,
     stage_cores: &CpuSet,
-) -> Result<Vec<Budget>, ConfigError> {
+) -> Result<Vec<Budget>, StagesConfigError> {
     let n = stage_cores.len();
     let mut budgets: Vec<Budget> = Vec::new();
     for (i, s) in config.stages.iter().enumerate() {
         if s.name.is_empty() || s.name.len() > 32 {
-            return Err(ConfigError::BadStageName {
+            return Err(StagesConfigError::BadStageName {
                 index: i,
                 name: s.name.clone(),
                 reason: "must be 1 to 32 bytes",
             });
         }
         if budgets.iter().any(|b| b.name == s.name) {
-            return Err(ConfigError::BadStageName {
+            return Err(StagesConfigError::BadStageName {
                 index: i,
                 name: s.name.clone(),
                 reason: "defined twice",
@@ -488,14 +489,14 @@ fn resolve_budgets(
         }
         let max = s.max_cores.unwrap_or(n);
         if s.min_cores > max {
-            return Err(ConfigError::MinAboveMax {
+            return Err(StagesConfigError::MinAboveMax {
                 name: s.name.clone(),
                 min: s.min_cores,
                 max,
             });
         }
         if !(0.0..=MAX_WEIGHT).contains(&s.weight) {
-            return Err(ConfigError::BadWeight {
+            return Err(StagesConfigError::BadWeight {
                 name: s.name.clone(),
                 weight: s.weight,
             });
@@ -511,7 +512,7 @@ fn resolve_budgets(
         .iter()
         .fold(0usize, |sum, b| sum.saturating_add(b.min_cores));
     if min_sum > n {
-        return Err(ConfigError::MinCoresTooMany {
+        return Err(StagesConfigError::MinCoresTooMany {
             sum: min_sum,
             key: cores_key.into(),
             cores: stage_cores.to_string(),
@@ -539,13 +540,13 @@ impl Resolved {
     /// order. Guest stages without a `[[stage]]` get min 0, max all, weight 1.
     /// Errors for a configured stage the guest did not declare, and when the
     /// maximum budgets cannot use every stage core.
-    pub fn budgets_for(&self, guest_stages: &[String]) -> Result<Vec<Budget>, ConfigError> {
+    pub fn budgets_for(&self, guest_stages: &[String]) -> Result<Vec<Budget>, StagesConfigError> {
         if let Some(b) = self
             .budgets
             .iter()
             .find(|b| !guest_stages.contains(&b.name))
         {
-            return Err(ConfigError::UnknownStage {
+            return Err(StagesConfigError::UnknownStage {
                 name: b.name.clone(),
                 declared: guest_stages.to_vec(),
             });
@@ -570,7 +571,7 @@ impl Resolved {
             .iter()
             .fold(0usize, |sum, b| sum.saturating_add(b.max_cores));
         if max_sum < n {
-            return Err(ConfigError::MaxCoresTooFew {
+            return Err(StagesConfigError::MaxCoresTooFew {
                 sum: max_sum,
                 n,
                 cores: self.stage_cores.to_string(),

@@ -10,7 +10,7 @@ fn topo() -> Topology {
     }
 }
 
-fn resolve_text(text: &str) -> Result<Resolved, ConfigError> {
+fn resolve_text(text: &str) -> Result<Resolved, StagesConfigError> {
     resolve(
         &Config::from_toml(text, "test.toml")?,
         &Overrides::default(),
@@ -93,7 +93,7 @@ fn errors_name_key_and_value() {
     ];
     for (text, needle) in cases {
         let e = resolve_text(text).unwrap_err();
-        let is_toml = matches!(e, ConfigError::Toml { .. });
+        let is_toml = matches!(e, StagesConfigError::Toml { .. });
         let e = e.to_string();
         assert!(e.contains(needle), "{text:?}: {e}");
         // Only toml's own syntax message spans lines (its caret line).

@@ -9,7 +9,7 @@ use std::str::FromStr;
 
 /// Errors from parsing an option value. Each names the offending text.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ConfigError {
+pub enum VmConfigError {
     /// A `key=value` list contained a key the option does not know.
     #[error("unknown key '{key}' in '{value}' (expected: {expected})")]
     UnknownKey {
@@ -43,12 +43,12 @@ pub enum ConfigError {
 fn key_values<'a>(
     value: &'a str,
     expected: &'static str,
-) -> Result<Vec<(&'a str, &'a str)>, ConfigError> {
+) -> Result<Vec<(&'a str, &'a str)>, VmConfigError> {
     value
         .split(',')
         .filter(|part| !part.is_empty())
         .map(|part| {
-            part.split_once('=').ok_or_else(|| ConfigError::Invalid {
+            part.split_once('=').ok_or_else(|| VmConfigError::Invalid {
                 what: "option",
                 value: value.to_string(),
                 reason: format!("'{part}' is not key=value (expected: {expected})"),
@@ -72,20 +72,20 @@ impl Default for CpusConfig {
 }
 
 impl FromStr for CpusConfig {
-    type Err = ConfigError;
+    type Err = VmConfigError;
 
-    fn from_str(value: &str) -> Result<Self, ConfigError> {
+    fn from_str(value: &str) -> Result<Self, VmConfigError> {
         let mut boot = None;
         for (key, v) in key_values(value, "boot=N")? {
             match key {
                 "boot" => {
-                    let n: u32 = v.parse().map_err(|e| ConfigError::Invalid {
+                    let n: u32 = v.parse().map_err(|e| VmConfigError::Invalid {
                         what: "vCPU count",
                         value: v.to_string(),
                         reason: format!("{e}"),
                     })?;
                     if n == 0 {
-                        return Err(ConfigError::Invalid {
+                        return Err(VmConfigError::Invalid {
                             what: "vCPU count",
                             value: v.to_string(),
                             reason: "a VM needs at least 1 vCPU".into(),
@@ -94,7 +94,7 @@ impl FromStr for CpusConfig {
                     boot = Some(n);
                 }
                 _ => {
-                    return Err(ConfigError::UnknownKey {
+                    return Err(VmConfigError::UnknownKey {
                         key: key.into(),
                         value: value.into(),
                         expected: "boot",
@@ -103,7 +103,7 @@ impl FromStr for CpusConfig {
             }
         }
         boot.map(|boot| Self { boot })
-            .ok_or(ConfigError::MissingKey {
+            .ok_or(VmConfigError::MissingKey {
                 key: "boot",
                 value: value.into(),
             })
@@ -112,8 +112,8 @@ impl FromStr for CpusConfig {
 
 /// Parses a byte size with an optional binary suffix: `4096`, `512K`, `256M`,
 /// `1G` (K = KiB, M = MiB, G = GiB). Returns bytes.
-pub fn parse_size(text: &str) -> Result<u64, ConfigError> {
-    let invalid = |reason: &str| ConfigError::Invalid {
+pub fn parse_size(text: &str) -> Result<u64, VmConfigError> {
+    let invalid = |reason: &str| VmConfigError::Invalid {
         what: "memory size",
         value: text.to_string(),
         reason: reason.to_string(),
@@ -173,9 +173,9 @@ impl Default for MemoryConfig {
 }
 
 impl FromStr for MemoryConfig {
-    type Err = ConfigError;
+    type Err = VmConfigError;
 
-    fn from_str(value: &str) -> Result<Self, ConfigError> {
+    fn from_str(value: &str) -> Result<Self, VmConfigError> {
         let mut size = None;
         let mut hugepages = false;
         let mut size_text = "";
@@ -187,7 +187,7 @@ impl FromStr for MemoryConfig {
                 }
                 "hugepages" => hugepages = on_off("hugepages", v)?,
                 _ => {
-                    return Err(ConfigError::UnknownKey {
+                    return Err(VmConfigError::UnknownKey {
                         key: key.into(),
                         value: value.into(),
                         expected: "size, hugepages",
@@ -195,11 +195,11 @@ impl FromStr for MemoryConfig {
                 }
             }
         }
-        let bytes = size.ok_or(ConfigError::MissingKey {
+        let bytes = size.ok_or(VmConfigError::MissingKey {
             key: "size",
             value: value.into(),
         })?;
-        let bad = |reason: String| ConfigError::Invalid {
+        let bad = |reason: String| VmConfigError::Invalid {
             what: "memory size",
             value: size_text.to_string(),
             reason,
@@ -240,9 +240,9 @@ pub enum SerialConfig {
 }
 
 impl FromStr for SerialConfig {
-    type Err = ConfigError;
+    type Err = VmConfigError;
 
-    fn from_str(value: &str) -> Result<Self, ConfigError> {
+    fn from_str(value: &str) -> Result<Self, VmConfigError> {
         match value {
             "tty" => Ok(Self::Tty),
             "null" | "off" => Ok(Self::Null),
@@ -250,7 +250,7 @@ impl FromStr for SerialConfig {
             _ => match (value.strip_prefix("file="), value.strip_prefix("socket=")) {
                 (Some(path), _) if !path.is_empty() => Ok(Self::File(path.into())),
                 (_, Some(path)) if !path.is_empty() => Ok(Self::Socket(path.into())),
-                _ => Err(ConfigError::Invalid {
+                _ => Err(VmConfigError::Invalid {
                     what: "serial",
                     value: value.into(),
                     reason: "expected tty, pty, null, file=PATH or socket=PATH".into(),
@@ -280,11 +280,11 @@ pub struct DiskConfig {
 /// Longest disk `id=` (bytes): virtio-blk's serial (VIRTIO 1.2 §5.2.6).
 pub const DISK_ID_MAX: usize = 20;
 
-fn on_off(what: &'static str, v: &str) -> Result<bool, ConfigError> {
+fn on_off(what: &'static str, v: &str) -> Result<bool, VmConfigError> {
     match v {
         "on" | "true" => Ok(true),
         "off" | "false" => Ok(false),
-        _ => Err(ConfigError::Invalid {
+        _ => Err(VmConfigError::Invalid {
             what,
             value: v.into(),
             reason: "expected on or off".into(),
@@ -293,9 +293,9 @@ fn on_off(what: &'static str, v: &str) -> Result<bool, ConfigError> {
 }
 
 impl FromStr for DiskConfig {
-    type Err = ConfigError;
+    type Err = VmConfigError;
 
-    fn from_str(value: &str) -> Result<Self, ConfigError> {
+    fn from_str(value: &str) -> Result<Self, VmConfigError> {
         let mut path = None;
         let (mut readonly, mut direct, mut id) = (false, false, None);
         for (key, v) in key_values(value, "path=FILE[,readonly=on][,direct=on][,id=NAME]")? {
@@ -309,7 +309,7 @@ impl FromStr for DiskConfig {
                         && v.bytes()
                             .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
                     if !ok {
-                        return Err(ConfigError::Invalid {
+                        return Err(VmConfigError::Invalid {
                             what: "disk id",
                             value: v.into(),
                             reason: format!("1 to {DISK_ID_MAX} of A-Z a-z 0-9 _ . -"),
@@ -318,7 +318,7 @@ impl FromStr for DiskConfig {
                     id = Some(v.to_string());
                 }
                 _ => {
-                    return Err(ConfigError::UnknownKey {
+                    return Err(VmConfigError::UnknownKey {
                         key: key.into(),
                         value: value.into(),
                         expected: "path, readonly, direct, id",
@@ -332,7 +332,7 @@ impl FromStr for DiskConfig {
             direct,
             id,
         })
-        .ok_or(ConfigError::MissingKey {
+        .ok_or(VmConfigError::MissingKey {
             key: "path",
             value: value.into(),
         })
@@ -355,8 +355,8 @@ pub struct NetConfig {
 }
 
 /// Parses `aa:bb:cc:dd:ee:ff` (a unicast address, not all zeros).
-fn parse_mac(v: &str) -> Result<[u8; 6], ConfigError> {
-    let bad = |reason: &str| ConfigError::Invalid {
+fn parse_mac(v: &str) -> Result<[u8; 6], VmConfigError> {
+    let bad = |reason: &str| VmConfigError::Invalid {
         what: "mac",
         value: v.into(),
         reason: reason.into(),
@@ -386,9 +386,9 @@ fn parse_mac(v: &str) -> Result<[u8; 6], ConfigError> {
 }
 
 impl FromStr for NetConfig {
-    type Err = ConfigError;
+    type Err = VmConfigError;
 
-    fn from_str(value: &str) -> Result<Self, ConfigError> {
+    fn from_str(value: &str) -> Result<Self, VmConfigError> {
         let mut net = Self {
             tap: None,
             mac: None,
@@ -397,7 +397,7 @@ impl FromStr for NetConfig {
         for (key, v) in key_values(value, "tap=NAME[,mac=MAC][,fd=N]")? {
             match key {
                 "tap" if v.is_empty() || v.len() > 15 || v.contains('/') => {
-                    return Err(ConfigError::Invalid {
+                    return Err(VmConfigError::Invalid {
                         what: "tap",
                         value: v.into(),
                         reason: "an interface name is 1 to 15 bytes without '/'".into(),
@@ -407,7 +407,7 @@ impl FromStr for NetConfig {
                 "mac" => net.mac = Some(parse_mac(v)?),
                 "fd" => {
                     net.fd = Some(v.parse().ok().filter(|fd| *fd >= 0).ok_or_else(|| {
-                        ConfigError::Invalid {
+                        VmConfigError::Invalid {
                             what: "fd",
                             value: v.into(),
                             reason: "expected a descriptor number".into(),
@@ -415,7 +415,7 @@ impl FromStr for NetConfig {
                     })?)
                 }
                 _ => {
-                    return Err(ConfigError::UnknownKey {
+                    return Err(VmConfigError::UnknownKey {
                         key: key.into(),
                         value: value.into(),
                         expected: "tap, mac, fd",
@@ -424,7 +424,7 @@ impl FromStr for NetConfig {
             }
         }
         if net.tap.is_none() && net.fd.is_none() {
-            return Err(ConfigError::MissingKey {
+            return Err(VmConfigError::MissingKey {
                 key: "tap",
                 value: value.into(),
             });
@@ -465,15 +465,15 @@ impl BootMode {
 }
 
 impl FromStr for BootMode {
-    type Err = ConfigError;
+    type Err = VmConfigError;
 
-    fn from_str(value: &str) -> Result<Self, ConfigError> {
+    fn from_str(value: &str) -> Result<Self, VmConfigError> {
         match value {
             "auto" => Ok(Self::Auto),
             "unikernel" => Ok(Self::Unikernel),
             "pvh" => Ok(Self::Pvh),
             "bzimage" => Ok(Self::BzImage),
-            _ => Err(ConfigError::Invalid {
+            _ => Err(VmConfigError::Invalid {
                 what: "boot mode",
                 value: value.into(),
                 reason: "expected auto, unikernel, pvh or bzimage".into(),
@@ -496,19 +496,21 @@ pub struct TraceConfig {
 pub use stagevm_report::api::TRACE_EVERY_MAX;
 
 impl FromStr for TraceConfig {
-    type Err = ConfigError;
-    fn from_str(value: &str) -> Result<Self, ConfigError> {
+    type Err = VmConfigError;
+    fn from_str(value: &str) -> Result<Self, VmConfigError> {
         let every = match value {
             "off" => 0,
             "on" => 1,
             _ => {
-                let (key, n) = value.split_once('=').ok_or_else(|| ConfigError::Invalid {
-                    what: "stage trace",
-                    value: value.into(),
-                    reason: "expected off, on or every=N".into(),
-                })?;
+                let (key, n) = value
+                    .split_once('=')
+                    .ok_or_else(|| VmConfigError::Invalid {
+                        what: "stage trace",
+                        value: value.into(),
+                        reason: "expected off, on or every=N".into(),
+                    })?;
                 if key != "every" {
-                    return Err(ConfigError::UnknownKey {
+                    return Err(VmConfigError::UnknownKey {
                         key: key.into(),
                         value: value.into(),
                         expected: "every",
@@ -517,7 +519,7 @@ impl FromStr for TraceConfig {
                 match n.parse::<u64>() {
                     Ok(n) if (1..=TRACE_EVERY_MAX).contains(&n) => n,
                     _ => {
-                        return Err(ConfigError::Invalid {
+                        return Err(VmConfigError::Invalid {
                             what: "stage trace",
                             value: value.into(),
                             reason: format!("every= takes 1 to {TRACE_EVERY_MAX}"),

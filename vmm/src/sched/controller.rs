@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use host_sched::config::{BudgetsUpdate, Config, ConfigError, PolicyUpdate};
+use host_sched::config::{BudgetsUpdate, Config, PolicyUpdate, StagesConfigError};
 use host_sched::cpuset::CpuSet;
 use host_sched::policy::{Observation, Plan, Policy};
 use host_sched::topology::Topology;
@@ -157,9 +157,9 @@ impl Controller {
     /// guest's declared stages), starting from the configuration the VM
     /// will run next (the current one with the changes still pending), and
     /// queues it for the next policy period. Returns the line the timeline
-    /// will record. Errors: the [`ConfigError`] naming key and value;
+    /// will record. Errors: the [`StagesConfigError`] naming key and value;
     /// nothing is queued then.
-    pub fn propose(&mut self, change: &Change) -> Result<String, ConfigError> {
+    pub fn propose(&mut self, change: &Change) -> Result<String, StagesConfigError> {
         let base = self.pending.as_ref().map_or(&self.config, |p| &p.config);
         let (config, what) = match change {
             Change::Policy(u) => (base.clone().with_policy(u), u.describe()),

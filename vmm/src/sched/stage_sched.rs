@@ -15,7 +15,7 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use host_sched::config::ConfigError;
+use host_sched::config::StagesConfigError;
 use host_sched::vm::Setup;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
@@ -153,7 +153,7 @@ impl StageSched {
     /// period (see [`Controller::propose`]); returns what will be applied.
     /// Errors: the change does not resolve or does not fit the guest's
     /// stages (nothing is queued).
-    pub fn propose(&self, change: &Change) -> Result<String, ConfigError> {
+    pub fn propose(&self, change: &Change) -> Result<String, StagesConfigError> {
         self.controller().propose(change)
     }
 
