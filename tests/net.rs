@@ -220,6 +220,26 @@ fn oversized_frames_and_a_vanished_tap_are_counted_and_survived() {
     );
 }
 
+/// Boots the test guest on the namespace's tap with `hostile=ATTACK`
+/// (`images/testguest/src/hostile/virtio.rs`), its report at `report`.
+fn spawn_hostile(
+    guest: &std::path::Path,
+    report: &std::path::Path,
+    attack: &str,
+) -> std::process::Child {
+    let cmdline = format!("iters=1000 hostile={attack}");
+    spawn(&[
+        "--kernel",
+        guest.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+        "--net",
+        &mac_arg(),
+        "--cmdline",
+        &cmdline,
+    ])
+}
+
 /// A hostile guest (`hostile=net_chains`, the raw driver of
 /// `tests/hostile.rs`' virtio attacks on the transmit queue): loops, a next
 /// index out of range, buffers outside RAM, a device-writable buffer, an
@@ -232,18 +252,8 @@ fn bad_transmit_chains_are_counted_and_the_vm_goes_on() {
     let _lock = vm_lock();
     let result = in_netns(move || {
         let report = report_path("net-chains");
-        let net = mac_arg();
         let peer = Peer::open(TAP);
-        let child = spawn(&[
-            "--kernel",
-            guest.to_str().unwrap(),
-            "--report",
-            report.to_str().unwrap(),
-            "--net",
-            &net,
-            "--cmdline",
-            "iters=1000 hostile=net_chains",
-        ]);
+        let child = spawn_hostile(&guest, &report, "net_chains");
         let run = wait(child, Duration::from_secs(30));
         let json = stagevm_report::Report::read(&report);
         let _ = std::fs::remove_file(&report);
@@ -291,18 +301,8 @@ fn notifying_an_empty_receive_queue_costs_io_net_little() {
     let _lock = vm_lock();
     let result = in_netns(move || {
         let report = report_path("net-spin");
-        let net = mac_arg();
         let peer = Peer::open(TAP);
-        let child = spawn(&[
-            "--kernel",
-            guest.to_str().unwrap(),
-            "--report",
-            report.to_str().unwrap(),
-            "--net",
-            &net,
-            "--cmdline",
-            "iters=1000 hostile=netspin",
-        ]);
+        let child = spawn_hostile(&guest, &report, "netspin");
         let pid = child.id();
         let _reaper = KillOnPanic(pid);
         let start = Instant::now();

@@ -10,30 +10,7 @@ const USED: u64 = 0x3000;
 const DATA: u64 = 0x10000;
 const QSIZE: u16 = 16;
 
-/// The device behind its register window, as a driver sees both (KVM
-/// delivers notifications).
-struct Dev {
-    dev: Arc<MmioBlock>,
-    regs: mmio::MmioTransport,
-}
-
-impl Dev {
-    fn read(&self, offset: u64, data: &mut [u8]) {
-        self.regs.read(offset, data)
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> Option<usize> {
-        self.regs.write(offset, data)
-    }
-}
-
-impl std::ops::Deref for Dev {
-    type Target = MmioBlock;
-
-    fn deref(&self) -> &MmioBlock {
-        &self.dev
-    }
-}
+type Dev = mmio::TestDriver<MmioBlock>;
 
 fn device(readonly: bool) -> (GuestMemoryMmap, Dev) {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
@@ -56,11 +33,7 @@ fn device(readonly: bool) -> (GuestMemoryMmap, Dev) {
         Block::new(file, 64 * 1024, readonly),
     )
     .unwrap();
-    let dev = Arc::new(dev);
-    let dev = Dev {
-        regs: mmio::MmioTransport::new(dev.clone(), true),
-        dev,
-    };
+    let dev = Dev::new(dev);
     // Set the queue up through the registers, as a driver does.
     for (off, v) in [
         (reg::QUEUE_SEL, 0u32),

@@ -18,30 +18,7 @@ const DATA: u64 = 0x20000;
 const QSIZE: u16 = 16;
 const MAC: [u8; 6] = [0x52, 0x54, 0, 1, 2, 3];
 
-/// The device behind its register window, as a driver sees both (KVM
-/// delivers notifications: a `QueueNotify` only names the queue).
-struct Dev {
-    dev: std::sync::Arc<MmioNet>,
-    regs: mmio::MmioTransport,
-}
-
-impl Dev {
-    fn read(&self, offset: u64, data: &mut [u8]) {
-        self.regs.read(offset, data)
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> Option<usize> {
-        self.regs.write(offset, data)
-    }
-}
-
-impl std::ops::Deref for Dev {
-    type Target = MmioNet;
-
-    fn deref(&self) -> &MmioNet {
-        &self.dev
-    }
-}
+type Dev = mmio::TestDriver<MmioNet>;
 
 fn device() -> (GuestMemoryMmap, Dev, UnixDatagram) {
     device_with(|_| {})
@@ -57,11 +34,7 @@ fn device_with(setup: impl FnOnce(&mut MmioNet)) -> (GuestMemoryMmap, Dev, UnixD
     let tap = Tap::from_datagram_socket(ours.into(), "pair");
     let mut dev = MmioNet::new("net0".into(), super::super::MMIO_BASE, MAC, tap).unwrap();
     setup(&mut dev);
-    let dev = std::sync::Arc::new(dev);
-    let dev = Dev {
-        regs: mmio::MmioTransport::new(dev.clone(), true),
-        dev,
-    };
+    let dev = Dev::new(dev);
     for q in [RX, TX] {
         let (desc, avail, used) = rings(q);
         for (off, v) in [
