@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use stage_workload::checksum::fnv1a;
 use stagevm_report::Report;
 
 /// A deterministic disk image of `bytes` bytes: the default image's
@@ -13,13 +14,6 @@ fn make_disk(name: &str, bytes: usize) -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!("stagevm-{name}-{}.img", std::process::id()));
     std::fs::write(&path, stagevm_mkdisk::generate(bytes)).unwrap();
     path
-}
-
-/// FNV-1a (64-bit), as the guest computes it.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 fn boot_with_disk(disk: &str, cmdline: &str) -> (Run, Report) {

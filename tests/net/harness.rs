@@ -9,6 +9,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
+use stage_workload::checksum::fnv1a;
 
 /// The guest's MAC on the command line.
 pub const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x5e, 0x00, 0x01];
@@ -179,13 +180,6 @@ impl Peer {
         }
         None
     }
-}
-
-/// FNV-1a (64-bit).
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// Frame `seq` of `len` bytes (14-byte header; payload: seq, pseudo-random

@@ -32,6 +32,7 @@ use clap::Parser;
 
 mod saturated;
 
+use stagevm_bench::guest::field;
 use stagevm_bench::load::{Meter, BUSY_CORES};
 use stagevm_bench::stats::{median, Spread};
 use stagevm_bench::target::Target;
@@ -162,12 +163,6 @@ struct Sample {
     backoffs: u64,
     /// The guest's migration histogram (`lower-bound-ns:count …`).
     histogram: String,
-}
-
-/// The word after `key` in `line`, parsed.
-pub(crate) fn field<T: std::str::FromStr>(line: &str, key: &str) -> Option<T> {
-    let rest = &line[line.find(key)? + key.len()..];
-    rest.split([' ', ',']).find(|w| !w.is_empty())?.parse().ok()
 }
 
 /// Parses `testguest: hopper {what} N mean X ns p50 … p99 … max … ns`.

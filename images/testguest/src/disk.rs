@@ -59,14 +59,6 @@ pub fn parse_device(spec: &str) -> Option<(u64, usize)> {
     Some((addr, size))
 }
 
-/// FNV-1a (64-bit) over `bytes`, continuing from `h`.
-fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
-    for b in bytes {
-        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
 /// Largest bytes per read request (`diskchunk=`).
 pub const MAX_CHUNK: usize = 1024 * 1024;
 
@@ -122,7 +114,7 @@ pub fn run(base: u64, size: usize, chunk: usize, write: bool, tsc_khz: u64) {
     let keep_len = (sectors as usize * SECTOR_SIZE).min(KEEP);
     let keep = alloc_pages(keep_len as u64).unwrap_or(0);
     let start = PortIo.tsc();
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut h = stage_workload::checksum::FNV1A_START;
     let mut sector = 0u64;
     let mut requests = 0u64;
     while sector < sectors {
@@ -131,7 +123,7 @@ pub fn run(base: u64, size: usize, chunk: usize, write: bool, tsc_khz: u64) {
             println!("testguest: disk read at sector {} failed: {:?}", sector, e);
             return;
         }
-        h = fnv1a(h, &buf[..n]);
+        h = stage_workload::checksum::fnv1a_continue(h, &buf[..n]);
         let at = sector as usize * SECTOR_SIZE;
         if keep != 0 && at < keep_len {
             let m = n.min(keep_len - at);

@@ -97,14 +97,6 @@ pub fn device_id(base: u64) -> u32 {
     unsafe { core::ptr::read_volatile((base + 8) as *const u32) }
 }
 
-/// FNV-1a (64-bit) over `bytes`, continuing from `h`.
-fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
-    for b in bytes {
-        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
 type Net = VirtIONetRaw<GuestHal, MmioTransport<'static>, QUEUE>;
 
 /// An initialised card with every receive buffer posted.
@@ -246,7 +238,7 @@ fn ns(ticks: u64, tsc_khz: u64) -> u64 {
 
 /// The echo (module docs).
 fn echo(card: &mut Card) -> Result<(), ()> {
-    let (mut frames, mut bytes, mut h) = (0u64, 0u64, 0xcbf2_9ce4_8422_2325u64);
+    let (mut frames, mut bytes, mut h) = (0u64, 0u64, stage_workload::checksum::FNV1A_START);
     loop {
         let rx = card.receive()?;
         let len = rx.len;
@@ -269,7 +261,7 @@ fn echo(card: &mut Card) -> Result<(), ()> {
         let stop = frame[14..].starts_with(b"STOP");
         frames += 1;
         bytes += (len - 14) as u64;
-        h = fnv1a(h, &frame[14..]);
+        h = stage_workload::checksum::fnv1a_continue(h, &frame[14..]);
         // `send` puts the virtio-net header in front itself.
         if let Err(e) = card.net.send(&tx[..len]) {
             println!("testguest: net: send failed ({:?})", e);

@@ -22,6 +22,7 @@
 use core::arch::global_asm;
 
 pub mod arrivals;
+pub mod checksum;
 
 include!(concat!(env!("OUT_DIR"), "/params.rs"));
 
