@@ -51,10 +51,10 @@ make -s -C "$repo/guest-agent/linux/module" KDIR="$tree" BUILD="$agent/module" >
 make -s -C "$repo/guest-agent/linux/libstage" BUILD="$agent/libstage" all >/dev/null
 # One static multi-call binary (multicall.c): every byte of the initramfs is
 # unpacked by emulated kernel code, and static glibc costs ~700 KB a program.
-inc=(-I"$repo/guest-agent/linux/libstage" -I"$repo/guest-agent/linux/include" -I"$repo/hypercall-abi/include")
+inc=(-I"$repo/guest-agent/linux/libstage" -I"$repo/guest-agent/linux/include" -I"$repo/guest-agent/linux/stagectl" -I"$repo/hypercall-abi/include")
 cflags=(-O2 -pthread -Wall -Wextra -Werror "${inc[@]}")
 objs=()
-for src in "$here/init.c" "$here/staged.c" "$here/hostile.c" "$here/stagevm-exit.c" "$here/netecho.c" "$here/mariadb.c" "$repo/guest-agent/linux/stagectl/stagectl.c" "$repo/guest-agent/linux/stagectl/attach.c" "$here/multicall.c"; do
+for src in "$here/init.c" "$here/staged.c" "$here/hostile.c" "$here/hostile_agent.c" "$here/stagevm-exit.c" "$here/netecho.c" "$here/mariadb.c" "$repo/guest-agent/linux/stagectl/stagectl.c" "$repo/guest-agent/linux/stagectl/attach.c" "$here/multicall.c"; do
     name="$(basename "$src" .c)"
     def=()
     [ "$name" = multicall ] || def=(-Dmain="${name//-/_}_main")

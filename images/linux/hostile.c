@@ -16,6 +16,10 @@
  * reach. The VMM reads them once per policy period, must clamp them (it
  * logs "stage counters: impossible values clamped") and keep running.
  *
+ * Then the cases on stage maps of hostile_agent.c (uprobes, `stagectl
+ * attach`): a resolution bomb, a path swapped during attach, an
+ * unprivileged user against root's attached map, a failed attach's unwind.
+ *
  * Exit status: the number of failed cases (0: all held).
  */
 #define _GNU_SOURCE
@@ -33,6 +37,9 @@
 #include "stagevm_layout.h"
 
 static int failed;
+
+/* The cases on stage maps (hostile_agent.c); the number that failed. */
+int hostile_agent(int fd);
 
 /* Records one case: `got` is the ioctl's result (-1 with errno, or >= 0),
  * `want` the errno expected (0: success). */
@@ -168,6 +175,9 @@ int main(void)
 	expect("UNREGISTER", r, errno, 0);
 	r = ioctl(fd, STAGEVM_IOC_UNREGISTER, 0);
 	expect("UNREGISTER twice", r, errno, ENOENT);
+	/* Stage maps (uprobes): bounded resolution, one-open attach, root's
+	 * privilege over an attached map, the unwinding of a failed attach. */
+	failed += hostile_agent(fd);
 	close(fd);
 	printf("hostile: %d case(s) failed\n", failed);
 	return failed;

@@ -5,6 +5,10 @@ check and the time of each step.
 
     images/linux/test.py [--boots N] [--timeout S]
 
+The hostile sequence's cases are checked by its summary line and, for the
+stage-map cases (HOSTILE_AGENT_CASES: uprobes, `stagectl attach`), each by
+name.
+
 The VM runs with 2 vCPUs, 128 MiB, a 64 KiB virtio-blk disk of random bytes,
 `--policy static` with budgets for the staged program's stages (parse, plan,
 execute) and an API socket. When the guest prints "staged: waiting for
@@ -70,6 +74,14 @@ PANIC_GRACE_S = 2
 # Boots of the test image: a second one only when the first met the
 # machine's zeroed-TLS defect (zeroed_tls), never for any other failure.
 ATTEMPTS = 2
+# The hostile sequence's cases on stage maps (images/linux/hostile_agent.c;
+# issue 36, items 7-10), each of which must print "ok": the item, the case.
+HOSTILE_AGENT_CASES = [
+    (7, "nobody's UNREGISTER while root's map is attached"),
+    (7, "nobody's DETACH_MAP of root's map"),
+    (7, "root's map stays attached after nobody's attempts"),
+    (7, "nobody's UNREGISTER with no map attached"),
+]
 
 
 def log(msg):
@@ -339,7 +351,7 @@ def main():
     echo = {}
 
     def on_line(line, t):
-        if line.startswith(("stagevm-linux:", "staged:", "hostile:", "netecho:")):
+        if line.startswith(("stagevm-linux:", "staged:", "hostile:", "netecho:", "stagectl:")):
             print(f"  [{t:6.1f} s] {line}", flush=True)
         if line.startswith("netecho: eth0") and "listening" in line and "thread" not in echo:
             echo["thread"] = threading.Thread(target=tcp_echo, args=(echo,), daemon=True)
@@ -400,6 +412,10 @@ def main():
     held = len(re.findall(r"^hostile: .*: ok \(", serial, re.M))
     check(re.search(r"^hostile: 0 case\(s\) failed", serial, re.M) is not None and "FAILED" not in serial,
           f"hostile sequence: every case held ({held} reported ok)")
+    for item, case in HOSTILE_AGENT_CASES:
+        m = re.search(rf"^hostile: {re.escape(case)}: (ok|FAILED) \((.*)\)\r?$", serial, re.M)
+        check(m is not None and m.group(1) == "ok",
+              f"hostile, stage maps (issue 36 item {item}): {case} ({m.group(2) if m else 'not reported'})")
     m = re.search(r"kernel log: (\d+) oops/BUG/WARNING lines", serial)
     check(m is not None and m.group(1) == "0", "no oops, BUG or WARNING in the kernel log")
     check("REGISTER: stage 'parse': unknown stage; the guest declared hostile-a, hostile-b" in vmm,

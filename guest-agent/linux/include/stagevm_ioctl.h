@@ -102,7 +102,10 @@ struct stagevm_ioc_probe_stats {
 #define STAGEVM_IOC_DETACH _IO(STAGEVM_IOC_MAGIC, 4)
 /* Counters. */
 #define STAGEVM_IOC_STATS _IOR(STAGEVM_IOC_MAGIC, 5, struct stagevm_ioc_stats)
-/* Sends UNREGISTER (the module also does on unload). */
+/* Sends UNREGISTER (the module also does on unload), detaching an attached
+ * stage map first. -ENOENT when nothing is registered; -EBUSY while a stage
+ * map is attached and the caller lacks CAP_SYS_ADMIN (detaching the map is
+ * root's, as DETACH_MAP; with no map attached any user may unregister). */
 #define STAGEVM_IOC_UNREGISTER _IO(STAGEVM_IOC_MAGIC, 6)
 
 /* Attaches a stage map to a binary: a uprobe at each probe's offset whose

@@ -216,7 +216,20 @@ static long stagevm_ioctl(struct file *file, unsigned int cmd, unsigned long arg
 		return do_register(uarg);
 	case STAGEVM_IOC_UNREGISTER:
 		mutex_lock(&sv.lock);
-		ret = do_unregister();
+		/* UNREGISTER detaches an attached stage map first, which
+		 * DETACH_MAP allows only with CAP_SYS_ADMIN: without it the
+		 * caller gets -EBUSY while a map is attached (the map is what is
+		 * in the way, and the same call succeeds once root detaches it;
+		 * libstage programs of any user unregister their own stages).
+		 * Otherwise anyone could detach root's map and register names
+		 * that make root's next attach be refused. */
+		if (stagevm_probes_attached() && !capable(CAP_SYS_ADMIN)) {
+			pr_warn_ratelimited("stagevm: UNREGISTER by pid %d refused: a stage map is attached (detaching it needs CAP_SYS_ADMIN)\n",
+					    task_pid_nr(current));
+			ret = -EBUSY;
+		} else {
+			ret = do_unregister();
+		}
 		mutex_unlock(&sv.lock);
 		return ret;
 	case STAGEVM_IOC_ATTACH:

@@ -24,5 +24,8 @@ long stagevm_probes_attach(const struct stagevm_agent_area *area,
 			   struct stagevm_ioc_attach_map __user *uarg);
 long stagevm_probes_detach(void);
 long stagevm_probes_stats(struct stagevm_ioc_probe_stats __user *uarg);
+/* True while a stage map is attached (its uprobes count into the
+ * registration's area); called with the agent's lock held. */
+bool stagevm_probes_attached(void);
 
 #endif

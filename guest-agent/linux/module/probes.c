@@ -53,8 +53,8 @@
  * README.md); here, where guest kernel mode is emulated, 0.2-2.5 ms
  * (images/linux/mariadb/README.md).
  *
- * Without CONFIG_UPROBES (the test-linux kernel) every call answers
- * -EOPNOTSUPP.
+ * Without CONFIG_UPROBES every call answers -EOPNOTSUPP (the test-linux
+ * and MariaDB kernels have it: images/linux/kernel/).
  */
 #include <linux/atomic.h>
 #include <linux/cpumask.h>
@@ -493,6 +493,11 @@ long stagevm_probes_detach(void)
 	return 0;
 }
 
+bool stagevm_probes_attached(void)
+{
+	return pm.inode != NULL;
+}
+
 long stagevm_probes_stats(struct stagevm_ioc_probe_stats __user *uarg)
 {
 	struct stagevm_ioc_probe_stats st = {
@@ -534,6 +539,11 @@ long stagevm_probes_detach(void)
 long stagevm_probes_stats(struct stagevm_ioc_probe_stats __user *uarg)
 {
 	return -EOPNOTSUPP;
+}
+
+bool stagevm_probes_attached(void)
+{
+	return false;
 }
 
 #endif

@@ -1,0 +1,255 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * hostile_agent: the hostile sequence's cases on the agent's stage maps
+ * (issue 36, items 7-10), run by hostile.c after its own cases, as root and
+ * with nothing registered. They need a guest kernel with uprobes and uid
+ * switching (images/linux/kernel/stagevm.config). Each case prints
+ * "hostile: <case>: ok (...)" or "hostile: <case>: FAILED (...)";
+ * images/linux/test.py checks them by name.
+ *
+ *  3. With root's map attached, nobody's UNREGISTER gets -EBUSY and its
+ *     DETACH_MAP -EPERM, and the map stays attached; once root detached it,
+ *     nobody may unregister.
+ *
+ * Files are written to /tmp on the initramfs's root file system.
+ */
+#define _GNU_SOURCE
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/klog.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "stagectl.h"
+#include "stagevm_ioctl.h"
+#include "stagevm_layout.h"
+
+#define ELF_A "/tmp/hostile-a.elf"     /* the binary the maps are for */
+#define MAP3 "/tmp/hostile.map"        /* parse hf0, plan hf1, execute hf2 */
+#define MAP_TRAP "/tmp/hostile-trap.map" /* parse hf0..hf14 hftrap */
+
+#define VADDR 0x400000u   /* the PT_LOAD's address of file offset 0 */
+#define TEXT_OFF 0x1000u  /* file offset of the functions */
+#define FN_BYTES 16u      /* bytes per function */
+#define NFN 16u           /* functions in ELF_A and ELF_B: hf0..hf14, hftrap */
+#define MAP3_PROBES 3u
+#define NOBODY 65534
+
+static int failed;
+
+static void result(const char *name, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void result(const char *name, int ok, const char *fmt, ...)
+{
+	char why[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	printf("hostile: %s: %s (%s)\n", name, ok ? "ok" : "FAILED", why);
+	failed += !ok;
+}
+
+/* An ioctl's result against the errno wanted (0: success); prints it. */
+static int expect_errno(const char *name, int got, int err, int want)
+{
+	int ok = want ? (got < 0 && err == want) : got >= 0;
+
+	result(name, ok, "%s", got < 0 ? strerror(err) : "succeeded");
+	return ok;
+}
+
+static int write_file(const char *path, const void *buf, size_t len)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	const char *p = buf;
+
+	if (fd < 0)
+		return -1;
+	while (len) {
+		ssize_t n = write(fd, p, len);
+
+		if (n <= 0) {
+			close(fd);
+			return -1;
+		}
+		p += n, len -= (size_t)n;
+	}
+	return close(fd);
+}
+
+static void elf_header(Elf64_Ehdr *eh, uint64_t shoff, unsigned shnum, uint64_t file_size)
+{
+	Elf64_Phdr *ph = (Elf64_Phdr *)(eh + 1);
+
+	memcpy(eh->e_ident, ELFMAG, SELFMAG);
+	eh->e_ident[EI_CLASS] = ELFCLASS64;
+	eh->e_ident[EI_DATA] = ELFDATA2LSB;
+	eh->e_ident[EI_VERSION] = EV_CURRENT;
+	eh->e_type = ET_EXEC;
+	eh->e_machine = EM_X86_64;
+	eh->e_version = EV_CURRENT;
+	eh->e_entry = VADDR + TEXT_OFF;
+	eh->e_phoff = sizeof(*eh);
+	eh->e_shoff = shoff;
+	eh->e_ehsize = sizeof(*eh);
+	eh->e_phentsize = sizeof(*ph);
+	eh->e_phnum = 1;
+	eh->e_shentsize = sizeof(Elf64_Shdr);
+	eh->e_shnum = shnum;
+	*ph = (Elf64_Phdr){ .p_type = PT_LOAD, .p_flags = PF_R | PF_X, .p_offset = 0, .p_vaddr = VADDR,
+			    .p_paddr = VADDR, .p_filesz = file_size, .p_memsz = file_size, .p_align = 0x1000 };
+}
+
+/* Writes a small ELF64 file with NFN functions of FN_BYTES at TEXT_OFF
+ * (nops and a ret) named in its .symtab hf0, hf1, ... and, last, hftrap,
+ * whose first byte is int3. `mark` (in e_ident's padding) makes two such
+ * files differ. 0, or -1 with errno. */
+static int write_elf(const char *path, uint8_t mark)
+{
+	static uint8_t buf[TEXT_OFF + NFN * FN_BYTES + (NFN + 1) * sizeof(Elf64_Sym) + NFN * 8 + 4 * sizeof(Elf64_Shdr) + 64];
+	uint64_t symoff = TEXT_OFF + NFN * FN_BYTES, stroff = symoff + (NFN + 1) * sizeof(Elf64_Sym), shoff;
+	Elf64_Sym *sym = (Elf64_Sym *)(buf + symoff);
+	char *str = (char *)buf + stroff;
+	size_t strsz = 1;
+	Elf64_Shdr *sh;
+
+	memset(buf, 0, sizeof(buf));
+	for (unsigned i = 0; i < NFN; i++) {
+		uint8_t *fn = buf + TEXT_OFF + i * FN_BYTES;
+
+		memset(fn, 0x90, FN_BYTES - 1); /* nop */
+		fn[FN_BYTES - 1] = 0xc3;        /* ret */
+		if (i == NFN - 1)
+			fn[0] = 0xcc;           /* int3 */
+		sym[i + 1] = (Elf64_Sym){ .st_name = (uint32_t)strsz, .st_info = ELF64_ST_INFO(STB_GLOBAL, STT_FUNC),
+					  .st_shndx = 1, .st_value = VADDR + TEXT_OFF + i * FN_BYTES,
+					  .st_size = FN_BYTES };
+		if (i == NFN - 1)
+			strsz += (size_t)sprintf(str + strsz, "hftrap") + 1;
+		else
+			strsz += (size_t)sprintf(str + strsz, "hf%u", i) + 1;
+	}
+	shoff = (stroff + strsz + 7) & ~7ull;
+	sh = (Elf64_Shdr *)(buf + shoff);
+	sh[1] = (Elf64_Shdr){ .sh_type = SHT_PROGBITS, .sh_flags = SHF_ALLOC | SHF_EXECINSTR,
+			      .sh_addr = VADDR + TEXT_OFF, .sh_offset = TEXT_OFF, .sh_size = NFN * FN_BYTES };
+	sh[2] = (Elf64_Shdr){ .sh_type = SHT_SYMTAB, .sh_offset = symoff, .sh_size = (NFN + 1) * sizeof(Elf64_Sym),
+			      .sh_link = 3, .sh_info = 1, .sh_entsize = sizeof(Elf64_Sym), .sh_addralign = 8 };
+	sh[3] = (Elf64_Shdr){ .sh_type = SHT_STRTAB, .sh_offset = stroff, .sh_size = strsz };
+	elf_header((Elf64_Ehdr *)buf, shoff, 4, shoff + 4 * sizeof(*sh));
+	buf[EI_PAD] = mark;
+	return write_file(path, buf, shoff + 4 * sizeof(*sh));
+}
+
+/* Runs `stagectl attach --binary BINARY --map MAP` here; its exit status. */
+static int attach(const char *binary, const char *map)
+{
+	char *argv[] = { "attach", "--binary", (char *)binary, "--map", (char *)map, NULL };
+
+	return stagectl_attach(5, argv);
+}
+
+/* Root attaches MAP3 to ELF_A. */
+static void root_attach(void)
+{
+	int r = attach(ELF_A, MAP3);
+
+	result("root attaches a stage map", r == 0, "exit %d", r);
+}
+
+/* In a child as nobody: UNREGISTER and DETACH_MAP against `want_unreg`
+ * and `want_detach` (errnos; -1: not tried). The cases that failed. */
+static int as_nobody(const char *unreg_case, int want_unreg, const char *detach_case, int want_detach)
+{
+	pid_t child = fork();
+	int st;
+
+	if (child == 0) {
+		int fd, r, bad = 0;
+
+		if (setgid(NOBODY) < 0 || setuid(NOBODY) < 0) {
+			printf("hostile: becoming nobody (uid %d): FAILED (%s)\n", NOBODY, strerror(errno));
+			_exit(1);
+		}
+		fd = open(STAGEVM_DEVICE_PATH, O_RDWR | O_CLOEXEC);
+		if (fd < 0) {
+			printf("hostile: nobody opening %s: FAILED (%s)\n", STAGEVM_DEVICE_PATH, strerror(errno));
+			_exit(1);
+		}
+		r = ioctl(fd, STAGEVM_IOC_UNREGISTER, 0);
+		bad += !expect_errno(unreg_case, r, errno, want_unreg);
+		if (detach_case) {
+			r = ioctl(fd, STAGEVM_IOC_DETACH_MAP, 0);
+			bad += !expect_errno(detach_case, r, errno, want_detach);
+		}
+		fflush(stdout);
+		_exit(bad);
+	}
+	if (child < 0 || waitpid(child, &st, 0) != child || !WIFEXITED(st)) {
+		printf("hostile: running a process as nobody: FAILED\n");
+		return 1;
+	}
+	return WEXITSTATUS(st);
+}
+
+/* Case 3 (item 7): nobody against root's attached map, then root detaches
+ * and nobody unregisters (nothing is registered afterwards). */
+static void privilege_case(int fd)
+{
+	struct stagevm_ioc_probe_stats ps;
+	char *probes[] = { "probes", NULL }, *detach[] = { "detach", NULL };
+	int r;
+
+	failed += as_nobody("nobody's UNREGISTER while root's map is attached", EBUSY,
+			    "nobody's DETACH_MAP of root's map", EPERM);
+	r = ioctl(fd, STAGEVM_IOC_PROBE_STATS, &ps);
+	result("root's map stays attached after nobody's attempts", r == 0 && ps.attached == MAP3_PROBES,
+	       "%u probes attached", r == 0 ? ps.attached : 0);
+	stagectl_probes(1, probes);
+	r = stagectl_detach(1, detach);
+	result("root detaches its map (stagectl detach)", r == 0, "exit %d", r);
+	failed += as_nobody("nobody's UNREGISTER with no map attached", 0, NULL, 0);
+}
+
+/* The map files: MAP3 (one symbol per stage) and MAP_TRAP (every
+ * function in stage parse, the int3 last). 0 or -1. */
+static int write_maps(void)
+{
+	char trap[512] = "stagemap 1\nstage parse";
+	static const char map3[] = "stagemap 1\nstage parse hf0\nstage plan hf1\nstage execute hf2\n";
+	size_t len = strlen(trap);
+
+	for (unsigned i = 0; i + 1 < NFN; i++)
+		len += (size_t)snprintf(trap + len, sizeof(trap) - len, " hf%u", i);
+	snprintf(trap + len, sizeof(trap) - len, " hftrap\n");
+	return write_file(MAP3, map3, strlen(map3)) || write_file(MAP_TRAP, trap, strlen(trap)) ? -1 : 0;
+}
+
+/* Runs the cases on `fd` (/dev/stagevm, nothing registered); the number
+ * that failed. */
+int hostile_agent(int fd)
+{
+	failed = 0;
+	mkdir("/tmp", 01777);
+	if (write_elf(ELF_A, 'a') < 0 || write_maps() < 0) {
+		result("writing the test binaries and maps to /tmp", 0, "%s", strerror(errno));
+		return failed;
+	}
+	root_attach();
+	privilege_case(fd);
+	return failed;
+}
