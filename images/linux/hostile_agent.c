@@ -7,6 +7,10 @@
  * "hostile: <case>: ok (...)" or "hostile: <case>: FAILED (...)";
  * images/linux/test.py checks them by name.
  *
+ *  2. `stagectl attach` through a symlink that is swapped to another file
+ *     between resolving the symbols and attaching (stagectl's test hook)
+ *     probes the file it resolved: the module's "attached ... on inode"
+ *     line names that file's inode.
  *  3. With root's map attached, nobody's UNREGISTER gets -EBUSY and its
  *     DETACH_MAP -EPERM, and the map stays attached; once root detached it,
  *     nobody may unregister.
@@ -38,6 +42,9 @@
 #include "stagevm_layout.h"
 
 #define ELF_A "/tmp/hostile-a.elf"     /* the binary the maps are for */
+#define ELF_B "/tmp/hostile-b.elf"     /* what the swap puts in its place */
+#define LINK "/tmp/hostile-bin"        /* the path given to stagectl */
+#define LINK_NEW "/tmp/hostile-bin.new"
 #define MAP3 "/tmp/hostile.map"        /* parse hf0, plan hf1, execute hf2 */
 #define MAP_TRAP "/tmp/hostile-trap.map" /* parse hf0..hf14 hftrap */
 
@@ -163,12 +170,68 @@ static int attach(const char *binary, const char *map)
 	return stagectl_attach(5, argv);
 }
 
-/* Root attaches MAP3 to ELF_A. */
-static void root_attach(void)
+/* The inode in the kernel log's last "stage map attached" line, or 0. */
+static unsigned long attached_inode(void)
 {
-	int r = attach(ELF_A, MAP3);
+	static char log[1 << 17];
+	const char *key = "stage map attached: ", *p, *last = NULL;
+	int n = klogctl(3 /* SYSLOG_ACTION_READ_ALL */, log, sizeof(log) - 1);
+	unsigned long ino = 0;
 
-	result("root attaches a stage map", r == 0, "exit %d", r);
+	if (n < 0)
+		return 0;
+	log[n] = 0;
+	for (p = strstr(log, key); p; p = strstr(p + 1, key))
+		last = p;
+	if (last && (p = strstr(last, " on inode ")) != NULL)
+		ino = strtoul(p + strlen(" on inode "), NULL, 10);
+	return ino;
+}
+
+static void swap_link(const char *binary)
+{
+	/* The attacker's move: the path now names another file. */
+	unlink(LINK_NEW);
+	if (symlink(ELF_B, LINK_NEW) == 0)
+		rename(LINK_NEW, binary);
+}
+
+/* Case 2 (item 8): root attaches MAP3 through LINK, swapped from ELF_A to
+ * ELF_B between resolving and attaching. Leaves root's map attached. */
+static void swap_case(void)
+{
+	const char *name = "attach probes the file it resolved though the path is swapped in between";
+	struct stat a, b;
+	char target[64] = "";
+	unsigned long ino;
+	pid_t child;
+	int st = -1;
+
+	unlink(LINK);
+	if (symlink(ELF_A, LINK) < 0 || stat(ELF_A, &a) < 0 || stat(ELF_B, &b) < 0) {
+		result(name, 0, "setting up %s: %s", LINK, strerror(errno));
+		return;
+	}
+	child = fork();
+	if (child == 0) {
+		int rc;
+
+		stagectl_attach_hook = swap_link;
+		rc = attach(LINK, MAP3);
+		fflush(stdout);
+		_exit(rc);
+	}
+	if (child < 0 || waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st)) {
+		result(name, 0, "stagectl attach did not attach (status %#x)", st);
+		return;
+	}
+	if (readlink(LINK, target, sizeof(target) - 1) < 0 || strcmp(target, ELF_B)) {
+		result(name, 0, "the swap did not happen (%s -> '%s')", LINK, target);
+		return;
+	}
+	ino = attached_inode();
+	result(name, ino == a.st_ino, "resolved %s, inode %lu; the module attached on inode %lu%s", ELF_A,
+	       (unsigned long)a.st_ino, ino, ino == b.st_ino ? ", the swapped-in file's" : "");
 }
 
 /* In a child as nobody: UNREGISTER and DETACH_MAP against `want_unreg`
@@ -245,11 +308,11 @@ int hostile_agent(int fd)
 {
 	failed = 0;
 	mkdir("/tmp", 01777);
-	if (write_elf(ELF_A, 'a') < 0 || write_maps() < 0) {
+	if (write_elf(ELF_A, 'a') < 0 || write_elf(ELF_B, 'b') < 0 || write_maps() < 0) {
 		result("writing the test binaries and maps to /tmp", 0, "%s", strerror(errno));
 		return failed;
 	}
-	root_attach();
+	swap_case();
 	privilege_case(fd);
 	return failed;
 }

@@ -77,6 +77,7 @@ ATTEMPTS = 2
 # The hostile sequence's cases on stage maps (images/linux/hostile_agent.c;
 # issue 36, items 7-10), each of which must print "ok": the item, the case.
 HOSTILE_AGENT_CASES = [
+    (8, "attach probes the file it resolved though the path is swapped in between"),
     (7, "nobody's UNREGISTER while root's map is attached"),
     (7, "nobody's DETACH_MAP of root's map"),
     (7, "root's map stays attached after nobody's attempts"),

@@ -12,7 +12,9 @@
  *       against the registered ones, and attaches one uprobe per symbol.
  *       Anything wrong - a symbol PATH does not define, a stage the guest did
  *       not register, more probes than STAGEVM_MAX_PROBES - is refused with
- *       a message naming it before anything is attached.
+ *       a message naming it before anything is attached. The binary is
+ *       opened once: its symbols are resolved from that descriptor and the
+ *       same descriptor goes to the module.
  *   stagectl detach [--device PATH]
  *       Removes the map's uprobes; the probed threads get every CPU back.
  *   stagectl probes [--device PATH]
@@ -98,23 +100,28 @@ static unsigned resolve_section(const uint8_t *base, size_t size, const Elf64_Eh
 	return found;
 }
 
-/* Finds every wanted symbol in the ELF file `path`; 0, or 1 after saying
- * what is wrong (naming the first missing symbol and its stage). */
-static int resolve(const char *path, struct wanted *w, unsigned n, const struct stagemap_file *m)
+/* Finds every wanted symbol in the ELF file open as `fd` (named `path` in
+ * messages), the descriptor that is then handed to the module; `*stp` gets
+ * its fstat. 0, or 1 after saying what is wrong (naming the first missing
+ * symbol and its stage). */
+static int resolve(int fd, const char *path, struct stat *stp, struct wanted *w, unsigned n,
+		   const struct stagemap_file *m)
 {
 	struct stat st;
 	const Elf64_Ehdr *eh;
 	uint8_t *base;
-	int fd = open(path, O_RDONLY | O_CLOEXEC), rc = 1;
+	int rc = 1;
 
-	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-		fprintf(stderr, "stagectl: %s: %s\n", path, fd < 0 ? strerror(errno) : "not a regular file");
-		if (fd >= 0)
-			close(fd);
+	if (fstat(fd, &st) < 0) {
+		fprintf(stderr, "stagectl: %s: %s\n", path, strerror(errno));
 		return 1;
 	}
+	if (!S_ISREG(st.st_mode)) {
+		fprintf(stderr, "stagectl: %s: not a regular file\n", path);
+		return 1;
+	}
+	*stp = st;
 	base = mmap(NULL, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-	close(fd);
 	if (base == MAP_FAILED) {
 		fprintf(stderr, "stagectl: %s: mmap: %s\n", path, strerror(errno));
 		return 1;
@@ -197,6 +204,8 @@ static int check_registration(int dev, const struct stagemap_file *m, const char
 	return 0;
 }
 
+void (*stagectl_attach_hook)(const char *binary);
+
 int stagectl_attach(int argc, char **argv)
 {
 	const char *binary = NULL, *map = NULL, *device = STAGEVM_DEVICE_PATH, *why = NULL;
@@ -204,6 +213,7 @@ int stagectl_attach(int argc, char **argv)
 	struct wanted w[STAGEVM_MAX_PROBES];
 	struct stagevm_ioc_attach_map req = { 0 };
 	struct stagemap_file m;
+	struct stat st;
 	unsigned n = 0, line = 0;
 	int r, dev, bin, rc = 1;
 
@@ -248,15 +258,28 @@ int stagectl_attach(int argc, char **argv)
 									: m.request[k - m.stages[s].nsyms],
 						  s, k >= m.stages[s].nsyms, 0 };
 		}
-	if (resolve(binary, w, n, &m))
+	/* One open: the file whose symbols give the offsets is the file the
+	 * module probes. Opening the path again for the module would let a
+	 * rename or symlink swap in between put the probes (int3s at offsets
+	 * computed for this file) into another one, libc say. */
+	bin = open(binary, O_RDONLY | O_CLOEXEC);
+	if (bin < 0) {
+		fprintf(stderr, "stagectl: %s: %s\n", binary, strerror(errno));
 		goto out;
+	}
+	if (resolve(bin, binary, &st, w, n, &m)) {
+		close(bin);
+		goto out;
+	}
+	if (stagectl_attach_hook)
+		stagectl_attach_hook(binary);
 	dev = open(device, O_RDWR | O_CLOEXEC);
 	if (dev < 0) {
 		fprintf(stderr, "stagectl: %s: %s\n", device, strerror(errno));
+		close(bin);
 		goto out;
 	}
-	bin = open(binary, O_RDONLY | O_CLOEXEC);
-	if (bin >= 0 && !check_registration(dev, &m, map)) {
+	if (!check_registration(dev, &m, map)) {
 		for (unsigned i = 0; i < n; i++)
 			probes[i] = (struct stagevm_ioc_probe){
 				.offset = w[i].offset, .stage = w[i].stage,
@@ -268,18 +291,16 @@ int stagectl_attach(int argc, char **argv)
 				errno == EOPNOTSUPP ? " (the guest kernel has no CONFIG_UPROBES)" :
 				errno == EBUSY ? " (a map is attached: stagectl detach)" : "");
 		} else {
-			printf("stagectl: attached %s to %s: %u uprobes, %u stages\n", map, binary, n, m.nstages);
+			printf("stagectl: attached %s to %s (inode %llu): %u uprobes, %u stages\n", map, binary,
+			       (unsigned long long)st.st_ino, n, m.nstages);
 			for (unsigned i = 0; i < n; i++)
 				printf("stagectl:   stage %s: %s at file offset %#llx%s\n", m.stages[w[i].stage].name,
 				       w[i].sym, (unsigned long long)w[i].offset,
 				       w[i].request ? " (request: entry ends one, return begins one)" : "");
 			rc = 0;
 		}
-	} else if (bin < 0) {
-		fprintf(stderr, "stagectl: %s: %s\n", binary, strerror(errno));
 	}
-	if (bin >= 0)
-		close(bin);
+	close(bin);
 	close(dev);
 out:
 	stagemap_file_free(&m);

@@ -8,4 +8,10 @@ int stagectl_attach(int argc, char **argv);
 int stagectl_detach(int argc, char **argv);
 int stagectl_probes(int argc, char **argv);
 
+/* A test's hook (images/linux/hostile_agent.c): when set, `stagectl attach`
+ * calls it with the binary's path after resolving the symbols and before
+ * attaching the probes, where a swap of the path must change nothing. NULL
+ * (not called) in stagectl itself. */
+extern void (*stagectl_attach_hook)(const char *binary);
+
 #endif
