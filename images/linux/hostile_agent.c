@@ -14,6 +14,10 @@
  *  3. With root's map attached, nobody's UNREGISTER gets -EBUSY and its
  *     DETACH_MAP -EPERM, and the map stays attached; once root detached it,
  *     nobody may unregister.
+ *  4. A map whose last symbol cannot be probed (an int3 at its entry: the
+ *     kernel will not probe a breakpoint) fails to attach while a thread
+ *     runs through its first probe: the thread the probe moved gets its
+ *     affinity back and the module holds no thread reference.
  *
  * Files are written to /tmp on the initramfs's root file system.
  */
@@ -288,6 +292,112 @@ static void privilege_case(int fd)
 	failed += as_nobody("nobody's UNREGISTER with no map attached", 0, NULL, 0);
 }
 
+static volatile int spin_stop, spin_started;
+static volatile pid_t spin_tid;
+
+static void *spin(void *fn)
+{
+	spin_tid = gettid();
+	spin_started = 1;
+	while (!spin_stop)
+		((void (*)(void))fn)();
+	return NULL;
+}
+
+/* Waits (at most 3 s) until the host's stage map gives stage 0 some of the
+ * CPUs in `all` but not all of them: a probe hit then moves a thread. */
+static int stage0_restricted(int fd, uint64_t all, uint64_t *got)
+{
+	const uint8_t *ro = mmap(NULL, STAGEVM_PAGE_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+	const struct stagevm_stage_map *m;
+	int ok = 0;
+
+	*got = 0;
+	if (ro == MAP_FAILED)
+		return 0;
+	m = (const void *)(ro + STAGEVM_STAGE_MAP_OFFSET);
+	for (int i = 0; i < 150 && !ok; i++) {
+		*got = __atomic_load_n(&m->vcpus[0], __ATOMIC_ACQUIRE) & all;
+		ok = *got && *got != all;
+		if (!ok)
+			usleep(20000);
+	}
+	munmap((void *)ro, STAGEVM_PAGE_SIZE);
+	return ok;
+}
+
+static uint64_t mask_bits(const cpu_set_t *s)
+{
+	uint64_t b = 0;
+
+	for (int c = 0; c < 64; c++)
+		if (CPU_ISSET(c, s))
+			b |= 1ull << c;
+	return b;
+}
+
+/* Case 4 (item 9): MAP_TRAP fails at its last probe while a thread runs
+ * through its first. Registers parse, plan, execute and unregisters. */
+static void unwind_case(int fd)
+{
+	static const char *const names[] = { "parse", "plan", "execute" };
+	const char *aff_case = "a failed attach gives the thread its probes moved its affinity back";
+	const char *ref_case = "a failed attach leaves no thread reference in the module";
+	struct stagevm_ioc_register reg = { .num_stages = 3 };
+	struct stagevm_ioc_probe_stats ps = { 0 };
+	cpu_set_t orig, after;
+	uint64_t all, map0;
+	pthread_t t;
+	void *text;
+	int afd, rc = 0, tries = 0, r;
+
+	for (unsigned i = 0; i < 3; i++)
+		strncpy(reg.names[i], names[i], sizeof(reg.names[i]));
+	r = ioctl(fd, STAGEVM_IOC_REGISTER, &reg);
+	if (!expect_errno("REGISTER of parse, plan, execute for the unwind case", r, errno, 0))
+		return;
+	sched_getaffinity(0, sizeof(orig), &orig);
+	all = mask_bits(&orig);
+	if (!stage0_restricted(fd, all, &map0)) {
+		result(aff_case, 0, "the host's map never gave parse part of the CPUs %#llx (got %#llx)",
+		       (unsigned long long)all, (unsigned long long)map0);
+		goto out;
+	}
+	/* The binary mapped for execution: uprobe_register installs each
+	 * probe into this mapping at once, and refuses the int3. */
+	afd = open(ELF_A, O_RDONLY | O_CLOEXEC);
+	text = afd < 0 ? MAP_FAILED : mmap(NULL, TEXT_OFF + NFN * FN_BYTES, PROT_READ | PROT_EXEC, MAP_PRIVATE, afd, 0);
+	if (afd >= 0)
+		close(afd);
+	if (text == MAP_FAILED || pthread_create(&t, NULL, spin, (char *)text + TEXT_OFF)) {
+		result(aff_case, 0, "mapping %s and starting a thread in it: %s", ELF_A, strerror(errno));
+		goto out;
+	}
+	while (!spin_started)
+		usleep(1000);
+	/* A try is conclusive when a probe was hit in the window between the
+	 * first probe's registration and the last one's refusal. */
+	do {
+		rc = attach(ELF_A, MAP_TRAP);
+		r = ioctl(fd, STAGEVM_IOC_PROBE_STATS, &ps);
+	} while (rc != 0 && r == 0 && ps.hits[0] == 0 && ++tries < 3);
+	CPU_ZERO(&after);
+	sched_getaffinity(spin_tid, sizeof(after), &after);
+	result(aff_case, rc == 1 && r == 0 && ps.hits[0] > 0 && CPU_EQUAL(&orig, &after),
+	       "attach exit %d after %u hits of its first probes (tries %d); affinity %#llx, was %#llx; the map gave %#llx",
+	       rc, r == 0 ? (unsigned)ps.hits[0] : 0, tries + 1, (unsigned long long)mask_bits(&after),
+	       (unsigned long long)all, (unsigned long long)map0);
+	result(ref_case, r == 0 && ps.attached == 0 && ps.threads_held == 0,
+	       "%llu thread references held, %u probes attached", r == 0 ? (unsigned long long)ps.threads_held : 0,
+	       r == 0 ? ps.attached : 0);
+	spin_stop = 1;
+	pthread_join(t, NULL);
+	munmap(text, TEXT_OFF + NFN * FN_BYTES);
+out:
+	r = ioctl(fd, STAGEVM_IOC_UNREGISTER, 0);
+	expect_errno("UNREGISTER after the unwind case", r, errno, 0);
+}
+
 /* The map files: MAP3 (one symbol per stage) and MAP_TRAP (every
  * function in stage parse, the int3 last). 0 or -1. */
 static int write_maps(void)
@@ -314,5 +424,6 @@ int hostile_agent(int fd)
 	}
 	swap_case();
 	privilege_case(fd);
+	unwind_case(fd);
 	return failed;
 }

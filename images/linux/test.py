@@ -82,6 +82,8 @@ HOSTILE_AGENT_CASES = [
     (7, "nobody's DETACH_MAP of root's map"),
     (7, "root's map stays attached after nobody's attempts"),
     (7, "nobody's UNREGISTER with no map attached"),
+    (9, "a failed attach gives the thread its probes moved its affinity back"),
+    (9, "a failed attach leaves no thread reference in the module"),
 ]
 
 

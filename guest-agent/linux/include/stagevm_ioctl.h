@@ -89,6 +89,9 @@ struct stagevm_ioc_probe_stats {
 				  * counted in the CPU's counters */
 	__u64 requests_timed;    /* of which timed: latency recorded */
 	__u64 requests_dropped;  /* request events of threads the table could not hold */
+	__u64 threads_held;      /* threads in the module's table (each a struct pid
+				  * reference): 0 whenever no map is attached, also
+				  * after an attach that failed part-way */
 };
 
 /* Area geometry and state. */
@@ -112,7 +115,9 @@ struct stagevm_ioc_probe_stats {
  * hit counts the stage on the current vCPU's counters and, when the
  * host's map gives the stage other vCPUs, moves the thread to them; a
  * STAGEVM_PROBE_REQUEST probe also ends and begins requests
- * (guest-agent/linux/README.md). All or nothing. -ENOENT before REGISTER,
+ * (guest-agent/linux/README.md). All or nothing: when a probe is refused
+ * (its error is returned), the ones before it are unregistered and the
+ * threads they moved meanwhile get every CPU back. -ENOENT before REGISTER,
  * -EBUSY with a map attached, -EINVAL for a bad count, stage, flag or offset,
  * -EBADF for a bad fd, -EOPNOTSUPP without CONFIG_UPROBES, -EPERM without
  * CAP_SYS_ADMIN (the probes act on every process running the binary). */

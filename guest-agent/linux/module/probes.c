@@ -108,6 +108,7 @@ static struct {
 	u64 map_attaches, map_detaches, threads_reset;
 	spinlock_t threads_lock;
 	struct probed_thread threads[PROBED_THREADS];
+	u64 threads_held; /* struct pid references in `threads` (slots in use) */
 	atomic64_t threads_lost;
 	/* Requests are timed (set at attach): an area with latency blocks, a
 	 * host of minor >= 4 that gave the TSC rate; its ns per tick (x 2^32)
@@ -132,6 +133,7 @@ static void slot_free(u32 i)
 
 	put_pid(pm.threads[i].pid);
 	pm.threads[i].pid = NULL;
+	pm.threads_held--;
 	for (;;) {
 		u32 home;
 
@@ -193,6 +195,7 @@ static int thread_slot(bool add)
 		swept = true;
 	}
 	pm.threads[i] = (struct probed_thread){ .pid = get_pid(pid) };
+	pm.threads_held++;
 	return i;
 }
 
@@ -364,9 +367,11 @@ static int probe_hit(struct uprobe_consumer *uc, struct pt_regs *regs)
 }
 
 /* Gives every thread a hit moved all CPUs back and empties the table
- * (open requests are forgotten). */
-static void reset_threads(void)
+ * (open requests are forgotten), dropping its struct pid references.
+ * Returns the threads given their CPUs back. */
+static u64 reset_threads(void)
 {
+	u64 reset = 0;
 	u32 i;
 
 	/* No hit runs now (every uprobe is unregistered): the table is ours. */
@@ -379,12 +384,15 @@ static void reset_threads(void)
 		t = pt->moved ? get_pid_task(pt->pid, PIDTYPE_PID) : NULL;
 		if (t) {
 			if (set_cpus_allowed_ptr(t, cpu_possible_mask) == 0)
-				pm.threads_reset++;
+				reset++;
 			put_task_struct(t);
 		}
 		put_pid(pt->pid);
 		*pt = (struct probed_thread){ 0 };
+		pm.threads_held--;
 	}
+	pm.threads_reset += reset;
+	return reset;
 }
 
 static void unregister_probes(u32 n)
@@ -453,9 +461,17 @@ long stagevm_probes_attach(const struct stagevm_agent_area *area,
 			pm.probes[i].uc.ret_handler = probe_ret;
 		ret = uprobe_register(pm.inode, in[i].offset, &pm.probes[i].uc);
 		if (ret) {
-			pr_warn_ratelimited("stagevm: uprobe at offset %#llx refused (%ld); nothing attached\n",
-					    in[i].offset, ret);
+			u64 reset;
+
+			/* All or nothing, threads included: the probes before
+			 * this one were live, and a thread that hit one in the
+			 * meantime was moved and is held in the table. Once they
+			 * are unregistered no hit runs (uprobe_unregister waits
+			 * for running handlers), so the table is ours to empty. */
 			unregister_probes(i);
+			reset = reset_threads();
+			pr_warn_ratelimited("stagevm: uprobe %u of %u at offset %#llx refused (%ld); nothing attached, %llu threads given every CPU back\n",
+					    i + 1, req.num_probes, in[i].offset, ret, reset);
 			iput(pm.inode);
 			pm.inode = NULL;
 			goto out;
@@ -478,16 +494,18 @@ out:
 
 long stagevm_probes_detach(void)
 {
+	u64 reset;
+
 	if (!pm.inode)
 		return -ENOENT;
 	unregister_probes(pm.num_probes);
-	reset_threads();
+	reset = reset_threads();
 	iput(pm.inode);
 	pm.inode = NULL;
 	kfree(pm.probes);
 	pm.probes = NULL;
 	pr_info("stagevm: stage map detached after %u uprobes, %llu threads given every CPU back\n",
-		pm.num_probes, pm.threads_reset);
+		pm.num_probes, reset);
 	pm.num_probes = 0;
 	pm.map_detaches++;
 	return 0;
@@ -511,6 +529,7 @@ long stagevm_probes_stats(struct stagevm_ioc_probe_stats __user *uarg)
 		.map_detaches = pm.map_detaches,
 		.threads_reset = pm.threads_reset,
 		.threads_lost = atomic64_read(&pm.threads_lost),
+		.threads_held = pm.threads_held,
 		.requests_begun = atomic64_read(&pm.requests_begun),
 		.requests_ended = atomic64_read(&pm.requests_ended),
 		.requests_timed = atomic64_read(&pm.requests_timed),

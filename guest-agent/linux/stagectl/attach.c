@@ -356,10 +356,11 @@ int stagectl_probes(int argc, char **argv)
 	for (unsigned s = 0; s < st.num_stages && s < STAGEVM_MAX_STAGES; s++)
 		printf(" %llu", (unsigned long long)st.hits[s]);
 	printf(", counted %llu, not counted %llu, migrations %llu, affinity failures %llu, threads reset %llu, threads lost %llu, "
-	       "requests begun %llu ended %llu timed %llu dropped %llu\n",
+	       "threads held %llu, requests begun %llu ended %llu timed %llu dropped %llu\n",
 	       (unsigned long long)st.counted, (unsigned long long)st.not_counted,
 	       (unsigned long long)st.migrations, (unsigned long long)st.affinity_failures,
 	       (unsigned long long)st.threads_reset, (unsigned long long)st.threads_lost,
+	       (unsigned long long)st.threads_held,
 	       (unsigned long long)st.requests_begun, (unsigned long long)st.requests_ended,
 	       (unsigned long long)st.requests_timed, (unsigned long long)st.requests_dropped);
 	return 0;
