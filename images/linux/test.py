@@ -77,6 +77,7 @@ ATTEMPTS = 2
 # The hostile sequence's cases on stage maps (images/linux/hostile_agent.c;
 # issue 36, items 7-10), each of which must print "ok": the item, the case.
 HOSTILE_AGENT_CASES = [
+    (10, "a binary with 16384 SHT_SYMTAB headers over one table is refused within 1 s"),
     (8, "attach probes the file it resolved though the path is swapped in between"),
     (7, "nobody's UNREGISTER while root's map is attached"),
     (7, "nobody's DETACH_MAP of root's map"),
@@ -419,6 +420,8 @@ def main():
         m = re.search(rf"^hostile: {re.escape(case)}: (ok|FAILED) \((.*)\)\r?$", serial, re.M)
         check(m is not None and m.group(1) == "ok",
               f"hostile, stage maps (issue 36 item {item}): {case} ({m.group(2) if m else 'not reported'})")
+    check("more than one SHT_SYMTAB section" in serial,
+          "stagectl's refusal of the resolution bomb names the bound (one SHT_SYMTAB)")
     m = re.search(r"kernel log: (\d+) oops/BUG/WARNING lines", serial)
     check(m is not None and m.group(1) == "0", "no oops, BUG or WARNING in the kernel log")
     check("REGISTER: stage 'parse': unknown stage; the guest declared hostile-a, hostile-b" in vmm,

@@ -14,7 +14,9 @@
  *       not register, more probes than STAGEVM_MAX_PROBES - is refused with
  *       a message naming it before anything is attached. The binary is
  *       opened once: its symbols are resolved from that descriptor and the
- *       same descriptor goes to the module.
+ *       same descriptor goes to the module. The resolution is bounded (at
+ *       most one .symtab and one .dynsym, 2^22 entries, 64 PT_LOADs; see
+ *       STAGECTL_MAX_SYMBOLS) and a file beyond a bound is refused, naming it.
  *   stagectl detach [--device PATH]
  *       Removes the map's uprobes; the probed threads get every CPU back.
  *   stagectl probes [--device PATH]
@@ -46,6 +48,33 @@ struct wanted {
 	uint64_t offset; /* 0 until found (a function never starts at offset 0) */
 };
 
+/* Work bounds of the ELF resolution: a crafted binary (say 65,535 section
+ * headers, all SHT_SYMTAB over one large table) must not keep attach busy.
+ * At most one SHT_SYMTAB and one SHT_DYNSYM section are read (the ELF gABI
+ * allows one of each; a file with more is refused), holding at most
+ * STAGECTL_MAX_SYMBOLS entries between them, through at most
+ * STAGECTL_MAX_LOADS PT_LOAD segments. Each entry then costs one name
+ * length bounded by the longest wanted name, a binary search over the
+ * wanted names (at most 9 comparisons for 256) and, on a match, one look
+ * through the segments: attach's whole resolution is O(sections +
+ * segments + entries x 9 x 1,024 bytes), seconds at worst, milliseconds
+ * for real binaries. */
+#define STAGECTL_MAX_SYMBOLS (1u << 22)
+#define STAGECTL_MAX_LOADS 64
+
+/* The binary's mapped bytes and what resolving needs of them. */
+struct elf_view {
+	const uint8_t *base;
+	size_t size;
+	const Elf64_Ehdr *eh;
+	const Elf64_Phdr *loads[STAGECTL_MAX_LOADS]; /* its PT_LOAD headers */
+	unsigned nloads;
+	struct wanted *w;
+	unsigned n;
+	unsigned *order;  /* indices of w sorted by symbol name */
+	size_t longest;   /* bytes of the longest wanted name */
+};
+
 /* A checked view of bytes [off, off + len) of the file; NULL when outside. */
 static const void *at(const uint8_t *base, size_t size, uint64_t off, uint64_t len)
 {
@@ -56,91 +85,162 @@ static const void *at(const uint8_t *base, size_t size, uint64_t off, uint64_t l
 
 /* File offset of virtual address `va` through the PT_LOAD segments; 0 when
  * no segment holds it in its file bytes. */
-static uint64_t va_to_offset(const uint8_t *base, size_t size, const Elf64_Ehdr *eh, uint64_t va)
+static uint64_t va_to_offset(const struct elf_view *v, uint64_t va)
 {
-	for (unsigned i = 0; i < eh->e_phnum; i++) {
-		const Elf64_Phdr *ph = at(base, size, eh->e_phoff + (uint64_t)i * sizeof(*ph), sizeof(*ph));
+	for (unsigned i = 0; i < v->nloads; i++) {
+		const Elf64_Phdr *ph = v->loads[i];
 
-		if (ph && ph->p_type == PT_LOAD && va >= ph->p_vaddr && va - ph->p_vaddr < ph->p_filesz)
+		if (va >= ph->p_vaddr && va - ph->p_vaddr < ph->p_filesz)
 			return va - ph->p_vaddr + ph->p_offset;
 	}
 	return 0;
 }
 
-/* Resolves `w` (n entries) in one symbol table section; returns how many
- * were newly found. */
-static unsigned resolve_section(const uint8_t *base, size_t size, const Elf64_Ehdr *eh,
-				const Elf64_Shdr *sh, struct wanted *w, unsigned n)
-{
-	const Elf64_Shdr *strh = at(base, size, eh->e_shoff + (uint64_t)sh->sh_link * sizeof(*strh),
-				    sizeof(*strh));
-	const char *strtab;
-	unsigned found = 0;
+static const struct wanted *sort_base;
 
-	if (sh->sh_entsize != sizeof(Elf64_Sym) || !strh || sh->sh_link >= eh->e_shnum ||
-	    !(strtab = at(base, size, strh->sh_offset, strh->sh_size)) || !at(base, size, sh->sh_offset, sh->sh_size))
-		return 0;
+static int by_name(const void *a, const void *b)
+{
+	return strcmp(sort_base[*(const unsigned *)a].sym, sort_base[*(const unsigned *)b].sym);
+}
+
+/* The index in v->w of the wanted symbol `name`, or -1: a binary search
+ * (the map file names each symbol once). */
+static int find_wanted(const struct elf_view *v, const char *name)
+{
+	unsigned lo = 0, hi = v->n;
+
+	while (lo < hi) {
+		unsigned mid = lo + (hi - lo) / 2;
+		int c = strcmp(name, v->w[v->order[mid]].sym);
+
+		if (!c)
+			return (int)v->order[mid];
+		if (c < 0)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	return -1;
+}
+
+/* Resolves the wanted symbols in one symbol table section (its entries
+ * were counted against STAGECTL_MAX_SYMBOLS by the caller). */
+static void resolve_section(const struct elf_view *v, const Elf64_Shdr *sh)
+{
+	const Elf64_Shdr *strh;
+	const char *strtab;
+
+	if (sh->sh_entsize != sizeof(Elf64_Sym) || sh->sh_link >= v->eh->e_shnum ||
+	    !at(v->base, v->size, sh->sh_offset, sh->sh_size))
+		return;
+	strh = at(v->base, v->size, v->eh->e_shoff + (uint64_t)sh->sh_link * sizeof(*strh), sizeof(*strh));
+	if (!strh || !(strtab = at(v->base, v->size, strh->sh_offset, strh->sh_size)))
+		return;
 	for (uint64_t k = 0; k < sh->sh_size / sizeof(Elf64_Sym); k++) {
-		const Elf64_Sym *s = (const Elf64_Sym *)(base + sh->sh_offset) + k;
+		const Elf64_Sym *s = (const Elf64_Sym *)(v->base + sh->sh_offset) + k;
 		const char *name;
-		size_t room;
+		size_t room, lim;
+		int i;
 
 		if (ELF64_ST_TYPE(s->st_info) != STT_FUNC || s->st_shndx == SHN_UNDEF || s->st_name >= strh->sh_size)
 			continue;
 		name = strtab + s->st_name;
 		room = strh->sh_size - s->st_name;
-		if (!memchr(name, 0, room))
+		lim = room < v->longest + 1 ? room : v->longest + 1;
+		/* No NUL in the first `lim` bytes: longer than every wanted
+		 * name, or running out of the table; it matches none. */
+		if (strnlen(name, lim) == lim)
 			continue;
-		for (unsigned i = 0; i < n; i++)
-			if (!w[i].offset && !strcmp(name, w[i].sym)) {
-				w[i].offset = va_to_offset(base, size, eh, s->st_value);
-				found += w[i].offset != 0;
-			}
+		i = find_wanted(v, name);
+		if (i >= 0 && !v->w[i].offset)
+			v->w[i].offset = va_to_offset(v, s->st_value);
 	}
-	return found;
 }
 
 /* Finds every wanted symbol in the ELF file open as `fd` (named `path` in
- * messages), the descriptor that is then handed to the module; `*stp` gets
- * its fstat. 0, or 1 after saying what is wrong (naming the first missing
- * symbol and its stage). */
-static int resolve(int fd, const char *path, struct stat *stp, struct wanted *w, unsigned n,
+ * messages), the descriptor that is then handed to the module; `*st` gets
+ * its fstat. 0, or 1 after saying what is wrong: the first missing symbol
+ * and its stage, or the work bound (above) the file exceeds. */
+static int resolve(int fd, const char *path, struct stat *st, struct wanted *w, unsigned n,
 		   const struct stagemap_file *m)
 {
-	struct stat st;
-	const Elf64_Ehdr *eh;
+	struct elf_view v = { .w = w, .n = n };
+	const Elf64_Shdr *tabs[2] = { NULL, NULL }; /* .symtab, .dynsym */
+	unsigned order[STAGEVM_MAX_PROBES];
+	uint64_t entries = 0;
 	uint8_t *base;
 	int rc = 1;
 
-	if (fstat(fd, &st) < 0) {
+	if (fstat(fd, st) < 0) {
 		fprintf(stderr, "stagectl: %s: %s\n", path, strerror(errno));
 		return 1;
 	}
-	if (!S_ISREG(st.st_mode)) {
+	if (!S_ISREG(st->st_mode)) {
 		fprintf(stderr, "stagectl: %s: not a regular file\n", path);
 		return 1;
 	}
-	*stp = st;
-	base = mmap(NULL, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+	base = mmap(NULL, st->st_size, PROT_READ, MAP_PRIVATE, fd, 0);
 	if (base == MAP_FAILED) {
 		fprintf(stderr, "stagectl: %s: mmap: %s\n", path, strerror(errno));
 		return 1;
 	}
-	eh = at(base, st.st_size, 0, sizeof(*eh));
-	if (!eh || memcmp(eh->e_ident, ELFMAG, SELFMAG) || eh->e_ident[EI_CLASS] != ELFCLASS64 ||
-	    eh->e_shentsize != sizeof(Elf64_Shdr) || eh->e_phentsize != sizeof(Elf64_Phdr)) {
+	v.base = base;
+	v.size = st->st_size;
+	v.eh = at(base, v.size, 0, sizeof(*v.eh));
+	if (!v.eh || memcmp(v.eh->e_ident, ELFMAG, SELFMAG) || v.eh->e_ident[EI_CLASS] != ELFCLASS64 ||
+	    v.eh->e_shentsize != sizeof(Elf64_Shdr) || v.eh->e_phentsize != sizeof(Elf64_Phdr)) {
 		fprintf(stderr, "stagectl: %s: not a 64-bit ELF file\n", path);
 		goto out;
 	}
+	for (unsigned i = 0; i < v.eh->e_phnum; i++) {
+		const Elf64_Phdr *ph = at(base, v.size, v.eh->e_phoff + (uint64_t)i * sizeof(*ph), sizeof(*ph));
+
+		if (!ph || ph->p_type != PT_LOAD)
+			continue;
+		if (v.nloads == STAGECTL_MAX_LOADS) {
+			fprintf(stderr, "stagectl: %s: more than %u PT_LOAD segments (the limit); nothing attached\n",
+				path, STAGECTL_MAX_LOADS);
+			goto out;
+		}
+		v.loads[v.nloads++] = ph;
+	}
+	/* One pass over the section headers (at most 65,535): the symbol
+	 * tables, at most one of each kind. */
+	for (unsigned i = 0; i < v.eh->e_shnum; i++) {
+		const Elf64_Shdr *sh = at(base, v.size, v.eh->e_shoff + (uint64_t)i * sizeof(*sh), sizeof(*sh));
+		unsigned kind;
+
+		if (!sh || (sh->sh_type != SHT_SYMTAB && sh->sh_type != SHT_DYNSYM))
+			continue;
+		kind = sh->sh_type == SHT_DYNSYM;
+		if (tabs[kind]) {
+			fprintf(stderr, "stagectl: %s: more than one %s section (section %u): stagectl reads at most one "
+				"SHT_SYMTAB and one SHT_DYNSYM, as ELF allows; nothing attached\n",
+				path, kind ? "SHT_DYNSYM" : "SHT_SYMTAB", i);
+			goto out;
+		}
+		tabs[kind] = sh;
+		entries += sh->sh_size / sizeof(Elf64_Sym);
+	}
+	if (entries > STAGECTL_MAX_SYMBOLS) {
+		fprintf(stderr, "stagectl: %s: %llu symbol table entries, more than the limit of %u; nothing attached\n",
+			path, (unsigned long long)entries, STAGECTL_MAX_SYMBOLS);
+		goto out;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		size_t len = strlen(w[i].sym);
+
+		order[i] = i;
+		v.longest = len > v.longest ? len : v.longest;
+	}
+	sort_base = w;
+	qsort(order, n, sizeof(order[0]), by_name);
+	v.order = order;
 	/* .symtab first (every function of an unstripped binary), then .dynsym
 	 * (what a stripped distribution binary keeps). */
-	for (unsigned pass = 0; pass < 2; pass++)
-		for (unsigned i = 0; i < eh->e_shnum; i++) {
-			const Elf64_Shdr *sh = at(base, st.st_size, eh->e_shoff + (uint64_t)i * sizeof(*sh), sizeof(*sh));
-
-			if (sh && sh->sh_type == (pass ? SHT_DYNSYM : SHT_SYMTAB))
-				resolve_section(base, st.st_size, eh, sh, w, n);
-		}
+	for (unsigned kind = 0; kind < 2; kind++)
+		if (tabs[kind])
+			resolve_section(&v, tabs[kind]);
 	for (unsigned i = 0; i < n; i++)
 		if (!w[i].offset) {
 			fprintf(stderr, "stagectl: symbol %s (stage %s) is not a function defined in %s; nothing attached\n",
@@ -149,7 +249,7 @@ static int resolve(int fd, const char *path, struct stat *stp, struct wanted *w,
 		}
 	rc = 0;
 out:
-	munmap(base, st.st_size);
+	munmap(base, v.size);
 	return rc;
 }
 
