@@ -18,7 +18,8 @@
 //!   requests that completed in between are in this window's completions
 //!   and the next window's timed requests (the `stage-sched` thread,
 //!   preempted between the two copies on a busy host, saw 2 of them). The
-//!   reader keeps each vCPU's credit: completed requests less timed ones;
+//!   reader keeps each vCPU's credit: completed requests less timed ones
+//!   (-1 at the least: the +1 is lent once, not once per window);
 //! * a sum outside what the buckets allow (each request between its
 //!   bucket's bounds): the window's sum is the buckets' midpoints instead.
 //!
@@ -32,9 +33,11 @@ use hypercall_abi::stage::{latency_bucket_lower_ns, VcpuLatency, LATENCY_BUCKETS
 #[derive(Debug)]
 pub struct LatencyReader {
     last: Vec<VcpuLatency>,
-    /// Per vCPU, requests completed and not (yet) timed since REGISTER:
-    /// how many timed requests a window may add beyond its completions.
-    credit: Vec<u64>,
+    /// Per vCPU, requests completed less requests timed since REGISTER:
+    /// how many timed requests a window may add beyond its completions;
+    /// -1 when one request was timed before its completion was read (the
+    /// one in flight), which the next window's completions pay back.
+    credit: Vec<i64>,
 }
 
 impl LatencyReader {
@@ -60,20 +63,24 @@ impl LatencyReader {
             .zip(self.credit.iter_mut())
             .enumerate()
         {
-            let done = credit.saturating_add(requests.get(v).copied().unwrap_or(0));
-            let (timed, clamped) = delta(base, block, done, &mut window);
+            let completed = requests.get(v).copied().unwrap_or(0);
+            // At least -1 + 0: `limit` is never negative.
+            let avail = i128::from(*credit) + i128::from(completed);
+            let limit = u64::try_from(avail + 1).unwrap_or(u64::MAX);
+            let (timed, clamped) = delta(base, block, limit, &mut window);
             clamps[v] = clamped;
-            *credit = done.saturating_sub(timed);
+            // timed ≤ limit: at least -1.
+            *credit = i64::try_from(avail - i128::from(timed)).unwrap_or(i64::MAX);
             *base = *block;
         }
         (window, clamps)
     }
 }
 
-/// Adds one vCPU's window (`new` against `base`; `done` requests completed
-/// and not timed so far) to `window`; returns the requests it took and the
-/// clamps (0 or 1).
-fn delta(base: &VcpuLatency, new: &VcpuLatency, done: u64, window: &mut Histogram) -> (u64, u64) {
+/// Adds one vCPU's window (`new` against `base`; at most `limit` timed
+/// requests: the completions not timed so far, plus the one in flight) to
+/// `window`; returns the requests it took and the clamps (0 or 1).
+fn delta(base: &VcpuLatency, new: &VcpuLatency, limit: u64, window: &mut Histogram) -> (u64, u64) {
     let (Some(samples), Some(sum)) = (
         new.samples.checked_sub(base.samples),
         new.sum_ns.checked_sub(base.sum_ns),
@@ -89,7 +96,7 @@ fn delta(base: &VcpuLatency, new: &VcpuLatency, done: u64, window: &mut Histogra
         *g = d;
         timed = timed.saturating_add(d);
     }
-    if timed.abs_diff(samples) > 1 || timed > done.saturating_add(1) {
+    if timed.abs_diff(samples) > 1 || timed > limit {
         return (0, 1);
     }
     // What the buckets allow the sum to be (u128: nothing a guest writes
@@ -152,6 +159,21 @@ mod tests {
         // The next read completes it: the sums add up over the two.
         let (h2, clamps) = r.update(&[block(&[1000, 7000])], &[0]);
         assert_eq!((h2.count(), clamps[0]), (0, 0));
+    }
+
+    /// The one request in flight is lent once: a guest that times one
+    /// more request than it completes in every window is clamped from the
+    /// second window on, until its completions pay the first back.
+    #[test]
+    fn the_request_in_flight_is_not_granted_every_window() {
+        let mut r = LatencyReader::new(1);
+        let (h, clamps) = r.update(&[block(&[1000])], &[0]);
+        assert_eq!((h.count(), clamps[0]), (1, 0));
+        let (h, clamps) = r.update(&[block(&[1000; 2])], &[0]);
+        assert_eq!((h.count(), clamps[0]), (0, 1));
+        // Two completions: one pays the loan back, one is timed.
+        let (h, clamps) = r.update(&[block(&[1000; 3])], &[2]);
+        assert_eq!((h.count(), clamps[0]), (1, 0));
     }
 
     #[test]
