@@ -57,6 +57,8 @@
 //!   `tty` on a terminal) — `epoll_create1`, `epoll_ctl`, `epoll_wait`,
 //!   `read` (the input), `accept4` (a socket client, non-blocking at once),
 //!   `fcntl` (`F_DUPFD_CLOEXEC`: the client's copy for the output writer);
+//! * `serial-out` (`--serial tty`) — `epoll_create1`, `epoll_ctl`,
+//!   `epoll_wait`, `read` (its buffer's EventFd), and stdout with `write`;
 //! * `vmm-main` (installed once every thread runs, before it waits for the
 //!   exit) — `epoll_create1`, `epoll_ctl`, `epoll_wait`, `read` (signalfd),
 //!   `tgkill` (the vCPU kick), `unlink` (removing the `--api-socket` path
