@@ -12,6 +12,9 @@
  * binaries (uprobes, STAGEVM_IOC_ATTACH_MAP) are in probes.c. See
  * guest-agent/linux/README.md; the ABI is hypercall-abi/include/stagevm_abi.h.
  */
+/* Every message begins "stagevm: ", what operators and the tests look for. */
+#define pr_fmt(fmt) "stagevm: " fmt
+
 #include <linux/atomic.h>
 #include <linux/capability.h>
 #include <linux/cpumask.h>
@@ -150,14 +153,14 @@ static long do_register(struct stagevm_ioc_register __user *uarg)
 	ret = status_errno(status);
 	if (ret) {
 		sv.register_failures++;
-		pr_warn_ratelimited("stagevm: REGISTER of %llu bytes at %#llx refused: %s (%u)\n",
+		pr_warn_ratelimited("REGISTER of %llu bytes at %#llx refused: %s (%u)\n",
 				    sv.size, (u64)PFN_PHYS(pfn), stagevm_status_name(status), status);
 	} else {
 		sv.registered = true;
 		sv.num_stages = req.num_stages;
 		sv.layout = l;
 		sv.registrations++;
-		pr_info("stagevm: registered %u stages, %u vCPUs, %u ring entries%s%s\n",
+		pr_info("registered %u stages, %u vCPUs, %u ring entries%s%s\n",
 			req.num_stages, sv.num_vcpus, ring_entries, l.counters ? ", counters" : "",
 			l.latency ? ", latency" : "");
 	}
@@ -184,7 +187,7 @@ static int do_unregister(void)
 	sv.num_stages = 0;
 	sv.unregistrations++;
 	if (status != STAGEVM_OK) {
-		pr_warn_ratelimited("stagevm: UNREGISTER: %s (%u)\n", stagevm_status_name(status), status);
+		pr_warn_ratelimited("UNREGISTER: %s (%u)\n", stagevm_status_name(status), status);
 		return status_errno(status);
 	}
 	return 0;
@@ -224,7 +227,7 @@ static long stagevm_ioctl(struct file *file, unsigned int cmd, unsigned long arg
 		 * Otherwise anyone could detach root's map and register names
 		 * that make root's next attach be refused. */
 		if (stagevm_probes_attached() && !capable(CAP_SYS_ADMIN)) {
-			pr_warn_ratelimited("stagevm: UNREGISTER by pid %d refused: a stage map is attached (detaching it needs CAP_SYS_ADMIN)\n",
+			pr_warn_ratelimited("UNREGISTER by pid %d refused: a stage map is attached (detaching it needs CAP_SYS_ADMIN)\n",
 					    task_pid_nr(current));
 			ret = -EBUSY;
 		} else {
@@ -299,7 +302,7 @@ static int stagevm_mmap(struct file *file, struct vm_area_struct *vma)
 	/* The header, names and stage map are the kernel's and the host's. */
 	if ((vma->vm_pgoff << PAGE_SHIFT) < STAGEVM_RO_BYTES) {
 		if (vma->vm_flags & VM_WRITE) {
-			pr_warn_ratelimited("stagevm: writable mapping of the header page refused (pid %d)\n",
+			pr_warn_ratelimited("writable mapping of the header page refused (pid %d)\n",
 					    task_pid_nr(current));
 			return -EPERM;
 		}
@@ -343,7 +346,7 @@ static int __init stagevm_init(void)
 	mutex_init(&sv.lock);
 	sv.num_vcpus = vcpus ? vcpus : num_present_cpus();
 	if (area_layout(&l, 1)) {
-		pr_warn("stagevm: bad parameters: vcpus %u ring_entries %u\n", sv.num_vcpus,
+		pr_warn("bad parameters: vcpus %u ring_entries %u\n", sv.num_vcpus,
 			ring_entries);
 		return -EINVAL;
 	}
@@ -358,7 +361,7 @@ static int __init stagevm_init(void)
 	pfn = page_to_pfn(sv.pages);
 	/* The doorbell carries a 32-bit page frame number. */
 	if (pfn + (1UL << sv.order) > 0xffffffffUL) {
-		pr_warn("stagevm: area at %#llx is above the doorbell's reach\n",
+		pr_warn("area at %#llx is above the doorbell's reach\n",
 			(u64)PFN_PHYS(pfn));
 		ret = -ERANGE;
 		goto free;
@@ -368,7 +371,7 @@ static int __init stagevm_init(void)
 	ret = misc_register(&stagevm_misc);
 	if (ret)
 		goto free;
-	pr_info("stagevm: /dev/stagevm: %llu-byte area at %#llx, %u vCPUs, %u ring entries%s%s\n",
+	pr_info("/dev/stagevm: %llu-byte area at %#llx, %u vCPUs, %u ring entries%s%s\n",
 		sv.size, (u64)PFN_PHYS(pfn), sv.num_vcpus, ring_entries,
 		l.counters ? ", counters" : "", l.latency ? ", latency" : "");
 	return 0;

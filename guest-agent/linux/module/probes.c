@@ -56,6 +56,9 @@
  * Without CONFIG_UPROBES every call answers -EOPNOTSUPP (the test-linux
  * and MariaDB kernels have it: images/linux/kernel/).
  */
+/* Every message begins "stagevm: ", what operators and the tests look for. */
+#define pr_fmt(fmt) "stagevm: " fmt
+
 #include <linux/atomic.h>
 #include <linux/cpumask.h>
 #include <linux/file.h>
@@ -209,7 +212,7 @@ static void remember_thread(void)
 	if (i >= 0)
 		pm.threads[i].moved = true;
 	else if (atomic64_inc_return(&pm.threads_lost) == 1)
-		pr_warn_ratelimited("stagevm: more than %u threads moved by stage-map hits: the rest keep their vCPUs at detach (counted)\n",
+		pr_warn_ratelimited("more than %u threads moved by stage-map hits: the rest keep their vCPUs at detach (counted)\n",
 				    PROBED_THREADS);
 	spin_unlock_irqrestore(&pm.threads_lock, flags);
 }
@@ -470,7 +473,7 @@ long stagevm_probes_attach(const struct stagevm_agent_area *area,
 			 * for running handlers), so the table is ours to empty. */
 			unregister_probes(i);
 			reset = reset_threads();
-			pr_warn_ratelimited("stagevm: uprobe %u of %u at offset %#llx refused (%ld); nothing attached, %llu threads given every CPU back\n",
+			pr_warn_ratelimited("uprobe %u of %u at offset %#llx refused (%ld); nothing attached, %llu threads given every CPU back\n",
 					    i + 1, req.num_probes, in[i].offset, ret, reset);
 			iput(pm.inode);
 			pm.inode = NULL;
@@ -479,7 +482,7 @@ long stagevm_probes_attach(const struct stagevm_agent_area *area,
 	}
 	pm.num_probes = req.num_probes;
 	pm.map_attaches++;
-	pr_info("stagevm: stage map attached: %u uprobes on inode %lu, %u stages, requests %s\n",
+	pr_info("stage map attached: %u uprobes on inode %lu, %u stages, requests %s\n",
 		pm.num_probes, pm.inode->i_ino, area->num_stages,
 		pm.latency_on ? "timed" : "not timed");
 out:
@@ -504,7 +507,7 @@ long stagevm_probes_detach(void)
 	pm.inode = NULL;
 	kfree(pm.probes);
 	pm.probes = NULL;
-	pr_info("stagevm: stage map detached after %u uprobes, %llu threads given every CPU back\n",
+	pr_info("stage map detached after %u uprobes, %llu threads given every CPU back\n",
 		pm.num_probes, reset);
 	pm.num_probes = 0;
 	pm.map_detaches++;

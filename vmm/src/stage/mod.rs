@@ -41,37 +41,6 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use crate::abi::Obj;
 use crate::vstate::park::Parkers;
 
-/// Default drain period (µs): often enough that a 256-entry ring does not
-/// fill at the test guest's ~64k events/s per vCPU (docs/stage-protocol.md).
-pub const DEFAULT_DRAIN_PERIOD_US: u64 = 1000;
-
-/// What one drain pass found.
-#[derive(Debug, Default)]
-pub struct Drained {
-    /// A rings guest's valid events (its load signal) of every ring,
-    /// ordered by guest TSC (stable: events of one ring keep their ring
-    /// order on equal timestamps).
-    pub events: Vec<Event>,
-    /// A counters guest's valid trace events, in ring order per vCPU (not
-    /// a load signal: counted and logged).
-    pub trace: Vec<Event>,
-    /// vCPUs whose ring was resynchronised (events skipped): the controller
-    /// forgets what the vCPU was doing.
-    pub resynced: Vec<u32>,
-}
-
-/// Whether and why the rings need draining ([`StageDevice::drain_need`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Drain {
-    /// Nothing to drain: no area, or a counters guest without a trace.
-    No,
-    /// A rings guest: every event is its load signal, and its agent waits
-    /// on a full ring — drain every drain period.
-    Events,
-    /// A counters guest's lossy event trace.
-    Trace,
-}
-
 /// A successful REGISTER: what the scheduler needs to plan the first map.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Registered {
@@ -602,7 +571,7 @@ mod block_copy;
 pub use block_copy::{Blocks, CounterCopy};
 mod ring;
 use ring::Ring;
-pub use ring::{Event, MAX_DRAIN_PER_RING};
+pub use ring::{Drain, Drained, Event, DEFAULT_DRAIN_PERIOD_US, MAX_DRAIN_PER_RING};
 
 #[cfg(test)]
 mod tests;

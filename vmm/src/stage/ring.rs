@@ -1,6 +1,8 @@
 //! Draining one ring: every entry in `[tail, head)` is validated (sequence
 //! number = slot index, stage id in range) and either returned as an
 //! [`Event`] or counted as a drop; then the host's `tail` is published.
+//! What a drain pass of every ring found is a [`Drained`]; whether the
+//! rings need one, a [`Drain`].
 //!
 //! `head` is guest-written and untrusted: a head behind the tail, more than
 //! a ring ahead, or one that would run the free-running 64-bit index past
@@ -20,6 +22,37 @@ use crate::abi::Obj;
 /// 65,536 pre-filled entries took 10.6 s of one drain and 248 MB): 64 vCPUs
 /// × 4,096 entries bound a pass to ~262k events (~6 MiB of events).
 pub const MAX_DRAIN_PER_RING: u64 = 4096;
+
+/// Default drain period (µs): often enough that a 256-entry ring does not
+/// fill at the test guest's ~64k events/s per vCPU (docs/stage-protocol.md).
+pub const DEFAULT_DRAIN_PERIOD_US: u64 = 1000;
+
+/// What one drain pass found.
+#[derive(Debug, Default)]
+pub struct Drained {
+    /// A rings guest's valid events (its load signal) of every ring,
+    /// ordered by guest TSC (stable: events of one ring keep their ring
+    /// order on equal timestamps).
+    pub events: Vec<Event>,
+    /// A counters guest's valid trace events, in ring order per vCPU (not
+    /// a load signal: counted and logged).
+    pub trace: Vec<Event>,
+    /// vCPUs whose ring was resynchronised (events skipped): the controller
+    /// forgets what the vCPU was doing.
+    pub resynced: Vec<u32>,
+}
+
+/// Whether and why the rings need draining ([`StageDevice::drain_need`](super::StageDevice::drain_need)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drain {
+    /// Nothing to drain: no area, or a counters guest without a trace.
+    No,
+    /// A rings guest: every event is its load signal, and its agent waits
+    /// on a full ring — drain every drain period.
+    Events,
+    /// A counters guest's lossy event trace.
+    Trace,
+}
 
 /// Offset of `tail` in a [`RingHeader`].
 const TAIL_OFFSET: u64 = core::mem::offset_of!(RingHeader, tail) as u64;
