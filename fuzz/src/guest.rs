@@ -58,3 +58,27 @@ impl Drop for ZeroOnDrop<'_> {
         unsafe { std::ptr::write_bytes(host, 0, len as usize) };
     }
 }
+
+/// One split-ring descriptor table entry (VIRTIO 1.2 §2.7.5: `addr` le64,
+/// `len` le32, `flags` le16, `next` le16) at `addr` of `len` bytes, with
+/// flags drawn from `inp` (one in 8 arbitrary, else the low three bits:
+/// NEXT, WRITE, INDIRECT) and a next index (one in 8 arbitrary, else within
+/// a queue of `qsize` entries or just past it).
+pub fn descriptor(inp: &mut crate::input::Input, addr: u64, len: u32, qsize: u16) -> [u8; 16] {
+    let flags = if inp.one_in(8) {
+        inp.u16()
+    } else {
+        u16::from(inp.u8() % 8)
+    };
+    let next = if inp.one_in(8) {
+        inp.u16()
+    } else {
+        inp.below(u32::from(qsize) + 2) as u16
+    };
+    let mut entry = [0u8; 16];
+    entry[0..8].copy_from_slice(&addr.to_le_bytes());
+    entry[8..12].copy_from_slice(&len.to_le_bytes());
+    entry[12..14].copy_from_slice(&flags.to_le_bytes());
+    entry[14..16].copy_from_slice(&next.to_le_bytes());
+    entry
+}

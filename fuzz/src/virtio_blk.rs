@@ -166,20 +166,7 @@ fn run(local: &Local, data: &[u8]) {
             2 => 1,
             _ => 512 * (u32::from(inp.u8()) % 9),
         };
-        let flags = if inp.one_in(8) {
-            inp.u16()
-        } else {
-            u16::from(inp.u8() % 8)
-        };
-        let next = if inp.one_in(8) {
-            inp.u16()
-        } else {
-            inp.below(u32::from(qsize) + 2) as u16
-        };
-        entry[0..8].copy_from_slice(&addr.to_le_bytes());
-        entry[8..12].copy_from_slice(&len.to_le_bytes());
-        entry[12..14].copy_from_slice(&flags.to_le_bytes());
-        entry[14..16].copy_from_slice(&next.to_le_bytes());
+        entry.copy_from_slice(&crate::guest::descriptor(&mut inp, addr, len, qsize));
         points_into_rings |= addr < RINGS_END && addr.saturating_add(u64::from(len)) > DESC;
     }
     if desc
