@@ -53,19 +53,15 @@ pub(super) fn attach_disks(
         }
         let mut block = virtio::MmioBlock::new(name, path.clone(), base, backend)?;
         if linux_boot {
-            let irq = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK)?;
-            vm_fd
-                .register_irqfd(&irq, gsi)
-                .map_err(kvm_err("KVM_IRQFD for a virtio-blk device"))?;
-            block.set_irq(irq);
+            block.set_irq(irqfd(vm_fd, gsi, "KVM_IRQFD for a virtio-blk device")?);
         }
         if !acpi {
-            append_word(cmdline, &block.cmdline_word(gsi));
+            append_word(cmdline, &virtio::mmio::cmdline_word(base, gsi));
         }
         let ioeventfd = vm_fd
             .register_ioevent(
                 &block.notify,
-                &kvm_ioctls::IoEventAddress::Mmio(base + 0x50),
+                &notify_address(base),
                 kvm_ioctls::NoDatamatch,
             )
             .map_err(|e| tracing::info!("ioeventfd refused ({e}): notifications via MMIO exits"))
@@ -108,19 +104,15 @@ pub(super) fn attach_nets(
         let mac = net.mac.unwrap_or_else(virtio::net::generate_mac);
         let mut dev = virtio::net::MmioNet::new(format!("net{i}"), base, mac, tap)?;
         if linux_boot {
-            let irq = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK)?;
-            vm_fd
-                .register_irqfd(&irq, gsi)
-                .map_err(kvm_err("KVM_IRQFD for a virtio-net device"))?;
-            dev.set_irq(irq);
+            dev.set_irq(irqfd(vm_fd, gsi, "KVM_IRQFD for a virtio-net device")?);
         }
         if !acpi {
-            append_word(cmdline, &dev.cmdline_word(gsi));
+            append_word(cmdline, &virtio::mmio::cmdline_word(base, gsi));
         }
         let mut ioeventfd = true;
         for (q, fd) in dev.notify.iter().enumerate() {
             ioeventfd &= vm_fd
-                .register_ioevent(fd, &kvm_ioctls::IoEventAddress::Mmio(base + 0x50), q as u32)
+                .register_ioevent(fd, &notify_address(base), q as u32)
                 .map_err(|e| {
                     tracing::info!("ioeventfd refused ({e}): notifications via MMIO exits")
                 })
@@ -129,4 +121,23 @@ pub(super) fn attach_nets(
         nets.push((Arc::new(dev), ioeventfd));
     }
     Ok(nets)
+}
+
+/// A Linux guest's used-buffer interrupt on GSI `gsi`: an `EventFd` bound
+/// to it as an irqfd. Errors: the `EventFd` or the binding (`what` names
+/// the ioctl and the device in the error).
+fn irqfd(
+    vm_fd: &VmFd,
+    gsi: u32,
+    what: &'static str,
+) -> Result<vmm_sys_util::eventfd::EventFd, VmmError> {
+    let irq = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK)?;
+    vm_fd.register_irqfd(&irq, gsi).map_err(kvm_err(what))?;
+    Ok(irq)
+}
+
+/// The `QueueNotify` register of the window at `base`, where KVM's
+/// ioeventfds listen.
+fn notify_address(base: u64) -> kvm_ioctls::IoEventAddress {
+    kvm_ioctls::IoEventAddress::Mmio(base + virtio::mmio::reg::QUEUE_NOTIFY)
 }

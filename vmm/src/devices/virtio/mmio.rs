@@ -140,6 +140,12 @@ pub trait VirtioDevice: Send + Sync {
     fn activate(&self, _features: u64) {}
 }
 
+/// The kernel command-line word (`virtio_mmio.device=4K@BASE:IRQ`, Linux's
+/// `virtio_mmio` driver) of the window at GPA `base` interrupting on `irq`.
+pub fn cmdline_word(base: u64, irq: u32) -> String {
+    format!("virtio_mmio.device=4K@{base:#x}:{irq}")
+}
+
 /// The copy of `bytes` at `offset` of `space` into `data`, zeros past its
 /// end (a config space read).
 pub fn read_bytes(space: &[u8], offset: u64, data: &mut [u8]) {

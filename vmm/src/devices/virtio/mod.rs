@@ -123,11 +123,6 @@ impl MmioBlock {
         &self.block
     }
 
-    /// The `virtio_mmio.device=` word for the kernel command line.
-    pub fn cmdline_word(&self, irq: u32) -> String {
-        format!("virtio_mmio.device=4K@{:#x}:{irq}", self.base)
-    }
-
     fn lock_queue(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.queues[0].lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -158,11 +158,6 @@ impl MmioNet {
         self.mac
     }
 
-    /// The `virtio_mmio.device=` word for the kernel command line.
-    pub fn cmdline_word(&self, irq: u32) -> String {
-        format!("virtio_mmio.device=4K@{:#x}:{irq}", self.base)
-    }
-
     fn lock_queue(&self, index: usize) -> MutexGuard<'_, Queue> {
         self.queues[index].lock().unwrap_or_else(|p| p.into_inner())
     }
