@@ -85,13 +85,13 @@ pub struct Bus {
     stage: Option<Arc<StageDevice>>,
     legacy: Option<Legacy>,
     /// The virtio-mmio register windows, by GPA of their first byte
-    /// (each [`virtio::MMIO_SIZE`] long).
+    /// (each [`virtio::MMIO_SIZE`] long), each knowing whether KVM
+    /// delivers its queue notifications (ioeventfd).
     mmio: BTreeMap<u64, virtio::mmio::MmioTransport>,
-    /// The block devices among them (reports, I/O threads) and whether
-    /// KVM delivers their queue notifications (ioeventfd).
-    blocks: Vec<(virtio::SharedBlock, bool)>,
-    /// The network devices among them, likewise.
-    nets: Vec<(Arc<virtio::net::MmioNet>, bool)>,
+    /// The block devices among them (reports, I/O threads).
+    blocks: Vec<virtio::SharedBlock>,
+    /// The network devices among them.
+    nets: Vec<Arc<virtio::net::MmioNet>>,
 }
 
 impl Bus {
@@ -218,7 +218,7 @@ impl Bus {
     /// signals its notifications itself.
     pub fn add_block(&mut self, block: virtio::SharedBlock, ioeventfd: bool) {
         self.add_mmio(block.clone(), ioeventfd);
-        self.blocks.push((block, ioeventfd));
+        self.blocks.push(block);
     }
 
     /// Maps `device`'s register window at its base GPA.
@@ -230,14 +230,14 @@ impl Bus {
 
     /// The block devices.
     pub fn blocks(&self) -> impl Iterator<Item = &virtio::SharedBlock> {
-        self.blocks.iter().map(|(b, _)| b)
+        self.blocks.iter()
     }
 
     /// The block devices' reports.
     pub fn block_reports(&self) -> Vec<virtio::block::BlockReport> {
         self.blocks
             .iter()
-            .map(|(b, ioeventfd)| b.report(*ioeventfd))
+            .map(|b| b.report(self.ioeventfd(b.base)))
             .collect()
     }
 
@@ -245,20 +245,25 @@ impl Bus {
     /// signals its notifications itself.
     pub fn add_net(&mut self, net: Arc<virtio::net::MmioNet>, ioeventfd: bool) {
         self.add_mmio(net.clone(), ioeventfd);
-        self.nets.push((net, ioeventfd));
+        self.nets.push(net);
     }
 
     /// The network devices.
     pub fn nets(&self) -> impl Iterator<Item = &Arc<virtio::net::MmioNet>> {
-        self.nets.iter().map(|(n, _)| n)
+        self.nets.iter()
     }
 
     /// The network devices' reports.
     pub fn net_reports(&self) -> Vec<virtio::net::NetReport> {
         self.nets
             .iter()
-            .map(|(n, ioeventfd)| n.report(*ioeventfd))
+            .map(|n| n.report(self.ioeventfd(n.base)))
             .collect()
+    }
+
+    /// Whether KVM delivers the notifications of the window at `base`.
+    fn ioeventfd(&self, base: u64) -> bool {
+        self.mmio.get(&base).is_some_and(|t| t.ioeventfd())
     }
 
     /// The register window holding `addr`, and `addr`'s offset in it.
