@@ -87,28 +87,6 @@ fn sigterm_with_a_10s_drain_period_exits_within_half_a_second() {
     assert!(r.sched.helpers.iter().any(|h| h.name == "stage-sched"));
 }
 
-/// A pseudo-terminal: its master and its slave, both open.
-fn open_pty() -> (std::os::fd::OwnedFd, std::fs::File) {
-    use std::os::fd::FromRawFd;
-    // SAFETY: posix_openpt/grantpt/unlockpt/ptsname on a descriptor owned
-    // here; ptsname's string is copied before any other call.
-    unsafe {
-        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
-        assert!(m >= 0, "no pty: {}", std::io::Error::last_os_error());
-        assert_eq!(libc::grantpt(m), 0);
-        assert_eq!(libc::unlockpt(m), 0);
-        let name = std::ffi::CStr::from_ptr(libc::ptsname(m))
-            .to_string_lossy()
-            .into_owned();
-        let slave = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&name)
-            .unwrap();
-        (std::os::fd::OwnedFd::from_raw_fd(m), slave)
-    }
-}
-
 /// Issue 36, item 5: stdout is a pipe nobody reads and stdin a terminal
 /// (`--serial tty` then reads it); the guest (`console=1`) answers the
 /// lines typed on the terminal until its answers exceed what the pipe
@@ -118,27 +96,20 @@ fn open_pty() -> (std::os::fd::OwnedFd, std::fs::File) {
 /// flush then waited for.
 #[test]
 fn a_stalled_stdout_never_blocks_the_vcpus() {
+    use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
     use std::io::Write;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsRawFd;
     use std::process::{Command, Stdio};
     let _lock = vm_lock();
     let report = report_path("stalled-stdout");
-    let (master, slave) = open_pty();
+    let pty = nix::pty::openpty(None, None).expect("a pseudo-terminal");
     // Raw mode: the lines reach the VMM as typed, and nothing is echoed
     // back into the master that this test never reads.
-    // SAFETY: tcgetattr/cfmakeraw/tcsetattr on the open slave.
-    unsafe {
-        let mut t: libc::termios = std::mem::zeroed();
-        assert_eq!(libc::tcgetattr(slave.as_raw_fd(), &mut t), 0);
-        libc::cfmakeraw(&mut t);
-        assert_eq!(libc::tcsetattr(slave.as_raw_fd(), libc::TCSANOW, &t), 0);
-    }
-    let mut fds = [0; 2];
-    // SAFETY: pipe2(2) fills two descriptors, owned below.
-    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-    // SAFETY: both were just created and are owned by nothing else.
-    let (read_end, write_end) =
-        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let mut t = tcgetattr(&pty.slave).unwrap();
+    cfmakeraw(&mut t);
+    tcsetattr(&pty.slave, SetArg::TCSANOW, &t).unwrap();
+    let (master, slave) = (pty.master, pty.slave);
+    let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
     let args = guest_args_with_report(
         &report,
         &[
