@@ -237,8 +237,7 @@ impl Host {
     pub fn start_draining(&mut self, period: Duration) {
         let (sched, exit) = (self.sched.clone(), self.exit.clone());
         self.drainer = Some(std::thread::spawn(move || {
-            sched
-                .run(period, &exit, stagevm::seccomp::SeccompMode::Off)
+            stagevm::sched_loop::run(&sched, period, &exit, stagevm::seccomp::SeccompMode::Off)
                 .unwrap();
         }));
     }

@@ -7,13 +7,11 @@
 //! * [`exit`] — how a VM ends and the exit `EventFd` every loop waits on,
 //! * [`error`] — the VMM's errors,
 //! * [`poll`] — the epoll helper of the event loops,
-//! * [`ratelimit`] — rate-limited logging of what a guest can trigger,
 //! * [`config`] — parsed command-line values,
 //! * [`arch`] — x86-64 registers, layout, Linux boot, ACPI, page walks,
-//! * [`vstate`] — the vCPU run loop, WAIT/WAKE parking, guest memory,
+//! * [`vstate`] — the vCPU run loop and guest memory,
 //! * [`devices`] — the I/O bus, legacy devices, virtio-mmio block,
-//! * [`stage`] — the stage device: speaks the stage-channel ABI,
-//! * [`sched`] — stage scheduling: controller, pinner, the `stage-sched` loop,
+//! * [`sched_loop`] — the `stage-sched` thread's loop,
 //! * [`seccomp`] — one seccomp filter per thread kind.
 //!
 //! Data flows one way: guest counters ([`stage::StageDevice::read_counters`],
@@ -21,10 +19,13 @@
 //! older guest's events or a trace) → [`sched::Controller`] → host-sched
 //! policy → plan → stage map
 //! ([`stage::StageDevice::publish`]) and pins ([`sched::Pinner::apply`]).
-//! The guest/host contract lives in the `hypercall-abi` crate; the report
-//! types in `stagevm-report`.
+//! The stage device and its scheduling ([`stage`], [`sched`]; WAIT/WAKE
+//! parking, [`abi`]'s guest-memory objects, [`ratelimit`]) are the
+//! `stage-device` crate, which any rust-vmm VMM can embed
+//! (docs/embedding.md); this VMM is its first user. The guest/host
+//! contract lives in the `hypercall-abi` crate; the report types in
+//! `stagevm-report`.
 
-pub mod abi;
 pub mod api;
 pub mod arch;
 pub mod builder;
@@ -33,9 +34,9 @@ pub mod devices;
 pub mod error;
 pub mod exit;
 pub mod poll;
-pub mod ratelimit;
-pub mod sched;
+pub mod sched_loop;
 pub mod seccomp;
-pub mod stage;
 pub mod vmm;
 pub mod vstate;
+
+pub use stage_device::{abi, guest_warn, ratelimit, sched, stage};

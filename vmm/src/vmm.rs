@@ -229,7 +229,9 @@ impl Vmm {
                         .name("stage-sched".into())
                         .spawn(move || {
                             let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
-                            if let Err(e) = sched.run(period, exit.fd(), seccomp) {
+                            if let Err(e) =
+                                crate::sched_loop::run(&sched, period, exit.fd(), seccomp)
+                            {
                                 exit.request(VmExit::ThreadFailure {
                                     thread: "stage-sched".into(),
                                     reason: e.to_string(),

@@ -160,7 +160,7 @@ impl Bus {
         data.fill(0xff);
         if let Some(legacy) = self.legacy.as_ref().filter(|_| Legacy::handles(port)) {
             legacy.pio_read(port, data);
-        } else if let Some(stage) = self.stage.as_ref().filter(|_| StageDevice::handles(port)) {
+        } else if let Some(stage) = self.stage.as_ref().filter(|_| crate::stage::handles(port)) {
             stage.read_status(vcpu, port, data);
         } else if let Some(offset) = Self::serial_offset(port) {
             if let Some(first) = data.first_mut() {
@@ -177,7 +177,7 @@ impl Bus {
         if let Some(legacy) = self.legacy.as_ref().filter(|_| Legacy::handles(port)) {
             return legacy.pio_write(port, data);
         }
-        if let Some(stage) = self.stage.as_ref().filter(|_| StageDevice::handles(port)) {
+        if let Some(stage) = self.stage.as_ref().filter(|_| crate::stage::handles(port)) {
             return match stage.doorbell(vcpu, port, data) {
                 Some(registered) => PioAction::StageRegistered(registered),
                 None => PioAction::Continue,

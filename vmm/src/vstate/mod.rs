@@ -1,7 +1,6 @@
-//! vCPU state: the per-vCPU run loop ([`vcpu`]), the parking of a vCPU
-//! thread that rings the WAIT doorbell ([`park`]) and guest memory
-//! ([`memory`]).
+//! vCPU state: the per-vCPU run loop ([`vcpu`]) and guest memory
+//! ([`memory`]). A vCPU thread that rings the WAIT doorbell parks in the
+//! stage device ([`stage_device::park`]).
 
 pub mod memory;
-pub mod park;
 pub mod vcpu;

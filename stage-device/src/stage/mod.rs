@@ -6,7 +6,7 @@
 //!   VMM's fixed structures, page-aligned size, magic, version, layout),
 //!   snapshots its header and returns the stage names to the caller, which
 //!   asks the scheduler for the first stage map; UNREGISTER forgets the
-//!   area; WAIT parks the calling vCPU thread ([`crate::vstate::park`])
+//!   area; WAIT parks the calling vCPU thread ([`crate::park`])
 //!   until a WAKE or a timeout; WAKE unparks a vCPU. Each command's
 //!   [`Status`] is read back from [`DOORBELL_STATUS`].
 //! * [`StageDevice::read_counters`] (ABI minor 2): a copy of every vCPU's
@@ -36,10 +36,10 @@ use hypercall_abi::stage::{
     DOORBELL_WAKE, MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, WAIT_MAX_US,
 };
 use stagevm_report::{ChannelReport, VcpuRingStats};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use crate::abi::Obj;
-use crate::vstate::park::Parkers;
+use crate::park::Parkers;
 
 /// A successful REGISTER: what the scheduler needs to plan the first map.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,8 +100,8 @@ struct Inner {
 
 /// The stage device of one VM. Shared by the vCPU threads (doorbell) and the
 /// `stage-sched` thread (drain, publish).
-pub struct StageDevice {
-    memory: GuestMemoryMmap,
+pub struct StageDevice<M: GuestMemoryBackend = GuestMemoryMmap> {
+    memory: M,
     mem_size: u64,
     num_vcpus: u32,
     tsc_khz: u64,
@@ -117,17 +117,28 @@ pub struct StageDevice {
     trace_every: AtomicU64,
 }
 
+/// True for the I/O ports the stage device decodes (its doorbells,
+/// [`hypercall_abi::stage::DOORBELL_REGISTER`] and the next three): the
+/// VMM's port-I/O exit handler sends these to [`StageDevice::doorbell`]
+/// (an `out`) and [`StageDevice::read_status`] (an `in`).
+pub fn handles(port: u16) -> bool {
+    matches!(
+        port,
+        DOORBELL_REGISTER | DOORBELL_UNREGISTER | DOORBELL_WAIT | DOORBELL_WAKE
+    )
+}
+
 fn status_name(s: Status) -> String {
     format!("{s:?}")
 }
 
-impl StageDevice {
+impl<M: GuestMemoryBackend> StageDevice<M> {
     /// A device for a VM of `num_vcpus` vCPUs with RAM `memory` ending at
     /// GPA `mem_size` (its ranges may leave a hole below); `tsc_khz` is the guest TSC frequency (kHz, 0 if unknown), which
     /// REGISTER writes into the area's header; `drain_period_us` is only
     /// recorded for the report.
     pub fn new(
-        memory: GuestMemoryMmap,
+        memory: M,
         mem_size: u64,
         num_vcpus: u32,
         tsc_khz: u64,
@@ -174,14 +185,6 @@ impl StageDevice {
     /// Guest TSC frequency (kHz; 0 if unknown).
     pub fn tsc_khz(&self) -> u64 {
         self.tsc_khz
-    }
-
-    /// True for the ports this device decodes.
-    pub fn handles(port: u16) -> bool {
-        matches!(
-            port,
-            DOORBELL_REGISTER | DOORBELL_UNREGISTER | DOORBELL_WAIT | DOORBELL_WAKE
-        )
     }
 
     /// A doorbell `out` from `vcpu`. WAIT blocks the calling thread. Returns
@@ -321,9 +324,8 @@ impl StageDevice {
             .map_err(|_| Status::BadRange)?;
         let layout = validate_header(&header.0, self.num_vcpus)?;
         // Within RAM, and in one range of it (not across the MMIO hole).
-        let in_ram = usize::try_from(header.0.area_size).is_ok_and(|len| {
-            vm_memory::GuestMemoryBackend::check_range(&self.memory, GuestAddress(gpa), len)
-        });
+        let in_ram = usize::try_from(header.0.area_size)
+            .is_ok_and(|len| GuestMemoryBackend::check_range(&self.memory, GuestAddress(gpa), len));
         match gpa.checked_add(header.0.area_size) {
             Some(end) if end <= self.mem_size && in_ram => Ok(layout),
             _ => Err(Status::BadRange),

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 
 use hypercall_abi::stage::{Layout, RingHeader, StageEvent, STAGE_NONE};
 use stagevm_report::VcpuRingStats;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::abi::Obj;
 
@@ -77,9 +77,9 @@ fn log_drop(count: u64, vcpu: u32, what: &str, detail: std::fmt::Arguments) {
 }
 
 /// Where one ring lives and where the host stopped reading it.
-pub(super) struct Ring<'a> {
+pub(super) struct Ring<'a, M: GuestMemoryBackend> {
     /// Guest memory.
-    pub memory: &'a GuestMemoryMmap,
+    pub memory: &'a M,
     /// GPA of the registered area.
     pub area_gpa: u64,
     /// The area's validated layout.
@@ -88,7 +88,7 @@ pub(super) struct Ring<'a> {
     pub vcpu: u32,
 }
 
-impl Ring<'_> {
+impl<M: GuestMemoryBackend> Ring<'_, M> {
     fn publish_tail(&self, tail: u64) {
         let ring = self.area_gpa + self.layout.ring_offset(self.vcpu);
         let _ = self

@@ -9,7 +9,7 @@
 use std::sync::atomic::{fence, Ordering};
 
 use hypercall_abi::stage::{VcpuCounters, VcpuLatency};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::{host_tsc, Inner, StageDevice};
 use crate::abi::Obj;
@@ -38,7 +38,7 @@ pub struct Blocks {
     pub latency: Vec<VcpuLatency>,
 }
 
-impl StageDevice {
+impl<M: GuestMemoryBackend> StageDevice<M> {
     /// Copies every vCPU's [`VcpuCounters`] into `out` (cleared first);
     /// `None` without an area or when the area has no counters. O(vCPUs ×
     /// 768 bytes).
@@ -105,7 +105,7 @@ impl StageDevice {
 /// (the accounting's rules, docs/stage-protocol.md §8). A failed read
 /// (cannot happen in the validated area) reads as zeros, which the
 /// accounting treats as counters that went backwards.
-fn copy_block(memory: &GuestMemoryMmap, at: GuestAddress) -> VcpuCounters {
+fn copy_block<M: GuestMemoryBackend>(memory: &M, at: GuestAddress) -> VcpuCounters {
     let state = || memory.load::<u64>(at, Ordering::Acquire).unwrap_or(0);
     let mut block = VcpuCounters::default();
     for _ in 0..COPY_TRIES {
@@ -128,7 +128,7 @@ fn copy_block(memory: &GuestMemoryMmap, at: GuestAddress) -> VcpuCounters {
 /// recorded request whole, and at most one in flight (its bucket, perhaps
 /// its sum, not yet its `samples`). Retried up to [`COPY_TRIES`] times; a
 /// failed read reads as zeros (counters that went backwards).
-fn copy_latency(memory: &GuestMemoryMmap, at: GuestAddress) -> VcpuLatency {
+fn copy_latency<M: GuestMemoryBackend>(memory: &M, at: GuestAddress) -> VcpuLatency {
     let samples = || memory.load::<u64>(at, Ordering::Acquire).unwrap_or(0);
     let mut block = VcpuLatency::default();
     for _ in 0..COPY_TRIES {

@@ -40,9 +40,9 @@ use stagevm_report::{AutoReport, ChannelReport, ModeReport, SchedReport, TrialRe
 pub use accounting::Accounting;
 pub use controller::{Change, Controller, Decision};
 pub use pinner::{Pinner, ThreadCpu};
-pub use stage_sched::StageSched;
+pub use stage_sched::{Pacer, StageSched};
 
-impl StageSched {
+impl<M: vm_memory::GuestMemoryBackend + Send + Sync> StageSched<M> {
     /// The final drain and counter read after the guest stopped, and the
     /// reports: the stage channel's counters (`None` without a device) and
     /// what the scheduler did, with the whole timeline moved out of the

@@ -78,7 +78,7 @@ macro_rules! guest_warn {
     ($($arg:tt)*) => {{
         static LIMIT: $crate::ratelimit::RateLimit = $crate::ratelimit::RateLimit::new();
         if LIMIT.allow() {
-            tracing::warn!($($arg)*);
+            $crate::__tracing::warn!($($arg)*);
         }
     }};
 }

@@ -11,19 +11,17 @@
 //! [`TRACE_CPU_BUDGET`] of a core allows (a lossy trace is not worth more:
 //! a full ring drops events, counted, and the guest never waits).
 
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use host_sched::config::StagesConfigError;
 use host_sched::vm::Setup;
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
-use vmm_sys_util::timerfd::TimerFd;
 
 use super::controller::{Change, Controller, Decision};
 use super::cpu::read_schedstat;
 use super::pinner::{thread_cpu_ns, Pinner};
-use crate::poll::Poller;
 use crate::stage::{Blocks, Drain, Registered, StageDevice};
 
 /// Most of a core the `stage-sched` thread spends on a counters guest's
@@ -32,29 +30,26 @@ use crate::stage::{Blocks, Drain, Registered, StageDevice};
 /// of two 256-entry rings cost ~37 µs, so ~3.7 ms between drains).
 pub const TRACE_CPU_BUDGET: f64 = 0.01;
 
-/// Epoll tokens of the `stage-sched` loop.
-const TOKEN_EXIT: u64 = 0;
-const TOKEN_TIMER: u64 = 1;
-const TOKEN_REGISTERED: u64 = 2;
-
 /// The stage scheduling of one VM: controller, pinner and the stage device
-/// they drive (none with `--no-stage-device`).
-pub struct StageSched {
+/// they drive (none with `--no-stage-device`), over the VMM's guest memory
+/// `M` (any `vm-memory` [`GuestMemoryBackend`], e.g. `GuestMemoryMmap<B>` for any
+/// dirty bitmap `B`).
+pub struct StageSched<M: GuestMemoryBackend = GuestMemoryMmap> {
     pub(super) controller: Mutex<Controller>,
     pub(super) pinner: Pinner,
-    pub(super) device: Option<Arc<StageDevice>>,
+    pub(super) device: Option<Arc<StageDevice<M>>>,
     /// Written at each REGISTER: the loop starts a policy period at once.
     registered: EventFd,
 }
 
-impl StageSched {
+impl<M: GuestMemoryBackend + Send + Sync> StageSched<M> {
     /// Stage scheduling for a VM of `num_vcpus` vCPUs under `setup`,
     /// driving `device`. Errors: the "registered" `EventFd` cannot be
     /// created.
     pub fn new(
         setup: &Setup,
         num_vcpus: u32,
-        device: Option<Arc<StageDevice>>,
+        device: Option<Arc<StageDevice<M>>>,
     ) -> std::io::Result<Arc<Self>> {
         let tsc_khz = device.as_ref().map_or(0, |d| d.tsc_khz());
         let controller = Controller::new(setup, num_vcpus, tsc_khz);
@@ -80,7 +75,7 @@ impl StageSched {
     }
 
     /// The stage device, if the VM has one.
-    pub fn device(&self) -> Option<&Arc<StageDevice>> {
+    pub fn device(&self) -> Option<&Arc<StageDevice<M>>> {
         self.device.as_ref()
     }
 
@@ -216,81 +211,98 @@ impl StageSched {
         }
     }
 
-    /// The `stage-sched` thread's loop: runs a policy period right after a
-    /// served REGISTER and then every policy period, drains the rings while
-    /// they need it (`StageSched::tick`; a `timerfd` whose interval
-    /// follows), and returns as soon as `exit` is readable (it is never
-    /// reset: every loop of the VM sees it). Errors: the epoll or timer
-    /// descriptors cannot be set up.
-    pub fn run(
-        &self,
+    /// The "a REGISTER was served" descriptor: readable after
+    /// [`StageSched::on_register`] planned a first map, so the VMM's
+    /// `stage-sched` loop starts a policy period at once
+    /// ([`Pacer::wake`]); the loop reads it to clear it.
+    pub fn registered_fd(&self) -> &EventFd {
+        &self.registered
+    }
+}
+
+/// The pace of the `stage-sched` loop, apart from the loop itself (whose
+/// thread, epoll set, timer and seccomp filter belong to the VMM): it runs
+/// a policy period right after a served REGISTER and then every policy
+/// period, drains the rings while they need it, and says how often the
+/// loop must wake ([`StageSched::tick`]). The VMM calls [`Pacer::wake`]
+/// each time its timer or [`StageSched::registered_fd`] fires.
+pub struct Pacer {
+    drain_period: Duration,
+    tick: Duration,
+    next_period: Instant,
+    periods: u64,
+    buf: Blocks,
+    /// The calling thread's CPU time (ns) at the last wake-up.
+    cpu: u64,
+    /// CPU per wake-up (ns), smoothed: the trace's drain interval follows.
+    wake_cost_ns: f64,
+}
+
+impl Pacer {
+    /// The pace for `sched` with rings drained every `drain_period` while
+    /// they need it (a rings guest; a trace is drained less often, see
+    /// [`TRACE_CPU_BUDGET`]). Call it on the thread that will call
+    /// [`Pacer::wake`]: it measures that thread's CPU time.
+    pub fn new<M: GuestMemoryBackend + Send + Sync>(
+        sched: &StageSched<M>,
         drain_period: Duration,
-        exit: &EventFd,
-        seccomp: crate::seccomp::SeccompMode,
-    ) -> std::io::Result<()> {
-        self.pinner.start_helper_thread("stage-sched");
-        crate::exit::test_panic_hook("stage-sched");
-        let mut timer = TimerFd::new()?;
-        // CPU per wake-up (ns), smoothed: the trace's drain interval follows.
-        let mut wake_cost_ns = 0.0;
-        let mut tick = self.tick(drain_period, wake_cost_ns);
-        timer.reset(tick, Some(tick))?;
-        let mut poller = Poller::new(&[
-            (exit.as_raw_fd(), TOKEN_EXIT),
-            (timer.as_raw_fd(), TOKEN_TIMER),
-            (self.registered.as_raw_fd(), TOKEN_REGISTERED),
-        ])?;
-        crate::seccomp::install(crate::seccomp::ThreadKind::StageSched, seccomp)
-            .map_err(std::io::Error::other)?;
-        let mut next_period = Instant::now() + self.period();
-        let mut periods = 0u64;
-        let mut buf = Blocks::default();
-        let mut cpu = thread_cpu_ns();
-        loop {
-            let mut now_registered = false;
-            for token in poller.wait()? {
-                match token {
-                    TOKEN_EXIT => return Ok(()),
-                    TOKEN_TIMER => {
-                        let _ = timer.wait();
-                    }
-                    _ => {
-                        let _ = self.registered.read();
-                        now_registered = true;
-                    }
-                }
-            }
-            let need = self.drain_need();
-            if need != Drain::No {
-                self.drain();
-            }
-            // Half a tick early counts as due: the timer and the period
-            // share their start, and timers fire a little late or early.
-            if now_registered || Instant::now() + tick / 2 >= next_period {
-                self.policy_period(periods, &mut buf);
-                periods += 1;
-                // The period may have changed (`PUT /api/v1/stages.policy`).
-                next_period = Instant::now() + self.period();
-            }
-            // This wake-up's CPU (the wait's system calls included), for
-            // the trace's budget.
-            let now_cpu = thread_cpu_ns();
-            let spent = now_cpu.saturating_sub(cpu) as f64;
-            cpu = now_cpu;
-            if need == Drain::Trace {
-                wake_cost_ns = if wake_cost_ns == 0.0 {
-                    spent
-                } else {
-                    0.8 * wake_cost_ns + 0.2 * spent
-                };
-            }
-            let want = self.tick(drain_period, wake_cost_ns);
-            // Re-arm only on a real change (a re-arm is a system call).
-            if want.abs_diff(tick) > tick / 8 {
-                tick = want;
-                timer.reset(tick, Some(tick))?;
-            }
+    ) -> Self {
+        Self {
+            drain_period,
+            tick: sched.tick(drain_period, 0.0),
+            next_period: Instant::now() + sched.period(),
+            periods: 0,
+            buf: Blocks::default(),
+            cpu: thread_cpu_ns(),
+            wake_cost_ns: 0.0,
         }
+    }
+
+    /// The interval the loop's timer must fire at now (at most the policy
+    /// period).
+    pub fn tick(&self) -> Duration {
+        self.tick
+    }
+
+    /// One wake-up of the loop (`registered`: a REGISTER was served since
+    /// the last): drains the rings if they need it and runs a policy
+    /// period if one is due. Returns the timer's new interval when it
+    /// changed by more than an eighth (a re-arm is a system call), else
+    /// `None`.
+    pub fn wake<M: GuestMemoryBackend + Send + Sync>(
+        &mut self,
+        sched: &StageSched<M>,
+        registered: bool,
+    ) -> Option<Duration> {
+        let need = sched.drain_need();
+        if need != Drain::No {
+            sched.drain();
+        }
+        // Half a tick early counts as due: the timer and the period share
+        // their start, and timers fire a little late or early.
+        if registered || Instant::now() + self.tick / 2 >= self.next_period {
+            sched.policy_period(self.periods, &mut self.buf);
+            self.periods += 1;
+            // The period may have changed (`PUT /api/v1/stages.policy`).
+            self.next_period = Instant::now() + sched.period();
+        }
+        // This wake-up's CPU (the wait's system calls included), for the
+        // trace's budget.
+        let now_cpu = thread_cpu_ns();
+        let spent = now_cpu.saturating_sub(self.cpu) as f64;
+        self.cpu = now_cpu;
+        if need == Drain::Trace {
+            self.wake_cost_ns = if self.wake_cost_ns == 0.0 {
+                spent
+            } else {
+                0.8 * self.wake_cost_ns + 0.2 * spent
+            };
+        }
+        let want = sched.tick(self.drain_period, self.wake_cost_ns);
+        (want.abs_diff(self.tick) > self.tick / 8).then(|| {
+            self.tick = want;
+            want
+        })
     }
 }
 
