@@ -66,8 +66,10 @@ impl Pinner {
     }
 
     /// Called by vCPU thread `index` when it starts: records its thread id
-    /// and pins it to its current cores (errors are logged, not fatal).
+    /// and pins it to its current cores (errors are logged, not fatal), and
+    /// records the index as the thread's ([`crate::stage::current_vcpu`]).
     pub fn start_vcpu_thread(&self, index: u32) {
+        crate::stage::set_current_vcpu(index);
         let tid = gettid();
         let mut st = self.lock();
         let Some(cores) = st.applied.get(index as usize).cloned() else {

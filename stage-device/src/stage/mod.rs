@@ -572,8 +572,10 @@ impl<M: GuestMemoryBackend> StageDevice<M> {
 mod block_copy;
 pub use block_copy::{Blocks, CounterCopy};
 mod ring;
+mod vcpu_thread;
 use ring::Ring;
 pub use ring::{Drain, Drained, Event, DEFAULT_DRAIN_PERIOD_US, MAX_DRAIN_PER_RING};
+pub use vcpu_thread::{current_vcpu, set_current_vcpu};
 
 #[cfg(test)]
 mod tests;

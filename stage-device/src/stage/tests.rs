@@ -453,3 +453,44 @@ fn unregister_in_a_loop_keeps_a_bounded_trace_backlog() {
     assert_eq!((drained.trace.len(), drained.events.len()), (2 * 4096, 0));
     assert_eq!(dev.drain_need(), Drain::No);
 }
+
+/// The device over guest memory with a dirty-page bitmap, the kind Cloud
+/// Hypervisor (`GuestMemoryMmap<AtomicBitmap>`) and Firecracker (with
+/// `Option<AtomicBitmap>`) run: REGISTER, a counter read and the map
+/// publish work through `vm-memory` alone, and the device's map writes
+/// mark the pages dirty, so a live migration copies them again.
+#[test]
+fn a_vmm_with_a_dirty_bitmap_embeds_the_device() {
+    use hypercall_abi::stage::{stage_code, VcpuCounters};
+    use vm_memory::bitmap::{AtomicBitmap, Bitmap};
+    use vm_memory::GuestMemoryRegion;
+    type DirtyMemory = vm_memory::GuestMemoryMmap<AtomicBitmap>;
+    let mem = DirtyMemory::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+    let layout = Layout::new(2, 3, 8).unwrap().with_latency();
+    mem.write_obj(Obj(layout.header()), GuestAddress(AREA))
+        .unwrap();
+    let mut block = VcpuCounters::default();
+    block.counts[stage_code(2) as usize] = 7;
+    mem.write_obj(Obj(block), GuestAddress(AREA + layout.counters_offset(0)))
+        .unwrap();
+    let region = mem.iter().next().unwrap();
+    // As after a migration pass: nothing dirty.
+    std::ops::Deref::deref(region).bitmap().reset();
+    let dev: StageDevice<DirtyMemory> = StageDevice::new(mem.clone(), MEM, 2, 0, 0);
+    let registered = dev
+        .doorbell(0, DOORBELL_REGISTER, &((AREA >> 12) as u32).to_le_bytes())
+        .expect("REGISTER");
+    assert_eq!(registered.names.len(), 3);
+    assert!(registered.counters);
+    let mut buf = Vec::new();
+    assert!(dev.read_counters(&mut buf).is_some());
+    assert_eq!(buf[0].counts[stage_code(2) as usize], 7);
+    let unrelated = MEM as usize - 4096;
+    assert!(!region.bitmap().dirty_at(unrelated));
+    dev.publish(&[0b01, 0b10, 0b11], 0b11, VisitPolicy::default());
+    let map = AREA + STAGE_MAP_OFFSET;
+    assert!(
+        region.bitmap().dirty_at(map as usize),
+        "the stage map's page is marked dirty"
+    );
+}
