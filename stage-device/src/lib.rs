@@ -3,9 +3,10 @@
 //! [`hypercall_abi::stage`] and the stage scheduling that drives it. It
 //! knows nothing of the VMM's bus, builder or threads; the VMM gives it
 //! guest memory (any `vm-memory` [`GuestMemoryBackend`](vm_memory::GuestMemoryBackend)),
-//! calls it from four places and runs one loop:
+//! creates it in its device manager, calls it from four places and runs
+//! one loop:
 //!
-//! * the port-I/O exit handler: [`stage::StageDevice::handles`] and
+//! * the port-I/O exit handler: [`stage::handles`] and
 //!   [`stage::StageDevice::doorbell`] on the vCPU thread (WAIT blocks that
 //!   thread in [`park`]), then [`sched::StageSched::on_register`] for a
 //!   REGISTER before the vCPU resumes;
@@ -24,6 +25,53 @@
 //! ([`stage::StageDevice::drain`], an older guest's events or a trace) →
 //! [`sched::Controller`] → host-sched policy → plan → stage map
 //! ([`stage::StageDevice::publish`]) and pins ([`sched::Pinner::apply`]).
+//!
+//! A minimal embedding (compiled by `cargo test -p stage-device`):
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use stage_device::sched::{Pacer, StageSched};
+//! use stage_device::stage::{self, StageDevice};
+//! use vm_memory::GuestMemoryMmap;
+//!
+//! /// `ram_end`: the GPA where RAM ends; `setup`: the operator's budgets.
+//! fn embed(
+//!     memory: GuestMemoryMmap,
+//!     ram_end: u64,
+//!     vcpus: u32,
+//!     setup: &host_sched::vm::Setup,
+//! ) -> std::io::Result<()> {
+//!     // Device manager: TSC kHz unknown (0), 1 ms drain period.
+//!     let device = Arc::new(StageDevice::new(memory, ram_end, vcpus, 0, 1000));
+//!     let sched = StageSched::new(setup, vcpus, Some(device.clone()))?;
+//!
+//!     // vCPU thread `index`, at its start; then its port-I/O `out` exits.
+//!     let vcpu = |index: u32, port: u16, data: &[u8]| {
+//!         sched.pinner().start_vcpu_thread(index);
+//!         if stage::handles(port) {
+//!             if let Some(registered) = device.doorbell_from_current(port, data) {
+//!                 sched.on_register(&registered);
+//!             }
+//!         }
+//!     };
+//!     vcpu(0, hypercall_abi::stage::DOORBELL_WAKE, &1u32.to_le_bytes());
+//!
+//!     // The scheduling loop's thread: a timer at `pacer.tick()`; on each
+//!     // wake-up (the timer, or `registered_fd` readable: read it to clear).
+//!     let mut pacer = Pacer::new(&sched, Duration::from_millis(1));
+//!     let registered = sched.registered_fd().read().is_ok();
+//!     if let Some(_tick) = pacer.wake(&sched, registered) {
+//!         // re-arm the timer at `_tick`
+//!     }
+//!
+//!     // The end: parked vCPUs return, then the reports.
+//!     device.stop();
+//!     let (_channel, _sched_report) = sched.finish();
+//!     Ok(())
+//! }
+//! ```
 //!
 //! * [`stage`] — the stage device: speaks the stage-channel ABI,
 //! * [`sched`] — stage scheduling: controller, pinner, the loop's pace,

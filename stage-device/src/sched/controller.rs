@@ -1,6 +1,6 @@
 //! The controller: the one place where the VMM turns the guest's stage
 //! counters or events into scheduling decisions, by asking host-sched. The
-//! `stage-sched` loop that feeds it is [`super::StageSched::run`].
+//! `stage-sched` loop that feeds it wakes by [`super::Pacer`].
 //!
 //! It owns the per-stage accounting and its load window, the VM's policy
 //! (built once per registration by [`host_sched::vm::build_policy`]), the

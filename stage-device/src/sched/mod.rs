@@ -7,13 +7,13 @@
 //! the [`Controller`] folds either into its load window and, every policy
 //! period, asks host-sched's policy for a [`Plan`](host_sched::policy::Plan); the
 //! plan's stage map is published through the device and its pins applied by
-//! the [`Pinner`]. [`StageSched`] wires these together and runs the
-//! `stage-sched` thread's loop ([`StageSched::run`]).
+//! the [`Pinner`]. [`StageSched`] wires these together; [`Pacer`] sets the
+//! `stage-sched` thread's pace ([`Pacer::wake`]; the VMM owns the thread).
 //!
 //! * [`controller`] — the decisions (one place): policy periods and the
 //!   operator's changes (`--api-socket`),
 //! * [`stage_sched`] — the wiring, the REGISTER hand-off and the
-//!   `stage-sched` loop,
+//!   `stage-sched` loop's pace,
 //! * [`accounting`] — per-stage counters and the load window,
 //! * [`counter_reader`] — a counters guest's per-vCPU blocks (ABI minor 2) turned
 //!   into deltas under the untrusted-guest rules,

@@ -1,7 +1,7 @@
 //! `StageSched`: the wiring of one VM's stage scheduling — the
 //! [`Controller`] (decisions), the [`Pinner`] (threads) and the stage
 //! device (the channel) — the REGISTER hand-off, and the `stage-sched`
-//! thread's loop ([`StageSched::run`]).
+//! thread's pace ([`Pacer`]; the VMM runs the loop itself).
 //!
 //! The loop wakes once per policy period: it reads a counters guest's
 //! counters, runs the policy, publishes and pins. It wakes more often only
@@ -224,7 +224,7 @@ impl<M: GuestMemoryBackend + Send + Sync> StageSched<M> {
 /// thread, epoll set, timer and seccomp filter belong to the VMM): it runs
 /// a policy period right after a served REGISTER and then every policy
 /// period, drains the rings while they need it, and says how often the
-/// loop must wake ([`StageSched::tick`]). The VMM calls [`Pacer::wake`]
+/// loop must wake (`StageSched::tick`). The VMM calls [`Pacer::wake`]
 /// each time its timer or [`StageSched::registered_fd`] fires.
 pub struct Pacer {
     drain_period: Duration,

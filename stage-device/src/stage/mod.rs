@@ -388,6 +388,19 @@ impl<M: GuestMemoryBackend> StageDevice<M> {
         Status::Ok
     }
 
+    /// Unparks every parked vCPU once, so each vCPU thread returns from its
+    /// WAIT exit: for a VMM that pauses or snapshots the VM by kicking its
+    /// vCPU threads (Cloud Hypervisor's `CpuManager::pause`, Firecracker's
+    /// `VcpuEvent::Pause`), which would otherwise wait up to
+    /// [`WAIT_MAX_US`] for a parked one. A vCPU that was not parked keeps
+    /// a wake token and its next WAIT returns at once: a spurious wake,
+    /// which the protocol allows (docs/stage-protocol.md §7).
+    pub fn kick_parked(&self) {
+        for vcpu in 0..self.num_vcpus {
+            self.parkers.unpark(vcpu);
+        }
+    }
+
     /// Unparks every waiting vCPU for good (the VM is ending).
     pub fn stop(&self) {
         self.parkers.stop();

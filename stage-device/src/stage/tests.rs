@@ -172,6 +172,23 @@ fn wait_returns_on_wake_and_on_timeout() {
         "{waited:?}"
     );
     assert_eq!(dev.report().wakes, 1);
+    // A VMM's pause kicks a parked vCPU out of its WAIT without a WAKE.
+    let waiter = {
+        let dev = dev.clone();
+        std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            dev.doorbell(0, DOORBELL_WAIT, &0u32.to_le_bytes());
+            t.elapsed()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(5));
+    dev.kick_parked();
+    let waited = waiter.join().unwrap();
+    assert!(
+        waited < Duration::from_micros(u64::from(WAIT_MAX_US)),
+        "{waited:?}"
+    );
+    assert_eq!(dev.report().wakes, 1, "a kick is not a guest's WAKE");
 }
 
 proptest! {
