@@ -5,6 +5,8 @@
 //! * [`topology`] — allowed/online/isolated CPUs, thread affinity,
 //! * [`config`] — the TOML configuration and its resolution,
 //! * [`error`] — [`error::StagesConfigError`], one variant per bad key or value,
+//! * [`host`] — the host-wide allocation of stage cores among VMs
+//!   (`stagevm-hostd`),
 //! * [`latency`] — request-latency histograms (ABI minor 4) and their
 //!   quantiles,
 //! * [`policy`] — `off`, `pinned`, `static`, `proportional`, `auto` as pure functions
@@ -15,6 +17,7 @@
 pub mod config;
 pub mod cpuset;
 pub mod error;
+pub mod host;
 pub mod latency;
 pub mod policy;
 pub mod topology;

@@ -1,0 +1,250 @@
+//! The host-wide allocator: the module's rules on small hosts, and
+//! properties over arbitrary demands.
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn set(s: &str) -> CpuSet {
+    CpuSet::parse(s).unwrap()
+}
+
+fn vm(name: &str, demand: f64, current: &str) -> VmDemand {
+    VmDemand {
+        name: name.into(),
+        weight: 1.0,
+        min_cores: 0,
+        max_cores: usize::MAX,
+        fixed: None,
+        demand,
+        current: if current.is_empty() {
+            CpuSet::new()
+        } else {
+            set(current)
+        },
+    }
+}
+
+fn cores(out: &[VmCores]) -> Vec<String> {
+    out.iter().map(|o| o.cores.to_string()).collect()
+}
+
+#[test]
+fn cores_follow_demand_and_stay_exclusive() {
+    let host = set("0-3");
+    // One busy VM, one nearly idle: 3 + 1 (one each first).
+    let out = allocate(&host, &[vm("a", 3.5, ""), vm("b", 0.2, "")], 0.0).unwrap();
+    assert_eq!(cores(&out), ["0-2", "3"]);
+    assert!(out.iter().all(|o| !o.shared));
+    // The load swaps: cores move, each VM keeping what it can.
+    let out2 = allocate(&host, &[vm("a", 0.2, "0-2"), vm("b", 3.5, "3")], 0.0).unwrap();
+    assert_eq!(cores(&out2), ["0", "1-3"]);
+}
+
+#[test]
+fn weights_minimums_and_maximums_are_honoured() {
+    let host = set("0-5");
+    let mut a = vm("a", 6.0, "");
+    let mut b = vm("b", 6.0, "");
+    b.weight = 2.0;
+    // Equal demand, b weighs twice: b gets more (4 to 2 by max-min steps).
+    let out = allocate(&host, &[a.clone(), b.clone()], 0.0).unwrap();
+    assert_eq!((out[0].cores.len(), out[1].cores.len()), (2, 4));
+    a.min_cores = 3;
+    b.max_cores = 2;
+    let out = allocate(&host, &[a.clone(), b.clone()], 0.0).unwrap();
+    assert_eq!((out[0].cores.len(), out[1].cores.len()), (4, 2));
+    // An idle VM keeps its minimum.
+    a.demand = 0.0;
+    let out = allocate(&host, &[a, b], 0.0).unwrap();
+    assert!(out[0].cores.len() >= 3);
+}
+
+#[test]
+fn idle_cores_go_by_weight_up_to_the_maximum() {
+    let host = set("0-3");
+    let mut a = vm("a", 0.5, "");
+    a.max_cores = 2;
+    let mut b = vm("b", 0.5, "");
+    b.weight = 3.0;
+    // One each, then the two idle cores by weight ÷ (count + 1): b's 3/2
+    // and 3/3 beat a's 1/2.
+    let out = allocate(&host, &[a.clone(), b.clone()], 0.0).unwrap();
+    assert_eq!((out[0].cores.len(), out[1].cores.len()), (1, 3));
+    b.max_cores = 2;
+    let out = allocate(&host, &[a, b], 0.0).unwrap();
+    assert_eq!((out[0].cores.len(), out[1].cores.len()), (2, 2));
+    let mut c = vm("c", 0.0, "");
+    c.max_cores = 1;
+    let out = allocate(&host, &[c], 0.0).unwrap();
+    assert_eq!(cores(&out), ["0"], "at most max_cores even when idle");
+}
+
+#[test]
+fn hysteresis_keeps_a_core_with_its_holder() {
+    let host = set("0-1");
+    // a holds both; b's unmet demand is only slightly larger than a's.
+    let vms = [vm("a", 1.9, "0-1"), vm("b", 1.0, "")];
+    let out = allocate(&host, &vms, 0.0).unwrap();
+    assert_eq!(
+        cores(&out),
+        ["0", "1"],
+        "one each: there are as many cores as VMs"
+    );
+    let vms = [vm("a", 2.0, "0-2"), vm("b", 2.2, ""), vm("c", 0.1, "3")];
+    let host = set("0-3");
+    // Without hysteresis b's 1.2 unmet beats a's 1.0; with 0.5 a keeps it.
+    assert_eq!(
+        cores(&allocate(&host, &vms, 0.0).unwrap()),
+        ["0", "1-2", "3"]
+    );
+    assert_eq!(
+        cores(&allocate(&host, &vms, 0.5).unwrap()),
+        ["0-1", "2", "3"]
+    );
+}
+
+#[test]
+fn more_vms_than_cores_share_the_least_loaded_core() {
+    let host = set("0-1");
+    let out = allocate(
+        &host,
+        &[vm("a", 1.5, ""), vm("b", 0.9, ""), vm("c", 0.1, "")],
+        0.0,
+    )
+    .unwrap();
+    // a and b take a core each by demand; c shares b's (the lighter).
+    assert_eq!(cores(&out), ["0", "1", "1"]);
+    assert_eq!(
+        out.iter().map(|o| o.shared).collect::<Vec<_>>(),
+        [false, true, true]
+    );
+    // A sharer stays on its core.
+    let out = allocate(
+        &host,
+        &[vm("a", 1.5, "0"), vm("b", 0.9, "1"), vm("c", 0.1, "0")],
+        0.0,
+    )
+    .unwrap();
+    assert_eq!(cores(&out), ["0", "1", "0"]);
+}
+
+#[test]
+fn fixed_sets_leave_the_pool() {
+    let host = set("0-3");
+    let mut a = vm("a", 9.0, "");
+    a.fixed = Some(set("3"));
+    let out = allocate(&host, &[a, vm("b", 9.0, "")], 0.0).unwrap();
+    assert_eq!(cores(&out), ["3", "0-2"]);
+}
+
+#[test]
+fn settings_the_host_cannot_serve_are_refused_with_the_numbers() {
+    let host = set("0-1");
+    let mut a = vm("a", 1.0, "");
+    a.min_cores = 2;
+    let mut b = vm("b", 1.0, "");
+    b.min_cores = 1;
+    let e = allocate(&host, &[a.clone(), b], 0.0).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the VMs' min_cores add up to 3 but the host has 2 stage cores left for them (a=2, b=1)"
+    );
+    a.max_cores = 1;
+    assert!(matches!(
+        check(&host, &[a.clone()]),
+        Err(AllocError::BadVm { .. })
+    ));
+    a.max_cores = 2;
+    a.weight = 0.0;
+    assert!(check(&host, &[a.clone()])
+        .unwrap_err()
+        .to_string()
+        .contains("weight = 0"));
+    a.weight = 1.0;
+    a.fixed = Some(set("5"));
+    assert!(check(&host, &[a.clone()])
+        .unwrap_err()
+        .to_string()
+        .contains("not within"));
+    let mut c = vm("c", 1.0, "");
+    c.fixed = Some(set("1"));
+    let mut d = vm("d", 1.0, "");
+    d.fixed = Some(set("1"));
+    assert!(check(&host, &[c, d])
+        .unwrap_err()
+        .to_string()
+        .contains("meets another"));
+}
+
+proptest! {
+    /// Over arbitrary demands and current sets: every VM gets a core,
+    /// within its bounds when the pool allows; no core in two sets while
+    /// the minimums leave a core for each VM; every core of the pool
+    /// used while someone wants it; and a second call on the result moves
+    /// nothing (stable).
+    #[test]
+    fn allocations_are_valid_and_stable(
+        ncores in 1usize..8,
+        demands in prop::collection::vec((0.0f64..6.0, 1u8..4, 0usize..3, 1usize..6, any::<u8>()), 1..6),
+        hysteresis in 0.0f64..1.0,
+    ) {
+        let host: CpuSet = {
+            let mut s = CpuSet::new();
+            (0..ncores).for_each(|c| s.insert(c));
+            s
+        };
+        let vms: Vec<VmDemand> = demands
+            .iter()
+            .enumerate()
+            .map(|(i, &(demand, weight, min, extra, cur))| {
+                let mut current = CpuSet::new();
+                (0..ncores).filter(|c| cur & (1 << c) != 0).for_each(|c| current.insert(c));
+                VmDemand {
+                    name: format!("vm{i}"),
+                    weight: f64::from(weight),
+                    min_cores: min,
+                    max_cores: min + extra,
+                    fixed: None,
+                    demand,
+                    current,
+                }
+            })
+            .collect();
+        let Ok(out) = allocate(&host, &vms, hysteresis) else {
+            let total: usize = vms.iter().map(|v| v.min_cores).sum();
+            prop_assert!(total > ncores);
+            return Ok(());
+        };
+        let exclusive = vms.iter().map(|v| v.min_cores.max(1)).sum::<usize>() <= ncores;
+        for (vm, o) in vms.iter().zip(&out) {
+            prop_assert!(!o.cores.is_empty());
+            prop_assert!(o.cores.is_subset(&host));
+            prop_assert!(o.cores.len() <= vm.max_cores.max(1));
+            if exclusive {
+                prop_assert!(o.cores.len() >= vm.min_cores);
+                prop_assert!(!o.shared);
+            }
+        }
+        if exclusive {
+            let total: usize = out.iter().map(|o| o.cores.len()).sum();
+            let mut union = CpuSet::new();
+            out.iter().for_each(|o| o.cores.iter().for_each(|c| union.insert(c)));
+            prop_assert_eq!(union.len(), total, "disjoint sets");
+            // A core left out only when every VM is at its maximum or has
+            // what it wants.
+            if total < ncores {
+                for (vm, o) in vms.iter().zip(&out) {
+                    prop_assert!(o.cores.len() >= vm.max_cores || vm.demand <= o.cores.len() as f64);
+                }
+            }
+        }
+        let again: Vec<VmDemand> = vms
+            .iter()
+            .zip(&out)
+            .map(|(v, o)| VmDemand { current: o.cores.clone(), ..v.clone() })
+            .collect();
+        let out2 = allocate(&host, &again, hysteresis).unwrap();
+        prop_assert_eq!(cores(&out2), cores(&out));
+    }
+}
