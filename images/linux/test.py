@@ -57,18 +57,8 @@ import sys
 import zlib
 
 from stagevm_harness.checks import Checks, print_tails
-from stagevm_harness.linux import (
-    CONSOLE_MEMORY_MIB,
-    STAGES,
-    StagedRun,
-    StagedWatch,
-    boot,
-    check_console_run,
-    check_staged_run,
-    console_boot,
-    log,
-    zeroed_tls,
-)
+from stagevm_harness.console_boot import CONSOLE_MEMORY_MIB, check_console_run, console_boot
+from stagevm_harness.linux import STAGES, StagedRun, StagedWatch, boot, check_staged_run, log, zeroed_tls
 from stagevm_harness.net import GUEST_ADDR, GUEST_MAC, PREFIX, TAP, netns_tap
 from stagevm_harness.vm import REPO, missing, read_json
 
