@@ -13,7 +13,7 @@ setup:
     #!/usr/bin/env bash
     set -euo pipefail
     missing=()
-    for pkg in build-essential util-linux linux-headers-cloud-amd64 zstd python3 strace iproute2; do
+    for pkg in build-essential util-linux linux-headers-cloud-amd64 zstd python3 python3-venv strace iproute2; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
     done
     if [ ${#missing[@]} -gt 0 ]; then
@@ -158,10 +158,19 @@ bench-sim *ARGS:
 fuzz *ARGS:
     fuzz/run.sh {{ARGS}}
 
-# Formatting, lints (the workspace's [workspace.lints] and the guest's copy of them) and rustdoc links, warnings as errors.
+# Ruff, PyPI's Python linter and formatter, for the Python harness and scripts (ruff.toml): this version, in a
+# venv of its own under target/ (Debian's python3 refuses `pip install` outside one).
+ruff_version := "0.17.6"
+ruff := "target/ruff-venv/bin/ruff"
+
+# Formatting, lints (the workspace's [workspace.lints] and the guest's copy of them) and rustdoc links, warnings as
+# errors; the Python with ruff (installed into target/ruff-venv on first use).
 lint: setup
     cargo fmt --all --check
     cd {{guest_dir}} && cargo fmt --check
     cargo clippy --workspace --all-targets -- -D warnings
     cd {{guest_dir}} && cargo clippy --release -- -D warnings
     RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace -q
+    {{ruff}} --version 2>/dev/null | grep -qx "ruff {{ruff_version}}" || { python3 -m venv target/ruff-venv && target/ruff-venv/bin/pip install -q "ruff=={{ruff_version}}"; }
+    {{ruff}} check .
+    {{ruff}} format --check .

@@ -24,6 +24,7 @@ their R_X86_64_RELATIVE relocations (PIE), the class's vtable found via its
 typeinfo name string (the class's symbols are hidden).  Only the Python
 standard library is used.
 """
+
 import argparse
 import json
 import struct
@@ -49,7 +50,7 @@ class Elf:
             with open(path, "rb") as f:
                 self.data = f.read()
         except OSError as e:
-            raise SystemExit(f"resolve_stages.py: cannot read the binary {path}: {e.strerror}")
+            raise SystemExit(f"resolve_stages.py: cannot read the binary {path}: {e.strerror}") from None
         self.path = path
         d = self.data
         if len(d) < 0x40 or d[:4] != b"\x7fELF" or d[4] != 2 or d[5] != 1:
@@ -60,14 +61,16 @@ class Elf:
             self.sections = []
             for i in range(self.shnum):
                 name, typ, flags, addr, off, size, link, info, align, entsize = struct.unpack_from(
-                    "<IIQQQQIIQQ", d, self.shoff + i * self.shentsize)
-                self.sections.append(dict(name=name, type=typ, addr=addr, off=off, size=size,
-                                          link=link, entsize=entsize))
+                    "<IIQQQQIIQQ", d, self.shoff + i * self.shentsize
+                )
+                self.sections.append(
+                    dict(name=name, type=typ, addr=addr, off=off, size=size, link=link, entsize=entsize)
+                )
             strtab = self.sections[self.shstrndx]
             for s in self.sections:
                 s["name"] = self._cstr(strtab["off"] + s["name"])
         except (struct.error, IndexError, ValueError):
-            raise SystemExit(f"resolve_stages.py: {path}: truncated or corrupt ELF section headers")
+            raise SystemExit(f"resolve_stages.py: {path}: truncated or corrupt ELF section headers") from None
         self.by_name = {s["name"]: s for s in self.sections}
         self._dynsyms = None
         self._symtab = None
@@ -97,11 +100,10 @@ class Elf:
             strs = self.sections[st["link"]]
             try:
                 for i in range(st["size"] // 24):
-                    name, info, other, shndx, value, size = struct.unpack_from(
-                        "<IBBHQQ", self.data, st["off"] + i * 24)
+                    name, info, other, shndx, value, size = struct.unpack_from("<IBBHQQ", self.data, st["off"] + i * 24)
                     out.append((self._cstr(strs["off"] + name), value, size, info & 0xF, shndx))
             except (struct.error, ValueError):
-                raise SystemExit(f"resolve_stages.py: {self.path}: corrupt {st['name']}")
+                raise SystemExit(f"resolve_stages.py: {self.path}: corrupt {st['name']}") from None
         return out
 
     def dynsyms(self):
@@ -144,7 +146,7 @@ class Elf:
         hits = []
         for sec in (".rodata",):
             s = self.section(sec)
-            blob = self.data[s["off"]:s["off"] + s["size"]]
+            blob = self.data[s["off"] : s["off"] + s["size"]]
             i = blob.find(needle)
             while i >= 0:
                 if i == 0 or blob[i - 1] == 0:
@@ -187,7 +189,7 @@ def vtable_slots(elf, vaddr, n):
     for i in range(n):
         r = rel.get(vaddr + 16 + 8 * i)
         if r is None:
-            out.append(("none",))   # no relocation: a 0 slot (pure virtual here)
+            out.append(("none",))  # no relocation: a 0 slot (pure virtual here)
         else:
             out.append(r[1] if r[0] == "rel" else ("sym", r[1]))
     return out
@@ -199,9 +201,9 @@ def load_stage_map(path):
         with open(path, "rb") as f:
             cfg = tomllib.load(f)
     except OSError as e:
-        raise SystemExit(f"resolve_stages.py: cannot read the stage map {path}: {e.strerror}")
+        raise SystemExit(f"resolve_stages.py: cannot read the stage map {path}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
-        raise SystemExit(f"resolve_stages.py: stage map {path}: {e}")
+        raise SystemExit(f"resolve_stages.py: stage map {path}: {e}") from None
 
     def bad(what):
         raise SystemExit(f"resolve_stages.py: stage map {path}: {what}")
@@ -222,9 +224,9 @@ def load_stage_map(path):
             bad(f"stage {sid}: `symbols` must be a list of non-empty strings")
         vos = st.get("vtable_overrides", [])
         if not isinstance(vos, list) or not all(
-                isinstance(v, dict) and isinstance(v.get("class"), str) and isinstance(v.get("base"), str)
-                for v in vos):
-            bad(f"stage {sid}: `vtable_overrides` must be a list of {{ class = \"...\", base = \"...\" }}")
+            isinstance(v, dict) and isinstance(v.get("class"), str) and isinstance(v.get("base"), str) for v in vos
+        ):
+            bad(f'stage {sid}: `vtable_overrides` must be a list of {{ class = "...", base = "..." }}')
     if not isinstance(cfg.get("window_trigger", ""), str):
         bad("`window_trigger` must be a string")
     return cfg
@@ -241,7 +243,7 @@ def symbol_tables(elf):
     """
     symaddr, source, addrnames = {}, {}, {}
     for name, value, size, typ, shndx in elf.dynsyms():
-        if shndx == 0 or not name:   # undefined (imported) or the null symbol
+        if shndx == 0 or not name:  # undefined (imported) or the null symbol
             continue
         symaddr[name] = (value, size)
         source[name] = ".dynsym"
@@ -249,7 +251,7 @@ def symbol_tables(elf):
             addrnames.setdefault(value, []).append(name)
     static = {}
     for name, value, size, typ, shndx in elf.symtab():
-        if shndx == 0 or not name or name in source or typ in (3, 4):   # STT_SECTION, STT_FILE
+        if shndx == 0 or not name or name in source or typ in (3, 4):  # STT_SECTION, STT_FILE
             continue
         static.setdefault(name, {})[value] = (size, typ)
     ambiguous = {}
@@ -282,21 +284,27 @@ def unresolved_message(elf, cfg, symaddr, ambiguous):
         return None
     if elf.has_symtab():
         searched = ".dynsym and .symtab searched"
-        hint = ("hint: no symbol of that name is in the dynamic (.dynsym) or the static symbol table "
-                "(.symtab): check the mangled name with `nm -D` / `nm`; an inlined or renamed function "
-                "has none (a stripped build of the program needs -rdynamic)")
+        hint = (
+            "hint: no symbol of that name is in the dynamic (.dynsym) or the static symbol table "
+            "(.symtab): check the mangled name with `nm -D` / `nm`; an inlined or renamed function "
+            "has none (a stripped build of the program needs -rdynamic)"
+        )
     else:
         searched = ".dynsym searched; the binary has no .symtab (stripped)"
-        hint = ("hint: link the program with -rdynamic so the functions are exported in .dynsym, "
-                "or do not strip it (a symbol that is only in the static symbol table .symtab "
-                "is read from there)")
+        hint = (
+            "hint: link the program with -rdynamic so the functions are exported in .dynsym, "
+            "or do not strip it (a symbol that is only in the static symbol table .symtab "
+            "is read from there)"
+        )
     parts = []
     if missing:
         parts.append(f"{len(missing)} stage symbol(s) not found in {elf.path} ({searched}): " + ", ".join(missing))
     if amb:
-        parts.append(f"{len(amb)} stage symbol(s) ambiguous in {elf.path}'s .symtab "
-                     "(several static functions of that name; give the intended one a unique, "
-                     "exported name): " + ", ".join(amb))
+        parts.append(
+            f"{len(amb)} stage symbol(s) ambiguous in {elf.path}'s .symtab "
+            "(several static functions of that name; give the intended one a unique, "
+            "exported name): " + ", ".join(amb)
+        )
     if missing:
         parts.append(hint)
     return "resolve_stages.py: " + "; ".join(parts)
@@ -318,10 +326,10 @@ def main():
     if msg:
         raise SystemExit(msg)
 
-    entries = {}     # addr -> (stage, flags, name)
+    entries = {}  # addr -> (stage, flags, name)
     listing = []
     trigger = cfg.get("window_trigger")
-    missing = []     # kept in the JSON for its readers; always empty now
+    missing = []  # kept in the JSON for its readers; always empty now
     from_symtab = 0
     for st in cfg["stage"]:
         sid = st["id"]
@@ -336,24 +344,31 @@ def main():
         for vo in st.get("vtable_overrides", []):
             cls, base = vo["class"], vo["base"]
             if f"_ZTV{mangled_class(base)}" not in symaddr:
-                raise SystemExit(f"resolve_stages.py: stage {st['name']}: vtable_overrides base class {base}: "
-                                 f"its vtable _ZTV{mangled_class(base)} is not in {a.binary}'s symbols")
+                raise SystemExit(
+                    f"resolve_stages.py: stage {st['name']}: vtable_overrides base class {base}: "
+                    f"its vtable _ZTV{mangled_class(base)} is not in {a.binary}'s symbols"
+                )
             bv, bsize = symaddr[f"_ZTV{mangled_class(base)}"]
             nslots_base = (bsize - 16) // 8
             cv, _ = class_vtable(elf, cls, symaddr)
             bslots = vtable_slots(elf, bv, nslots_base)
-            cslots = vtable_slots(elf, cv, nslots_base)   # new virtuals of the class are not followed
+            cslots = vtable_slots(elf, cv, nslots_base)  # new virtuals of the class are not followed
             # slot names: the base's own functions, else those of other
             # exported subclasses of the base (e.g. ha_maria), renamed to cls
             namers = [(base, bslots)]
             for n2, (v2, s2) in symaddr.items():
-                if n2.startswith("_ZTV") and n2 != f"_ZTV{mangled_class(base)}" and \
-                        n2 != f"_ZTV{mangled_class(cls)}" and n2[4:].lstrip("0123456789").startswith("ha_"):
+                if (
+                    n2.startswith("_ZTV")
+                    and n2 != f"_ZTV{mangled_class(base)}"
+                    and n2 != f"_ZTV{mangled_class(cls)}"
+                    and n2[4:].lstrip("0123456789").startswith("ha_")
+                ):
                     c2 = n2[4:].lstrip("0123456789")
                     if s2 == bsize:
                         namers.append((c2, vtable_slots(elf, v2, nslots_base)))
 
-            def slot_name(i):
+            # Called within this iteration only: binds this class's namers.
+            def slot_name(i, namers=namers, cls=cls):
                 for c2, slots in namers:
                     f2 = slots[i] if i < len(slots) else None
                     if not isinstance(f2, int):
@@ -361,23 +376,23 @@ def main():
                     for n in addrnames.get(f2, []):
                         for pre in (f"_ZN{mangled_class(c2)}", f"_ZNK{mangled_class(c2)}"):
                             if n.startswith(pre):
-                                return n[:len(pre) - len(mangled_class(c2))] + mangled_class(cls) + n[len(pre):]
+                                return n[: len(pre) - len(mangled_class(c2))] + mangled_class(cls) + n[len(pre) :]
                 return None
 
             for i, fn in enumerate(cslots):
                 if isinstance(fn, tuple):
-                    continue   # external symbol (e.g. __cxa_pure_virtual)
+                    continue  # external symbol (e.g. __cxa_pure_virtual)
                 base_fn = bslots[i] if i < len(bslots) else None
                 if fn == base_fn:
-                    continue   # inherited, not overridden
+                    continue  # inherited, not overridden
                 bname = slot_name(i)
                 if bname is not None and any(x["symbol"] == bname for x in resolved):
-                    bname += f" [vtable slot {i}]"   # e.g. D1/D0 destructors named alike
+                    bname += f" [vtable slot {i}]"  # e.g. D1/D0 destructors named alike
                 if bname is None:
                     why = "pure virtual in" if isinstance(base_fn, tuple) else "unnamed slot of"
                     bname = f"{cls}::vslot{i} ({why} {base})"
                 if fn in entries and entries[fn][0] != sid:
-                    continue   # shared thunk / identical code folded with another stage's function
+                    continue  # shared thunk / identical code folded with another stage's function
                 entries[fn] = (sid, "-", bname)
                 resolved.append({"symbol": bname, "addr": fn, "vtable_slot": i})
         listing.append({"id": sid, "name": st["name"], "functions": resolved})
@@ -391,8 +406,6 @@ def main():
             f.write(f"{addr:x} {sid} {fl} {name}\n")
     with open(a.json, "w") as f:
         json.dump({"binary": a.binary, "missing": missing, "stages": listing}, f, indent=1)
-
-
 
 
 if __name__ == "__main__":

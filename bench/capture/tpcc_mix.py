@@ -26,6 +26,7 @@ Decoding: by default the C helper stage_seq.c (compiled on demand into
 target/capture-build/) extracts the stage sequence; --pure decodes in Python
 (same result, slow: use on small traces).  Decompression uses zstd.
 """
+
 import argparse
 import json
 import os
@@ -50,7 +51,7 @@ def classify(n):
     if n == 3:
         return "order_status"
     if n == 6:
-        return "new_order"          # rolled back (unused item id)
+        return "new_order"  # rolled back (unused item id)
     if n == 7:
         return "payment"
     if n % 2 == 1 and 17 <= n <= 37:
@@ -135,7 +136,7 @@ def statements(seq):
             continue
         if s == DISPATCH and p in (NET_READ, NO_STAGE):
             if t in cur:
-                cur[t][1] = n - cur[t][1]          # the previous statement ends here
+                cur[t][1] = n - cur[t][1]  # the previous statement ends here
             cur[t] = [False, n]
             stmts.append(cur[t])
         elif s == INNODB and t in cur:
@@ -147,7 +148,7 @@ def statements(seq):
 def transactions(per):
     """Runs of table statements between statements without a table, per thread."""
     txs, failed, open_runs = [], [], 0
-    for t, stmts in per.items():
+    for stmts in per.values():
         run, pending, sep = [], None, 0
         for table, ins in stmts:
             if table:
@@ -162,7 +163,7 @@ def transactions(per):
         if pending is not None:
             (failed if sep >= 3 else txs).append(pending)
         if run:
-            open_runs += 1                         # a thread ended inside a run (window cut)
+            open_runs += 1  # a thread ended inside a run (window cut)
     return txs, failed, open_runs
 
 
@@ -220,38 +221,64 @@ def main():
     diff = {k: pt[k] - ps[k] for k in TYPES}
     worst = max(abs(v) for v in diff.values())
     ok = worst <= a.tolerance and sum(trace.values()) > 0
-    exact = (trace == sb and not unclassified and len(failed) == tot.get("retries", 0)
-             and all(stmts[k] == tot.get("stmts_" + k, -1) for k in TYPES))
+    exact = (
+        trace == sb
+        and not unclassified
+        and len(failed) == tot.get("retries", 0)
+        and all(stmts[k] == tot.get("stmts_" + k, -1) for k in TYPES)
+    )
 
     n_stmt = sum(len(s) for s in per.values())
     n_tab = sum(1 for s in per.values() for x in s if x[0])
-    print(f"tpcc mix: {len(per)} threads, {n_stmt} statements in the trace ({n_tab} with a table), "
-          f"{len(txs)} transactions + {len(failed)} failed attempts (script: {tot.get('retries', 0)} retries), "
-          f"{sum(unclassified.values())} unclassified {dict(sorted(unclassified.items())) or ''}")
-    print(f"{'type':<14} {'nominal':>8} {'script':>8} {'share':>7} {'trace':>8} {'share':>7} {'diff pp':>8} "
-          f"{'stmts script/trace':>19} {'instr/tx (trace)':>17}")
+    print(
+        f"tpcc mix: {len(per)} threads, {n_stmt} statements in the trace ({n_tab} with a table), "
+        f"{len(txs)} transactions + {len(failed)} failed attempts (script: {tot.get('retries', 0)} retries), "
+        f"{sum(unclassified.values())} unclassified {dict(sorted(unclassified.items())) or ''}"
+    )
+    print(
+        f"{'type':<14} {'nominal':>8} {'script':>8} {'share':>7} {'trace':>8} {'share':>7} {'diff pp':>8} "
+        f"{'stmts script/trace':>19} {'instr/tx (trace)':>17}"
+    )
     for k in TYPES:
-        print(f"{k:<14} {NOMINAL[k]:>7}% {sb[k]:>8} {ps[k]:>6.2f}% {trace[k]:>8} {pt[k]:>6.2f}% {diff[k]:>+8.2f} "
-              f"{tot.get('stmts_' + k, 0):>9}/{stmts[k]:<9} {instr[k] / max(trace[k], 1):>17,.0f}")
+        print(
+            f"{k:<14} {NOMINAL[k]:>7}% {sb[k]:>8} {ps[k]:>6.2f}% {trace[k]:>8} {pt[k]:>6.2f}% {diff[k]:>+8.2f} "
+            f"{tot.get('stmts_' + k, 0):>9}/{stmts[k]:<9} {instr[k] / max(trace[k], 1):>17,.0f}"
+        )
     print(f"{'total':<14} {100:>7}% {sum(sb.values()):>8} {'':>7} {sum(trace.values()):>8}")
-    print(f"New-Order rolled back: script {tot.get('new_order_rollback', 0)}, trace {rollback_no}; "
-          f"largest difference {worst:.2f} pp (tolerance {a.tolerance:g}): {'OK' if ok else 'FAIL'}; "
-          f"counts identical: {'yes' if exact else 'no'}")
+    print(
+        f"New-Order rolled back: script {tot.get('new_order_rollback', 0)}, trace {rollback_no}; "
+        f"largest difference {worst:.2f} pp (tolerance {a.tolerance:g}): {'OK' if ok else 'FAIL'}; "
+        f"counts identical: {'yes' if exact else 'no'}"
+    )
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(warehouses=a.warehouses, nominal_percent=NOMINAL, script=sb, trace=trace,
-                           script_percent={k: round(v, 3) for k, v in ps.items()},
-                           trace_percent={k: round(v, 3) for k, v in pt.items()},
-                           max_diff_pp=round(worst, 3), tolerance_pp=a.tolerance, ok=ok, identical=exact,
-                           new_order_rollback_script=tot.get("new_order_rollback", 0),
-                           new_order_rollback_trace=rollback_no,
-                           retries_script=tot.get("retries", 0), failed_attempts_trace=len(failed),
-                           unclassified_trace=sum(unclassified.values()), open_runs_trace=open_runs,
-                           statements_script={k: tot.get("stmts_" + k, 0) for k in TYPES},
-                           statements_trace=stmts,
-                           instructions_per_transaction_trace={k: round(instr[k] / max(trace[k], 1))
-                                                               for k in TYPES},
-                           script_counters=tot, script_threads=sb_threads), f, indent=1)
+            json.dump(
+                dict(
+                    warehouses=a.warehouses,
+                    nominal_percent=NOMINAL,
+                    script=sb,
+                    trace=trace,
+                    script_percent={k: round(v, 3) for k, v in ps.items()},
+                    trace_percent={k: round(v, 3) for k, v in pt.items()},
+                    max_diff_pp=round(worst, 3),
+                    tolerance_pp=a.tolerance,
+                    ok=ok,
+                    identical=exact,
+                    new_order_rollback_script=tot.get("new_order_rollback", 0),
+                    new_order_rollback_trace=rollback_no,
+                    retries_script=tot.get("retries", 0),
+                    failed_attempts_trace=len(failed),
+                    unclassified_trace=sum(unclassified.values()),
+                    open_runs_trace=open_runs,
+                    statements_script={k: tot.get("stmts_" + k, 0) for k in TYPES},
+                    statements_trace=stmts,
+                    instructions_per_transaction_trace={k: round(instr[k] / max(trace[k], 1)) for k in TYPES},
+                    script_counters=tot,
+                    script_threads=sb_threads,
+                ),
+                f,
+                indent=1,
+            )
     sys.exit(0 if ok else 1)
 
 

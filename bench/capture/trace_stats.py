@@ -11,12 +11,12 @@ lines).  By default the stream is decoded by the C twin trace_stats.c
 in Python (reference implementation, same numbers; use --max-records on big
 traces).  Decompression uses the zstd command.
 """
+
 import argparse
 import json
 import os
 import struct
 import subprocess
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -51,15 +51,17 @@ def pure(path, max_records=None):
     cur_stage = {}
     tid = None
     t = None
-    tot = dict(instructions=0, fetch_records=0, load_records=0, store_records=0,
-               stage_records=0, thread_records=0)
+    tot = dict(instructions=0, fetch_records=0, load_records=0, store_records=0, stage_records=0, thread_records=0)
     ended = False
     buf = b""
     pos = 0
     nrec = 0
     LEN = {1: 5, 2: 13, 3: 10, 4: 10, 5: 3, 6: 1}
-    u32, fetch, u16 = struct.Struct("<I").unpack_from, struct.Struct("<QHH").unpack_from, \
-        struct.Struct("<H").unpack_from
+    u32, fetch, u16 = (
+        struct.Struct("<I").unpack_from,
+        struct.Struct("<QHH").unpack_from,
+        struct.Struct("<H").unpack_from,
+    )
     while True:
         if len(buf) - pos < 16:
             chunk = f.read(1 << 20)
@@ -72,7 +74,7 @@ def pure(path, max_records=None):
         if n is None:
             raise SystemExit(f"bad tag {tag:#x} at byte {consumed}")
         if len(buf) - pos < n:
-            break   # truncated
+            break  # truncated
         if tag == 2:
             a, by, ins = fetch(buf, pos + 1)
             s = stages.setdefault(cur_stage[tid], Acc())
@@ -121,32 +123,57 @@ def pure(path, max_records=None):
     zp.kill()
     zp.wait()
     out = dict(bytes=consumed, **tot, thread_count=len(threads), end=ended)
-    out["stages"] = {str(k): dict(instructions=v.instrs, blocks=v.fetches, loads=v.loads,
-                                  stores=v.stores, entries=v.entries, code_lines=len(v.lines))
-                     for k, v in sorted(stages.items())}
-    out["threads"] = {str(k): dict(instructions=threads[k].instrs, blocks=threads[k].fetches,
-                                   loads=threads[k].loads, stores=threads[k].stores,
-                                   stage_switches=threads[k].entries) for k in order}
+    out["stages"] = {
+        str(k): dict(
+            instructions=v.instrs,
+            blocks=v.fetches,
+            loads=v.loads,
+            stores=v.stores,
+            entries=v.entries,
+            code_lines=len(v.lines),
+        )
+        for k, v in sorted(stages.items())
+    }
+    out["threads"] = {
+        str(k): dict(
+            instructions=threads[k].instrs,
+            blocks=threads[k].fetches,
+            loads=threads[k].loads,
+            stores=threads[k].stores,
+            stage_switches=threads[k].entries,
+        )
+        for k in order
+    }
     return out
 
 
 def show(d, name, stage_names):
     n = d["instructions"] or 1
-    print(f"{name}: {d['bytes']} bytes, {d['instructions']} instructions, {d['fetch_records']} FETCH "
-          f"({d['instructions'] / max(d['fetch_records'], 1):.2f} instrs/block), {d['load_records']} LOAD, "
-          f"{d['store_records']} STORE, {d['stage_records']} STAGE, {d['thread_records']} THREAD records, "
-          f"{d['thread_count']} threads, END {'yes' if d['end'] else 'NO'}")
-    print(f"{'stage':<18} {'instructions':>14} {'share':>7} {'blocks':>12} {'loads':>12} {'stores':>12} "
-          f"{'entries':>10} {'code KiB':>9}")
+    print(
+        f"{name}: {d['bytes']} bytes, {d['instructions']} instructions, {d['fetch_records']} FETCH "
+        f"({d['instructions'] / max(d['fetch_records'], 1):.2f} instrs/block), {d['load_records']} LOAD, "
+        f"{d['store_records']} STORE, {d['stage_records']} STAGE, {d['thread_records']} THREAD records, "
+        f"{d['thread_count']} threads, END {'yes' if d['end'] else 'NO'}"
+    )
+    print(
+        f"{'stage':<18} {'instructions':>14} {'share':>7} {'blocks':>12} {'loads':>12} {'stores':>12} "
+        f"{'entries':>10} {'code KiB':>9}"
+    )
     for k, v in d["stages"].items():
         nm = "none" if int(k) == NO_STAGE else f"{k} {stage_names.get(int(k), '')}"
-        print(f"{nm:<18} {v['instructions']:>14} {100 * v['instructions'] / n:>6.2f}% {v['blocks']:>12} "
-              f"{v['loads']:>12} {v['stores']:>12} {v['entries']:>10} {v['code_lines'] * 64 / 1024:>9.1f}")
-    print(f"{'thread':<18} {'instructions':>14} {'share':>7} {'blocks':>12} {'loads':>12} {'stores':>12} "
-          f"{'stage sw.':>10}")
+        print(
+            f"{nm:<18} {v['instructions']:>14} {100 * v['instructions'] / n:>6.2f}% {v['blocks']:>12} "
+            f"{v['loads']:>12} {v['stores']:>12} {v['entries']:>10} {v['code_lines'] * 64 / 1024:>9.1f}"
+        )
+    print(
+        f"{'thread':<18} {'instructions':>14} {'share':>7} {'blocks':>12} {'loads':>12} {'stores':>12} "
+        f"{'stage sw.':>10}"
+    )
     for k, v in d["threads"].items():
-        print(f"{k:<18} {v['instructions']:>14} {100 * v['instructions'] / n:>6.2f}% {v['blocks']:>12} "
-              f"{v['loads']:>12} {v['stores']:>12} {v['stage_switches']:>10}")
+        print(
+            f"{k:<18} {v['instructions']:>14} {100 * v['instructions'] / n:>6.2f}% {v['blocks']:>12} "
+            f"{v['loads']:>12} {v['stores']:>12} {v['stage_switches']:>10}"
+        )
 
 
 def stage_names_for(path):
@@ -154,6 +181,7 @@ def stage_names_for(path):
     side = path + ".stages.toml"
     if os.path.exists(side):
         import tomllib
+
         with open(side, "rb") as f:
             for st in tomllib.load(f).get("stage", []):
                 names[st["id"]] = st["name"]
@@ -171,10 +199,11 @@ def main():
         d = pure(a.trace, a.max_records)
     else:
         exe = c_binary()
-        tmp = (a.json or os.path.join(BUILD, "trace_stats.last.json"))
+        tmp = a.json or os.path.join(BUILD, "trace_stats.last.json")
         zp = subprocess.Popen(["zstd", "-dcq", a.trace], stdout=subprocess.PIPE)
-        r = subprocess.run([exe, "--json", tmp, "--name", os.path.basename(a.trace)],
-                           stdin=zp.stdout, stdout=subprocess.DEVNULL)
+        r = subprocess.run(
+            [exe, "--json", tmp, "--name", os.path.basename(a.trace)], stdin=zp.stdout, stdout=subprocess.DEVNULL
+        )
         zp.stdout.close()
         zp.wait()
         if r.returncode not in (0, 3):

@@ -6,6 +6,7 @@ the instruction-count cross-checks, and one [[stage]] table per stage gives
 id, name, the functions that define it (mangled, as resolved in the binary)
 and the stage's share of the trace.
 """
+
 import argparse
 import json
 import os
@@ -14,7 +15,7 @@ import tomllib
 
 
 def q(s):
-    return json.dumps(str(s))   # a JSON string is a valid TOML basic string
+    return json.dumps(str(s))  # a JSON string is a valid TOML basic string
 
 
 def kv(f, k, v):
@@ -47,8 +48,20 @@ def sb_num(log, field):
 
 def main():
     ap = argparse.ArgumentParser()
-    for k in ("stages-json", "stages-toml", "tool-stats", "trace-stats", "sysbench-log", "workload",
-              "mariadb", "valgrind", "sysbench", "trace", "out", "vg-log"):
+    for k in (
+        "stages-json",
+        "stages-toml",
+        "tool-stats",
+        "trace-stats",
+        "sysbench-log",
+        "workload",
+        "mariadb",
+        "valgrind",
+        "sysbench",
+        "trace",
+        "out",
+        "vg-log",
+    ):
         ap.add_argument("--" + k)
     for k in ("events", "threads", "tables", "table-size", "seed", "seconds", "warehouses", "load-seconds"):
         ap.add_argument("--" + k, type=int)
@@ -70,14 +83,19 @@ def main():
 
     n = ts["instructions"]
     with open(a.out, "w") as f:
-        f.write("# Sidecar of a stagetrace v1 trace (bench/capture/README.md).\n"
-                "# Stage 0xFFFF (65535) in the trace = no stage (outside every stage function).\n")
+        f.write(
+            "# Sidecar of a stagetrace v1 trace (bench/capture/README.md).\n"
+            "# Stage 0xFFFF (65535) in the trace = no stage (outside every stage function).\n"
+        )
         kv(f, "format", "stagetrace v1")
         kv(f, "trace", os.path.basename(a.trace))
         f.write("\n[capture]\n")
         tpcc = a.workload == "tpcc"
-        kv(f, "workload", "sysbench bench/capture/tpcc.lua (TPC-C's five transactions)" if tpcc
-           else f"sysbench {a.workload}")
+        kv(
+            f,
+            "workload",
+            "sysbench bench/capture/tpcc.lua (TPC-C's five transactions)" if tpcc else f"sysbench {a.workload}",
+        )
         kv(f, "server", f"mariadbd {a.mariadb}")
         kv(f, "transactions", sb_num(a.sysbench_log, "transactions") or a.events)
         kv(f, "queries", sb_num(a.sysbench_log, "queries") or 0)
@@ -101,22 +119,29 @@ def main():
         kv(f, "thread_records", ts["thread_records"])
         kv(f, "threads", ts["thread_count"])
         kv(f, "uncompressed_bytes", ts["bytes"])
-        kv(f, "compressed_bytes", os.path.getsize(a.trace + ".tmp") if os.path.exists(a.trace + ".tmp")
-           else os.path.getsize(a.trace))
+        kv(
+            f,
+            "compressed_bytes",
+            os.path.getsize(a.trace + ".tmp") if os.path.exists(a.trace + ".tmp") else os.path.getsize(a.trace),
+        )
         kv(f, "server_instructions_whole_run", tool["total_guest_instructions"])
-        kv(f, "window", "from the first dispatch_command after the control file appeared (a 'DO 1' "
-                        "sent just before sysbench starts) to the first dispatch_command after it "
-                        "was removed (a COM_PING after sysbench ended); all server threads")
-        kv(f, "excluded", "server start-up, warm-up queries, table preparation (done natively "
-                          "before), shutdown")
-        kv(f, "thread_ids", "Valgrind ThreadId (1 = mariadbd's main thread; ids of exited "
-                            "threads may be reused)")
-        kv(f, "addresses", "guest virtual addresses under Valgrind; mariadbd file address = "
-                           "trace address - text_bias")
+        kv(
+            f,
+            "window",
+            "from the first dispatch_command after the control file appeared (a 'DO 1' "
+            "sent just before sysbench starts) to the first dispatch_command after it "
+            "was removed (a COM_PING after sysbench ended); all server threads",
+        )
+        kv(f, "excluded", "server start-up, warm-up queries, table preparation (done natively before), shutdown")
+        kv(f, "thread_ids", "Valgrind ThreadId (1 = mariadbd's main thread; ids of exited threads may be reused)")
+        kv(f, "addresses", "guest virtual addresses under Valgrind; mariadbd file address = trace address - text_bias")
         if bias:
             kv(f, "text_bias", bias)
-        kv(f, "memory_accesses", "LOAD/STORE per guest memory access; accesses > 64 bytes "
-                                 "(e.g. XSAVE) are split into 64-byte records")
+        kv(
+            f,
+            "memory_accesses",
+            "LOAD/STORE per guest memory access; accesses > 64 bytes (e.g. XSAVE) are split into 64-byte records",
+        )
         kv(f, "tool", "stgtrace (bench/capture/stgtrace/st_main.c), a Valgrind tool")
         kv(f, "tool_version", f"stgtrace 1 on {a.valgrind}")
         kv(f, "sysbench", a.sysbench)
@@ -148,25 +173,36 @@ def main():
                 kv(f, "connection_threads_callgrind", cg_n)
                 kv(f, "trace_instructions_connection_threads", tr_conn)
                 kv(f, "callgrind_ir_connection_threads", cg_conn)
-                kv(f, "callgrind_vs_trace_connection_threads_percent",
-                   round(100.0 * (cg_conn - tr_conn) / max(tr_conn, 1), 3))
+                kv(
+                    f,
+                    "callgrind_vs_trace_connection_threads_percent",
+                    round(100.0 * (cg_conn - tr_conn) / max(tr_conn, 1), 3),
+                )
                 kv(f, "trace_instructions_other_threads", n - tr_conn)
                 kv(f, "callgrind_ir_other_threads", a.callgrind_ir - cg_conn)
-            kv(f, "callgrind_method", "separate run of the same workload (same datadir copy, seed, "
-                                      "transactions) under valgrind --tool=callgrind, counters zeroed "
-                                      "(callgrind_control -z) before the 'DO 1' and dumped "
-                                      "(callgrind_control -d) after sysbench; Ir of that part, per thread "
-                                      "(--separate-threads=yes; same Valgrind thread ids)")
+            kv(
+                f,
+                "callgrind_method",
+                "separate run of the same workload (same datadir copy, seed, "
+                "transactions) under valgrind --tool=callgrind, counters zeroed "
+                "(callgrind_control -z) before the 'DO 1' and dumped "
+                "(callgrind_control -d) after sysbench; Ir of that part, per thread "
+                "(--separate-threads=yes; same Valgrind thread ids)",
+            )
 
         if a.mix_json:
             mix = json.load(open(a.mix_json))
             f.write("\n[tpcc]\n")
             kv(f, "warehouses", a.warehouses)
-            kv(f, "mix_method", "script: sum of tpcc.lua's per-thread 'tpcc-mix:' lines; trace: "
-                                "tpcc_mix.py, per thread the number of table statements (dispatch_command "
-                                "entries that reach the innodb stage) between statements without a table "
-                                "(BEGIN/COMMIT/ROLLBACK): 2 Stock-Level, 3 Order-Status, 6 New-Order rolled "
-                                "back, 7 Payment, odd 17..37 New-Order, 10+6k Delivery")
+            kv(
+                f,
+                "mix_method",
+                "script: sum of tpcc.lua's per-thread 'tpcc-mix:' lines; trace: "
+                "tpcc_mix.py, per thread the number of table statements (dispatch_command "
+                "entries that reach the innodb stage) between statements without a table "
+                "(BEGIN/COMMIT/ROLLBACK): 2 Stock-Level, 3 Order-Status, 6 New-Order rolled "
+                "back, 7 Payment, odd 17..37 New-Order, 10+6k Delivery",
+            )
             kv(f, "mix_ok", mix["ok"])
             kv(f, "mix_identical", mix["identical"])
             kv(f, "mix_max_diff_pp", mix["max_diff_pp"])
@@ -176,8 +212,16 @@ def main():
             kv(f, "retries_script", mix["retries_script"])
             kv(f, "failed_attempts_trace", mix["failed_attempts_trace"])
             kv(f, "unclassified_trace", mix["unclassified_trace"])
-            for name in ("nominal_percent", "script", "script_percent", "trace", "trace_percent",
-                         "statements_script", "statements_trace", "instructions_per_transaction_trace"):
+            for name in (
+                "nominal_percent",
+                "script",
+                "script_percent",
+                "trace",
+                "trace_percent",
+                "statements_script",
+                "statements_trace",
+                "instructions_per_transaction_trace",
+            ):
                 f.write(f"\n[tpcc.{name}]\n")
                 for k, v in mix[name].items():
                     kv(f, k, v)
@@ -193,10 +237,14 @@ def main():
             kv(f, "symbols", [x["symbol"] for x in fns])
             kv(f, "file_addresses", [f"{x['addr']:#x}" for x in fns])
             if st.get("vtable_overrides"):
-                kv(f, "defined_by", "every virtual method " + ", ".join(
-                    f"{v['class']} overrides from {v['base']}" for v in st["vtable_overrides"])
-                   + " (vtable read from the binary; names reconstructed where an exported "
-                     "sibling class names the slot)")
+                kv(
+                    f,
+                    "defined_by",
+                    "every virtual method "
+                    + ", ".join(f"{v['class']} overrides from {v['base']}" for v in st["vtable_overrides"])
+                    + " (vtable read from the binary; names reconstructed where an exported "
+                    "sibling class names the slot)",
+                )
             s = ts["stages"].get(str(sid), {})
             kv(f, "instructions", s.get("instructions", 0))
             kv(f, "share_percent", round(100.0 * s.get("instructions", 0) / max(n, 1), 3))
@@ -206,7 +254,7 @@ def main():
         kv(f, "id", 0xFFFF)
         kv(f, "instructions", s.get("instructions", 0))
         kv(f, "share_percent", round(100.0 * s.get("instructions", 0) / max(n, 1), 3))
-    tomllib.load(open(a.out, "rb"))   # must parse
+    tomllib.load(open(a.out, "rb"))  # must parse
 
 
 if __name__ == "__main__":
