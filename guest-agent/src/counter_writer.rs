@@ -106,7 +106,7 @@ impl<P: Platform> Agent<P> {
         // SAFETY: as above; the code is cut to NUM_CODES − 1.
         let n = Self::bump(unsafe { self.counter(vcpu, count_at) }, 1);
         // Off the common path: look at the trace the host asks for.
-        let trace = self.map_word(crate::MAP_TRACE_EVERY) != 0;
+        let trace = self.map_word(crate::map::MAP_TRACE_EVERY) != 0;
         let private = (t.countdown << 1) | u64::from(trace);
         if state_timed(t.state) {
             countdown_word.store(private, Ordering::Relaxed);
@@ -154,7 +154,7 @@ impl<P: Platform> Agent<P> {
         if self.layout().is_none() {
             return 0;
         }
-        self.map_word(crate::MAP_TRACE_EVERY)
+        self.map_word(crate::map::MAP_TRACE_EVERY)
     }
 
     /// The fixed stride of timed visits this agent uses, or 0 when it paces

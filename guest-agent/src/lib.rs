@@ -25,10 +25,12 @@
 //! one request in N timed, its latency recorded in the histogram of the
 //! vCPU it ends on (the `latency` module).
 //!
-//! It also publishes each vCPU's scheduling state ([`VcpuState`]): run-queue
-//! depth, parked flag and fallback count. Per-stage runnable counts
-//! (`VcpuState::runnable`) are not maintained: the field stays in the ABI
-//! but the agent leaves it at 0.
+//! It also publishes each vCPU's scheduling state
+//! ([`VcpuState`](hypercall_abi::stage::VcpuState), the `vcpu_state`
+//! module): run-queue depth, parked flag and fallback count. Per-stage
+//! runnable counts (`VcpuState::runnable`) are not maintained: the field
+//! stays in the ABI but the agent leaves it at 0. The host's stage map is
+//! read in the `map` module ([`Agent::read_map`], [`MapSnapshot`]).
 //!
 //! When registration fails (for example the VM runs with
 //! `--no-stage-device`), the agent stays inactive and every call is a cheap
@@ -47,22 +49,25 @@
 extern crate std;
 
 use core::ptr;
-use core::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{fence, AtomicU64, Ordering};
 
 pub use hypercall_abi::stage::VisitPolicy;
 use hypercall_abi::stage::{
-    stage_code, state_word, validate_header, AreaHeader, Layout, StageDesc, StageMap, Status,
-    VcpuState, CODE_IDLE, CODE_NONE, DOORBELL_REGISTER, DOORBELL_UNREGISTER, DOORBELL_WAIT,
-    DOORBELL_WAKE, IDLE_THREAD, MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, STAGE_NONE,
-    TIMED_EVERY, TIMED_INTERVAL_NS, TIMED_STRIDE_MAX,
+    stage_code, state_word, validate_header, AreaHeader, Layout, StageDesc, Status, CODE_IDLE,
+    CODE_NONE, DOORBELL_REGISTER, DOORBELL_UNREGISTER, DOORBELL_WAIT, DOORBELL_WAKE, IDLE_THREAD,
+    STAGE_DESCS_OFFSET, STAGE_NONE, TIMED_EVERY, TIMED_INTERVAL_NS, TIMED_STRIDE_MAX,
 };
 
 mod counter_writer;
 mod latency;
+mod map;
 mod ring;
+mod vcpu_state;
 pub mod visit;
 
 pub use latency::RequestClock;
+pub use map::{choose_from_map, MapSnapshot};
+use map::{MAP_MINOR, MAP_TRACE_EVERY};
 
 /// What the agent needs from the machine it runs on.
 pub trait Platform {
@@ -165,29 +170,6 @@ impl AreaSpec<'_> {
             (true, false) => l.with_counters(),
             _ => l,
         })
-    }
-}
-
-/// A consistent copy of the host's stage map.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MapSnapshot {
-    /// Seqlock epoch (even).
-    pub epoch: u64,
-    /// Per stage, the mask of vCPUs serving it.
-    pub vcpus: [u64; MAX_STAGES],
-    /// The vCPUs alone on their host core (ABI minor 1); 0 from a host
-    /// that does not publish it (minor 0), so such a guest parks as in v1.0.
-    pub owned: u64,
-    /// The stage-visit policy the host asks for (ABI minor 3,
-    /// [`StageMap::visit`]); [`VisitPolicy::Fifo`] from an older host or
-    /// for a code this guest does not know.
-    pub visit: VisitPolicy,
-}
-
-impl MapSnapshot {
-    /// True if `vcpu` serves `stage` in this map.
-    pub fn serves(&self, stage: u32, vcpu: u32) -> bool {
-        (stage as usize) < MAX_STAGES && vcpu < 64 && self.vcpus[stage as usize] & (1 << vcpu) != 0
     }
 }
 
@@ -493,75 +475,10 @@ impl<P: Platform> Agent<P> {
         Report::Counted { trace }
     }
 
-    /// Word `index` (< 24) of the stage map, read relaxed and outside the
-    /// seqlock (callers are registered).
-    pub(crate) fn map_word(&self, index: usize) -> u64 {
-        // SAFETY: word `index` of the map, inside the registered area.
-        let p = unsafe { self.base.add(STAGE_MAP_OFFSET as usize + 8 * index) } as *mut u64;
-        Self::word(p).load(Ordering::Relaxed)
-    }
-
     fn word(p: *mut u64) -> &'static AtomicU64 {
         // SAFETY: `p` is an 8-byte aligned word of the registered area, which
         // outlives the agent (register's contract).
         unsafe { AtomicU64::from_ptr(p) }
-    }
-
-    fn state_u32(&self, vcpu: u32, offset: usize) -> Option<&'static AtomicU32> {
-        self.layout.filter(|l| vcpu < l.num_vcpus)?;
-        // SAFETY: the state block of vcpu < num_vcpus ≤ MAX_VCPUS lies in the
-        // area; `offset` is a 4-aligned field offset inside VcpuState.
-        Some(unsafe {
-            AtomicU32::from_ptr(
-                self.base
-                    .add(Layout::vcpu_state_offset(vcpu) as usize + offset)
-                    .cast::<u32>(),
-            )
-        })
-    }
-
-    /// Adds `delta` to `vcpu`'s published run-queue depth (see
-    /// [`VcpuState`] for the wake-up protocol). No-op when inactive.
-    pub fn runq_add(&self, vcpu: u32, delta: i32) {
-        if let Some(w) = self.state_u32(vcpu, core::mem::offset_of!(VcpuState, runq_depth)) {
-            w.fetch_add(delta as u32, Ordering::AcqRel);
-        }
-    }
-
-    /// Publishes `depth` as `vcpu`'s run-queue depth with a plain store
-    /// (for a runtime that knows its queue's length, e.g. under the queue's
-    /// lock: no locked instruction on the switch path). No-op when inactive.
-    pub fn set_runq_depth(&self, vcpu: u32, depth: u32) {
-        if let Some(w) = self.state_u32(vcpu, core::mem::offset_of!(VcpuState, runq_depth)) {
-            w.store(depth, Ordering::Release);
-        }
-    }
-
-    /// `vcpu`'s published run-queue depth (0 when inactive).
-    pub fn runq_depth(&self, vcpu: u32) -> u32 {
-        self.state_u32(vcpu, core::mem::offset_of!(VcpuState, runq_depth))
-            .map_or(0, |w| w.load(Ordering::Acquire))
-    }
-
-    /// Publishes whether `vcpu` idles (see [`VcpuState`]).
-    pub fn set_parked(&self, vcpu: u32, parked: bool) {
-        if let Some(w) = self.state_u32(vcpu, core::mem::offset_of!(VcpuState, parked)) {
-            w.store(u32::from(parked), Ordering::SeqCst);
-        }
-    }
-
-    /// Whether `vcpu` published that it idles.
-    pub fn is_parked(&self, vcpu: u32) -> bool {
-        self.state_u32(vcpu, core::mem::offset_of!(VcpuState, parked))
-            .is_some_and(|w| w.load(Ordering::SeqCst) != 0)
-    }
-
-    /// Counts a fallback on `vcpu`: a stage ran there although the map does not
-    /// give it the stage, because no vCPU served the stage.
-    pub fn count_fallback(&self, vcpu: u32) {
-        if let Some(w) = self.state_u32(vcpu, core::mem::offset_of!(VcpuState, fallbacks)) {
-            w.fetch_add(1, Ordering::Relaxed);
-        }
     }
 
     /// Sends WAIT: the VMM parks this vCPU until a WAKE or `timeout_us` µs.
@@ -579,89 +496,6 @@ impl<P: Platform> Agent<P> {
         }
         self.send(DOORBELL_WAKE, vcpu)
     }
-
-    /// The stage map's epoch (one acquire load; 0 when inactive or before
-    /// the host published a map, odd while it writes one): a reader that
-    /// cached the map of an equal, even epoch holds the current map.
-    pub fn map_epoch(&self) -> u64 {
-        if self.layout.is_none() {
-            return 0;
-        }
-        // SAFETY: word 0 of the map, inside the registered area.
-        let p = unsafe { self.base.add(STAGE_MAP_OFFSET as usize) } as *mut u64;
-        Self::word(p).load(Ordering::Acquire)
-    }
-
-    /// Reads a consistent stage map (seqlock: retries while the host writes).
-    /// `None` when inactive or before the host published a map.
-    pub fn read_map(&self) -> Option<MapSnapshot> {
-        self.layout?;
-        // SAFETY: the map lies in the registered area.
-        let map = unsafe { self.base.add(STAGE_MAP_OFFSET as usize) } as *mut u64;
-        let epoch_word = Self::word(map);
-        loop {
-            let epoch = epoch_word.load(Ordering::Acquire);
-            if epoch == 0 {
-                return None;
-            }
-            if !epoch.is_multiple_of(2) {
-                core::hint::spin_loop();
-                continue;
-            }
-            let mut vcpus = [0u64; MAX_STAGES];
-            for (i, v) in vcpus.iter_mut().enumerate() {
-                // SAFETY: word i + 1 of the map.
-                *v = unsafe { ptr::read_volatile(map.add(1 + i)) };
-            }
-            // SAFETY: words of the map (`StageMap` is 24 words).
-            let (owned, minor, visit) = unsafe {
-                (
-                    ptr::read_volatile(map.add(MAP_OWNED)),
-                    ptr::read_volatile(map.add(MAP_MINOR)),
-                    ptr::read_volatile(map.add(MAP_VISIT)),
-                )
-            };
-            fence(Ordering::Acquire);
-            if epoch_word.load(Ordering::Relaxed) == epoch {
-                let owned = if minor >= 1 { owned } else { 0 };
-                let visit = if minor >= 3 {
-                    VisitPolicy::from_code(visit).unwrap_or_default()
-                } else {
-                    VisitPolicy::Fifo
-                };
-                return Some(MapSnapshot {
-                    epoch,
-                    vcpus,
-                    owned,
-                    visit,
-                });
-            }
-        }
-    }
-}
-
-/// Word indices of [`StageMap`] fields.
-const MAP_OWNED: usize = core::mem::offset_of!(StageMap, owned) / 8;
-const MAP_MINOR: usize = core::mem::offset_of!(StageMap, minor) / 8;
-const MAP_VISIT: usize = core::mem::offset_of!(StageMap, visit) / 8;
-pub(crate) const MAP_TRACE_EVERY: usize = core::mem::offset_of!(StageMap, trace_every) / 8;
-
-/// Which vCPU `stage` should run on for a thread now on `current`, given a
-/// map read with [`Agent::read_map`] (pure; the one place the rule lives):
-/// `current` if `map` lets it serve the stage, else the vCPU with the
-/// smallest `loads[v]` among those serving it (lowest index on ties; `loads`
-/// is indexed by vCPU, e.g. published run-queue depths, and only its first
-/// 64 entries count). Returns `current` when the stage is out of range or no
-/// vCPU of `loads` serves it (the caller counts that as a fallback).
-pub fn choose_from_map(map: &MapSnapshot, stage: u32, current: u32, loads: &[u32]) -> u32 {
-    if (stage as usize) >= MAX_STAGES || map.serves(stage, current) {
-        return current;
-    }
-    let mask = map.vcpus[stage as usize];
-    (0..loads.len().min(64) as u32)
-        .filter(|v| mask & (1 << v) != 0)
-        .min_by_key(|v| loads[*v as usize])
-        .unwrap_or(current)
 }
 
 #[cfg(test)]

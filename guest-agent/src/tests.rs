@@ -1,7 +1,9 @@
 //! Unit tests of the agent against a fake host on a heap-allocated area.
 
 use super::*;
-use hypercall_abi::stage::{StageEvent, VcpuCounters, NUM_CODES};
+use hypercall_abi::stage::{
+    StageEvent, StageMap, VcpuCounters, MAX_STAGES, NUM_CODES, STAGE_MAP_OFFSET,
+};
 use std::vec::Vec;
 
 std::thread_local! {
