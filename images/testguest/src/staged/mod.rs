@@ -44,9 +44,11 @@
 //!   push to, or take a thread from);
 //! * [`arrivals`] — open-loop load (`arrival=`): the generator, the queue
 //!   of arrived requests, the threads waiting for one and their latencies;
-//! * [`runtime`] — each vCPU's scheduler loop, idle spinning and parking,
-//!   and work conservation (steals and spills); the threads' entry function
-//!   comes from the workload layer;
+//! * [`balance`] — work conservation: an idle vCPU's steals and spills
+//!   from other vCPUs' queues, a busy vCPU's balance under a temporal visit
+//!   policy;
+//! * [`runtime`] — each vCPU's scheduler loop, idle spinning and parking;
+//!   the threads' entry function comes from the workload layer;
 //! * [`switch`] — the stage switch that picks a vCPU from the host's map,
 //!   migrates through the run queues and reports through the agent;
 //! * [`workload`] — what the threads run: the dispatch and entry
@@ -64,6 +66,7 @@
 //! which builds on [`platform`]; nothing here depends on them.
 
 pub mod arrivals;
+mod balance;
 mod bench;
 mod config;
 pub mod hopper;

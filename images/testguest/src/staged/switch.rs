@@ -1,7 +1,7 @@
 //! A thread's stage switch ([`stage_switch`], [`stage_leave`]): pick the
 //! vCPU for the next stage from the host's map with
 //! `guest_agent::choose_from_map` (each vCPU caches the last map it read,
-//! [`MapCache`]), migrate through the run queues when it is another vCPU,
+//! in [`super::map`]), migrate through the run queues when it is another vCPU,
 //! and report the stage on the vCPU that runs it.
 //!
 //! Depends on [`super::runtime`] (threads, yields, queue lengths),
