@@ -283,6 +283,16 @@ fn api_changes_are_validated_like_the_file() {
         update.describe(),
         "budgets: cores 2-3, housekeeping default, stages [parse 1..all ×1]"
     );
+    // Cores alone keep the stages; `[]` removes them.
+    let with_stage = base.clone().with_budgets(&update);
+    let cores_only: BudgetsUpdate = serde_json::from_str(r#"{"host":{"cores":"1"}}"#).unwrap();
+    assert_eq!(
+        cores_only.describe(),
+        "budgets: cores 1, housekeeping default, stages kept"
+    );
+    assert_eq!(with_stage.clone().with_budgets(&cores_only).stages.len(), 1);
+    let cleared: BudgetsUpdate = serde_json::from_str(r#"{"stage":[]}"#).unwrap();
+    assert!(with_stage.with_budgets(&cleared).stages.is_empty());
     // Unknown fields are refused, as in the file.
     assert!(serde_json::from_str::<PolicyUpdate>(r#"{"name":"off","speed":1}"#).is_err());
     assert!(serde_json::from_str::<BudgetsUpdate>(r#"{"policy":{}}"#).is_err());

@@ -50,9 +50,11 @@ pub struct BudgetsUpdate {
     /// `[host]`.
     #[serde(default)]
     pub host: HostSection,
-    /// `[[stage]]` entries (JSON key `stage`, as in the file).
-    #[serde(default, rename = "stage")]
-    pub stages: Vec<StageSection>,
+    /// `[[stage]]` entries (JSON key `stage`, as in the file); left out,
+    /// the VM's current ones are kept (`stagevm-hostd` changes only the
+    /// cores), `[]` removes them.
+    #[serde(default, rename = "stage", skip_serializing_if = "Option::is_none")]
+    pub stages: Option<Vec<StageSection>>,
 }
 
 impl PolicyUpdate {
@@ -87,19 +89,23 @@ impl BudgetsUpdate {
     /// budget.
     pub fn describe(&self) -> String {
         let or_default = |v: &Option<String>| v.clone().unwrap_or_else(|| "default".into());
-        let stages: Vec<String> = self
-            .stages
-            .iter()
-            .map(|s| {
-                let max = s.max_cores.map_or("all".into(), |m| m.to_string());
-                format!("{} {}..{} ×{}", s.name, s.min_cores, max, s.weight)
-            })
-            .collect();
+        let stages = match &self.stages {
+            Some(stages) => {
+                let each: Vec<String> = stages
+                    .iter()
+                    .map(|s| {
+                        let max = s.max_cores.map_or("all".into(), |m| m.to_string());
+                        format!("{} {}..{} ×{}", s.name, s.min_cores, max, s.weight)
+                    })
+                    .collect();
+                format!("[{}]", each.join(", "))
+            }
+            None => "kept".into(),
+        };
         format!(
-            "budgets: cores {}, housekeeping {}, stages [{}]",
+            "budgets: cores {}, housekeeping {}, stages {stages}",
             or_default(&self.host.cores),
             or_default(&self.host.housekeeping),
-            stages.join(", ")
         )
     }
 }
@@ -151,11 +157,13 @@ impl Config {
         self
     }
 
-    /// This configuration with `update`'s `[host]` and `[[stage]]` in place
-    /// of its own.
+    /// This configuration with `update`'s `[host]` in place of its own,
+    /// and its `[[stage]]` entries if it gives them.
     pub fn with_budgets(mut self, update: &BudgetsUpdate) -> Self {
         self.host = update.host.clone();
-        self.stages = update.stages.clone();
+        if let Some(stages) = &update.stages {
+            self.stages = stages.clone();
+        }
         self
     }
 }

@@ -97,7 +97,7 @@ fn budgets_body(file: &Path) -> anyhow::Result<Vec<u8>> {
     }
     let update = BudgetsUpdate {
         host: config.host,
-        stages: config.stages,
+        stages: Some(config.stages),
     };
     Ok(serde_json::to_vec(&update)?)
 }
