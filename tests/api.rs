@@ -13,7 +13,6 @@ mod harness;
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -156,18 +155,10 @@ fn changes_follow_within_two_periods_and_metrics_equal_the_report() {
 fn remote_cli_reads_and_changes_the_vm() {
     let vm = Vm::boot("iters=1000 threads=1 requests=2000");
     vm.wait_requests(2 * 2000);
+    let client = Remote::new(env!("CARGO_BIN_EXE_stagevm-remote"), &vm.socket);
     let remote = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_stagevm-remote"))
-            .arg("--api-socket")
-            .arg(&vm.socket)
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        let out = client.run(args).unwrap();
+        (out.status.code().unwrap(), out.stdout, out.stderr)
     };
     let (code, out, _) = remote(&["stages"]);
     assert_eq!(code, 0);
@@ -236,9 +227,8 @@ fn remote_cli_reads_and_changes_the_vm() {
     let (code, out, _) = remote(&["trace", "off"]);
     assert_eq!((code, out.trim()), (0, r#"{"accepted":"trace off"}"#));
     // Unreachable socket: exit 2.
-    let out = Command::new(env!("CARGO_BIN_EXE_stagevm-remote"))
-        .args(["--api-socket", "/nonexistent/socket", "info"])
-        .output()
+    let out = Remote::new(env!("CARGO_BIN_EXE_stagevm-remote"), "/nonexistent/socket")
+        .run(&["info"])
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let (code, _, _) = remote(&["shutdown"]);

@@ -69,14 +69,20 @@ fn memory_not_parseable() {
 #[test]
 fn kvm_device_missing() {
     let guest = guest_image();
-    let script = format!(
-        "mount -t tmpfs none /dev && exec {STAGEVM} --kernel {}",
-        guest.display()
-    );
-    let child = std::process::Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+    // The shell's `$0` and `$@` are stagevm and its arguments.
+    let child = stagevm()
+        .wrap(
+            "unshare",
+            [
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                r#"mount -t tmpfs none /dev && exec "$0" "$@""#,
+            ],
+        )
+        .kernel(guest)
         .spawn()
         .expect("unshare (util-linux) is needed for this test");
     let run = wait(child, std::time::Duration::from_secs(30));
@@ -94,17 +100,12 @@ fn kvm_device_missing() {
 #[test]
 fn kvm_device_without_permission() {
     let guest = guest_image();
-    let child = std::process::Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            STAGEVM,
-            "--kernel",
-            guest.to_str().unwrap(),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+    let child = stagevm()
+        .wrap(
+            "setpriv",
+            ["--reuid=65534", "--regid=65534", "--clear-groups"],
+        )
+        .kernel(guest)
         .spawn()
         .expect("setpriv (util-linux) is needed for this test");
     let run = wait(child, std::time::Duration::from_secs(30));

@@ -55,7 +55,7 @@ fn quit(
     writer: &mut impl Write,
     reader: &mut impl BufRead,
     lines: u32,
-    child: std::process::Child,
+    child: Running,
     report: &std::path::Path,
 ) {
     let answered = format!("testguest: console answered {lines} lines");
@@ -66,20 +66,14 @@ fn quit(
     let _ = std::fs::remove_file(report);
 }
 
-/// The first stderr line of `child` starting with `prefix`.
-fn stderr_line(child: &mut std::process::Child, prefix: &str) -> String {
-    let err = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(err).lines();
-    let line = loop {
-        match lines.next() {
-            Some(Ok(l)) if l.starts_with(prefix) => break l,
-            Some(Ok(_)) => {}
-            _ => panic!("no '{prefix}' line on stderr"),
-        }
-    };
-    // Keep draining stderr so the VMM never blocks on it.
-    std::thread::spawn(move || for _ in lines {});
-    line
+/// The first stderr line of `child` starting with `prefix` (stderr is
+/// read on to its end meanwhile, so the VMM never blocks on it).
+fn stderr_line(child: &mut Running, prefix: &str) -> String {
+    child
+        .stderr_lines()
+        .unwrap()
+        .wait_for(prefix, Duration::from_secs(60), &[])
+        .unwrap_or_else(|e| panic!("{e} on stderr"))
 }
 
 #[test]
@@ -100,7 +94,6 @@ fn lines_typed_on_the_pty_reach_the_guest_and_its_answers_come_back() {
         ],
     );
     let mut child = spawn(&args);
-    let _reaper = KillOnPanic(child.id());
     let line = stderr_line(&mut child, "stagevm: serial on pty ");
     let path = line
         .trim_start_matches("stagevm: serial on pty ")
@@ -146,7 +139,6 @@ fn a_socket_console_serves_one_client_at_a_time() {
     let spec = format!("socket={}", socket.display());
     let args = guest_args_with_report(&report, &["--serial", &spec, "--cmdline", CMDLINE]);
     let mut child = spawn(&args);
-    let _reaper = KillOnPanic(child.id());
     stderr_line(&mut child, "stagevm: serial on socket ");
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
@@ -205,7 +197,6 @@ fn a_client_that_hangs_up_on_a_full_fifo_costs_nothing_and_gives_way() {
     let cmdline = format!("{CMDLINE} console_after=8000");
     let args = guest_args_with_report(&report, &["--serial", &spec, "--cmdline", &cmdline]);
     let mut child = spawn(&args);
-    let _reaper = KillOnPanic(child.id());
     stderr_line(&mut child, "stagevm: serial on socket ");
     let pid = child.id();
     let started = Instant::now();

@@ -5,8 +5,8 @@
 mod common;
 
 use common::*;
-use stage_workload::checksum::fnv1a;
 use stagevm_report::Report;
+use stagevm_testkit::checksum::fnv1a;
 
 /// A deterministic disk image of `bytes` bytes: the default image's
 /// xorshift64 stream (`stagevm_mkdisk::generate`).

@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -14,18 +13,11 @@ use hypercall_abi::platform::EXIT_GUEST_FAILURE;
 fn panic_in(kind: &str) {
     let guest = guest_image();
     let _lock = vm_lock();
-    let child = Command::new(env!("CARGO_BIN_EXE_stagevm"))
-        .args([
-            "--kernel",
-            guest.to_str().unwrap(),
-            "--cpus",
-            "boot=2",
-            "--cmdline",
-            "iters=1000000000000",
-        ])
+    let child = stagevm()
+        .kernel(guest)
+        .vcpus(2)
+        .cmdline("iters=1000000000000")
         .env("STAGEVM_TEST_PANIC", kind)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let run = wait(child, Duration::from_secs(10));

@@ -112,29 +112,25 @@ fn vm_rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// Reaps `pid` with `wait4`, polling every millisecond until `deadline`:
-/// `Some((exit code, peak RSS in KiB))`, or `None` on timeout. Panics if a
+/// Reaps `child` with `wait4` (the kit's `Running::wait_rusage`), polling
+/// every millisecond until `deadline`: `Some((exit code, peak RSS in
+/// KiB))`, or `None` on timeout (the child is then killed). Panics if a
 /// signal killed it.
-fn reap(pid: u32, deadline: Instant) -> Option<(i32, u64)> {
-    loop {
-        let mut status = 0;
-        // SAFETY: a zeroed rusage is a valid out-parameter.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: valid pointers; `pid` is our child, not reaped before.
-        let r = unsafe { libc::wait4(pid as i32, &mut status, libc::WNOHANG, &mut usage) };
-        assert!(r >= 0, "wait4: {}", std::io::Error::last_os_error());
-        if r == pid as i32 {
-            assert!(
-                libc::WIFEXITED(status),
-                "stagevm died of signal {}",
-                libc::WTERMSIG(status)
-            );
-            return Some((libc::WEXITSTATUS(status), usage.ru_maxrss as u64));
+fn reap(child: Running, deadline: Instant) -> Option<(i32, u64)> {
+    use std::os::unix::process::ExitStatusExt;
+    let left = deadline.saturating_duration_since(Instant::now());
+    match child.wait_rusage(Some(left)) {
+        Ok(r) => {
+            let code = r.status.code().unwrap_or_else(|| {
+                panic!(
+                    "stagevm died of signal {}",
+                    r.status.signal().unwrap_or_default()
+                )
+            });
+            Some((code, r.max_rss_kib))
         }
-        if Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(1));
+        Err(stagevm_testkit::LaunchError::Timeout { .. }) => None,
+        Err(e) => panic!("{e}"),
     }
 }
 
@@ -157,7 +153,7 @@ fn attack_reporting(args: &[&str], sigterm_at: Option<&str>, with_report: bool) 
     let mut child = spawn(&all);
     let pid = child.id();
     let (tx, rx) = mpsc::channel::<String>();
-    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let stdout = BufReader::new(child.take_stdout().unwrap());
     let out_reader = std::thread::spawn(move || {
         let mut all = String::new();
         for line in stdout.lines().map_while(Result::ok) {
@@ -167,7 +163,7 @@ fn attack_reporting(args: &[&str], sigterm_at: Option<&str>, with_report: bool) 
         }
         all
     });
-    let mut stderr = child.stderr.take().unwrap();
+    let mut stderr = child.take_stderr().unwrap();
     let err_reader = std::thread::spawn(move || {
         let mut s = String::new();
         let _ = stderr.read_to_string(&mut s);
@@ -186,14 +182,11 @@ fn attack_reporting(args: &[&str], sigterm_at: Option<&str>, with_report: bool) 
         }
         if sigterm_at.is_some_and(|m| line.contains(m)) {
             std::thread::sleep(Duration::from_millis(200));
-            let target = nix::unistd::Pid::from_raw(pid as i32);
-            nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGTERM).unwrap();
+            child.signal(nix::sys::signal::Signal::SIGTERM).unwrap();
             sent = Some(Instant::now());
         }
     }
-    let Some((code, maxrss)) = reap(pid, deadline) else {
-        let _ = child.kill();
-        let _ = child.wait();
+    let Some((code, maxrss)) = reap(child, deadline) else {
         panic!(
             "stagevm did not exit within {RUN_TIMEOUT:?}: {}",
             out_reader.join().unwrap()

@@ -43,7 +43,7 @@ fn guest_echoes_ten_thousand_frames_intact() {
         });
         let elapsed = t0.elapsed();
         let run = wait(child, Duration::from_secs(30));
-        let rest: Vec<String> = lines.try_iter().collect();
+        let rest: Vec<String> = lines.rest();
         let json = stagevm_report::Report::read(&report);
         let _ = std::fs::remove_file(&report);
         (run, rest, json, bytes, h, frames, elapsed)
@@ -144,7 +144,7 @@ fn oversized_frames_and_a_vanished_tap_are_counted_and_survived() {
     let _lock = vm_lock();
     let result = in_netns(move || {
         let _ = guest;
-        set_mtu(TAP, 9000);
+        stagevm_testkit::net::set_mtu(TAP, 9000).unwrap();
         let report = report_path("net-hostile");
         let (child, _lines) = start_echo_guest(&report, &[]);
         let pid = child.id();
@@ -184,8 +184,7 @@ fn oversized_frames_and_a_vanished_tap_are_counted_and_survived() {
             let t1 = thread_ticks(pid, "io-net0");
             idle_ticks = t0.zip(t1).map(|(a, b)| b - a);
         }
-        // SAFETY: kill(2) of our own child.
-        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        child.signal(nix::sys::signal::Signal::SIGTERM).unwrap();
         let run = wait(child, Duration::from_secs(10));
         let json = stagevm_report::Report::read(&report);
         let _ = std::fs::remove_file(&report);
@@ -222,11 +221,7 @@ fn oversized_frames_and_a_vanished_tap_are_counted_and_survived() {
 
 /// Boots the test guest on the namespace's tap with `hostile=ATTACK`
 /// (`images/testguest/src/hostile/virtio.rs`), its report at `report`.
-fn spawn_hostile(
-    guest: &std::path::Path,
-    report: &std::path::Path,
-    attack: &str,
-) -> std::process::Child {
+fn spawn_hostile(guest: &std::path::Path, report: &std::path::Path, attack: &str) -> Running {
     let cmdline = format!("iters=1000 hostile={attack}");
     spawn(&[
         "--kernel",
@@ -304,7 +299,6 @@ fn notifying_an_empty_receive_queue_costs_io_net_little() {
         let peer = Peer::open(TAP);
         let child = spawn_hostile(&guest, &report, "netspin");
         let pid = child.id();
-        let _reaper = KillOnPanic(pid);
         let start = Instant::now();
         let mut seq = 0;
         let mut sample = |at: Duration| {

@@ -9,25 +9,21 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
 use hypercall_abi::platform::EXIT_GUEST_FAILURE;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
-fn stagevm(extra_env: Option<(&str, &str)>, args: &[&str]) -> std::process::Child {
-    let guest = guest_image();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stagevm"));
-    cmd.args(["--kernel", guest.to_str().unwrap()])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+/// Spawns the test guest with `args`, and `extra_env` in the VMM's
+/// environment.
+fn guest_vm(extra_env: Option<(&str, &str)>, args: &[&str]) -> Running {
+    let mut vm = stagevm().kernel(guest_image()).args(args);
     if let Some((k, v)) = extra_env {
-        cmd.env(k, v);
+        vm = vm.env(k, v);
     }
-    cmd.spawn().unwrap()
+    vm.spawn().unwrap()
 }
 
 #[test]
@@ -37,7 +33,7 @@ fn every_thread_runs_under_a_seccomp_filter() {
     std::fs::write(&disk, vec![0u8; 1 << 20]).unwrap();
     let disk_arg = format!("path={},readonly=on", disk.display());
     let socket = report_path("seccomp-api").with_extension("sock");
-    let mut child = stagevm(
+    let mut child = guest_vm(
         None,
         &[
             "--cpus",
@@ -51,7 +47,7 @@ fn every_thread_runs_under_a_seccomp_filter() {
         ],
     );
     // Wait for the banner: every thread has started and filtered itself.
-    let mut stdout = child.stdout.take().unwrap();
+    let mut stdout = child.take_stdout().unwrap();
     let mut byte = [0u8];
     while byte[0] != b'\n' {
         assert_eq!(stdout.read(&mut byte).unwrap(), 1, "stagevm closed stdout");
@@ -71,7 +67,7 @@ fn every_thread_runs_under_a_seccomp_filter() {
             .to_string();
         seen.push((comm.trim().to_string(), mode));
     }
-    kill(Pid::from_raw(pid as i32), Signal::SIGTERM).unwrap();
+    child.signal(Signal::SIGTERM).unwrap();
     let run = wait(child, Duration::from_secs(10));
     let _ = std::fs::remove_file(&disk);
     assert_eq!(run.code(), 143, "{run:#?}");
@@ -91,7 +87,7 @@ fn every_thread_runs_under_a_seccomp_filter() {
 /// `kind` ended it with status 2 and the message naming syscall `nr`.
 fn forbidden_syscall_ends_the_vmm(hook: &str, kind: &str, nr: i64, args: &[&str]) {
     let _lock = vm_lock();
-    let child = stagevm(Some(("STAGEVM_TEST_SYSCALL", hook)), args);
+    let child = guest_vm(Some(("STAGEVM_TEST_SYSCALL", hook)), args);
     let run = wait(child, Duration::from_secs(10));
     assert_eq!(run.code(), i32::from(EXIT_GUEST_FAILURE), "{run:#?}");
     let expected = format!(
@@ -133,7 +129,7 @@ fn a_forbidden_ioctl_ends_the_vmm_with_a_message() {
 fn openat_in_the_api_thread_fails_and_the_vm_goes_on() {
     let _lock = vm_lock();
     let socket = report_path("seccomp-openat").with_extension("sock");
-    let child = stagevm(
+    let child = guest_vm(
         Some(("STAGEVM_TEST_SYSCALL", "api-openat")),
         &[
             "--api-socket",
@@ -163,7 +159,7 @@ fn openat_fails_in_every_thread_but_stage_sched() {
     for kind in ["vmm-main", "vcpu", "io-blk"] {
         let _lock = vm_lock();
         let hook = format!("{kind}-openat");
-        let child = stagevm(
+        let child = guest_vm(
             Some(("STAGEVM_TEST_SYSCALL", &hook)),
             &[
                 "--disk",
@@ -192,7 +188,7 @@ fn stage_sched_opens_only_for_reading() {
             "openat for writing in stage-sched: Permission denied",
         ),
     ] {
-        let child = stagevm(
+        let child = guest_vm(
             Some(("STAGEVM_TEST_SYSCALL", hook)),
             &["--cmdline", "iters=50000000 requests=100"],
         );
@@ -205,7 +201,7 @@ fn stage_sched_opens_only_for_reading() {
 #[test]
 fn seccomp_false_installs_no_filter() {
     let _lock = vm_lock();
-    let child = stagevm(
+    let child = guest_vm(
         Some(("STAGEVM_TEST_SYSCALL", "vcpu")),
         &["--seccomp", "false", "--cmdline", "iters=1000 requests=0"],
     );
@@ -373,25 +369,29 @@ fn the_filters_allow_what_a_traced_run_makes() {
     )
     .unwrap();
     let guest = guest_image();
-    let mut child = Command::new("strace")
-        .args(["-f", "-qq", "-e", "trace=all", "-o"])
-        .arg(&trace)
-        .arg(env!("CARGO_BIN_EXE_stagevm"))
-        .args(["--kernel", guest.to_str().unwrap(), "--cpus", "boot=2"])
-        .args([
-            "--disk",
-            &disk_arg,
-            "--api-socket",
-            socket.to_str().unwrap(),
-        ])
-        .args(["--report", report.to_str().unwrap(), "--stage-trace", "on"])
-        .args(["--cmdline", "requests=200 hold=1"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+    let mut child = stagevm()
+        .wrap(
+            "strace",
+            [
+                "-f",
+                "-qq",
+                "-e",
+                "trace=all",
+                "-o",
+                trace.to_str().unwrap(),
+            ],
+        )
+        .kernel(guest)
+        .vcpus(2)
+        .disk(&disk_arg)
+        .api_socket(&socket)
+        .report(&report)
+        .args(["--stage-trace", "on"])
+        .cmdline("requests=200 hold=1")
         .spawn()
         .unwrap();
     // The guest holds once its work is done: every thread has run.
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut stdout = std::io::BufReader::new(child.take_stdout().unwrap());
     let mut out = String::new();
     while !out.contains("testguest: holding") {
         let mut line = String::new();
@@ -401,12 +401,9 @@ fn the_filters_allow_what_a_traced_run_makes() {
         out += &line;
     }
     assert!(out.contains("testguest: holding"), "{out}");
+    let client = Remote::new(env!("CARGO_BIN_EXE_stagevm-remote"), &socket);
     let remote = |args: &[&str]| {
-        let run = Command::new(env!("CARGO_BIN_EXE_stagevm-remote"))
-            .args(["--api-socket", socket.to_str().unwrap()])
-            .args(args)
-            .output()
-            .unwrap();
+        let run = client.run(args).unwrap();
         assert!(run.status.success(), "stagevm-remote {args:?}: {run:?}");
     };
     let budgets_path = budgets.to_str().unwrap();
@@ -431,11 +428,8 @@ fn the_filters_allow_what_a_traced_run_makes() {
         std::thread::sleep(Duration::from_millis(600));
     }
     // SIGTERM to stagevm, strace's child.
-    let strace_pid = child.id();
-    let children =
-        std::fs::read_to_string(format!("/proc/{strace_pid}/task/{strace_pid}/children")).unwrap();
-    let vmm: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
-    kill(Pid::from_raw(vmm), Signal::SIGTERM).unwrap();
+    assert_ne!(child.vmm_pid().as_raw() as u32, child.id(), "no tracee");
+    child.signal(Signal::SIGTERM).unwrap();
     let run = wait(child, Duration::from_secs(30));
     let text = std::fs::read_to_string(&trace).unwrap();
     for f in [&disk, &report, &trace, &budgets] {

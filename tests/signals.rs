@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use hypercall_abi::platform::{EXIT_SIGINT, EXIT_SIGTERM};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
 /// Boots a guest that runs for minutes with `extra` arguments, sends
 /// `signal` once its vCPUs run guest code, and checks that stagevm exits
@@ -29,7 +28,7 @@ fn stop_with(signal: Signal, expected: u8, extra: &[&str], bound: Duration) -> R
     args.extend_from_slice(extra);
     let mut child = spawn(&args);
     // Wait for the guest's banner so the vCPUs are running guest code.
-    let mut stdout = child.stdout.take().unwrap();
+    let mut stdout = child.take_stdout().unwrap();
     let mut seen = Vec::new();
     let mut byte = [0u8];
     while !seen.ends_with(b"\n") {
@@ -39,7 +38,7 @@ fn stop_with(signal: Signal, expected: u8, extra: &[&str], bound: Duration) -> R
     assert!(seen.starts_with(b"stagevm testguest: 4 vCPUs"));
     std::thread::sleep(Duration::from_millis(200));
     let sent = Instant::now();
-    kill(Pid::from_raw(child.id() as i32), signal).unwrap();
+    child.signal(signal).unwrap();
     let run = wait(child, Duration::from_secs(10));
     let took = sent.elapsed();
     run.assert_no_panic();
@@ -99,7 +98,7 @@ fn a_stalled_stdout_never_blocks_the_vcpus() {
     use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
     use std::io::Write;
     use std::os::fd::AsRawFd;
-    use std::process::{Command, Stdio};
+    use std::process::Stdio;
     let _lock = vm_lock();
     let report = report_path("stalled-stdout");
     let pty = nix::pty::openpty(None, None).expect("a pseudo-terminal");
@@ -118,14 +117,12 @@ fn a_stalled_stdout_never_blocks_the_vcpus() {
             "console=1 iters=1000 requests=0",
         ],
     );
-    let mut child = Command::new(STAGEVM)
+    let mut child = stagevm()
         .args(&args)
         .stdin(Stdio::from(slave))
         .stdout(Stdio::from(write_end))
-        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let _reaper = KillOnPanic(child.id());
     // 1000 lines of 120 bytes: about 150 KiB of answers, more than twice
     // what the pipe holds. Typed from a thread: the terminal's input
     // buffer may be full while the guest reads slowly.
@@ -158,7 +155,7 @@ fn a_stalled_stdout_never_blocks_the_vcpus() {
     // Let the guest answer on into the full pipe for a while.
     std::thread::sleep(Duration::from_secs(1));
     let t = Instant::now();
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    child.signal(Signal::SIGTERM).unwrap();
     let run = wait(child, Duration::from_secs(10));
     let took = t.elapsed();
     drop(read_end);

@@ -1,6 +1,9 @@
 //! The harness of the operator-API tests (`tests/api.rs`): a staged guest
-//! booted with an API socket ([`Vm`]), raw HTTP on that socket, and the
-//! waits that time "within 2 policy periods". Shared with
+//! booted with an API socket ([`Vm`]) and called through the test kit's
+//! client (`stagevm::api::client`), raw HTTP on that socket for the tests
+//! of the server's handling of the wire (bodies over its limit, garbage,
+//! stalled clients: what a client library would not send or would fail
+//! on), and the waits that time "within 2 policy periods". Shared with
 //! `tests/metrics_tcp.rs`, which uses part of it.
 #![allow(dead_code)]
 
@@ -8,12 +11,12 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
 use stagevm_report::api::StagesView;
 use stagevm_report::Report;
+use stagevm_testkit::api::Api;
 
 /// Policy period of these tests (ms): long enough to time "within 2
 /// periods" on a loaded 2-core machine, short enough for a quick test.
@@ -24,7 +27,8 @@ pub(crate) const CONFIG: &str = "[host]\ncores = \"0-1\"\n[policy]\nname = \"sta
 
 /// A running `stagevm` with an API socket; killed if dropped unfinished.
 pub(crate) struct Vm {
-    pub(crate) child: Option<Child>,
+    pub(crate) child: Option<Running>,
+    pub(crate) api: Api,
     pub(crate) socket: PathBuf,
     pub(crate) report: PathBuf,
     pub(crate) config: PathBuf,
@@ -64,19 +68,16 @@ impl Vm {
         args.extend_from_slice(extra);
         let args = guest_args_with_report(&report, &args);
         let child = spawn(&args);
-        let vm = Self {
+        let api = Api::wait_ready(&socket, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("{e}: the API socket never answered"));
+        Self {
             child: Some(child),
+            api,
             socket,
             report,
             config,
             _lock: lock,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while UnixStream::connect(&vm.socket).is_err() {
-            assert!(Instant::now() < deadline, "the API socket never answered");
-            std::thread::sleep(Duration::from_millis(10));
         }
-        vm
     }
 
     pub(crate) fn pid(&self) -> u32 {
@@ -84,9 +85,7 @@ impl Vm {
     }
 
     pub(crate) fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> T {
-        let (status, body) = http(&self.socket, "GET", path, b"");
-        assert_eq!(status, 200, "GET {path}: {body}");
-        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+        self.api.get_json(path).unwrap_or_else(|e| panic!("{e}"))
     }
 
     pub(crate) fn stages(&self) -> StagesView {
@@ -95,8 +94,9 @@ impl Vm {
 
     /// `PUT path body`, asserting `202`; returns when it was answered.
     pub(crate) fn put(&self, path: &str, body: &str) -> Instant {
-        let (status, answer) = http(&self.socket, "PUT", path, body.as_bytes());
-        assert_eq!(status, 202, "PUT {path} {body}: {answer}");
+        self.api
+            .put(path, body.as_bytes())
+            .unwrap_or_else(|e| panic!("{e} (PUT body {body})"));
         Instant::now()
     }
 
@@ -127,10 +127,8 @@ impl Vm {
 
 impl Drop for Vm {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        // Killed and reaped (the kit's `Running`) before its files go.
+        drop(self.child.take());
         let _ = std::fs::remove_file(&self.report);
         let _ = std::fs::remove_file(&self.config);
         let _ = std::fs::remove_file(&self.socket);

@@ -1,15 +1,18 @@
 //! Shared helpers of the end-to-end tests: build the test guest, run
-//! `stagevm` one VM at a time, and recompute the guest's checksums on the host.
+//! `stagevm` one VM at a time (through the test kit, `tests/kit`), and
+//! recompute the guest's checksums on the host.
 #![allow(dead_code)]
 
 use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::Command;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
+pub use stagevm_testkit::console::numbers;
+#[allow(unused_imports)] // Each test binary uses part of the kit.
+pub use stagevm_testkit::{Remote, Run, Running, Stagevm};
 
 /// The `stagevm` binary cargo built for these tests.
 pub const STAGEVM: &str = env!("CARGO_BIN_EXE_stagevm");
@@ -72,98 +75,21 @@ pub fn vm_lock() -> VmLock {
     }
 }
 
-/// What a finished `stagevm` run produced.
-#[derive(Debug)]
-pub struct Run {
-    /// Exit status.
-    pub status: ExitStatus,
-    /// Guest serial output (stdout).
-    pub stdout: String,
-    /// VMM messages (stderr).
-    pub stderr: String,
-    /// Wall time from spawn to exit.
-    pub elapsed: Duration,
+/// A `stagevm` command line for [`STAGEVM`] (the kit's builder).
+pub fn stagevm() -> Stagevm {
+    Stagevm::new(STAGEVM)
 }
 
-impl Run {
-    /// The exit code; panics (with the output) if a signal killed the VMM.
-    pub fn code(&self) -> i32 {
-        self.status
-            .code()
-            .unwrap_or_else(|| panic!("stagevm killed by a signal: {self:#?}"))
-    }
-
-    /// Asserts the VMM did not panic.
-    pub fn assert_no_panic(&self) {
-        assert!(
-            !self.stderr.contains("panicked"),
-            "stagevm panicked: {}",
-            self.stderr
-        );
-    }
-}
-
-/// Kills process `pid` (SIGKILL) if dropped while the test panics: a
-/// failed test never leaves a VMM it spawned running (a leaked VM takes a
-/// core from every later test and benchmark).
-pub struct KillOnPanic(pub u32);
-
-impl Drop for KillOnPanic {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            // SAFETY: kill(2) on our own child's pid.
-            unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
-        }
-    }
-}
-
-/// Spawns `stagevm` with `args`, stdout and stderr piped.
-pub fn spawn(args: &[&str]) -> Child {
-    Command::new(STAGEVM)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn stagevm")
+/// Spawns `stagevm` with `args`, stdin `/dev/null`, stdout and stderr
+/// piped; the VMM is killed if the [`Running`] child is dropped.
+pub fn spawn(args: &[&str]) -> Running {
+    stagevm().args(args).spawn().expect("spawn stagevm")
 }
 
 /// Waits for `child` for at most `timeout`, killing it and panicking after.
 /// Collects whatever of stdout/stderr the caller has not taken.
-pub fn wait(mut child: Child, timeout: Duration) -> Run {
-    let start = Instant::now();
-    // A caller may already have taken (and read part of) a stream.
-    fn reader(stream: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<String> {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            if let Some(mut stream) = stream {
-                let _ = stream.read_to_string(&mut s);
-            }
-            s
-        })
-    }
-    let out_reader = reader(child.stdout.take());
-    let err_reader = reader(child.stderr.take());
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "stagevm did not exit within {timeout:?}; stdout so far: {}",
-                out_reader.join().unwrap()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    Run {
-        status,
-        elapsed: start.elapsed(),
-        stdout: out_reader.join().unwrap(),
-        stderr: err_reader.join().unwrap(),
-    }
+pub fn wait(child: Running, timeout: Duration) -> Run {
+    child.wait(timeout).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Runs `stagevm` with `args` to completion (at most 60 s).
@@ -220,14 +146,6 @@ pub fn checksum_lines(stdout: &str) -> Vec<(u64, u64, u64, u64)> {
         .collect()
 }
 
-/// Every unsigned integer in `line`, in order.
-pub fn numbers(line: &str) -> Vec<u64> {
-    line.split(|c: char| !c.is_ascii_digit())
-        .filter(|w| !w.is_empty())
-        .map(|w| w.parse().unwrap())
-        .collect()
-}
-
 /// The integers of the first guest line starting with `prefix` (panics with
 /// the output when there is none).
 pub fn line_numbers(stdout: &str, prefix: &str) -> Vec<u64> {
@@ -240,12 +158,7 @@ pub fn line_numbers(stdout: &str, prefix: &str) -> Vec<u64> {
 
 /// A fresh report path in the temporary directory, `stagevm-<what>-<pid>-<n>.json`.
 pub fn report_path(what: &str) -> PathBuf {
-    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    std::env::temp_dir().join(format!(
-        "stagevm-{what}-{}-{}.json",
-        std::process::id(),
-        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ))
+    stagevm_testkit::temp_path(what, "json")
 }
 
 /// `--kernel <test guest> --report <report>` followed by `args`.
@@ -307,7 +220,7 @@ pub fn thread_affinities(pid: u32) -> std::collections::BTreeMap<String, Vec<Str
 /// until `done` holds or 10 s pass, then kills it and returns the last
 /// observation.
 pub fn watch_threads(
-    mut child: Child,
+    child: Running,
     done: impl Fn(&std::collections::BTreeMap<String, Vec<String>>) -> bool,
 ) -> std::collections::BTreeMap<String, Vec<String>> {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -320,7 +233,6 @@ pub fn watch_threads(
         std::thread::sleep(Duration::from_millis(10));
     }
     let _ = child.kill();
-    let _ = child.wait();
     seen
 }
 

@@ -148,10 +148,10 @@ pub fn fields(line: &str) -> std::collections::HashMap<String, Vec<u64>> {
     out
 }
 
+/// The number after the word `key` (the kit's `word_field`); panics
+/// without one.
 pub fn field(line: &str, key: &str) -> u64 {
-    fields(line)
-        .get(key)
-        .and_then(|v| v.first().copied())
+    stagevm_testkit::console::word_field(line, key)
         .unwrap_or_else(|| panic!("no '{key}' in '{line}'"))
 }
 
