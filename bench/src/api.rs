@@ -6,8 +6,9 @@
 //! configuration, a staged workload longer than the run) with
 //! `--api-socket`, waits 1 s, then measures for `--window-s` seconds:
 //!
-//! * `polled`: a client (`stagevm::api::client`, a new connection per
-//!   request, as `stagevm-remote` and a Prometheus scrape) sends
+//! * `polled`: a client (`stagevm::api::client` through the test kit, a
+//!   new connection per request, as `stagevm-remote` and a Prometheus
+//!   scrape) sends
 //!   `GET /api/v1/stages` every 100 ms and times each answer;
 //! * `idle`: nobody calls.
 //!
@@ -20,13 +21,14 @@
 //! count.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use stagevm::api::client::Client;
 use stagevm_report::api::StagesView;
+use stagevm_testkit::api::Api;
+use stagevm_testkit::Running;
 
 use stagevm_bench::load::{Meter, BUSY_CORES};
 use stagevm_bench::stats::Spread;
@@ -102,42 +104,36 @@ fn api_schedstat(pid: u32) -> Result<PathBuf> {
     bail!("no api thread in /proc/{pid}/task")
 }
 
-fn requests(client: &Client) -> Result<u64> {
-    let a = client.request("GET", "/api/v1/stages?timeline=0", Vec::new())?;
+fn requests(client: &Api) -> Result<u64> {
+    let a = client.request("GET", "/api/v1/stages?timeline=0", b"")?;
     let view: StagesView = serde_json::from_slice(&a.body)?;
     Ok(view.stage_channel.map_or(0, |c| c.requests))
 }
 
-fn boot(args: &Args, socket: &Path) -> Result<Child> {
+/// Boots the guest with the API on `socket`; the VMM and a client of its
+/// API once the socket answers (10 s at most).
+fn boot(args: &Args, socket: &Path) -> Result<(Running, Api)> {
     let _ = std::fs::remove_file(socket);
-    let child = Command::new(&args.target.stagevm)
-        .arg("--kernel")
-        .arg(&args.target.kernel)
-        .args(["--cpus", "boot=2", "--serial", "null", "--api-socket"])
-        .arg(socket)
-        .args([
-            "--cmdline",
-            "iters=1000 threads=2 requests=1000000000 work=100",
-        ])
+    let child = args
+        .target
+        .launch()
+        .vcpus(2)
+        .args(["--serial", "null"])
+        .api_socket(socket)
+        .cmdline("iters=1000 threads=2 requests=1000000000 work=100")
+        .stdin(Stdio::inherit())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .context("starting stagevm")?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(socket).is_err() {
-        if Instant::now() > deadline {
-            bail!("the API socket never answered");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Ok(child)
+    let client = Api::wait_ready(socket, Duration::from_secs(10))?;
+    Ok((child, client))
 }
 
 fn run_once(args: &Args, polled: bool) -> Result<Sample> {
     let socket =
         std::env::temp_dir().join(format!("stagevm-api-bench-{}.sock", std::process::id()));
-    let mut child = boot(args, &socket)?;
-    let client = Client::new(&socket)?;
+    let (child, client) = boot(args, &socket)?;
     std::thread::sleep(Duration::from_secs(1));
     let pid = child.id();
     let (proc_stat, api) = (
@@ -153,7 +149,7 @@ fn run_once(args: &Args, polled: bool) -> Result<Sample> {
     while start.elapsed() < window {
         if polled {
             let t = Instant::now();
-            let a = client.request("GET", "/api/v1/stages", Vec::new())?;
+            let a = client.request("GET", "/api/v1/stages", b"")?;
             if a.status != 200 {
                 bail!("GET /api/v1/stages: {}", a.status);
             }
@@ -167,8 +163,8 @@ fn run_once(args: &Args, polled: bool) -> Result<Sample> {
     sample.vmm_cores = (vmm1 - vmm0) / elapsed;
     sample.api_pct = (api1 - api0) / elapsed * 100.0;
     sample.requests_per_s = req1.saturating_sub(req0) as f64 / elapsed;
-    let _ = client.request("PUT", "/api/v1/vm.shutdown", Vec::new());
-    let status = child.wait()?;
+    let _ = client.request("PUT", "/api/v1/vm.shutdown", b"");
+    let status = child.finish()?.status;
     if !status.success() {
         bail!("stagevm ended with {status}");
     }

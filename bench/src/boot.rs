@@ -7,7 +7,8 @@
 //! guest RAM is mapped in the VMM).
 
 use std::io::{IsTerminal, Read};
-use std::process::{Command, Stdio};
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -44,20 +45,17 @@ struct Sample {
 
 fn one_run(args: &Args) -> Result<Sample> {
     let start = Instant::now();
-    let mut child = Command::new(&args.target.stagevm)
-        .arg("--kernel")
-        .arg(&args.target.kernel)
-        .arg("--cpus")
-        .arg(format!("boot={}", args.cpus))
-        .arg("--memory")
-        .arg(format!("size={}", args.memory))
-        .arg("--cmdline")
-        .arg(&args.cmdline)
-        .stdout(Stdio::piped())
+    let mut child = args
+        .target
+        .launch()
+        .vcpus(args.cpus)
+        .memory(&args.memory)
+        .cmdline(&args.cmdline)
+        .stdin(Stdio::inherit())
         .stderr(Stdio::inherit())
         .spawn()
         .with_context(|| format!("spawning {}", args.target.stagevm.display()))?;
-    let mut stdout = child.stdout.take().unwrap();
+    let mut stdout = child.take_stdout().context("stdout")?;
     let (tx, rx) = mpsc::channel();
     let reader = std::thread::spawn(move || {
         let mut buf = [0u8; 4096];
@@ -72,24 +70,21 @@ fn one_run(args: &Args) -> Result<Sample> {
             }
         }
     });
-    let mut status = 0;
-    // SAFETY: rusage is plain data, zero is a valid value.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for our own child; pointers are to live locals.
-    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
-    let exit = start.elapsed();
-    if pid < 0 {
-        bail!("wait4: {}", std::io::Error::last_os_error());
-    }
+    // Blocking wait4: the exit is timed when it happens.
+    let reaped = child.wait_rusage(None)?;
+    let exit = reaped.at.duration_since(start);
     reader.join().ok();
-    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
-        bail!("stagevm did not exit 0 (wait status {status:#x})");
+    if reaped.status.code() != Some(0) {
+        bail!(
+            "stagevm did not exit 0 (wait status {:#x})",
+            reaped.status.into_raw()
+        );
     }
     let first_byte = rx.try_recv().context("the guest printed nothing")?;
     Ok(Sample {
         first_byte,
         exit,
-        max_rss_kib: usage.ru_maxrss,
+        max_rss_kib: reaped.max_rss_kib as i64,
     })
 }
 

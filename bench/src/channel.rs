@@ -29,10 +29,11 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 
-use stagevm_bench::guest::{field, Boot, Output};
+use stagevm_bench::guest::{Boot, Output};
 use stagevm_bench::load::{Meter, BUSY_CORES};
 use stagevm_bench::stats::{median, Spread};
 use stagevm_bench::target::Target;
+use stagevm_testkit::console::field;
 
 /// Measures what the stage channel costs the guest.
 #[derive(Parser, Debug)]

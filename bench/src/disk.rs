@@ -9,9 +9,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 
-use stagevm_bench::number_after;
 use stagevm_bench::stats::median;
 use stagevm_bench::target::Target;
+use stagevm_testkit::console::number_after;
 
 /// Measures virtio-blk reads against dd.
 #[derive(Parser, Debug)]
@@ -34,16 +34,14 @@ struct Guest {
 }
 
 fn guest_read(args: &Args, disk: &std::path::Path, chunk: usize) -> Result<Guest> {
-    let out = Command::new(&args.target.stagevm)
-        .arg("--kernel")
-        .arg(&args.target.kernel)
-        .arg("--disk")
-        .arg(format!("path={},readonly=on", disk.display()))
-        .arg("--cmdline")
-        .arg(format!("iters=1000 requests=0 diskchunk={chunk}"))
+    let out = args
+        .target
+        .launch()
+        .disk(format!("path={},readonly=on", disk.display()))
+        .cmdline(&format!("iters=1000 requests=0 diskchunk={chunk}"))
         .output()
         .context("running stagevm")?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = out.stdout;
     let line = stdout
         .lines()
         .find(|l| l.starts_with("testguest: disk "))

@@ -7,11 +7,10 @@
 //! staged phase, its migrations, and the VMM's stage-channel counters).
 
 use std::path::Path;
-use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{bail, Context, Result};
 use stagevm_report::Report;
+use stagevm_testkit::console::field;
 
 use crate::target::Target;
 
@@ -51,10 +50,7 @@ pub struct Output {
 impl Output {
     /// The first console line starting with `prefix` ("" if none).
     pub fn line(&self, prefix: &str) -> &str {
-        self.stdout
-            .lines()
-            .find(|l| l.starts_with(prefix))
-            .unwrap_or("")
+        stagevm_testkit::console::line(&self.stdout, prefix).unwrap_or("")
     }
 }
 
@@ -65,31 +61,22 @@ impl Boot<'_> {
     /// When stagevm cannot be started, exits unsuccessfully, or leaves no
     /// readable report.
     pub fn run(&self) -> Result<Output> {
-        static RUN: AtomicU64 = AtomicU64::new(0);
-        let report = std::env::temp_dir().join(format!(
-            "stagevm-bench-{}-{}.json",
-            std::process::id(),
-            RUN.fetch_add(1, Ordering::Relaxed)
-        ));
-        let mut cmd = Command::new(&self.target.stagevm);
-        cmd.arg("--kernel")
-            .arg(&self.target.kernel)
-            .args(["--cpus", &format!("boot={}", self.vcpus)]);
+        let report = stagevm_testkit::temp_path("bench", "json");
+        let mut vm = self.target.launch().vcpus(self.vcpus);
         if let Some(m) = self.memory {
-            cmd.args(["--memory", &format!("size={m}")]);
+            vm = vm.memory(m);
         }
-        cmd.args(["--policy", self.policy]);
+        vm = vm.args(["--policy", self.policy]);
         if let Some(s) = self.stages {
-            cmd.arg("--stages").arg(s);
+            vm = vm.arg("--stages").arg(s);
         }
-        cmd.args(self.extra)
-            .arg("--report")
-            .arg(&report)
-            .args(["--cmdline", self.cmdline]);
-        let out = cmd
+        let out = vm
+            .args(self.extra)
+            .report(&report)
+            .cmdline(self.cmdline)
             .output()
             .with_context(|| format!("running {}", self.target.stagevm.display()))?;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stdout = out.stdout;
         if !out.status.success() {
             let _ = std::fs::remove_file(&report);
             bail!(
@@ -98,7 +85,7 @@ impl Boot<'_> {
                 self.vcpus,
                 self.cmdline,
                 out.status,
-                String::from_utf8_lossy(&out.stderr)
+                out.stderr
             );
         }
         let json = Report::read(&report).with_context(|| format!("reading {}", report.display()));
@@ -158,12 +145,6 @@ pub fn sized_cmdline(boot: &Boot<'_>, seconds: f64) -> Result<String> {
         run.rps, boot.policy
     );
     Ok(out)
-}
-
-/// The value after `key` on `line`, up to a space or comma.
-pub fn field<T: std::str::FromStr>(line: &str, key: &str) -> Option<T> {
-    let rest = &line[line.find(key)? + key.len()..];
-    rest.split([' ', ',']).find(|w| !w.is_empty())?.parse().ok()
 }
 
 /// One guest run's figures.
@@ -238,8 +219,6 @@ impl GuestRun {
 
 #[cfg(test)]
 mod tests {
-    use super::field;
-
     #[test]
     fn runs_are_sized_from_the_rate() {
         use super::requests_for;
@@ -248,23 +227,5 @@ mod tests {
         assert_eq!(requests_for(5.0, 1000.0, 32, 1500), 1500);
         assert_eq!(requests_for(0.0, 80_000.0, 32, 1500), 1500);
         assert_eq!(requests_for(5.0, f64::NAN, 32, 1500), 1500);
-    }
-
-    #[test]
-    fn field_reads_the_value_after_its_key() {
-        let l = "testguest: staged phase 8000 requests in 12 ms, 666666 requests/s";
-        assert_eq!(field::<f64>(l, "ms, "), Some(666_666.0));
-        assert_eq!(
-            field::<u64>("testguest: migrations 7, fallbacks 0", "migrations "),
-            Some(7)
-        );
-        assert_eq!(field::<u64>(l, "absent "), None);
-        let idle = "testguest: idle waits 3, wakes sent 2, idle 12.5 % of the vCPUs' time";
-        assert_eq!(field::<f64>(idle, ", idle "), Some(12.5));
-        let steady = "testguest: steady phase 6400 requests in 8 ms, 800000 requests/s (from 10 % to 90 % of 8000)";
-        assert_eq!(field::<f64>(steady, "ms, "), Some(800_000.0));
-        let wc = "testguest: work-conserving steals 12, spills 3";
-        assert_eq!(field::<u64>(wc, "steals "), Some(12));
-        assert_eq!(field::<u64>(wc, "spills "), Some(3));
     }
 }

@@ -71,16 +71,6 @@ pub fn write_section(
     std::fs::write(path, new).with_context(|| format!("writing {}", path.display()))
 }
 
-/// The first number after `key` in `line` (digits and a decimal point), as
-/// the guest prints its figures; `None` when `key` or a number is missing.
-pub fn number_after(line: &str, key: &str) -> Option<f64> {
-    let rest = &line[line.find(key)? + key.len()..];
-    rest.split(|c: char| !c.is_ascii_digit() && c != '.')
-        .find(|w| !w.is_empty())?
-        .parse()
-        .ok()
-}
-
 /// How busy the rest of the machine was while a benchmark ran: busy CPU
 /// time of the whole machine (`/proc/stat`) minus this process's and its
 /// waited-for children's (`getrusage`), over the wall-clock time.

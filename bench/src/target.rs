@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use stagevm_testkit::Stagevm;
+
 /// The VMM and guest a benchmark runs.
 #[derive(clap::Args, Debug)]
 pub struct Target {
@@ -14,4 +16,12 @@ pub struct Target {
         default_value = "images/testguest/target/x86_64-unknown-none/release/testguest"
     )]
     pub kernel: PathBuf,
+}
+
+impl Target {
+    /// A `stagevm` command line (the test kit's) for this binary with
+    /// `--kernel` this guest.
+    pub fn launch(&self) -> Stagevm {
+        Stagevm::new(&self.stagevm).kernel(&self.kernel)
+    }
 }

@@ -25,17 +25,16 @@
 //! when both vCPUs have other threads to run (T4 saturated, ≤ 300 ns).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{bail, ensure, Context, Result};
 use clap::Parser;
 
 mod saturated;
 
-use stagevm_bench::guest::field;
 use stagevm_bench::load::{Meter, BUSY_CORES};
 use stagevm_bench::stats::{median, Spread};
 use stagevm_bench::target::Target;
+use stagevm_testkit::console::field;
 
 /// Measures guest thread migration latency between vCPUs (hopper).
 #[derive(Parser, Debug)]
@@ -251,25 +250,26 @@ pub(crate) fn boot_hopper(
     extra: &[&str],
     cmdline: &str,
 ) -> Result<String> {
-    let out = Command::new(&args.target.stagevm)
-        .arg("--kernel")
-        .arg(&args.target.kernel)
-        .args(["--cpus", &format!("boot={vcpus}"), "--stages"])
+    let out = args
+        .target
+        .launch()
+        .vcpus(vcpus)
+        .arg("--stages")
         .arg(stages)
         .args(["--policy", "static", "--stage-cores", &args.stage_cores])
         .args(extra)
-        .args(["--cmdline", cmdline])
+        .cmdline(cmdline)
         .output()
         .with_context(|| format!("running {}", args.target.stagevm.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() {
         bail!(
-            "stagevm (cmdline \"{cmdline}\") failed ({}): {}\n{stdout}",
+            "stagevm (cmdline \"{cmdline}\") failed ({}): {}\n{}",
             out.status,
-            String::from_utf8_lossy(&out.stderr)
+            out.stderr,
+            out.stdout
         );
     }
-    Ok(stdout)
+    Ok(out.stdout)
 }
 
 /// Prints the results table, the T4 line and the background load.

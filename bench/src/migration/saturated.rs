@@ -28,7 +28,9 @@ use anyhow::{Context, Result};
 
 use stagevm_bench::stats::Spread;
 
-use crate::{boot_hopper, field, Args};
+use stagevm_testkit::console::field;
+
+use crate::{boot_hopper, Args};
 
 /// T4 (saturated): the bound on CPU time per migration (ns).
 pub const T4_CPU_NS: f64 = 300.0;

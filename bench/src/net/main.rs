@@ -11,28 +11,26 @@
 //! last: the guest (`netsink=1`, its TSC), or an `AF_PACKET` socket (the
 //! guest's `netsource=SIZE:COUNT`, and both ends of the veth pair).
 //! `--rounds` interleaved rounds; median (min–max). Run it alone.
+//!
+//! The namespaces, the tap and the `AF_PACKET` sockets are the test kit's
+//! (`stagevm_testkit::net`).
 
-mod packet;
-
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use stagevm_bench::load::{Meter, BUSY_CORES};
-use stagevm_bench::number_after;
 use stagevm_bench::stats::Spread;
 use stagevm_bench::target::Target;
 use stagevm_report::Report;
+use stagevm_testkit::console::number_after;
+use stagevm_testkit::net::{
+    frame, mac_text, make_tap, stop_frame, Counted, Netns, Packet, GUEST_MAC, PEER_MAC,
+};
+use stagevm_testkit::{LaunchError, Lines, Running};
 
-use packet::{frame, stop_frame, Counted, Netns, Packet};
-
-/// The guest's MAC.
-const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x5e, 0x00, 0x01];
-/// The peers' (locally administered) MACs.
-const PEER_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x5e, 0x00, 0x02];
+/// The second peer's (locally administered) MAC.
 const PEER2_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x5e, 0x00, 0x03];
 const TAP: &str = "svmbench0";
 const VETH: [&str; 2] = ["nbveth0", "nbveth1"];
@@ -99,15 +97,24 @@ impl Nets {
         veth[0].ip(&[
             "link", "add", VETH[0], "type", "veth", "peer", "name", VETH[1],
         ])?;
-        let pid = veth[1].tid.to_string();
+        let pid = veth[1].tid().to_string();
         veth[0].ip(&["link", "set", VETH[1], "netns", &pid])?;
         veth[0].ip(&["link", "set", VETH[0], "up"])?;
         veth[1].ip(&["link", "set", VETH[1], "up"])?;
         let tap = Netns::new()?;
-        tap.ip(&["tuntap", "add", "dev", TAP, "mode", "tap"])?;
-        tap.ip(&["link", "set", TAP, "up"])?;
+        tap.run(|| make_tap(TAP))??;
         Ok(Nets { veth, tap })
     }
+}
+
+/// An `AF_PACKET` socket on interface `name` (the calling thread's
+/// namespace) that sends past the qdisc and holds 4 MiB of received
+/// frames; a receive gives up after 100 ms.
+fn packet(name: &str) -> Result<Packet> {
+    let p = Packet::open(name, Duration::from_millis(100))?;
+    p.bypass_qdisc()?;
+    p.set_recv_buffer(4 << 20)?;
+    Ok(p)
 }
 
 /// veth: `from` sends for `time`, the other end counts.
@@ -115,7 +122,7 @@ fn veth(nets: &Nets, from: usize, size: usize, time: Duration) -> Result<Cell> {
     let to = 1 - from;
     let rx_if = VETH[to];
     let counter = nets.veth[to].spawn(move || -> Result<Counted> {
-        let p = Packet::open(rx_if)?;
+        let p = packet(rx_if)?;
         Ok(p.count(
             Some(PEER_MAC),
             Duration::from_secs(5),
@@ -125,7 +132,7 @@ fn veth(nets: &Nets, from: usize, size: usize, time: Duration) -> Result<Cell> {
     std::thread::sleep(Duration::from_millis(50));
     let tx_if = VETH[from];
     nets.veth[from].run(move || -> Result<()> {
-        let p = Packet::open(tx_if)?;
+        let p = packet(tx_if)?;
         p.blast(&mut frame(PEER2_MAC, PEER_MAC, size), time)?;
         std::thread::sleep(Duration::from_millis(50));
         for _ in 0..3 {
@@ -144,10 +151,10 @@ fn veth(nets: &Nets, from: usize, size: usize, time: Duration) -> Result<Cell> {
     })
 }
 
-/// A running VM on the tap and its console lines.
+/// A running VM on the tap and its console lines; killed if dropped.
 struct Vm {
-    child: std::process::Child,
-    lines: mpsc::Receiver<String>,
+    child: Running,
+    lines: Lines,
     report: std::path::PathBuf,
 }
 
@@ -155,37 +162,21 @@ impl Vm {
     /// Starts the test guest on the tap in `ns` with `cmdline` and waits
     /// for its card to be ready.
     fn start(args: &Args, ns: &Netns, cmdline: &str) -> Result<Vm> {
-        let report = std::env::temp_dir().join(format!("net-bench-{}.json", std::process::id()));
-        let _ = std::fs::remove_file(&report);
-        let mut cmd = Command::new(&args.target.stagevm);
-        cmd.arg("--kernel")
-            .arg(&args.target.kernel)
-            .args([
-                "--cpus",
-                "boot=1",
-                "--stage-cores",
-                "1",
-                "--housekeeping",
-                "0",
-            ])
-            .arg("--net")
-            .arg(format!("tap={TAP},mac={}", mac_text(&GUEST_MAC)))
-            .args(["--cmdline", cmdline, "--report"])
-            .arg(&report)
-            .stdout(Stdio::piped())
+        let report = stagevm_testkit::temp_path("net-bench", "json");
+        let vm = args
+            .target
+            .launch()
+            .vcpus(1)
+            .args(["--stage-cores", "1", "--housekeeping", "0"])
+            .net(format!("tap={TAP},mac={}", mac_text(&GUEST_MAC)))
+            .cmdline(cmdline)
+            .report(&report)
+            .stdin(Stdio::inherit())
             .stderr(Stdio::null());
         // Spawned from the namespace's thread: the VMM opens the tap there.
-        let mut child = ns.run(move || cmd.spawn())?.context("starting stagevm")?;
-        let out = child.stdout.take().context("stdout")?;
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut vm = Vm {
+        let mut child = ns.run(move || vm.spawn())?.context("starting stagevm")?;
+        let lines = child.stdout_lines()?;
+        let vm = Vm {
             child,
             lines,
             report,
@@ -195,54 +186,28 @@ impl Vm {
     }
 
     /// The first console line starting with `prefix`, within `time`.
-    fn wait_line(&mut self, prefix: &str, time: Duration) -> Result<String> {
-        let deadline = Instant::now() + time;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) if l.starts_with(prefix) => return Ok(l),
-                Ok(l) if l.contains("net: ") || l.contains("no network card") => {
-                    let _ = self.child.kill();
-                    bail!("the guest: {l}");
-                }
-                Ok(_) => {}
-                Err(_) => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    bail!("no '{prefix}' line from the guest within {time:?}");
-                }
-            }
+    fn wait_line(&self, prefix: &str, time: Duration) -> Result<String> {
+        match self
+            .lines
+            .wait_for(prefix, time, &["net: ", "no network card"])
+        {
+            Ok(line) => Ok(line),
+            Err(LaunchError::Refused { line, .. }) => bail!("the guest: {line}"),
+            Err(e) => bail!("{e} from the guest"),
         }
     }
 
-    /// Waits for the VM's end and reads its report.
-    fn finish(mut self) -> Result<Report> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(st) = self.child.try_wait()? {
-                if !st.success() {
-                    bail!("stagevm exited with {st}");
-                }
-                break;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                bail!("stagevm did not end");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+    /// Waits for the VM's end (30 s at most) and reads its report.
+    fn finish(self) -> Result<Report> {
+        let run = self.child.wait(Duration::from_secs(30))?;
+        if !run.status.success() {
+            bail!("stagevm exited with {}", run.status);
         }
         let report = Report::read(&self.report)
             .with_context(|| format!("the report {}", self.report.display()))?;
         let _ = std::fs::remove_file(&self.report);
         Ok(report)
     }
-}
-
-fn mac_text(m: &[u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
 }
 
 /// Exits and interrupts per frame from the VM's report.
@@ -259,9 +224,9 @@ fn costs(report: &Report, frames: u64) -> (f64, f64) {
 
 /// Peer → guest: the peer sends for `time`, the guest counts.
 fn vm_rx(args: &Args, nets: &Nets, size: usize, time: Duration) -> Result<Cell> {
-    let mut vm = Vm::start(args, &nets.tap, "iters=1 requests=0 netsink=1")?;
+    let vm = Vm::start(args, &nets.tap, "iters=1 requests=0 netsink=1")?;
     nets.tap.run(move || -> Result<()> {
-        let p = Packet::open(TAP)?;
+        let p = packet(TAP)?;
         p.blast(&mut frame(GUEST_MAC, PEER_MAC, size), time)?;
         std::thread::sleep(Duration::from_millis(50));
         for _ in 0..3 {
@@ -289,9 +254,9 @@ fn vm_rx(args: &Args, nets: &Nets, size: usize, time: Duration) -> Result<Cell> 
 /// Guest → peer: the guest sends `count` frames, the peer counts.
 fn vm_tx(args: &Args, nets: &Nets, size: usize, count: u64) -> Result<Cell> {
     let cmdline = format!("iters=1 requests=0 netsource={size}:{count}");
-    let mut vm = Vm::start(args, &nets.tap, &cmdline)?;
+    let vm = Vm::start(args, &nets.tap, &cmdline)?;
     let counter = nets.tap.spawn(move || -> Result<Counted> {
-        let p = Packet::open(TAP)?;
+        let p = packet(TAP)?;
         let go = {
             let mut f = frame(GUEST_MAC, PEER_MAC, 60);
             f[14..17].copy_from_slice(b"GO!");

@@ -4,8 +4,9 @@
 //! drops; for `auto`, what its trials decided.
 
 use anyhow::{Context, Result};
-use stagevm_bench::guest::{field, Boot, Output};
+use stagevm_bench::guest::{Boot, Output};
 use stagevm_report::Report;
+use stagevm_testkit::console::field;
 
 /// The figures of one run (NaN where a figure does not apply).
 #[derive(Clone, Debug)]
