@@ -120,3 +120,52 @@ pub struct ApiError {
     /// One line: what was wrong, naming the key and value.
     pub error: String,
 }
+
+/// `stagevm-hostd`'s `GET /api/v1/host`: the host's stage cores and how
+/// they are shared among the VMs of its directory, as of the last period.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct HostView {
+    /// The stage cores the VMs share (cpulist).
+    pub cores: String,
+    /// Every VM's housekeeping cores (cpulist; empty: each VM's own).
+    pub housekeeping: String,
+    /// The allocation period (ms).
+    pub period_ms: u64,
+    /// Periods run since the daemon started.
+    pub periods: u64,
+    /// The VMs found in the directory, by name.
+    pub vms: Vec<HostVm>,
+}
+
+/// One VM in a [`HostView`].
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct HostVm {
+    /// The API socket's stem.
+    pub name: String,
+    /// Its stage cores now (cpulist).
+    pub cores: String,
+    /// Whether another VM's set holds one of its cores (more VMs than
+    /// cores).
+    pub shared: bool,
+    /// Its demand at the last period (cores).
+    pub demand: f64,
+    /// Its vCPUs.
+    pub vcpus: usize,
+    /// Its budget: weight, `min_cores`, `max_cores` (`null`: all) and fixed
+    /// cores (empty: none).
+    pub weight: f64,
+    /// See `weight`.
+    pub min_cores: usize,
+    /// See `weight`.
+    pub max_cores: Option<usize>,
+    /// See `weight`.
+    pub fixed: String,
+    /// Cores moved to it since the daemon started.
+    pub moves: u64,
+    /// Allocations it refused or requests that failed.
+    pub errors: u64,
+    /// Periods it was skipped (its socket did not answer in time).
+    pub skipped: u64,
+    /// Periods its demand exceeded its cores by a whole core or more.
+    pub waited: u64,
+}

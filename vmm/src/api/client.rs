@@ -23,6 +23,9 @@ pub enum ClientError {
     /// The exchange failed (the VMM closed the connection, a bad answer).
     #[error("HTTP: {0}")]
     Http(#[from] hyper::Error),
+    /// No whole answer within the time given ([`Client::request_within`]).
+    #[error("no answer within {0:?}")]
+    Timeout(std::time::Duration),
 }
 
 /// An answer: HTTP status and body.
@@ -60,6 +63,23 @@ impl Client {
     pub fn request(&self, method: &str, path: &str, body: Vec<u8>) -> Result<Answer, ClientError> {
         self.runtime
             .block_on(request(&self.socket, method, path, body))
+    }
+
+    /// [`Client::request`] bounded by `timeout` from connect to the last
+    /// byte (a VMM whose socket accepts and never answers, for the host
+    /// daemon). Errors: as `request`, and [`ClientError::Timeout`].
+    pub fn request_within(
+        &self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        timeout: std::time::Duration,
+    ) -> Result<Answer, ClientError> {
+        self.runtime.block_on(async {
+            tokio::time::timeout(timeout, request(&self.socket, method, path, body))
+                .await
+                .map_err(|_| ClientError::Timeout(timeout))?
+        })
     }
 }
 

@@ -78,7 +78,8 @@ pub struct Response {
 }
 
 impl Response {
-    fn json<T: Serialize>(status: u16, value: &T) -> Self {
+    /// A JSON answer: `value` serialised (a `500` if it cannot be).
+    pub fn json<T: Serialize>(status: u16, value: &T) -> Self {
         match serde_json::to_vec(value) {
             Ok(body) => Self {
                 status,
@@ -112,6 +113,22 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
         }
         _ if path == "/metrics" => Some("GET"),
         _ => None,
+    }
+}
+
+/// What a server of [`server::serve`] answers with: the routes of one
+/// program. A handler runs on the `api` thread and must not block long
+/// (every connection shares that thread).
+pub trait Handler: Send + Sync + 'static {
+    /// The answer to `method path?query` with `body` (read within the
+    /// server's limits; `GET /metrics` on TCP shares one rendering per
+    /// 100 ms).
+    fn handle(&self, method: &str, path: &str, query: Option<&str>, body: &[u8]) -> Response;
+}
+
+impl Handler for ApiContext {
+    fn handle(&self, method: &str, path: &str, query: Option<&str>, body: &[u8]) -> Response {
+        handle(self, method, path, query, body)
     }
 }
 

@@ -1,7 +1,8 @@
 //! The `api` helper thread: hyper's HTTP/1.1 server on a current-thread
 //! tokio runtime (every connection runs on this one thread, which the
-//! pinner keeps on the housekeeping cores), answering through
-//! [`super::handle`].
+//! pinner keeps on the housekeeping cores), answering through a
+//! [`Handler`]: the VMM's routes ([`super::handle`]) or another program's
+//! (`stagevm-hostd`'s), under the same limits.
 //!
 //! Limits a hostile or broken client meets, none of which stops the VM:
 //! request headers must arrive within [`HEADER_TIMEOUT`] (a client that
@@ -41,7 +42,7 @@ use tokio::io::{unix::AsyncFd, AsyncRead, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::sync::Semaphore;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{handle, metrics, ApiContext, Response};
+use super::{metrics, Handler, Response};
 
 /// Time a client has to send a request's headers, from the connection (or
 /// the previous answer) on.
@@ -136,9 +137,9 @@ enum Routes {
 /// runtime and its descriptors exist, before the first connection is
 /// accepted (the thread installs its seccomp filter there). Errors: the
 /// runtime or a listener cannot be set up, or `ready` failed.
-pub fn serve(
+pub fn serve<H: Handler>(
     listeners: Listeners,
-    ctx: Arc<ApiContext>,
+    ctx: Arc<H>,
     exit: EventFd,
     ready: impl FnOnce() -> std::io::Result<()>,
 ) -> std::io::Result<()> {
@@ -194,7 +195,7 @@ pub fn serve(
 /// Serves `stream` when a slot of its listener's `budget` is free, else
 /// answers `503` (or, with [`MAX_REFUSING`] refusals already in flight,
 /// closes it unanswered).
-fn admit<S>(stream: S, routes: Routes, budget: &Budget, ctx: &Arc<ApiContext>, shared: &Shared)
+fn admit<S, H: Handler>(stream: S, routes: Routes, budget: &Budget, ctx: &Arc<H>, shared: &Shared)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -225,11 +226,11 @@ async fn accept_failed(e: std::io::Error) {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
-async fn serve_connection<S>(
+async fn serve_connection<S, H: Handler>(
     stream: S,
     routes: Routes,
     limits: Limits,
-    ctx: Arc<ApiContext>,
+    ctx: Arc<H>,
     shared: Shared,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -244,7 +245,7 @@ async fn serve_connection<S>(
                 // (the operator's among them) after every request.
                 tokio::task::yield_now().await;
             }
-            let mut out = answer(&ctx, routes, &shared, req).await;
+            let mut out = answer(&*ctx, routes, &shared, req).await;
             if n >= limits.requests {
                 // hyper closes the connection after this answer.
                 out.headers_mut()
@@ -279,8 +280,8 @@ async fn refuse_busy<S: AsyncWrite + Unpin>(mut stream: S) {
 }
 
 /// Reads the request's body within the limits and routes it.
-async fn answer(
-    ctx: &ApiContext,
+async fn answer<H: Handler>(
+    ctx: &H,
     routes: Routes,
     shared: &Mutex<SharedScrape>,
     req: Request<Incoming>,
@@ -312,8 +313,7 @@ async fn answer(
             Ok(Ok(_)) if routes == Routes::Metrics && parts.method == Method::GET => {
                 return scrape_shared(ctx, shared);
             }
-            Ok(Ok(collected)) => handle(
-                ctx,
+            Ok(Ok(collected)) => ctx.handle(
                 parts.method.as_str(),
                 parts.uri.path(),
                 parts.uri.query(),
@@ -330,12 +330,15 @@ async fn answer(
 
 /// The TCP scrape: the rendering of at most [`METRICS_SHARED_FOR`] ago,
 /// or a fresh one (a failed rendering is answered as it is, not kept).
-fn scrape_shared(ctx: &ApiContext, shared: &Mutex<SharedScrape>) -> hyper::Response<Full<Bytes>> {
+fn scrape_shared<H: Handler>(
+    ctx: &H,
+    shared: &Mutex<SharedScrape>,
+) -> hyper::Response<Full<Bytes>> {
     let mut last = shared.lock().unwrap_or_else(|p| p.into_inner());
     if last.at.is_some_and(|at| at.elapsed() < METRICS_SHARED_FOR) {
         return reply(200, metrics::CONTENT_TYPE, last.body.clone());
     }
-    let fresh = handle(ctx, "GET", "/metrics", None, &[]);
+    let fresh = ctx.handle("GET", "/metrics", None, &[]);
     let body = Bytes::from(fresh.body);
     if fresh.status == 200 {
         *last = SharedScrape {

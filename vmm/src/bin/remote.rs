@@ -15,7 +15,7 @@ use anyhow::{anyhow, Context};
 use clap::{Parser, Subcommand};
 use stagevm::api::body::{BudgetsUpdate, PolicyUpdate};
 use stagevm::api::client::Client;
-use stagevm_report::api::{ApiError, StagesView, PREFIX};
+use stagevm_report::api::{ApiError, HostView, StagesView, PREFIX};
 
 /// Watches and steers a running stagevm through its --api-socket.
 #[derive(Parser, Debug)]
@@ -84,6 +84,13 @@ enum Command {
     },
     /// Ends the VM (exit status 0).
     Shutdown,
+    /// stagevm-hostd's view (its --api-socket): the host's stage cores and
+    /// each VM's cores, demand and moves, as a table or the raw JSON.
+    Host {
+        /// Print the JSON answer instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// The Prometheus metrics (text).
     Metrics,
 }
@@ -201,6 +208,57 @@ fn requests_line(view: &StagesView) -> Option<String> {
     (!parts.is_empty()).then(|| format!("requests: {}", parts.join(" · ")))
 }
 
+/// stagevm-hostd's table: one line per VM.
+fn print_host(view: &HostView) {
+    println!(
+        "stage cores {} · housekeeping {} · period {} ms · {} periods",
+        view.cores,
+        if view.housekeeping.is_empty() {
+            "each VM's own"
+        } else {
+            &view.housekeeping
+        },
+        view.period_ms,
+        view.periods
+    );
+    println!(
+        "{:<16} {:>8} {:>7} {:>5} {:>6} {:>9} {:>6} {:>6} {:>7} {:>7} {:>6}",
+        "vm",
+        "cores",
+        "demand",
+        "vcpus",
+        "weight",
+        "min..max",
+        "moves",
+        "errors",
+        "skipped",
+        "waited",
+        "shared"
+    );
+    for vm in &view.vms {
+        let max = vm.max_cores.map_or("all".to_string(), |m| m.to_string());
+        let cores = if vm.fixed.is_empty() {
+            vm.cores.clone()
+        } else {
+            format!("{} fixed", vm.cores)
+        };
+        println!(
+            "{:<16} {:>8} {:>7.2} {:>5} {:>6} {:>9} {:>6} {:>6} {:>7} {:>7} {:>6}",
+            vm.name,
+            cores,
+            vm.demand,
+            vm.vcpus,
+            vm.weight,
+            format!("{}..{max}", vm.min_cores),
+            vm.moves,
+            vm.errors,
+            vm.skipped,
+            vm.waited,
+            if vm.shared { "yes" } else { "no" }
+        );
+    }
+}
+
 fn run(cli: Cli) -> Result<(), (u8, String)> {
     let usage = |e: anyhow::Error| (2, format!("{e:#}"));
     let (method, path, body) = match &cli.command {
@@ -252,6 +310,7 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             .map_err(|e| usage(e.into()))?,
         ),
         Command::Shutdown => ("PUT", format!("{PREFIX}/vm.shutdown"), Vec::new()),
+        Command::Host { .. } => ("GET", format!("{PREFIX}/host"), Vec::new()),
         Command::Metrics => ("GET", "/metrics".to_string(), Vec::new()),
     };
     let client = Client::new(&cli.api_socket).map_err(|e| usage(e.into()))?;
@@ -269,6 +328,11 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             let view: StagesView = serde_json::from_slice(&answer.body)
                 .map_err(|e| usage(anyhow!("reading the answer: {e}")))?;
             print_table(&view);
+        }
+        Command::Host { json: false } => {
+            let view: HostView = serde_json::from_slice(&answer.body)
+                .map_err(|e| usage(anyhow!("reading the answer: {e}")))?;
+            print_host(&view);
         }
         _ => println!("{}", String::from_utf8_lossy(&answer.body).trim_end()),
     }

@@ -1,0 +1,370 @@
+//! `host.toml`: the host's stage cores and each VM's budget.
+//!
+//! ```toml
+//! [host]
+//! cores = "0-5"          # the stage cores the VMs share (default: every allowed CPU)
+//! housekeeping = "6-7"   # every VM's helper threads (default: each VM's own)
+//! period_ms = 1000       # how often demand is read and cores re-shared
+//! hysteresis = 0.25      # cores × weight a VM's unmet demand must beat a holder's by
+//! timeout_ms = 500       # a VM's socket that has not answered by then is skipped
+//!
+//! [[vm]]
+//! name = "db"            # the API socket's stem: --api-socket DIR/db.sock
+//! weight = 2             # default 1
+//! min_cores = 1          # default 0
+//! max_cores = 4          # default: all
+//! # cores = "4-5"        # a fixed set instead
+//! ```
+//!
+//! A VM without an entry gets the defaults. Errors name the key and value
+//! (TOML errors: toml's line, column and caret).
+
+use std::path::Path;
+
+use host_sched::cpuset::CpuSet;
+use serde::Deserialize;
+
+/// Largest `host.toml` read (bytes).
+pub const MAX_BYTES: u64 = 1 << 20;
+
+/// A bad `host.toml`: one message naming the file, key and value.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum HostConfigError {
+    /// The file cannot be read.
+    #[error("{path}: {reason}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// Not valid TOML, an unknown key or a wrong type.
+    #[error("{path}: {message}")]
+    Toml {
+        /// The file.
+        path: String,
+        /// toml's message: line, column, the line with a caret.
+        message: String,
+    },
+    /// A key's value is out of range or not a CPU list.
+    #[error("{path}: {key} = {value}: {reason}")]
+    Value {
+        /// The file.
+        path: String,
+        /// The key (`[host] cores`, `[[vm]] 'db' weight`).
+        key: String,
+        /// Its value as written.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The VMs' settings do not fit the host's cores.
+    #[error("{path}: {source}")]
+    Budgets {
+        /// The file.
+        path: String,
+        /// The allocator's refusal, with the numbers.
+        #[source]
+        source: host_sched::host::AllocError,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    host: HostFile,
+    #[serde(default, rename = "vm")]
+    vms: Vec<VmFile>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostFile {
+    cores: Option<String>,
+    housekeeping: Option<String>,
+    period_ms: Option<u64>,
+    hysteresis: Option<f64>,
+    timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VmFile {
+    name: String,
+    weight: Option<f64>,
+    min_cores: Option<usize>,
+    max_cores: Option<usize>,
+    cores: Option<String>,
+}
+
+/// One `[[vm]]` entry (or the defaults).
+#[derive(Clone, Debug, PartialEq)]
+pub struct VmBudget {
+    /// Weight (> 0).
+    pub weight: f64,
+    /// Fewest cores when the host allows.
+    pub min_cores: usize,
+    /// Most cores.
+    pub max_cores: usize,
+    /// A fixed set, if any.
+    pub cores: Option<CpuSet>,
+}
+
+impl Default for VmBudget {
+    fn default() -> Self {
+        Self {
+            weight: 1.0,
+            min_cores: 0,
+            max_cores: usize::MAX,
+            cores: None,
+        }
+    }
+}
+
+/// The resolved `host.toml`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostConfig {
+    /// The stage cores the VMs share.
+    pub cores: CpuSet,
+    /// Every VM's housekeeping cores, if set.
+    pub housekeeping: Option<CpuSet>,
+    /// The allocation period.
+    pub period: std::time::Duration,
+    /// The allocator's hysteresis (cores × weight).
+    pub hysteresis: f64,
+    /// How long a VM's socket has to answer.
+    pub timeout: std::time::Duration,
+    /// `[[vm]]` entries by name.
+    pub vms: std::collections::BTreeMap<String, VmBudget>,
+}
+
+impl HostConfig {
+    /// The budget of VM `name`: its entry, or the defaults.
+    pub fn budget(&self, name: &str) -> VmBudget {
+        self.vms.get(name).cloned().unwrap_or_default()
+    }
+
+    /// Parses `text` (from `path`) against the CPUs this process may use
+    /// (`allowed`). Errors: [`HostConfigError`].
+    pub fn parse(text: &str, path: &str, allowed: &CpuSet) -> Result<Self, HostConfigError> {
+        let file: File = toml::from_str(text).map_err(|e| HostConfigError::Toml {
+            path: path.into(),
+            message: e.to_string().trim_end().into(),
+        })?;
+        let value = |key: &str, value: String, reason: String| HostConfigError::Value {
+            path: path.into(),
+            key: key.into(),
+            value,
+            reason,
+        };
+        let cpus = |key: &str, text: &str| -> Result<CpuSet, HostConfigError> {
+            let set = CpuSet::parse(text)
+                .map_err(|e| value(key, format!("'{text}'"), format!("not a CPU list ({e})")))?;
+            if set.is_empty() {
+                return Err(value(key, format!("'{text}'"), "no CPU given".into()));
+            }
+            if !set.is_subset(allowed) {
+                return Err(value(
+                    key,
+                    format!("'{text}'"),
+                    format!("not within the CPUs this process may use ({allowed})"),
+                ));
+            }
+            Ok(set)
+        };
+        let cores = match &file.host.cores {
+            Some(text) => cpus("[host] cores", text)?,
+            None => allowed.clone(),
+        };
+        let housekeeping = match &file.host.housekeeping {
+            Some(text) => Some(cpus("[host] housekeeping", text)?),
+            None => None,
+        };
+        let period_ms = file.host.period_ms.unwrap_or(1000);
+        if !(10..=60_000).contains(&period_ms) {
+            return Err(value(
+                "[host] period_ms",
+                period_ms.to_string(),
+                "not within 10..=60000".into(),
+            ));
+        }
+        let hysteresis = file.host.hysteresis.unwrap_or(0.25);
+        if !(0.0..=16.0).contains(&hysteresis) {
+            return Err(value(
+                "[host] hysteresis",
+                hysteresis.to_string(),
+                "not within 0..=16 cores".into(),
+            ));
+        }
+        let timeout_ms = file.host.timeout_ms.unwrap_or(500);
+        if timeout_ms == 0 || timeout_ms > period_ms {
+            return Err(value(
+                "[host] timeout_ms",
+                timeout_ms.to_string(),
+                format!("not within 1..=period_ms ({period_ms})"),
+            ));
+        }
+        let mut vms = std::collections::BTreeMap::new();
+        for vm in &file.vms {
+            let key = |k: &str| format!("[[vm]] '{}' {k}", vm.name);
+            if vm.name.is_empty() || vm.name.contains('/') || vm.name.starts_with('.') {
+                return Err(value(
+                    "[[vm]] name",
+                    format!("'{}'", vm.name),
+                    "not a socket file's stem".into(),
+                ));
+            }
+            let fixed = match &vm.cores {
+                Some(text) => Some(cpus(&key("cores"), text)?),
+                None => None,
+            };
+            let budget = VmBudget {
+                weight: vm.weight.unwrap_or(1.0),
+                min_cores: vm.min_cores.unwrap_or(0),
+                max_cores: vm.max_cores.unwrap_or(usize::MAX),
+                cores: fixed,
+            };
+            if vms.insert(vm.name.clone(), budget).is_some() {
+                return Err(value(
+                    "[[vm]] name",
+                    format!("'{}'", vm.name),
+                    "defined twice".into(),
+                ));
+            }
+        }
+        let config = Self {
+            cores,
+            housekeeping,
+            period: std::time::Duration::from_millis(period_ms),
+            hysteresis,
+            timeout: std::time::Duration::from_millis(timeout_ms),
+            vms,
+        };
+        // The entries against the cores, as the allocator will see them.
+        let entries: Vec<_> = config
+            .vms
+            .iter()
+            .map(|(name, b)| config.demand_of(name, b, 0.0, CpuSet::new()))
+            .collect();
+        host_sched::host::check(&config.cores, &entries).map_err(|source| {
+            HostConfigError::Budgets {
+                path: path.into(),
+                source,
+            }
+        })?;
+        Ok(config)
+    }
+
+    /// Reads and parses `path`. Errors: not a regular file, larger than
+    /// [`MAX_BYTES`], unreadable, or [`HostConfig::parse`]'s.
+    pub fn load(path: &Path, allowed: &CpuSet) -> Result<Self, HostConfigError> {
+        let name = path.display().to_string();
+        let read = |reason: String| HostConfigError::Read {
+            path: name.clone(),
+            reason,
+        };
+        let meta = std::fs::metadata(path).map_err(|e| read(e.to_string()))?;
+        if !meta.is_file() || meta.len() > MAX_BYTES {
+            return Err(read(format!(
+                "not a regular file of at most {MAX_BYTES} bytes"
+            )));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| read(e.to_string()))?;
+        Self::parse(&text, &name, allowed)
+    }
+
+    /// VM `name` as the allocator sees it, with `budget`, `demand` (cores)
+    /// and its `current` set.
+    pub fn demand_of(
+        &self,
+        name: &str,
+        budget: &VmBudget,
+        demand: f64,
+        current: CpuSet,
+    ) -> host_sched::host::VmDemand {
+        host_sched::host::VmDemand {
+            name: name.into(),
+            weight: budget.weight,
+            min_cores: budget.min_cores,
+            max_cores: budget.max_cores,
+            fixed: budget.cores.clone(),
+            demand,
+            current,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<HostConfig, HostConfigError> {
+        HostConfig::parse(text, "host.toml", &CpuSet::parse("0-3").unwrap())
+    }
+
+    #[test]
+    fn defaults_and_entries() {
+        let c = parse("[[vm]]\nname = \"db\"\nweight = 2\nmin_cores = 1\n").unwrap();
+        assert_eq!(c.cores.to_string(), "0-3");
+        assert_eq!(c.period, std::time::Duration::from_secs(1));
+        assert_eq!(c.budget("db").weight, 2.0);
+        assert_eq!(c.budget("db").min_cores, 1);
+        assert_eq!(c.budget("other"), VmBudget::default());
+    }
+
+    #[test]
+    fn bad_files_name_the_key_and_value() {
+        let cases = [
+            (
+                "[host]\ncores = \"9\"\n",
+                "[host] cores = '9': not within the CPUs this process may use (0-3)",
+            ),
+            (
+                "[host]\ncores = \"x\"\n",
+                "[host] cores = 'x': not a CPU list",
+            ),
+            (
+                "[host]\nperiod_ms = 1\n",
+                "[host] period_ms = 1: not within 10..=60000",
+            ),
+            (
+                "[host]\ntimeout_ms = 2000\n",
+                "[host] timeout_ms = 2000: not within 1..=period_ms (1000)",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\n[[vm]]\nname = \"a\"\n",
+                "[[vm]] name = 'a': defined twice",
+            ),
+            (
+                "[[vm]]\nname = \"../a\"\n",
+                "[[vm]] name = '../a': not a socket file's stem",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nweight = 0\n",
+                "VM 'a': weight = 0 is not a positive number",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\nmin_cores = 3\n[[vm]]\nname = \"b\"\nmin_cores = 2\n",
+                "min_cores add up to 5 but the host has 4",
+            ),
+            (
+                "[[vm]]\nname = \"a\"\ncores = \"1\"\n[[vm]]\nname = \"b\"\ncores = \"1-2\"\n",
+                "VM 'b': cores = '1-2' meets another VM's fixed cores",
+            ),
+        ];
+        for (text, needle) in cases {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(needle), "{text}: {e}");
+            assert!(e.starts_with("host.toml: "), "{e}");
+        }
+        // A TOML error shows the line and a caret; an unknown key is one.
+        let e = parse("[host]\ncores = \"0\"\nspeed = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 3") && e.contains('^') && e.contains("unknown field `speed`"),
+            "{e}"
+        );
+    }
+}

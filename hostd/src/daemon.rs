@@ -1,0 +1,283 @@
+//! The daemon's period: read every VM, share the cores
+//! ([`host_sched::host::allocate`], the one place this is decided), give
+//! each VM whose set changed its new one. The VMs need nothing from the
+//! daemon to run: a VM it cannot reach keeps what it has.
+//!
+//! Faults, each counted per VM and logged at most [`BURST`] times per
+//! minute per kind:
+//! * a socket nobody listens on: the VM ended; it is forgotten and its
+//!   cores are free at this period;
+//! * no answer within `timeout_ms`: skipped, its cores left as they were
+//!   (taken out of the pool, as a fixed set, for this period);
+//! * a refused change: logged, tried again next period.
+//!
+//! The first period after a start adopts the VMs as they are (their sets
+//! become the current ones) and moves no core.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use host_sched::cpuset::CpuSet;
+use stagevm_report::api::{HostView, HostVm};
+
+use crate::config::HostConfig;
+use crate::vm::{self, Vm, VmError};
+
+/// Log lines per kind of fault per minute.
+pub const BURST: u32 = 5;
+
+/// What the daemon knows of one VM.
+struct Known {
+    vm: Vm,
+    cores: CpuSet,
+    demand: f64,
+    vcpus: usize,
+    shared: bool,
+    moves: u64,
+    errors: u64,
+    skipped: u64,
+    waited: u64,
+    /// Whether the last read answered.
+    answered: bool,
+}
+
+/// Rate-limits one kind of log line.
+struct Limit {
+    since: Instant,
+    lines: u32,
+}
+
+impl Limit {
+    fn allow(&mut self) -> bool {
+        if self.since.elapsed().as_secs() >= 60 {
+            (self.since, self.lines) = (Instant::now(), 0);
+        }
+        self.lines += 1;
+        self.lines <= BURST
+    }
+}
+
+/// The daemon's state across periods.
+pub struct Daemon {
+    config: HostConfig,
+    dir: PathBuf,
+    own_socket: Option<PathBuf>,
+    vms: BTreeMap<String, Known>,
+    periods: u64,
+    limits: [Limit; 3],
+}
+
+impl Daemon {
+    /// A daemon for the VMs whose sockets are in `dir` (not `own_socket`,
+    /// its own API socket if it is there).
+    pub fn new(config: HostConfig, dir: &Path, own_socket: Option<&Path>) -> Self {
+        let limit = || Limit {
+            since: Instant::now(),
+            lines: 0,
+        };
+        Self {
+            config,
+            dir: dir.to_path_buf(),
+            own_socket: own_socket.map(Path::to_path_buf),
+            vms: BTreeMap::new(),
+            periods: 0,
+            limits: [limit(), limit(), limit()],
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &HostConfig {
+        &self.config
+    }
+
+    fn warn(&mut self, kind: usize, line: &str) {
+        if self.limits[kind].allow() {
+            tracing::warn!("{line}");
+        }
+    }
+
+    /// One period: discover, read, allocate, give. Errors: the directory
+    /// cannot be read (the VMs keep their sets).
+    pub fn period(&mut self) -> std::io::Result<()> {
+        let timeout = self.config.timeout;
+        let found = vm::discover(&self.dir, self.own_socket.as_deref())?;
+        self.vms
+            .retain(|name, _| found.iter().any(|(n, _)| n == name));
+        for (name, socket) in &found {
+            if !self.vms.contains_key(name) {
+                match Vm::new(name, socket) {
+                    Ok(vm) => {
+                        tracing::info!("VM '{name}' found at {}", socket.display());
+                        self.vms.insert(
+                            name.clone(),
+                            Known {
+                                vm,
+                                cores: CpuSet::new(),
+                                demand: 0.0,
+                                vcpus: 0,
+                                shared: false,
+                                moves: 0,
+                                errors: 0,
+                                skipped: 0,
+                                waited: 0,
+                                answered: false,
+                            },
+                        );
+                    }
+                    Err(e) => self.warn(2, &e.to_string()),
+                }
+            }
+        }
+        let mut gone = Vec::new();
+        let mut lines = Vec::new();
+        for (name, k) in &mut self.vms {
+            match k.vm.read(timeout) {
+                Ok(r) => {
+                    k.demand = host_sched::host::demand(&r.utilisation, r.cores.len());
+                    k.cores = r.cores;
+                    k.vcpus = r.vcpus;
+                    k.answered = true;
+                    if k.demand >= k.cores.len() as f64 + 1.0 {
+                        k.waited += 1;
+                    }
+                }
+                Err(VmError::Gone(..)) => gone.push(name.clone()),
+                Err(e @ VmError::Hung(..)) => {
+                    k.skipped += 1;
+                    k.answered = false;
+                    lines.push((0, e.to_string()));
+                }
+                Err(e) => {
+                    k.errors += 1;
+                    k.answered = false;
+                    lines.push((1, e.to_string()));
+                }
+            }
+        }
+        for name in gone {
+            tracing::info!("VM '{name}' ended: its cores are free");
+            self.vms.remove(&name);
+        }
+        for (kind, line) in lines {
+            self.warn(kind, &line);
+        }
+        self.periods += 1;
+        if self.periods == 1 {
+            tracing::info!(
+                "adopted {} VM(s) as they are: {}",
+                self.vms.len(),
+                self.vms
+                    .iter()
+                    .map(|(n, k)| format!("{n}={}", k.cores))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+            return Ok(());
+        }
+        self.share();
+        Ok(())
+    }
+
+    /// Allocates and gives every changed set.
+    fn share(&mut self) {
+        // A VM never reached holds nothing the daemon knows of: left out.
+        let names: Vec<String> = self
+            .vms
+            .iter()
+            .filter(|(_, k)| k.answered || !k.cores.is_empty())
+            .map(|(n, _)| n.clone())
+            .collect();
+        let demands: Vec<_> = names
+            .iter()
+            .map(|n| {
+                let k = &self.vms[n];
+                let mut budget = self.config.budget(n);
+                if !k.answered {
+                    // Not reached this period: its cores stay as they are.
+                    budget.cores =
+                        Some(k.cores.intersection(&self.config.cores)).filter(|c| !c.is_empty());
+                }
+                self.config.demand_of(n, &budget, k.demand, k.cores.clone())
+            })
+            .collect();
+        let out = match host_sched::host::allocate(
+            &self.config.cores,
+            &demands,
+            self.config.hysteresis,
+        ) {
+            Ok(out) => out,
+            Err(e) => {
+                // A stale set of a VM not reached can meet a fixed one.
+                self.warn(1, &format!("no allocation this period: {e}"));
+                return;
+            }
+        };
+        let (timeout, hk) = (self.config.timeout, self.config.housekeeping.clone());
+        let mut lines = Vec::new();
+        for (name, new) in names.iter().zip(out) {
+            let k = self.vms.get_mut(name).expect("named above");
+            k.shared = new.shared;
+            if !k.answered || new.cores == k.cores {
+                continue;
+            }
+            match k.vm.give(&new.cores, hk.as_ref(), timeout) {
+                Ok(()) => {
+                    let added = new.cores.difference(&k.cores).len() as u64;
+                    tracing::info!(
+                        "VM '{name}': cores {} -> {} (demand {:.2})",
+                        k.cores,
+                        new.cores,
+                        k.demand
+                    );
+                    k.moves += added;
+                    k.cores = new.cores;
+                }
+                Err(e) => {
+                    k.errors += 1;
+                    lines.push(e.to_string());
+                }
+            }
+        }
+        for line in lines {
+            self.warn(1, &line);
+        }
+    }
+
+    /// The operator's view of the last period.
+    pub fn view(&self) -> HostView {
+        HostView {
+            cores: self.config.cores.to_string(),
+            housekeeping: self
+                .config
+                .housekeeping
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            period_ms: self.config.period.as_millis() as u64,
+            periods: self.periods,
+            vms: self
+                .vms
+                .iter()
+                .map(|(name, k)| {
+                    let b = self.config.budget(name);
+                    HostVm {
+                        name: name.clone(),
+                        cores: k.cores.to_string(),
+                        shared: k.shared,
+                        demand: k.demand,
+                        vcpus: k.vcpus,
+                        weight: b.weight,
+                        min_cores: b.min_cores,
+                        max_cores: (b.max_cores != usize::MAX).then_some(b.max_cores),
+                        fixed: b.cores.map(|c| c.to_string()).unwrap_or_default(),
+                        moves: k.moves,
+                        errors: k.errors,
+                        skipped: k.skipped,
+                        waited: k.waited,
+                    }
+                })
+                .collect(),
+        }
+    }
+}

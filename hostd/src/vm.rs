@@ -1,0 +1,169 @@
+//! One VM as the daemon reaches it: its API socket, what a period reads
+//! from it (`GET /api/v1/stages`) and the cores it is given (`PUT
+//! /api/v1/stages.budgets` with `[host]` only, so its stage budgets stay).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use host_sched::config::{BudgetsUpdate, HostSection};
+use host_sched::cpuset::CpuSet;
+use stagevm::api::client::{Client, ClientError};
+use stagevm_report::api::StagesView;
+
+/// What one read of a VM found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reading {
+    /// Its stage cores now.
+    pub cores: CpuSet,
+    /// Its vCPUs' utilisation at its last policy period (work CPU ÷
+    /// period, per vCPU; empty before its first period with figures).
+    pub utilisation: Vec<f64>,
+    /// Its vCPU count.
+    pub vcpus: usize,
+}
+
+/// Why a VM could not be read or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    /// Nothing listens on the socket any more: the VM ended.
+    #[error("{0}: the VM is gone ({1})")]
+    Gone(String, std::io::Error),
+    /// The socket did not answer within the timeout.
+    #[error("{0}: no answer within {1:?}")]
+    Hung(String, Duration),
+    /// Any other failure: a refused change, a bad answer.
+    #[error("{0}: {1}")]
+    Failed(String, String),
+}
+
+/// A VM's API socket.
+pub struct Vm {
+    name: String,
+    socket: PathBuf,
+    client: Client,
+}
+
+impl Vm {
+    /// The VM behind `socket` (named by its stem). Errors: the client's
+    /// runtime cannot be created.
+    pub fn new(name: &str, socket: &Path) -> Result<Self, VmError> {
+        let client =
+            Client::new(socket).map_err(|e| VmError::Failed(name.into(), e.to_string()))?;
+        Ok(Self {
+            name: name.into(),
+            socket: socket.to_path_buf(),
+            client,
+        })
+    }
+
+    /// Its socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<(u16, Vec<u8>), VmError> {
+        match self.client.request_within(method, path, body, timeout) {
+            Ok(a) => Ok((a.status, a.body.to_vec())),
+            Err(ClientError::Connect(_, e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+                ) =>
+            {
+                Err(VmError::Gone(self.name.clone(), e))
+            }
+            Err(ClientError::Timeout(t)) => Err(VmError::Hung(self.name.clone(), t)),
+            Err(e) => Err(VmError::Failed(self.name.clone(), e.to_string())),
+        }
+    }
+
+    /// Reads its stage cores, vCPUs and utilisation within `timeout`.
+    /// Errors: [`VmError`].
+    pub fn read(&self, timeout: Duration) -> Result<Reading, VmError> {
+        let (status, body) = self.request(
+            "GET",
+            "/api/v1/stages?timeline=0&decisions=0",
+            Vec::new(),
+            timeout,
+        )?;
+        let failed = |why: String| VmError::Failed(self.name.clone(), why);
+        if status != 200 {
+            return Err(failed(format!(
+                "GET /api/v1/stages: {status} {}",
+                String::from_utf8_lossy(&body)
+            )));
+        }
+        let view: StagesView = serde_json::from_slice(&body)
+            .map_err(|e| failed(format!("GET /api/v1/stages: {e}")))?;
+        let cores = CpuSet::parse(&view.sched.stage_cores)
+            .map_err(|e| failed(format!("stage cores '{}': {e}", view.sched.stage_cores)))?;
+        Ok(Reading {
+            cores,
+            utilisation: view
+                .sched
+                .cpu
+                .map(|c| c.vcpu_utilisation)
+                .unwrap_or_default(),
+            vcpus: view.sched.vcpus.len(),
+        })
+    }
+
+    /// Gives it `cores` (and `housekeeping`, if the host sets them) from
+    /// its next policy period on, within `timeout`. Errors: [`VmError`]; a
+    /// refusal carries the VM's message.
+    pub fn give(
+        &self,
+        cores: &CpuSet,
+        housekeeping: Option<&CpuSet>,
+        timeout: Duration,
+    ) -> Result<(), VmError> {
+        let update = BudgetsUpdate {
+            host: HostSection {
+                cores: Some(cores.to_string()),
+                housekeeping: housekeeping.map(|h| h.to_string()),
+            },
+            stages: None,
+        };
+        let body = serde_json::to_vec(&update)
+            .map_err(|e| VmError::Failed(self.name.clone(), e.to_string()))?;
+        let (status, answer) = self.request("PUT", "/api/v1/stages.budgets", body, timeout)?;
+        if status == 202 {
+            Ok(())
+        } else {
+            Err(VmError::Failed(
+                self.name.clone(),
+                format!(
+                    "refused cores {cores}: {status} {}",
+                    String::from_utf8_lossy(&answer)
+                ),
+            ))
+        }
+    }
+}
+
+/// The VMs' sockets in `dir`: every `NAME.sock` but `except` (the daemon's
+/// own), sorted by name. Errors: the directory cannot be read.
+pub fn discover(dir: &Path, except: Option<&Path>) -> std::io::Result<Vec<(String, PathBuf)>> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let path = entry.path();
+        if Some(path.as_path()) == except || !entry.file_type()?.is_socket() {
+            continue;
+        }
+        if path.extension().is_some_and(|e| e == "sock") {
+            if let Some(name) = path.file_stem().and_then(|s| s.to_str()) {
+                found.push((name.to_string(), path.clone()));
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
