@@ -8,21 +8,23 @@
 //!
 //! 1. A VM with fixed `cores` gets exactly them; they leave the pool.
 //! 2. Counts: each other VM starts at its `min_cores` (the operator's
-//!    guarantee), then every VM still at none gets one core, the busiest
-//!    first, while cores are left (so no core is in two VMs' sets while
-//!    the minimums leave a core for each VM). The remaining
+//!    guarantee); when there are at least as many pool cores as VMs,
+//!    every VM still at none gets one core while cores are left (so no
+//!    core is in two VMs' sets while the minimums leave a core for each
+//!    VM). The remaining
 //!    cores go one at a time to the VM with the largest weighted unmet
 //!    demand, `weight × (demand − count)` (weighted max-min fairness in
 //!    whole cores), never past `max_cores`; a VM that already holds more
 //!    cores than its count so far gets `hysteresis` added, so a core moves
-//!    only for a clear difference (the fewest moves, as seed 000 §4.5's
+//!    only for a clear difference (cores it owns; the fewest moves, as seed 000 §4.5's
 //!    minimal transition does for stages). Cores nobody has demand for go
 //!    to the VMs below `max_cores`, first to one that holds such a core
 //!    already, then in proportion to weight, so a burst finds them.
 //! 3. Sets: each VM keeps as many of its current cores as its count
 //!    allows, then takes free cores, lowest first.
-//! 4. Sharing: when there are more VMs than pool cores, a VM whose count
-//!    is 0 shares one core: its current one if it had a single pool core,
+//! 4. Sharing: when there are more VMs than pool cores, the cores go by
+//!    demand alone (an idle VM holds no core a busy one wants) and a VM
+//!    whose count is 0 shares one core: its current one if it had a single pool core,
 //!    else the core whose VMs have the least total demand. Every VM runs
 //!    somewhere; a shared core is marked so in the result.
 
@@ -43,8 +45,12 @@ pub struct VmDemand {
     pub fixed: Option<CpuSet>,
     /// Demand in cores (work CPU ÷ period, summed over its vCPUs).
     pub demand: f64,
-    /// The cores it has now (empty for a VM seen for the first time).
+    /// The cores it has now (empty for a VM never seen).
     pub current: CpuSet,
+    /// Those of `current` it owns: the last allocation's
+    /// [`VmCores::owned`] (a core it only shared is not its own); `None`:
+    /// all of them (no allocation yet).
+    pub owned: Option<CpuSet>,
 }
 
 /// One VM's new set.
@@ -52,6 +58,9 @@ pub struct VmDemand {
 pub struct VmCores {
     /// The cores it may use.
     pub cores: CpuSet,
+    /// Those counted as its own (all of `cores` but a core it only shares
+    /// as a VM left without one): the next period's [`VmDemand::owned`].
+    pub owned: CpuSet,
     /// Whether another VM's set holds one of them too (more VMs than
     /// cores).
     pub shared: bool,
@@ -168,6 +177,7 @@ pub fn allocate(
         .iter()
         .map(|vm| VmCores {
             cores: vm.fixed.clone().unwrap_or_default(),
+            owned: CpuSet::new(),
             shared: false,
         })
         .collect();
@@ -175,8 +185,7 @@ pub fn allocate(
     // that shrinks keeps its lowest), then takes free ones.
     let mut free = pool.clone();
     for &i in &floating {
-        let keep: Vec<usize> = vms[i]
-            .current
+        let keep: Vec<usize> = owned(&vms[i])
             .intersection(&free)
             .iter()
             .take(counts[i])
@@ -193,6 +202,9 @@ pub fn allocate(
             free = free.difference(&single(c));
         }
     }
+    for o in &mut out {
+        o.owned = o.cores.clone();
+    }
     share(&pool, vms, &floating, &mut out);
     Ok(out)
 }
@@ -206,18 +218,18 @@ fn counts(pool: &CpuSet, vms: &[VmDemand], floating: &[usize], hysteresis: f64) 
     let mut left = pool
         .len()
         .saturating_sub(floating.iter().map(|&i| count[i]).sum());
-    // Then one core each to the VMs still at none, the busiest first.
-    let mut none: Vec<usize> = floating
-        .iter()
-        .copied()
-        .filter(|&i| count[i] == 0)
-        .collect();
-    none.sort_by(|&a, &b| vms[b].demand.total_cmp(&vms[a].demand).then(a.cmp(&b)));
-    for i in none.into_iter().take(left) {
-        count[i] = 1;
-        left -= 1;
+    // Then, when there is a core for every VM, one core each to the VMs
+    // still at none (exclusive sets for all); with fewer cores than VMs
+    // the cores go by demand alone and the VMs left without share.
+    if floating.len() <= pool.len() {
+        for &i in floating {
+            if count[i] == 0 && left > 0 {
+                count[i] = 1;
+                left -= 1;
+            }
+        }
     }
-    let held = |i: usize| vms[i].current.intersection(pool).len();
+    let held = |i: usize| owned(&vms[i]).intersection(pool).len();
     // Weighted unmet demand, with the holder's advantage.
     let priority = |i: usize, c: usize| {
         let bonus = if c < held(i) { hysteresis } else { 0.0 };
@@ -321,6 +333,11 @@ pub fn demand(utilisation: &[f64], held: usize) -> f64 {
     } else {
         used.min(vcpus)
     }
+}
+
+/// The cores `vm` owns now.
+fn owned(vm: &VmDemand) -> &CpuSet {
+    vm.owned.as_ref().unwrap_or(&vm.current)
 }
 
 fn single(c: usize) -> CpuSet {

@@ -291,6 +291,7 @@ impl HostConfig {
             fixed: budget.cores.clone(),
             demand,
             current,
+            owned: None,
         }
     }
 }

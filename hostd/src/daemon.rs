@@ -31,6 +31,10 @@ pub const BURST: u32 = 5;
 struct Known {
     vm: Vm,
     cores: CpuSet,
+    /// The cores of `cores` the last allocation counted as its own (not a
+    /// core it only shares); `None` before one, or after the VM's set
+    /// changed by other hands.
+    owned: Option<CpuSet>,
     demand: f64,
     vcpus: usize,
     shared: bool,
@@ -114,6 +118,7 @@ impl Daemon {
                             Known {
                                 vm,
                                 cores: CpuSet::new(),
+                                owned: None,
                                 demand: 0.0,
                                 vcpus: 0,
                                 shared: false,
@@ -135,6 +140,9 @@ impl Daemon {
             match k.vm.read(timeout) {
                 Ok(r) => {
                     k.demand = host_sched::host::demand(&r.utilisation, r.cores.len());
+                    if r.cores != k.cores {
+                        k.owned = None;
+                    }
                     k.cores = r.cores;
                     k.vcpus = r.vcpus;
                     k.answered = true;
@@ -198,7 +206,9 @@ impl Daemon {
                     budget.cores =
                         Some(k.cores.intersection(&self.config.cores)).filter(|c| !c.is_empty());
                 }
-                self.config.demand_of(n, &budget, k.demand, k.cores.clone())
+                let mut d = self.config.demand_of(n, &budget, k.demand, k.cores.clone());
+                d.owned = k.owned.clone();
+                d
             })
             .collect();
         let out = match host_sched::host::allocate(
@@ -218,7 +228,11 @@ impl Daemon {
         for (name, new) in names.iter().zip(out) {
             let k = self.vms.get_mut(name).expect("named above");
             k.shared = new.shared;
-            if !k.answered || new.cores == k.cores {
+            if !k.answered {
+                continue;
+            }
+            if new.cores == k.cores {
+                k.owned = Some(new.owned);
                 continue;
             }
             match k.vm.give(&new.cores, hk.as_ref(), timeout) {
@@ -232,6 +246,7 @@ impl Daemon {
                     );
                     k.moves += added;
                     k.cores = new.cores;
+                    k.owned = Some(new.owned);
                 }
                 Err(e) => {
                     k.errors += 1;

@@ -22,6 +22,7 @@ fn vm(name: &str, demand: f64, current: &str) -> VmDemand {
         } else {
             set(current)
         },
+        owned: None,
     }
 }
 
@@ -119,7 +120,8 @@ fn more_vms_than_cores_share_the_least_loaded_core() {
         out.iter().map(|o| o.shared).collect::<Vec<_>>(),
         [false, true, true]
     );
-    // A sharer stays on its core.
+    assert!(out[2].owned.is_empty(), "c owns nothing");
+    // A sharer whose old core was its own (an earlier period) stays there.
     let out = allocate(
         &host,
         &[vm("a", 1.5, "0"), vm("b", 0.9, "1"), vm("c", 0.1, "0")],
@@ -221,6 +223,7 @@ proptest! {
                     fixed: None,
                     demand,
                     current,
+                    owned: None,
                 }
             })
             .collect();
@@ -255,7 +258,7 @@ proptest! {
         let again: Vec<VmDemand> = vms
             .iter()
             .zip(&out)
-            .map(|(v, o)| VmDemand { current: o.cores.clone(), ..v.clone() })
+            .map(|(v, o)| VmDemand { current: o.cores.clone(), owned: Some(o.owned.clone()), ..v.clone() })
             .collect();
         let out2 = allocate(&host, &again, hysteresis).unwrap();
         prop_assert_eq!(cores(&out2), cores(&out));
