@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from stagevm_harness.checks import TAIL_LINES, Check, Checks
 from stagevm_harness.net import GUEST_ADDR, GUEST_MAC, PREFIX, TAP, netns_tap
-from stagevm_harness.vm import REPO, Console, launch_stagevm, logger, missing, pty_path, read_json, remote
+from stagevm_harness.vm import LOG_LEVEL, REPO, Console, launch_stagevm, logger, missing, pty_path, read_json, remote
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.environ.get("OUT", os.path.join(REPO, "target", "mariadb-image"))
@@ -168,7 +168,7 @@ def boot(
         cpus=2,
         memory_mib=512,
         serial="pty",
-        log_level="stagevm=info",
+        log_level=LOG_LEVEL,
         args=["--disk", f"path={os.path.join(OUT, 'root.ext4')}", "--net", f"tap={TAP},mac={GUEST_MAC}"]
         + ["--stages", stages_toml, "--api-socket", sock, "--report", report_path],
         stdout=subprocess.DEVNULL,

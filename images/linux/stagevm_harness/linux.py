@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from .checks import Check
 from .net import ECHO_BYTES, GUEST_ADDR, PREFIX, TcpEcho
-from .vm import launch_stagevm, logger, remote
+from .vm import LOG_LEVEL, launch_stagevm, logger, remote
 
 log = logger("test-linux")
 
@@ -72,7 +72,7 @@ def boot(
             cpus=2,
             memory_mib=128,
             serial=f"file={serial}",
-            log_level="stagevm=info",
+            log_level=LOG_LEVEL,
             args=args,
             stdout=vmmlog,
             stderr=subprocess.STDOUT,

@@ -15,6 +15,10 @@ from typing import IO, Any
 # images/linux/stagevm_harness -> the repository.
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 BIN = os.path.join(REPO, "target", "release")
+# stagevm's --log-level for the logs the harness reads: the VMM's own info
+# lines, and every crate's warnings (the stage device's are in the
+# stage_device crate, which a filter of `stagevm=info` alone leaves out).
+LOG_LEVEL = "warn,stagevm=info"
 
 
 def logger(prefix: str) -> Callable[[str], None]:
