@@ -3,13 +3,9 @@
 //! recompute the guest's checksums on the host.
 #![allow(dead_code)]
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use nix::fcntl::{Flock, FlockArg};
 pub use stagevm_testkit::console::numbers;
 #[allow(unused_imports)] // Each test binary uses part of the kit.
 pub use stagevm_testkit::{Remote, Run, Running, Stagevm};
@@ -17,62 +13,13 @@ pub use stagevm_testkit::{Remote, Run, Running, Stagevm};
 /// The `stagevm` binary cargo built for these tests.
 pub const STAGEVM: &str = env!("CARGO_BIN_EXE_stagevm");
 
-/// Root of the repository.
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+#[allow(unused_imports)] // Each test binary uses part of the kit.
+pub use stagevm_testkit::machine::{repo_root, vm_lock, VmLock};
 
-/// Builds `images/testguest` (release, `x86_64-unknown-none`) once per test
-/// binary and returns the ELF's path. Panics with cargo's output on failure.
+/// Builds `images/testguest` once per test binary and returns the ELF's
+/// path (the kit's [`stagevm_testkit::machine::test_guest`]).
 pub fn guest_image() -> &'static Path {
-    static IMAGE: OnceLock<PathBuf> = OnceLock::new();
-    IMAGE.get_or_init(|| {
-        let dir = repo_root().join("images/testguest");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let out = Command::new(cargo)
-            .args(["build", "--release", "--quiet"])
-            .current_dir(&dir)
-            // The guest's own .cargo/config.toml sets its target and flags;
-            // the host build's settings must not leak into it.
-            .env_remove("RUSTFLAGS")
-            .env_remove("CARGO_ENCODED_RUSTFLAGS")
-            .env_remove("CARGO_BUILD_TARGET")
-            .env_remove("CARGO_TARGET_DIR")
-            .output()
-            .expect("run cargo to build the test guest");
-        assert!(
-            out.status.success(),
-            "building the test guest failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        dir.join("target/x86_64-unknown-none/release/testguest")
-    })
-}
-
-/// Serializes VM boots: the machines have 2 cores, and tests that boot
-/// several VMs at once would measure each other. Holds an in-process mutex
-/// and an exclusive `flock` (for runners that start test binaries in
-/// parallel) until dropped.
-pub struct VmLock {
-    _guard: MutexGuard<'static, ()>,
-    _file: Flock<File>,
-}
-
-/// Takes the [`VmLock`].
-pub fn vm_lock() -> VmLock {
-    static LOCK: Mutex<()> = Mutex::new(());
-    let guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let file = File::create(std::env::temp_dir().join("stagevm-vm-tests.lock")).unwrap();
-    let file = Flock::lock(file, FlockArg::LockExclusive)
-        .map_err(|(_, e)| e)
-        .expect("flock the VM test lock");
-    VmLock {
-        _guard: guard,
-        _file: file,
-    }
+    stagevm_testkit::machine::test_guest()
 }
 
 /// A `stagevm` command line for [`STAGEVM`] (the kit's builder).

@@ -15,13 +15,19 @@
 //! * [`console`]: the figures the guests print (`key value` fields).
 //! * [`checksum`]: FNV-1a as the guests compute it.
 //! * [`api`]: calls to the operator API through `stagevm::api::client`.
+//! * [`machine`]: the test guest built, the workspace's binaries for a
+//!   test of another package, one VM test at a time ([`machine::vm_lock`]).
+//! * [`Hostd`]: `stagevm-hostd`, started the same way.
 
 pub mod api;
 pub mod console;
+mod hostd;
 mod launch;
+pub mod machine;
 pub mod net;
 mod running;
 
+pub use hostd::Hostd;
 pub use launch::{LaunchError, Remote, Stagevm};
 pub use running::{Lines, Reaped, Run, Running};
 

@@ -1,0 +1,97 @@
+//! What every test that boots VMs needs besides the command line: the
+//! test guest built, the workspace's binaries, and one VM test at a time.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use nix::fcntl::{Flock, FlockArg};
+
+/// The repository's root (the kit lives in `tests/kit`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("tests/kit is two levels down")
+        .to_path_buf()
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+/// Builds `images/testguest` (release, `x86_64-unknown-none`) once per
+/// process and returns the ELF's path. Panics with cargo's output on
+/// failure.
+pub fn test_guest() -> &'static Path {
+    static IMAGE: OnceLock<PathBuf> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let dir = repo_root().join("images/testguest");
+        let out = cargo()
+            .args(["build", "--release", "--quiet"])
+            .current_dir(&dir)
+            // The guest's own .cargo/config.toml sets its target and flags;
+            // the host build's settings must not leak into it.
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env_remove("CARGO_BUILD_TARGET")
+            .env_remove("CARGO_TARGET_DIR")
+            .output()
+            .expect("run cargo to build the test guest");
+        assert!(
+            out.status.success(),
+            "building the test guest failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir.join("target/x86_64-unknown-none/release/testguest")
+    })
+}
+
+/// The workspace binary `name` of package `package`, built (debug, as the
+/// calling test) if it is not up to date, for a test of another package:
+/// cargo gives a test only its own package's binaries. The binary is
+/// found beside the test's own executable (`target/debug/deps/..`).
+/// Panics with cargo's output on failure.
+pub fn workspace_binary(package: &str, name: &str) -> PathBuf {
+    let out = cargo()
+        .args(["build", "--quiet", "-p", package, "--bin", name])
+        .current_dir(repo_root())
+        .output()
+        .expect("run cargo to build a workspace binary");
+    assert!(
+        out.status.success(),
+        "building {name} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let exe = std::env::current_exe().expect("the test's own path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps");
+    dir.join(name)
+}
+
+/// One VM test at a time: the machines have 2 cores, and tests that boot
+/// several VMs at once would measure each other. Holds an in-process mutex
+/// and an exclusive `flock` (for runners that start test binaries in
+/// parallel) until dropped.
+pub struct VmLock {
+    _guard: MutexGuard<'static, ()>,
+    _file: Flock<File>,
+}
+
+/// Takes the [`VmLock`] (waits for it).
+pub fn vm_lock() -> VmLock {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let file = File::create(std::env::temp_dir().join("stagevm-vm-tests.lock"))
+        .expect("the VM test lock file");
+    let file = Flock::lock(file, FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .expect("flock the VM test lock");
+    VmLock {
+        _guard: guard,
+        _file: file,
+    }
+}
