@@ -314,20 +314,17 @@ fn share(pool: &CpuSet, vms: &[VmDemand], floating: &[usize], out: &mut [VmCores
 /// The share of its cores a VM must keep busy to count as wanting one more.
 pub const SATURATED: f64 = 0.85;
 
-/// A VM's demand in cores, from `utilisation` (each vCPU's work CPU ÷ the
-/// VM's policy period, as its report gives `sched.cpu.vcpu_utilisation`)
-/// and the `held` cores it runs on now: the work CPU summed, and one core
-/// more than it holds when that sum fills at least [`SATURATED`] of them
-/// (a VM confined to its cores cannot show more demand than they give; a
-/// saturated VM asks for a core, an unsaturated one shows what it uses),
-/// never more than one core per vCPU.
-pub fn demand(utilisation: &[f64], held: usize) -> f64 {
-    let used: f64 = utilisation
-        .iter()
-        .filter(|u| u.is_finite())
-        .map(|u| u.clamp(0.0, 1.0))
-        .sum();
-    let vcpus = utilisation.len() as f64;
+/// A VM's demand in cores, from `used` (the work CPU its vCPUs got over
+/// the last period, in cores: work CPU ns ÷ wall ns; its report's
+/// `sched.cpu.work_ns` between two reads), the `held` cores it runs on now
+/// and its `vcpus`: the work CPU, and one core more than it holds when
+/// that fills at least [`SATURATED`] of them (a VM confined to its cores
+/// cannot show more demand than they give; a saturated VM asks for a core,
+/// an unsaturated one shows what it uses), never more than one core per
+/// vCPU. A `used` that is not a finite non-negative number counts as 0.
+pub fn demand(used: f64, held: usize, vcpus: usize) -> f64 {
+    let used = if used.is_finite() { used.max(0.0) } else { 0.0 };
+    let vcpus = vcpus as f64;
     if held > 0 && used >= SATURATED * held as f64 {
         used.max((held + 1) as f64).min(vcpus)
     } else {

@@ -44,6 +44,8 @@ struct Known {
     waited: u64,
     /// Whether the last read answered.
     answered: bool,
+    /// The last read's work CPU (ns) and when it was taken.
+    work: Option<(u64, Instant)>,
 }
 
 /// Rate-limits one kind of log line.
@@ -127,6 +129,7 @@ impl Daemon {
                                 skipped: 0,
                                 waited: 0,
                                 answered: false,
+                                work: None,
                             },
                         );
                     }
@@ -139,7 +142,14 @@ impl Daemon {
         for (name, k) in &mut self.vms {
             match k.vm.read(timeout) {
                 Ok(r) => {
-                    k.demand = host_sched::host::demand(&r.utilisation, r.cores.len());
+                    // Work CPU over the daemon's own period, in cores.
+                    let now = Instant::now();
+                    if let (Some(w), Some((w0, t0))) = (r.work_ns, k.work) {
+                        let used = w.saturating_sub(w0) as f64
+                            / now.duration_since(t0).as_nanos().max(1) as f64;
+                        k.demand = host_sched::host::demand(used, r.cores.len(), r.vcpus);
+                    }
+                    k.work = r.work_ns.map(|w| (w, now));
                     if r.cores != k.cores {
                         k.owned = None;
                     }

@@ -1,6 +1,6 @@
 //! `stagevm-hostd`: several VMs share the host's stage cores. Each period
-//! it reads every VM of a directory over its API socket (demand from its
-//! vCPUs' utilisation), shares the host's stage cores among them by
+//! it reads every VM of a directory over its API socket (demand: its
+//! vCPUs' work CPU since the last read), shares the host's stage cores among them by
 //! host-sched's allocator ([`host_sched::host`]: minimums, weights,
 //! maximums, the fewest moves) and gives each VM whose set changed its new
 //! one; each VM's own controller then places its stages and vCPUs within

@@ -15,9 +15,9 @@ use stagevm_report::api::StagesView;
 pub struct Reading {
     /// Its stage cores now.
     pub cores: CpuSet,
-    /// Its vCPUs' utilisation at its last policy period (work CPU ÷
-    /// period, per vCPU; empty before its first period with figures).
-    pub utilisation: Vec<f64>,
+    /// Its vCPUs' work CPU so far (ns; `sched.cpu.work_ns`), if the VM
+    /// measures it.
+    pub work_ns: Option<u64>,
     /// Its vCPU count.
     pub vcpus: usize,
 }
@@ -83,7 +83,7 @@ impl Vm {
         }
     }
 
-    /// Reads its stage cores, vCPUs and utilisation within `timeout`.
+    /// Reads its stage cores, vCPUs and work CPU within `timeout`.
     /// Errors: [`VmError`].
     pub fn read(&self, timeout: Duration) -> Result<Reading, VmError> {
         let (status, body) = self.request(
@@ -105,11 +105,7 @@ impl Vm {
             .map_err(|e| failed(format!("stage cores '{}': {e}", view.sched.stage_cores)))?;
         Ok(Reading {
             cores,
-            utilisation: view
-                .sched
-                .cpu
-                .map(|c| c.vcpu_utilisation)
-                .unwrap_or_default(),
+            work_ns: view.sched.cpu.map(|c| c.work_ns),
             vcpus: view.sched.vcpus.len(),
         })
     }

@@ -181,15 +181,16 @@ fn settings_the_host_cannot_serve_are_refused_with_the_numbers() {
 
 #[test]
 fn demand_is_work_cpu_and_one_more_core_when_saturated() {
-    // Two vCPUs sharing one core, both busy: they want a second core.
-    assert_eq!(demand(&[0.5, 0.49], 1), 2.0);
+    // Two vCPUs sharing one core, busy: they want a second core.
+    assert_eq!(demand(0.99, 1, 2), 2.0);
     // Half of one core in use: that is the demand.
-    assert!((demand(&[0.3, 0.2], 2) - 0.5).abs() < 1e-9);
+    assert!((demand(0.5, 2, 2) - 0.5).abs() < 1e-9);
     // Saturated on both of two cores, two vCPUs: no more than two.
-    assert_eq!(demand(&[1.0, 0.95], 2), 2.0);
-    // A guest's lie (NaN, above 1) is clamped, never more than its vCPUs.
-    assert_eq!(demand(&[f64::NAN, 7.0], 0), 1.0);
-    assert_eq!(demand(&[], 3), 0.0);
+    assert_eq!(demand(1.95, 2, 2), 2.0);
+    // Nonsense counts as nothing; never more than the vCPUs.
+    assert_eq!(demand(f64::NAN, 1, 2), 0.0);
+    assert_eq!(demand(7.0, 0, 2), 2.0);
+    assert_eq!(demand(-1.0, 1, 3), 0.0);
 }
 
 proptest! {

@@ -1,0 +1,340 @@
+//! stagevm-hostd end to end: real test-guest VMs on /dev/kvm under the real
+//! daemon binary, their vCPU threads' affinities read back from /proc.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use stagevm_report::api::HostView;
+use stagevm_testkit::api::Api;
+use stagevm_testkit::machine::{test_guest, vm_lock, workspace_binary};
+use stagevm_testkit::{Hostd, Running, Stagevm};
+
+const HOSTD: &str = env!("CARGO_BIN_EXE_stagevm-hostd");
+/// The daemon's period in these tests (ms).
+const PERIOD_MS: u64 = 200;
+/// A workload that outlasts every test.
+const FOREVER: &str = "iters=1000 threads=4 requests=1000000000000 work=200 hold=1";
+/// One that is done at once, then holds (parked: no demand).
+const IDLE: &str = "iters=1000 threads=4 requests=100 work=200 hold=1";
+
+fn skip_without_kvm() -> bool {
+    if std::fs::metadata("/dev/kvm").is_err() {
+        eprintln!("skipped: no /dev/kvm");
+        return true;
+    }
+    false
+}
+
+/// A fresh VM directory, and a host.toml beside it (`extra` appended).
+fn setup(extra: &str) -> (PathBuf, PathBuf) {
+    let dir = stagevm_testkit::temp_path("hostd-vms", "d");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.with_extension("toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[host]\ncores = \"0-1\"\nperiod_ms = {PERIOD_MS}\ntimeout_ms = 100\nhysteresis = 0.25\n{extra}"
+        ),
+    )
+    .unwrap();
+    (dir, config)
+}
+
+/// Boots a 2-vCPU test guest with its API socket `dir/NAME.sock`.
+fn boot(dir: &Path, name: &str, cmdline: &str) -> Running {
+    let socket = dir.join(format!("{name}.sock"));
+    let vm = Stagevm::new(workspace_binary("stagevm", "stagevm"))
+        .kernel(test_guest())
+        .vcpus(2)
+        .memory("128M")
+        .api_socket(&socket)
+        .cmdline(cmdline)
+        .spawn()
+        .expect("start stagevm");
+    Api::wait_ready(&socket, Duration::from_secs(10)).expect("the VM's API socket");
+    vm
+}
+
+/// The cores the VMM's vCPU threads may run on (`Cpus_allowed_list` of its
+/// tasks named `vcpu*`), distinct lists joined by `|`.
+fn vcpu_affinity(vm: &Running) -> String {
+    let pid = vm.vmm_pid();
+    let mut lists = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.starts_with("vcpu") {
+            let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+            if let Some(l) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            {
+                lists.push(l.trim().to_string());
+            }
+        }
+    }
+    lists.sort();
+    lists.dedup();
+    lists.join("|")
+}
+
+/// Whether `a` is one core and `b` another.
+fn one_each(a: &str, b: &str) -> bool {
+    a.len() == 1 && b.len() == 1 && a != b
+}
+
+/// The daemon's log (stderr), collected as it comes.
+fn log_of(daemon: &mut Running) -> Arc<Mutex<String>> {
+    let log = Arc::new(Mutex::new(String::new()));
+    let stderr = daemon.take_stderr().expect("stderr piped");
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let mut l = sink.lock().unwrap();
+            l.push_str(&line);
+            l.push('\n');
+        }
+    });
+    log
+}
+
+/// Polls `check` every 20 ms until it holds, for at most `periods` daemon
+/// periods plus one VM policy period and the reads' slack; panics with
+/// `what` and the last state after.
+fn within(periods: u64, what: &str, mut check: impl FnMut() -> Result<(), String>) {
+    let deadline = Instant::now() + Duration::from_millis(periods * PERIOD_MS + 100);
+    loop {
+        match check() {
+            Ok(()) => return,
+            Err(state) if Instant::now() > deadline => {
+                panic!("{what}: not within {periods} periods of {PERIOD_MS} ms: {state}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+fn view(api: &Path) -> HostView {
+    Api::new(api).unwrap().get_json("/api/v1/host").unwrap()
+}
+
+fn vm<'a>(v: &'a HostView, name: &str) -> &'a stagevm_report::api::HostVm {
+    v.vms
+        .iter()
+        .find(|vm| vm.name == name)
+        .unwrap_or_else(|| panic!("no VM {name} in {v:?}"))
+}
+
+/// Three VMs on two cores as demand changes: a VM arrives, one's workload
+/// ends, one is killed. Exclusive sets while there is a core per VM; with
+/// more VMs than cores the busy ones get a core each and the idle one
+/// shares; each change followed within 5 periods.
+#[test]
+fn cores_follow_demand_arrivals_and_exits() {
+    if skip_without_kvm() {
+        return;
+    }
+    let _lock = vm_lock();
+    let (dir, config) = setup("");
+    let api = dir.with_extension("sock");
+    let busy = boot(&dir, "busy", FOREVER);
+    let idle = boot(&dir, "idle", IDLE);
+    let mut daemon = Hostd::new(HOSTD, &dir)
+        .config(&config)
+        .api_socket(&api)
+        .spawn()
+        .unwrap();
+    let log = log_of(&mut daemon);
+    Api::wait_ready(&api, Duration::from_secs(10)).unwrap();
+
+    // Two VMs, two cores: one each, exclusive; the busy one's demand is
+    // more than its core.
+    within(5, "one core each", || {
+        let (b, i) = (vcpu_affinity(&busy), vcpu_affinity(&idle));
+        one_each(&b, &i)
+            .then_some(())
+            .ok_or(format!("busy {b}, idle {i}"))
+    });
+    within(5, "the busy VM asks for more than its core", || {
+        let v = view(&api);
+        let ok = v.vms.iter().all(|vm| !vm.shared) && vm(&v, "busy").demand >= 1.5;
+        ok.then_some(()).ok_or(format!("{v:?}"))
+    });
+
+    // A second busy VM arrives, with a workload of a few seconds: the
+    // busy ones get a core each, the idle one shares one.
+    let mut busy2 = boot(
+        &dir,
+        "busy2",
+        "iters=1000 threads=4 requests=4000000 work=200 hold=1",
+    );
+    let busy2_out = busy2.stdout_lines().unwrap();
+    within(5, "a core per busy VM, the idle one sharing", || {
+        let (b, b2, i) = (
+            vcpu_affinity(&busy),
+            vcpu_affinity(&busy2),
+            vcpu_affinity(&idle),
+        );
+        let ok = one_each(&b, &b2) && (i == b || i == b2);
+        ok.then_some(())
+            .ok_or(format!("busy {b}, busy2 {b2}, idle {i}"))
+    });
+    assert!(vm(&view(&api), "idle").shared);
+
+    // busy2's workload ends (it holds, parked): busy takes both cores.
+    busy2_out
+        .wait_for("testguest: all ", Duration::from_secs(120), &[])
+        .expect("busy2's workload ends");
+    within(5, "the busy VM on both cores", || {
+        let b = vcpu_affinity(&busy);
+        (b == "0-1").then_some(()).ok_or(format!("busy {b}"))
+    });
+
+    // busy is killed: its cores are free, the two left get one each.
+    drop(busy);
+    within(5, "the VM that ended released its cores", || {
+        let (b2, i) = (vcpu_affinity(&busy2), vcpu_affinity(&idle));
+        one_each(&b2, &i)
+            .then_some(())
+            .ok_or(format!("busy2 {b2}, idle {i}"))
+    });
+    let v = view(&api);
+    assert_eq!(v.vms.len(), 2, "{v:?}");
+    assert!(v.vms.iter().all(|vm| vm.errors == 0 && !vm.shared), "{v:?}");
+    let text = log.lock().unwrap().clone();
+    assert!(
+        text.contains("VM 'busy' ended: its cores are free"),
+        "{text}"
+    );
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The budgets of host.toml hold (a minimum for the idle VM, a maximum for
+/// the busy one); a socket that accepts and never answers is skipped and
+/// counted; a second daemon on the directory is refused naming the first;
+/// the daemon killed and restarted adopts the VMs without moving a core.
+#[test]
+fn budgets_hung_sockets_second_daemon_and_restart() {
+    if skip_without_kvm() {
+        return;
+    }
+    let _lock = vm_lock();
+    let (dir, config) =
+        setup("[[vm]]\nname = \"busy\"\nmax_cores = 1\n[[vm]]\nname = \"idle\"\nmin_cores = 1\n");
+    let api = dir.with_extension("sock");
+    let busy = boot(&dir, "busy", FOREVER);
+    let idle = boot(&dir, "idle", IDLE);
+    // Connections queue in the kernel's backlog and are never answered.
+    let _hung = UnixListener::bind(dir.join("hung.sock")).unwrap();
+    let mut first = Hostd::new(HOSTD, &dir)
+        .config(&config)
+        .api_socket(&api)
+        .spawn()
+        .unwrap();
+    let _log = log_of(&mut first);
+    Api::wait_ready(&api, Duration::from_secs(10)).unwrap();
+    within(6, "exclusive cores, the hung socket skipped twice", || {
+        let (b, i) = (vcpu_affinity(&busy), vcpu_affinity(&idle));
+        let hung = view(&api)
+            .vms
+            .iter()
+            .find(|vm| vm.name == "hung")
+            .map_or(0, |vm| vm.skipped);
+        let ok = one_each(&b, &i) && hung >= 2;
+        ok.then_some(())
+            .ok_or(format!("busy {b}, idle {i}, hung skipped {hung}"))
+    });
+    // Busy wants both cores; max_cores = 1 and idle's min_cores = 1 say no.
+    std::thread::sleep(Duration::from_millis(3 * PERIOD_MS));
+    assert_eq!(vcpu_affinity(&busy).len(), 1);
+    let v = view(&api);
+    let b = vm(&v, "busy");
+    assert!(
+        b.demand >= 1.5 && b.waited >= 1 && b.max_cores == Some(1),
+        "{v:?}"
+    );
+    assert_eq!(vm(&v, "idle").min_cores, 1);
+
+    // A second daemon on the same directory is refused, naming the first.
+    let run = Hostd::new(HOSTD, &dir)
+        .config(&config)
+        .spawn()
+        .unwrap()
+        .wait(Duration::from_secs(10))
+        .unwrap();
+    assert_ne!(run.code(), 0);
+    let owner = format!("another stagevm-hostd manages it (pid {})", first.id());
+    assert!(run.stderr.contains(&owner), "{}", run.stderr);
+
+    // Killed: the VMs keep their cores; restarted: adopted as they are.
+    let before = (vcpu_affinity(&busy), vcpu_affinity(&idle));
+    drop(first);
+    std::thread::sleep(Duration::from_millis(2 * PERIOD_MS));
+    assert_eq!(
+        (vcpu_affinity(&busy), vcpu_affinity(&idle)),
+        before,
+        "the VMs need no daemon"
+    );
+    let mut again = Hostd::new(HOSTD, &dir)
+        .config(&config)
+        .api_socket(&api)
+        .spawn()
+        .unwrap();
+    let log = log_of(&mut again);
+    Api::wait_ready(&api, Duration::from_secs(10)).unwrap();
+    std::thread::sleep(Duration::from_millis(5 * PERIOD_MS));
+    assert_eq!(
+        (vcpu_affinity(&busy), vcpu_affinity(&idle)),
+        before,
+        "no core moved"
+    );
+    let text = log.lock().unwrap().clone();
+    assert!(text.contains("adopted 3 VM(s) as they are"), "{text}");
+    assert!(!text.contains(" -> "), "a restart moved a core:\n{text}");
+    drop(again);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A bad host.toml is refused naming the key and value (no VM needed).
+#[test]
+fn bad_host_toml_is_refused_naming_the_key() {
+    let dir = stagevm_testkit::temp_path("hostd-bad", "d");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = [
+        (
+            "[[vm]]\nname = \"a\"\nweight = 0\n",
+            "VM 'a': weight = 0 is not a positive number",
+        ),
+        (
+            "[host]\nperiod_ms = 5\n",
+            "[host] period_ms = 5: not within 10..=60000",
+        ),
+        (
+            "[host]\ncores = \"0-1\"\nspeed = 1\n",
+            "unknown field `speed`",
+        ),
+        (
+            "[host]\ncores = \"1000\"\n",
+            "[host] cores = '1000': not within the CPUs",
+        ),
+    ];
+    let config = dir.with_extension("toml");
+    for (text, needle) in cases {
+        std::fs::write(&config, text).unwrap();
+        let run = Hostd::new(HOSTD, &dir)
+            .config(&config)
+            .spawn()
+            .unwrap()
+            .wait(Duration::from_secs(10))
+            .unwrap();
+        assert_ne!(run.code(), 0, "{text}");
+        assert!(run.stderr.contains(needle), "{text}: {}", run.stderr);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
