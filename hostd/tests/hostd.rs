@@ -88,6 +88,19 @@ fn one_each(a: &str, b: &str) -> bool {
     a.len() == 1 && b.len() == 1 && a != b
 }
 
+/// Starts the daemon on `dir` with `config` and its API socket `api`;
+/// returns it, once its socket answers, with its log as it comes.
+fn start_daemon(dir: &Path, config: &Path, api: &Path) -> (Running, Arc<Mutex<String>>) {
+    let mut daemon = Hostd::new(HOSTD, dir)
+        .config(config)
+        .api_socket(api)
+        .spawn()
+        .unwrap();
+    let log = log_of(&mut daemon);
+    Api::wait_ready(api, Duration::from_secs(10)).unwrap();
+    (daemon, log)
+}
+
 /// The daemon's log (stderr), collected as it comes.
 fn log_of(daemon: &mut Running) -> Arc<Mutex<String>> {
     let log = Arc::new(Mutex::new(String::new()));
@@ -144,13 +157,7 @@ fn cores_follow_demand_arrivals_and_exits() {
     let api = dir.with_extension("sock");
     let busy = boot(&dir, "busy", FOREVER);
     let idle = boot(&dir, "idle", IDLE);
-    let mut daemon = Hostd::new(HOSTD, &dir)
-        .config(&config)
-        .api_socket(&api)
-        .spawn()
-        .unwrap();
-    let log = log_of(&mut daemon);
-    Api::wait_ready(&api, Duration::from_secs(10)).unwrap();
+    let (daemon, log) = start_daemon(&dir, &config, &api);
 
     // Two VMs, two cores: one each, exclusive; the busy one's demand is
     // more than its core.
@@ -232,13 +239,7 @@ fn budgets_hung_sockets_second_daemon_and_restart() {
     let idle = boot(&dir, "idle", IDLE);
     // Connections queue in the kernel's backlog and are never answered.
     let _hung = UnixListener::bind(dir.join("hung.sock")).unwrap();
-    let mut first = Hostd::new(HOSTD, &dir)
-        .config(&config)
-        .api_socket(&api)
-        .spawn()
-        .unwrap();
-    let _log = log_of(&mut first);
-    Api::wait_ready(&api, Duration::from_secs(10)).unwrap();
+    let (first, _log) = start_daemon(&dir, &config, &api);
     within(6, "exclusive cores, the hung socket skipped twice", || {
         let (b, i) = (vcpu_affinity(&busy), vcpu_affinity(&idle));
         let hung = view(&api)
@@ -281,13 +282,7 @@ fn budgets_hung_sockets_second_daemon_and_restart() {
         before,
         "the VMs need no daemon"
     );
-    let mut again = Hostd::new(HOSTD, &dir)
-        .config(&config)
-        .api_socket(&api)
-        .spawn()
-        .unwrap();
-    let log = log_of(&mut again);
-    Api::wait_ready(&api, Duration::from_secs(10)).unwrap();
+    let (again, log) = start_daemon(&dir, &config, &api);
     std::thread::sleep(Duration::from_millis(5 * PERIOD_MS));
     assert_eq!(
         (vcpu_affinity(&busy), vcpu_affinity(&idle)),

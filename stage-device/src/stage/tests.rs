@@ -150,20 +150,24 @@ fn register_refusals_and_unregister() {
     assert_eq!(r.registrations_rejected["AlreadyRegistered"], 2);
 }
 
+/// vCPU `vcpu` rings WAIT (the longest timeout) on a thread of its own;
+/// the thread returns how long it waited.
+fn wait_on(dev: &Arc<StageDevice>, vcpu: u32) -> std::thread::JoinHandle<Duration> {
+    let dev = dev.clone();
+    std::thread::spawn(move || {
+        let t = std::time::Instant::now();
+        dev.doorbell(vcpu, DOORBELL_WAIT, &0u32.to_le_bytes());
+        t.elapsed()
+    })
+}
+
 #[test]
 fn wait_returns_on_wake_and_on_timeout() {
     let dev = Arc::new(StageDevice::new(memory(), MEM, 2, 0, 0));
     let t0 = std::time::Instant::now();
     dev.doorbell(1, DOORBELL_WAIT, &2000u32.to_le_bytes());
     assert!(t0.elapsed() >= Duration::from_millis(2));
-    let waiter = {
-        let dev = dev.clone();
-        std::thread::spawn(move || {
-            let t = std::time::Instant::now();
-            dev.doorbell(1, DOORBELL_WAIT, &0u32.to_le_bytes());
-            t.elapsed()
-        })
-    };
+    let waiter = wait_on(&dev, 1);
     std::thread::sleep(Duration::from_millis(5));
     dev.doorbell(0, DOORBELL_WAKE, &1u32.to_le_bytes());
     let waited = waiter.join().unwrap();
@@ -173,14 +177,7 @@ fn wait_returns_on_wake_and_on_timeout() {
     );
     assert_eq!(dev.report().wakes, 1);
     // A VMM's pause kicks a parked vCPU out of its WAIT without a WAKE.
-    let waiter = {
-        let dev = dev.clone();
-        std::thread::spawn(move || {
-            let t = std::time::Instant::now();
-            dev.doorbell(0, DOORBELL_WAIT, &0u32.to_le_bytes());
-            t.elapsed()
-        })
-    };
+    let waiter = wait_on(&dev, 0);
     std::thread::sleep(Duration::from_millis(5));
     dev.kick_parked();
     let waited = waiter.join().unwrap();
