@@ -236,6 +236,25 @@ fn install_fail_stop() {
     }));
 }
 
+/// The stage device is part of the VMM for its operator: a `stagevm=LEVEL`
+/// directive without one of its own for the `stage_device` crate covers it
+/// too (its warnings, a guest's bad counters among them, went missing when
+/// it became a crate of its own).
+fn with_stage_device(filter: tracing_subscriber::EnvFilter) -> tracing_subscriber::EnvFilter {
+    let text = filter.to_string();
+    if text.contains("stage_device") {
+        return filter;
+    }
+    let level = text
+        .split(',')
+        .find_map(|d| d.trim().strip_prefix("stagevm="))
+        .map(str::to_owned);
+    match level.and_then(|l| format!("stage_device={l}").parse().ok()) {
+        Some(directive) => filter.add_directive(directive),
+        None => filter,
+    }
+}
+
 fn main() -> ExitCode {
     install_fail_stop();
     let cli = match Cli::try_parse() {
@@ -253,10 +272,10 @@ fn main() -> ExitCode {
         // virtio-queue logs every bad queue set-up a guest makes, without a
         // limit; the transport logs the same rate-limited (ratelimit.rs).
         // An explicit virtio_queue directive still wins.
-        Ok(f) if !f.to_string().contains("virtio_queue") => {
-            f.add_directive("virtio_queue=off".parse().expect("a valid directive"))
-        }
-        Ok(f) => f,
+        Ok(f) if !f.to_string().contains("virtio_queue") => with_stage_device(
+            f.add_directive("virtio_queue=off".parse().expect("a valid directive")),
+        ),
+        Ok(f) => with_stage_device(f),
         Err(e) => {
             eprintln!("stagevm: invalid --log-level '{}': {e}", cli.log_level);
             return ExitCode::from(EXIT_VMM_ERROR);
