@@ -27,6 +27,11 @@ use crate::vm::{self, Vm, VmError};
 /// Log lines per kind of fault per minute.
 pub const BURST: u32 = 5;
 
+/// Most VMs one daemon serves (sockets beyond, by name, are left alone and
+/// logged): each costs a request per period, and anyone who may write to
+/// the directory could add sockets.
+pub const MAX_VMS: usize = 256;
+
 /// What the daemon knows of one VM.
 struct Known {
     vm: Vm,
@@ -46,6 +51,13 @@ struct Known {
     answered: bool,
     /// The last read's work CPU (ns) and when it was taken.
     work: Option<(u64, Instant)>,
+}
+
+/// `a ∪ b`.
+fn union(a: &CpuSet, b: &CpuSet) -> CpuSet {
+    let mut u = a.clone();
+    b.iter().for_each(|c| u.insert(c));
+    u
 }
 
 /// Rate-limits one kind of log line.
@@ -107,7 +119,16 @@ impl Daemon {
     /// cannot be read (the VMs keep their sets).
     pub fn period(&mut self) -> std::io::Result<()> {
         let timeout = self.config.timeout;
-        let found = vm::discover(&self.dir, self.own_socket.as_deref())?;
+        let mut found = vm::discover(&self.dir, self.own_socket.as_deref())?;
+        if found.len() > MAX_VMS {
+            let line = format!(
+                "{} sockets in {}: serving the first {MAX_VMS} by name",
+                found.len(),
+                self.dir.display()
+            );
+            self.warn(2, &line);
+            found.truncate(MAX_VMS);
+        }
         self.vms
             .retain(|name, _| found.iter().any(|(n, _)| n == name));
         for (name, socket) in &found {
@@ -199,28 +220,33 @@ impl Daemon {
 
     /// Allocates and gives every changed set.
     fn share(&mut self) {
-        // A VM never reached holds nothing the daemon knows of: left out.
-        let names: Vec<String> = self
+        // A VM not reached this period keeps its cores: they are fixed for
+        // this allocation, unless they meet a set fixed already (two hung
+        // VMs on the same cores), when it is left out and others may share
+        // its cores. A VM never reached holds nothing the daemon knows of.
+        let mut fixed: CpuSet = self
+            .config
             .vms
-            .iter()
-            .filter(|(_, k)| k.answered || !k.cores.is_empty())
-            .map(|(n, _)| n.clone())
-            .collect();
-        let demands: Vec<_> = names
-            .iter()
-            .map(|n| {
-                let k = &self.vms[n];
-                let mut budget = self.config.budget(n);
-                if !k.answered {
-                    // Not reached this period: its cores stay as they are.
-                    budget.cores =
-                        Some(k.cores.intersection(&self.config.cores)).filter(|c| !c.is_empty());
+            .values()
+            .filter_map(|b| b.cores.clone())
+            .fold(CpuSet::new(), |acc, c| union(&acc, &c));
+        let mut names = Vec::new();
+        let mut demands = Vec::new();
+        for (n, k) in &self.vms {
+            let mut budget = self.config.budget(n);
+            if !k.answered {
+                let stale = k.cores.intersection(&self.config.cores);
+                if stale.is_empty() || !stale.intersection(&fixed).is_empty() {
+                    continue;
                 }
-                let mut d = self.config.demand_of(n, &budget, k.demand, k.cores.clone());
-                d.owned = k.owned.clone();
-                d
-            })
-            .collect();
+                fixed = union(&fixed, &stale);
+                budget.cores = Some(stale);
+            }
+            let mut d = self.config.demand_of(n, &budget, k.demand, k.cores.clone());
+            d.owned = k.owned.clone();
+            names.push(n.clone());
+            demands.push(d);
+        }
         let out = match host_sched::host::allocate(
             &self.config.cores,
             &demands,
