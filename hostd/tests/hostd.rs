@@ -101,6 +101,13 @@ fn start_daemon(dir: &Path, config: &Path, api: &Path) -> (Running, Arc<Mutex<St
     (daemon, log)
 }
 
+/// Runs the daemon on `dir` with `config` to its end (at most 10 s): for
+/// a start that must be refused.
+fn refused(dir: &Path, config: &Path) -> stagevm_testkit::Run {
+    let daemon = Hostd::new(HOSTD, dir).config(config).spawn().unwrap();
+    daemon.wait(Duration::from_secs(10)).unwrap()
+}
+
 /// The daemon's log (stderr), collected as it comes.
 fn log_of(daemon: &mut Running) -> Arc<Mutex<String>> {
     let log = Arc::new(Mutex::new(String::new()));
@@ -263,12 +270,7 @@ fn budgets_hung_sockets_second_daemon_and_restart() {
     assert_eq!(vm(&v, "idle").min_cores, 1);
 
     // A second daemon on the same directory is refused, naming the first.
-    let run = Hostd::new(HOSTD, &dir)
-        .config(&config)
-        .spawn()
-        .unwrap()
-        .wait(Duration::from_secs(10))
-        .unwrap();
+    let run = refused(&dir, &config);
     assert_ne!(run.code(), 0);
     let owner = format!("another stagevm-hostd manages it (pid {})", first.id());
     assert!(run.stderr.contains(&owner), "{}", run.stderr);
@@ -322,12 +324,7 @@ fn bad_host_toml_is_refused_naming_the_key() {
     let config = dir.with_extension("toml");
     for (text, needle) in cases {
         std::fs::write(&config, text).unwrap();
-        let run = Hostd::new(HOSTD, &dir)
-            .config(&config)
-            .spawn()
-            .unwrap()
-            .wait(Duration::from_secs(10))
-            .unwrap();
+        let run = refused(&dir, &config);
         assert_ne!(run.code(), 0, "{text}");
         assert!(run.stderr.contains(needle), "{text}: {}", run.stderr);
     }
