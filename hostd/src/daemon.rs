@@ -82,6 +82,9 @@ pub struct Daemon {
     dir: PathBuf,
     own_socket: Option<PathBuf>,
     vms: BTreeMap<String, Known>,
+    /// Sockets found dead (a VM that ended without removing its socket),
+    /// with their modification time: not tried again until it changes.
+    dead: BTreeMap<String, Option<std::time::SystemTime>>,
     periods: u64,
     limits: [Limit; 3],
 }
@@ -99,6 +102,7 @@ impl Daemon {
             dir: dir.to_path_buf(),
             own_socket: own_socket.map(Path::to_path_buf),
             vms: BTreeMap::new(),
+            dead: BTreeMap::new(),
             periods: 0,
             limits: [limit(), limit(), limit()],
         }
@@ -131,7 +135,14 @@ impl Daemon {
         }
         self.vms
             .retain(|name, _| found.iter().any(|(n, _)| n == name));
+        let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        self.dead
+            .retain(|name, _| found.iter().any(|(n, _)| n == name));
         for (name, socket) in &found {
+            if self.dead.get(name).is_some_and(|t| *t == modified(socket)) {
+                continue;
+            }
+            self.dead.remove(name);
             if !self.vms.contains_key(name) {
                 match Vm::new(name, socket) {
                     Ok(vm) => {
@@ -196,7 +207,9 @@ impl Daemon {
         }
         for name in gone {
             tracing::info!("VM '{name}' ended: its cores are free");
-            self.vms.remove(&name);
+            if let Some(k) = self.vms.remove(&name) {
+                self.dead.insert(name, modified(k.vm.socket()));
+            }
         }
         for (kind, line) in lines {
             self.warn(kind, &line);

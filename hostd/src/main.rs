@@ -96,10 +96,20 @@ fn main() -> anyhow::Result<()> {
     let period = config.period;
     let mut daemon = Daemon::new(config, &args.vm_dir, args.api_socket.as_deref());
     let mut poller = stagevm::poll::Poller::new(&[(signals.as_raw_fd(), 0)])?;
+    // A directory that cannot be read is logged when its error changes,
+    // not every period.
+    let mut last_error = None;
     loop {
         let started = std::time::Instant::now();
-        if let Err(e) = daemon.period() {
-            tracing::warn!("--vm-dir {}: {e}", args.vm_dir.display());
+        let error = daemon.period().err().map(|e| e.to_string());
+        if error != last_error {
+            if let Some(e) = &error {
+                tracing::warn!(
+                    "--vm-dir {}: {e} (the VMs keep their cores)",
+                    args.vm_dir.display()
+                );
+            }
+            last_error = error;
         }
         *shared.0.lock().unwrap_or_else(|p| p.into_inner()) = daemon.view();
         if !poller
