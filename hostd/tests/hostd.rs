@@ -246,7 +246,10 @@ fn budgets_hung_sockets_second_daemon_and_restart() {
     let idle = boot(&dir, "idle", IDLE);
     // Connections queue in the kernel's backlog and are never answered.
     let _hung = UnixListener::bind(dir.join("hung.sock")).unwrap();
-    let (first, _log) = start_daemon(&dir, &config, &api);
+    // A socket nobody listens on any more (a VM that died without removing
+    // it): forgotten once, not tried every period.
+    drop(UnixListener::bind(dir.join("stale.sock")).unwrap());
+    let (first, first_log) = start_daemon(&dir, &config, &api);
     within(6, "exclusive cores, the hung socket skipped twice", || {
         let (b, i) = (vcpu_affinity(&busy), vcpu_affinity(&idle));
         let hung = view(&api)
@@ -268,6 +271,10 @@ fn budgets_hung_sockets_second_daemon_and_restart() {
         "{v:?}"
     );
     assert_eq!(vm(&v, "idle").min_cores, 1);
+
+    let text = first_log.lock().unwrap().clone();
+    assert_eq!(text.matches("VM 'stale' found").count(), 1, "{text}");
+    assert!(!view(&api).vms.iter().any(|vm| vm.name == "stale"));
 
     // A second daemon on the same directory is refused, naming the first.
     let run = refused(&dir, &config);
