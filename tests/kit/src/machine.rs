@@ -48,14 +48,23 @@ pub fn test_guest() -> &'static Path {
     })
 }
 
-/// The workspace binary `name` of package `package`, built (debug, as the
-/// calling test) if it is not up to date, for a test of another package:
+/// The workspace binary `name` of package `package`, built (in the calling
+/// test's profile, debug or release) if it is not up to date, for a test of another package:
 /// cargo gives a test only its own package's binaries. The binary is
 /// found beside the test's own executable (`target/debug/deps/..`).
 /// Panics with cargo's output on failure.
 pub fn workspace_binary(package: &str, name: &str) -> PathBuf {
-    let out = cargo()
-        .args(["build", "--quiet", "-p", package, "--bin", name])
+    let exe = std::env::current_exe().expect("the test's own path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps");
+    let mut build = cargo();
+    build.args(["build", "--quiet", "-p", package, "--bin", name]);
+    if dir.file_name().is_some_and(|p| p == "release") {
+        build.arg("--release");
+    }
+    let out = build
         .current_dir(repo_root())
         .output()
         .expect("run cargo to build a workspace binary");
@@ -64,11 +73,6 @@ pub fn workspace_binary(package: &str, name: &str) -> PathBuf {
         "building {name} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let exe = std::env::current_exe().expect("the test's own path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps");
     dir.join(name)
 }
 
