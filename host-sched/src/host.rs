@@ -2,31 +2,31 @@
 //! a pure function from each VM's demand and current set to each VM's new
 //! set, unit-tested like the policies and taken in one place.
 //!
-//! Each period the daemon measures every VM's demand (cores of work CPU,
-//! the sum of its vCPUs' utilisation) and calls [`allocate`]. The rules,
-//! in order:
+//! Each period the daemon measures every VM's demand ([`demand`]: cores of
+//! work CPU since its last read) and calls [`allocate`]. The rules, in
+//! order:
 //!
 //! 1. A VM with fixed `cores` gets exactly them; they leave the pool.
 //! 2. Counts: each other VM starts at its `min_cores` (the operator's
-//!    guarantee); when there are at least as many pool cores as VMs,
-//!    every VM still at none gets one core while cores are left (so no
-//!    core is in two VMs' sets while the minimums leave a core for each
-//!    VM). The remaining
-//!    cores go one at a time to the VM with the largest weighted unmet
-//!    demand, `weight × (demand − count)` (weighted max-min fairness in
-//!    whole cores), never past `max_cores`; a VM that already holds more
-//!    cores than its count so far gets `hysteresis` added, so a core moves
-//!    only for a clear difference (cores it owns; the fewest moves, as seed 000 §4.5's
-//!    minimal transition does for stages). Cores nobody has demand for go
-//!    to the VMs below `max_cores`, first to one that holds such a core
-//!    already, then in proportion to weight, so a burst finds them.
-//! 3. Sets: each VM keeps as many of its current cores as its count
-//!    allows, then takes free cores, lowest first.
+//!    guarantee); when there are at least as many pool cores as VMs, every
+//!    VM still at none gets one core while cores are left (so no core is in
+//!    two VMs' sets while the minimums leave a core for each VM). The
+//!    remaining cores go one at a time to the VM with the largest weighted
+//!    unmet demand, `weight × (demand − count)` (weighted max-min fairness
+//!    in whole cores), never past `max_cores`; a VM that owns more cores
+//!    than its count so far gets `hysteresis` added, so a core moves only
+//!    for a clear difference (the fewest moves, as seed 000 §4.5's minimal
+//!    transition does for stages). Cores nobody has demand for go to the
+//!    VMs below `max_cores`, first to one that owns such a core already,
+//!    then in proportion to weight, so a burst finds them.
+//! 3. Sets: each VM keeps as many of the cores it owns as its count allows
+//!    (its lowest), then takes free cores, lowest first.
 //! 4. Sharing: when there are more VMs than pool cores, the cores go by
 //!    demand alone (an idle VM holds no core a busy one wants) and a VM
-//!    whose count is 0 shares one core: its current one if it had a single pool core,
-//!    else the core whose VMs have the least total demand. Every VM runs
-//!    somewhere; a shared core is marked so in the result.
+//!    whose count is 0 shares one core: its current one if it had a single
+//!    pool core, else the core whose VMs have the least total demand. Every
+//!    VM runs somewhere; a shared core is marked so in the result, and is
+//!    not the sharer's own ([`VmCores::owned`]).
 
 use crate::cpuset::CpuSet;
 
