@@ -2,7 +2,7 @@
 //!
 //! ```toml
 //! [host]
-//! cores = "0-5"          # the stage cores the VMs share (default: every allowed CPU)
+//! cores = "0-5"          # the stage cores the VMs share (default: the isolated CPUs, else every allowed one)
 //! housekeeping = "6-7"   # every VM's helper threads (default: each VM's own)
 //! period_ms = 1000       # how often demand is read and cores re-shared
 //! hysteresis = 0.25      # cores × weight a VM's unmet demand must beat a holder's by
@@ -45,6 +45,18 @@ pub enum HostConfigError {
         path: String,
         /// toml's message: line, column, the line with a caret.
         message: String,
+    },
+    /// `[host] cores` or `housekeeping` refused as host-sched refuses a
+    /// `--stages` file's `[host]` (not a CPU list, not online, not allowed,
+    /// overlapping).
+    #[error("{path}: {source}")]
+    Cpus {
+        /// The file.
+        path: String,
+        /// host-sched's refusal, naming the key and value (boxed: it is
+        /// large).
+        #[source]
+        source: Box<host_sched::config::StagesConfigError>,
     },
     /// A key's value is out of range or not a CPU list.
     #[error("{path}: {key} = {value}: {reason}")]
@@ -145,9 +157,13 @@ impl HostConfig {
         self.vms.get(name).cloned().unwrap_or_default()
     }
 
-    /// Parses `text` (from `path`) against the CPUs this process may use
-    /// (`allowed`). Errors: [`HostConfigError`].
-    pub fn parse(text: &str, path: &str, allowed: &CpuSet) -> Result<Self, HostConfigError> {
+    /// Parses `text` (from `path`) against the host's CPUs (`topology`).
+    /// Errors: [`HostConfigError`].
+    pub fn parse(
+        text: &str,
+        path: &str,
+        topology: &host_sched::topology::Topology,
+    ) -> Result<Self, HostConfigError> {
         let file: File = toml::from_str(text).map_err(|e| HostConfigError::Toml {
             path: path.into(),
             message: e.to_string().trim_end().into(),
@@ -158,29 +174,32 @@ impl HostConfig {
             value,
             reason,
         };
-        let cpus = |key: &str, text: &str| -> Result<CpuSet, HostConfigError> {
-            let set = CpuSet::parse(text)
-                .map_err(|e| value(key, format!("'{text}'"), format!("not a CPU list ({e})")))?;
-            if set.is_empty() {
-                return Err(value(key, format!("'{text}'"), "no CPU given".into()));
-            }
-            if !set.is_subset(allowed) {
-                return Err(value(
-                    key,
-                    format!("'{text}'"),
-                    format!("not within the CPUs this process may use ({allowed})"),
-                ));
-            }
-            Ok(set)
+        // `[host] cores` and `housekeeping` are a `--stages` file's `[host]`:
+        // host-sched resolves them as for one VM (CPUs online and allowed,
+        // housekeeping apart from the stage cores, the same defaults and
+        // the same messages), so every VM accepts what the daemon gives.
+        let host = host_sched::config::HostSection {
+            cores: file.host.cores.clone(),
+            housekeeping: file.host.housekeeping.clone(),
         };
-        let cores = match &file.host.cores {
-            Some(text) => cpus("[host] cores", text)?,
-            None => allowed.clone(),
-        };
-        let housekeeping = match &file.host.housekeeping {
-            Some(text) => Some(cpus("[host] housekeeping", text)?),
-            None => None,
-        };
+        let resolved = host_sched::config::resolve(
+            &host_sched::config::Config {
+                host,
+                ..Default::default()
+            },
+            &host_sched::config::Overrides::default(),
+            topology,
+        )
+        .map_err(|source| HostConfigError::Cpus {
+            path: path.into(),
+            source: Box::new(source),
+        })?;
+        let cores = resolved.stage_cores;
+        let housekeeping = file
+            .host
+            .housekeeping
+            .is_some()
+            .then_some(resolved.housekeeping);
         let period_ms = file.host.period_ms.unwrap_or(1000);
         if !(10..=60_000).contains(&period_ms) {
             return Err(value(
@@ -215,8 +234,20 @@ impl HostConfig {
                     "not a socket file's stem".into(),
                 ));
             }
+            // Within the stage cores: the allocator's check, below.
             let fixed = match &vm.cores {
-                Some(text) => Some(cpus(&key("cores"), text)?),
+                Some(text) => Some(
+                    CpuSet::parse(text)
+                        .ok()
+                        .filter(|c| !c.is_empty())
+                        .ok_or_else(|| {
+                            value(
+                                &key("cores"),
+                                format!("'{text}'"),
+                                "not a CPU list (e.g. 0-3,6)".into(),
+                            )
+                        })?,
+                ),
                 None => None,
             };
             let budget = VmBudget {
@@ -258,7 +289,10 @@ impl HostConfig {
 
     /// Reads and parses `path`. Errors: not a regular file, larger than
     /// [`MAX_BYTES`], unreadable, or [`HostConfig::parse`]'s.
-    pub fn load(path: &Path, allowed: &CpuSet) -> Result<Self, HostConfigError> {
+    pub fn load(
+        path: &Path,
+        topology: &host_sched::topology::Topology,
+    ) -> Result<Self, HostConfigError> {
         let name = path.display().to_string();
         let read = |reason: String| HostConfigError::Read {
             path: name.clone(),
@@ -271,7 +305,7 @@ impl HostConfig {
             )));
         }
         let text = std::fs::read_to_string(path).map_err(|e| read(e.to_string()))?;
-        Self::parse(&text, &name, allowed)
+        Self::parse(&text, &name, topology)
     }
 
     /// VM `name` as the allocator sees it, with `budget`, `demand` (cores)
@@ -301,7 +335,13 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<HostConfig, HostConfigError> {
-        HostConfig::parse(text, "host.toml", &CpuSet::parse("0-3").unwrap())
+        let cpus = CpuSet::parse("0-3").unwrap();
+        let topology = host_sched::topology::Topology {
+            allowed: cpus.clone(),
+            online: cpus,
+            isolated: CpuSet::new(),
+        };
+        HostConfig::parse(text, "host.toml", &topology)
     }
 
     #[test]
@@ -319,11 +359,15 @@ mod tests {
         let cases = [
             (
                 "[host]\ncores = \"9\"\n",
-                "[host] cores = '9': not within the CPUs this process may use (0-3)",
+                "host.cores = '9': CPU 9 is not online (online: 0-3)",
             ),
             (
                 "[host]\ncores = \"x\"\n",
-                "[host] cores = 'x': not a CPU list",
+                "host.cores = 'x': not a CPU list",
+            ),
+            (
+                "[host]\ncores = \"0-1\"\nhousekeeping = \"1-2\"\n",
+                "host.housekeeping = '1-2': overlaps the stage cores host.cores = '0-1' (CPU 1)",
             ),
             (
                 "[host]\nperiod_ms = 1\n",

@@ -21,7 +21,8 @@ use vmm_sys_util::eventfd::EventFd;
 struct Args {
     /// host.toml: [host] cores, housekeeping, period_ms, hysteresis,
     /// timeout_ms; [[vm]] name, weight, min_cores, max_cores, cores.
-    /// Without it: every allowed CPU, equal weights, 1 s periods.
+    /// Without it: the isolated CPUs (else every allowed one), equal weights,
+    /// 1 s periods.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Where the VMs' API sockets are: a VM started with
@@ -46,12 +47,10 @@ fn main() -> anyhow::Result<()> {
         .with_target(false)
         .init();
     let args = Args::parse();
-    let allowed = host_sched::topology::Topology::detect()
-        .context("reading this process's CPUs")?
-        .allowed;
+    let topology = host_sched::topology::Topology::detect().context("reading this host's CPUs")?;
     let config = match &args.config {
-        Some(path) => HostConfig::load(path, &allowed)?,
-        None => HostConfig::parse("", "(defaults)", &allowed)?,
+        Some(path) => HostConfig::load(path, &topology)?,
+        None => HostConfig::parse("", "(defaults)", &topology)?,
     };
     let _lock = lock::take(&args.vm_dir)?;
     // One thread so far: the socket is bound under a private umask.

@@ -325,7 +325,7 @@ fn bad_host_toml_is_refused_naming_the_key() {
         ),
         (
             "[host]\ncores = \"1000\"\n",
-            "[host] cores = '1000': not within the CPUs",
+            "host.cores = '1000': CPU 1000 is not online",
         ),
     ];
     let config = dir.with_extension("toml");
