@@ -249,6 +249,18 @@ fn budgets_hung_sockets_second_daemon_and_restart() {
     // A socket nobody listens on any more (a VM that died without removing
     // it): forgotten once, not tried every period.
     drop(UnixListener::bind(dir.join("stale.sock")).unwrap());
+    // One that answers without end: read at most 4 MiB, counted as an error.
+    let flood = UnixListener::bind(dir.join("flood.sock")).unwrap();
+    std::thread::spawn(move || {
+        for mut conn in flood.incoming().map_while(Result::ok) {
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000000000\r\n\r\n");
+                let chunk = vec![b' '; 1 << 16];
+                while conn.write_all(&chunk).is_ok() {}
+            });
+        }
+    });
     let (first, first_log) = start_daemon(&dir, &config, &api);
     within(6, "exclusive cores, the hung socket skipped twice", || {
         let (b, i) = (vcpu_affinity(&busy), vcpu_affinity(&idle));
@@ -274,6 +286,9 @@ fn budgets_hung_sockets_second_daemon_and_restart() {
 
     let text = first_log.lock().unwrap().clone();
     assert_eq!(text.matches("VM 'stale' found").count(), 1, "{text}");
+    let v = view(&api);
+    assert!(vm(&v, "flood").errors >= 2, "{v:?}");
+    assert!(text.contains("an answer over 4194304 bytes"), "{text}");
     assert!(!view(&api).vms.iter().any(|vm| vm.name == "stale"));
 
     // A second daemon on the same directory is refused, naming the first.
@@ -299,7 +314,7 @@ fn budgets_hung_sockets_second_daemon_and_restart() {
         "no core moved"
     );
     let text = log.lock().unwrap().clone();
-    assert!(text.contains("adopted 3 VM(s) as they are"), "{text}");
+    assert!(text.contains("adopted 4 VM(s) as they are"), "{text}");
     assert!(!text.contains(" -> "), "a restart moved a core:\n{text}");
     drop(again);
     let _ = std::fs::remove_dir_all(&dir);

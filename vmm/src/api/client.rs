@@ -26,7 +26,19 @@ pub enum ClientError {
     /// No whole answer within the time given ([`Client::request_within`]).
     #[error("no answer within {0:?}")]
     Timeout(std::time::Duration),
+    /// An answer larger than [`MAX_BOUNDED_ANSWER`] bytes
+    /// ([`Client::request_within`]).
+    #[error("an answer over {0} bytes")]
+    TooLarge(usize),
+    /// The answer's body could not be read.
+    #[error("reading the answer: {0}")]
+    Body(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
+
+/// Largest answer [`Client::request_within`] reads (bytes): a peer it does
+/// not trust (any socket in the host daemon's directory) can send no more
+/// than this, and no longer than its timeout.
+pub const MAX_BOUNDED_ANSWER: usize = 4 << 20;
 
 /// An answer: HTTP status and body.
 #[derive(Debug)]
@@ -62,12 +74,14 @@ impl Client {
     /// is an [`Answer`], not an error.
     pub fn request(&self, method: &str, path: &str, body: Vec<u8>) -> Result<Answer, ClientError> {
         self.runtime
-            .block_on(request(&self.socket, method, path, body))
+            .block_on(request(&self.socket, method, path, body, None))
     }
 
     /// [`Client::request`] bounded by `timeout` from connect to the last
-    /// byte (a VMM whose socket accepts and never answers, for the host
-    /// daemon). Errors: as `request`, and [`ClientError::Timeout`].
+    /// byte and by [`MAX_BOUNDED_ANSWER`] bytes (a socket that accepts and
+    /// never answers, or answers without end, for the host daemon).
+    /// Errors: as `request`, [`ClientError::Timeout`] and
+    /// [`ClientError::TooLarge`].
     pub fn request_within(
         &self,
         method: &str,
@@ -76,7 +90,8 @@ impl Client {
         timeout: std::time::Duration,
     ) -> Result<Answer, ClientError> {
         self.runtime.block_on(async {
-            tokio::time::timeout(timeout, request(&self.socket, method, path, body))
+            let limit = Some(MAX_BOUNDED_ANSWER);
+            tokio::time::timeout(timeout, request(&self.socket, method, path, body, limit))
                 .await
                 .map_err(|_| ClientError::Timeout(timeout))?
         })
@@ -88,6 +103,7 @@ async fn request(
     method: &str,
     path: &str,
     body: Vec<u8>,
+    limit: Option<usize>,
 ) -> Result<Answer, ClientError> {
     let stream = tokio::net::UnixStream::connect(socket)
         .await
@@ -102,7 +118,20 @@ async fn request(
         .body(Full::new(Bytes::from(body)))?;
     let res = sender.send_request(req).await?;
     let status = res.status().as_u16();
-    let body = res.into_body().collect().await?.to_bytes();
+    let body = match limit {
+        None => res.into_body().collect().await?.to_bytes(),
+        Some(max) => http_body_util::Limited::new(res.into_body(), max)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    ClientError::TooLarge(max)
+                } else {
+                    ClientError::Body(e)
+                }
+            })?
+            .to_bytes(),
+    };
     conn.abort();
     Ok(Answer { status, body })
 }
