@@ -31,10 +31,19 @@
 //! * a state code out of range, or a timed state that started more than a
 //!   policy period in the future, contributes no open visit;
 //! * idle time above the window, or counts above one per tick, are cut to
-//!   that bound.
+//!   that bound;
+//! * idle's or a stage's exact time summed since REGISTER above the
+//!   windows' sum (+ 1/8, + the clock's raises) is counted (and that total
+//!   cut to it).
 //!
-//! Torn reads (the guest writes while the host copies) shift at most one
-//! visit between neighbouring windows; totals stay right.
+//! A writer's adds can land reads after its state word: a torn copy (the
+//! guest writes while the host copies), or a thread preempted between the
+//! two (libstage, for as long as the host's scheduler keeps it off its
+//! CPU). Its visit's time then moves to the window where the adds land —
+//! possibly more than that window holds, so the bound on a code's time is
+//! checked on the totals, not per window; each window's estimate is still
+//! cut to its busy time, and the windows in between give the missing part
+//! to "no stage".
 
 use hypercall_abi::stage::{
     state_code, state_since, state_timed, VcpuCounters, CODE_FIRST_STAGE, CODE_IDLE, CODE_NONE,
@@ -100,13 +109,17 @@ impl Default for VcpuDelta {
 }
 
 /// The last read of one vCPU: its raw counters, the open visit already
-/// charged (code, ticks), and the part of a charged visit that the read
-/// could not take back yet (code, ticks; see [`delta`]).
+/// charged (code, ticks), per code the charged time that no ended visit
+/// has paid back yet (ticks; see [`delta`]), and the totals since REGISTER
+/// that the plausibility bounds are checked on: each code's exact time
+/// (ticks) and the windows' length (ticks).
 #[derive(Clone, Copy, Debug)]
 struct Baseline {
     raw: VcpuCounters,
     open: Option<(usize, u64)>,
-    owed: Option<(usize, u64)>,
+    owed: [u64; NUM_CODES],
+    exact_total: [u128; NUM_CODES],
+    elapsed: u128,
 }
 
 impl Baseline {
@@ -115,7 +128,9 @@ impl Baseline {
         Self {
             raw: VcpuCounters::default(),
             open: None,
-            owed: None,
+            owed: [0; NUM_CODES],
+            exact_total: [0; NUM_CODES],
+            elapsed: 0,
         }
     }
 }
@@ -129,6 +144,9 @@ pub struct CounterReader {
     /// Most the clock is raised by in one read (ticks; 1 ms at the guest's
     /// TSC rate, or the window's slack when the rate is unknown).
     max_raise: u64,
+    /// Sum of the raises so far (ticks): guest time the windows do not
+    /// cover, allowed on top of them in the totals' bounds.
+    raised: u64,
     last: Vec<Baseline>,
     last_host_tsc: u64,
     /// Latest state time seen: the guest's last transition on any vCPU.
@@ -167,6 +185,7 @@ impl CounterReader {
             generation,
             clock,
             max_raise: tsc_khz,
+            raised: 0,
             last: vec![Baseline::fresh(); num_vcpus as usize],
             last_host_tsc: host_tsc,
             last_transition_tsc: None,
@@ -238,6 +257,7 @@ impl CounterReader {
             // The REGISTER exit's latency made the estimate early.
             Some(l) if l > now && l - now <= max_raise => {
                 self.clock.offset = self.clock.offset.wrapping_add(l - now);
+                self.raised = self.raised.saturating_add(l - now);
                 now = l;
             }
             _ => {}
@@ -248,7 +268,7 @@ impl CounterReader {
         let deltas: Vec<VcpuDelta> = blocks
             .iter()
             .zip(self.last.iter_mut())
-            .map(|(block, base)| delta(base, block, now, window))
+            .map(|(block, base)| delta(base, block, now, window, self.raised))
             .collect();
         if deltas.iter().any(|d| d.counts.iter().any(|c| *c > 0)) {
             self.first_active_tsc
@@ -260,8 +280,9 @@ impl CounterReader {
 }
 
 /// One vCPU's delta against `base` (updated in place), `now` being the
-/// guest TSC of this read and `window` the ticks since the previous one.
-fn delta(base: &mut Baseline, new: &VcpuCounters, now: u64, window: u64) -> VcpuDelta {
+/// guest TSC of this read, `window` the ticks since the previous one and
+/// `raised` the clock's raises so far (ticks).
+fn delta(base: &mut Baseline, new: &VcpuCounters, now: u64, window: u64, raised: u64) -> VcpuDelta {
     let mut d = VcpuDelta::default();
     let slack = window / SLACK_DIV;
     let mut clamps = 0;
@@ -307,15 +328,14 @@ fn delta(base: &mut Baseline, new: &VcpuCounters, now: u64, window: u64) -> Vcpu
     for (e, c) in exact.iter_mut().zip(cycles) {
         *e = i128::from(c);
     }
-    if let Some((c, charged)) = base.open {
+    if let Some((c, charged)) = base.open.take() {
         exact[c] -= i128::from(charged);
     }
-    if let Some((c, owed)) = base.owed.take() {
-        exact[c] -= i128::from(owed);
+    for (e, owed) in exact.iter_mut().zip(base.owed) {
+        *e -= i128::from(owed);
     }
     let code = state_code(new.state) as usize;
     let since = state_since(new.state);
-    let base_open_before = base.open.take();
     if code >= NUM_CODES {
         clamps += 1;
     } else if state_timed(new.state) {
@@ -327,21 +347,40 @@ fn delta(base: &mut Baseline, new: &VcpuCounters, now: u64, window: u64) -> Vcpu
             base.open = Some((code, open));
         }
     }
-    // A visit charged as open at the last read whose length is not in
-    // `cycles` yet — a copy torn by a transition in flight, or an agent
-    // that stores the state word before the counts (libstage) — leaves its
-    // code short now: what was charged is taken back from the next read,
-    // once, instead of being counted twice.
-    if let Some((c, charged)) = base_open_before {
-        if exact[c] < 0 {
-            base.owed = Some((c, (-exact[c]).min(i128::from(charged)) as u64));
-            exact[c] = 0;
+    // A visit charged as open at an earlier read whose length is not in
+    // `cycles` yet — a copy torn by a transition in flight, or a writer
+    // preempted between its state word and its adds (libstage, any number
+    // of reads long) — leaves its code short now: what is short is owed
+    // and taken back from the reads that see the length, instead of being
+    // counted twice. The time moves to the window where the adds land.
+    for (e, owed) in exact.iter_mut().zip(base.owed.iter_mut()) {
+        *owed = if *e < 0 {
+            u64::try_from(-*e).unwrap_or(u64::MAX)
+        } else {
+            0
+        };
+        *e = (*e).max(0);
+    }
+    // Late adds move time between windows, so a code's time above one
+    // window is no proof of a lie; above all the windows since REGISTER
+    // (+ 1/8, + the clock's raises) it is. Counted once per excess: the
+    // total is then cut to the bound. Not for "no stage": its first visit
+    // began when the agent set the block up, before REGISTER.
+    base.elapsed += u128::from(window);
+    let bound = base.elapsed + base.elapsed / u128::from(SLACK_DIV) + u128::from(raised);
+    for (total, e) in base
+        .exact_total
+        .iter_mut()
+        .zip(exact)
+        .skip(CODE_IDLE as usize)
+    {
+        *total = total.saturating_add(e as u128);
+        if *total > bound {
+            clamps += 1;
+            *total = bound;
         }
     }
     let idle_code = CODE_IDLE as usize;
-    if exact[idle_code] > i128::from(window.saturating_add(slack)) {
-        clamps += 1;
-    }
     let idle = exact[idle_code].clamp(0, i128::from(window)) as u64;
     d.ticks[idle_code] = idle;
     let busy = window - idle;
@@ -361,9 +400,6 @@ fn delta(base: &mut Baseline, new: &VcpuCounters, now: u64, window: u64) -> Vcpu
             0
         };
         let untimed = u128::from(d.counts[c].saturating_sub(timed[c]));
-        if exact[c] > i128::from(window.saturating_add(slack)) {
-            clamps += 1;
-        }
         // At most the busy time each (< 2^62 ticks): the sum and the
         // scaling products below stay far inside u128.
         est[c] = (exact[c].max(0) as u128)

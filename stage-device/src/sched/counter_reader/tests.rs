@@ -333,6 +333,64 @@ fn a_visit_whose_end_is_read_late_is_charged_once() {
 }
 
 #[test]
+fn a_writer_preempted_for_several_reads_shifts_time_but_is_not_a_lie() {
+    // Stage 0 from t0 + 100 k, open across the first read. At 1.5 M a
+    // thread enters stage 1 and is preempted between the state word and
+    // its adds (libstage on a loaded host) until after the fourth read;
+    // other threads on the vCPU switch on meanwhile with their adds landed.
+    // The stage-0 visit (1.4 M ticks) lands in the fifth window, beyond
+    // that window's length: time moved between windows, not a lie, so no
+    // clamp. The windows in between could not know it (their share went to
+    // "no stage"); the fifth gets stage 0 beyond its own share, and no
+    // stage is ever given more than it had.
+    let mut g = Guest::new(1);
+    let mut r = reader(1);
+    let w = 1_000_000;
+    let t0 = REGISTER_HOST;
+    g.at(t0 + 100_000, stage_code(0));
+    let mut reads = vec![r.update_deltas(&[g.block], t0 + w)];
+    let before = g.block;
+    g.at(t0 + 1_500_000, stage_code(1));
+    let late = (
+        g.block.cycles[stage_code(0) as usize] - before.cycles[stage_code(0) as usize],
+        g.block.timed[stage_code(0) as usize] - before.timed[stage_code(0) as usize],
+        g.block.counts[stage_code(1) as usize] - before.counts[stage_code(1) as usize],
+    );
+    let mut at = 1_600_000;
+    for read in 2..=5u64 {
+        while at < read * w - 50_000 {
+            let code = if (at / 100_000) % 2 == 0 { 0 } else { 1 };
+            g.at(t0 + at, stage_code(code));
+            at += 100_000;
+        }
+        let mut seen = g.block;
+        if read < 5 {
+            seen.cycles[stage_code(0) as usize] -= late.0;
+            seen.timed[stage_code(0) as usize] -= late.1;
+            seen.counts[stage_code(1) as usize] -= late.2;
+        }
+        reads.push(r.update_deltas(&[seen], t0 + read * w));
+    }
+    let total = |code: u32| -> u64 { reads.iter().map(|d| d[0].ticks[code as usize]).sum() };
+    for d in &reads {
+        assert_eq!(d[0].clamps, 0, "{d:?}");
+        assert_eq!(d[0].ticks.iter().sum::<u64>(), w);
+    }
+    // Stage 0: 100 k..1.5 M, then every other 100 k from 1.6 M (the
+    // visit open at the last read, from 4.9 M, charged to its end 5 M).
+    let stage0 = 1_400_000 + 17 * 100_000;
+    let stage1 = 5 * w - 100_000 - stage0;
+    let granule = 8 * 128;
+    assert!(total(stage_code(0)) <= stage0 + granule, "{reads:?}");
+    assert!(total(stage_code(1)) <= stage1 + granule, "{reads:?}");
+    // Window 5 had 500 k of stage 0 of its own.
+    assert!(
+        reads[4][0].ticks[stage_code(0) as usize] > 500_000 + granule,
+        "{reads:?}"
+    );
+}
+
+#[test]
 fn huge_visit_means_and_long_windows_stay_in_range() {
     // A guest that once claimed a visit of ~2^64 ticks and then counts
     // entries at the window's limit, read over windows of 2^34 ticks (a
