@@ -10,7 +10,11 @@
 //! 2. Counts: each other VM starts at its `min_cores` (the operator's
 //!    guarantee); when there are at least as many pool cores as VMs, every
 //!    VM still at none gets one core while cores are left (so no core is in
-//!    two VMs' sets while the minimums leave a core for each VM). The
+//!    two VMs' sets while the minimums leave a core for each VM) — except a
+//!    VM that lends when idle ([`VmDemand::lend_when_idle`], `min_cores`
+//!    0) and is idle: demand below [`LEND_BELOW`] cores while it owns a
+//!    core, below [`RECLAIM_AT`] once it lent it (two thresholds, so it
+//!    does not flap). The
 //!    remaining cores go one at a time to the VM with the largest weighted
 //!    unmet demand, `weight × (demand − count)` (weighted max-min fairness
 //!    in whole cores), never past `max_cores`; a VM that owns more cores
@@ -18,15 +22,24 @@
 //!    for a clear difference (the fewest moves, as seed 000 §4.5's minimal
 //!    transition does for stages). Cores nobody has demand for go to the
 //!    VMs below `max_cores`, first to one that owns such a core already,
-//!    then in proportion to weight, so a burst finds them.
+//!    then in proportion to weight, so a burst finds them (an idle lender
+//!    among them: it lends only a core another VM's demand takes).
 //! 3. Sets: each VM keeps as many of the cores it owns as its count allows
 //!    (its lowest), then takes free cores, lowest first.
 //! 4. Sharing: when there are more VMs than pool cores, the cores go by
 //!    demand alone (an idle VM holds no core a busy one wants) and a VM
-//!    whose count is 0 shares one core: its current one if it had a single
-//!    pool core, else the core whose VMs have the least total demand. Every
-//!    VM runs somewhere; a shared core is marked so in the result, and is
-//!    not the sharer's own ([`VmCores::owned`]).
+//!    whose count is 0 (so too an idle lender) shares one core: its
+//!    current one if it had a single pool core, else the core whose VMs
+//!    have the least total demand. Every VM runs somewhere; a shared core
+//!    is marked so in the result, and is not the sharer's own
+//!    ([`VmCores::owned`]).
+//!
+//! Lending is the operator's choice per VM: with one core per VM (two VMs
+//! on two cores) exclusive sets leave the daemon no core to move, so a
+//! busy VM can have an idle one's core only if the idle one agrees to run
+//! on a shared core meanwhile; when it wakes, its demand (what it gets on
+//! the shared core) reaches [`RECLAIM_AT`] within a period and it has a
+//! core of its own again the next (`just bench-host` measures both).
 
 use crate::cpuset::CpuSet;
 
@@ -51,6 +64,28 @@ pub struct VmDemand {
     /// [`VmCores::owned`] (a core it only shared is not its own); `None`:
     /// all of them (no allocation yet).
     pub owned: Option<CpuSet>,
+    /// Whether, while idle and with `min_cores` 0, it runs on a shared core
+    /// so that a busy VM can have its own (rule 2).
+    pub lend_when_idle: bool,
+}
+
+/// Demand (cores) below which a lending VM that owns a core lends it.
+pub const LEND_BELOW: f64 = 0.05;
+/// Demand (cores) from which a VM that lent its core has one of its own
+/// again.
+pub const RECLAIM_AT: f64 = 0.10;
+
+impl VmDemand {
+    /// Whether rule 2 leaves this VM without a core of its own in `pool`:
+    /// it lends when idle, has no minimum, and its demand is below
+    /// [`LEND_BELOW`] (it owns a pool core) or [`RECLAIM_AT`] (it does
+    /// not).
+    fn lends(&self, pool: &CpuSet) -> bool {
+        let owns = !owned(self).intersection(pool).is_empty();
+        self.lend_when_idle
+            && self.min_cores == 0
+            && self.demand < if owns { LEND_BELOW } else { RECLAIM_AT }
+    }
 }
 
 /// One VM's new set.
@@ -223,7 +258,7 @@ fn counts(pool: &CpuSet, vms: &[VmDemand], floating: &[usize], hysteresis: f64) 
     // the cores go by demand alone and the VMs left without share.
     if floating.len() <= pool.len() {
         for &i in floating {
-            if count[i] == 0 && left > 0 {
+            if count[i] == 0 && left > 0 && !vms[i].lends(pool) {
                 count[i] = 1;
                 left -= 1;
             }
@@ -253,6 +288,7 @@ fn counts(pool: &CpuSet, vms: &[VmDemand], floating: &[usize], hysteresis: f64) 
     // Cores nobody needs now go to VMs below their maximum: first to a VM
     // that holds more cores than it has been counted (no move), then in
     // proportion to weight (the largest weight ÷ (count + 1), D'Hondt).
+    // An idle lender is among them: a core nobody wants stays its own.
     while left > 0 {
         let best = floating
             .iter()

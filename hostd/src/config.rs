@@ -7,6 +7,7 @@
 //! period_ms = 1000       # how often demand is read and cores re-shared
 //! hysteresis = 0.25      # cores × weight a VM's unmet demand must beat a holder's by
 //! timeout_ms = 500       # a VM's socket that has not answered by then is skipped
+//! lend_when_idle = false # every VM's default for the key below
 //!
 //! [[vm]]
 //! name = "db"            # the API socket's stem: --api-socket DIR/db.sock
@@ -14,6 +15,7 @@
 //! min_cores = 1          # default 0
 //! max_cores = 4          # default: all
 //! # cores = "4-5"        # a fixed set instead
+//! lend_when_idle = true  # idle (and min_cores 0): run on a shared core so a busy VM has this one
 //! ```
 //!
 //! A VM without an entry gets the defaults. Errors name the key and value
@@ -98,6 +100,7 @@ struct HostFile {
     period_ms: Option<u64>,
     hysteresis: Option<f64>,
     timeout_ms: Option<u64>,
+    lend_when_idle: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -108,6 +111,7 @@ struct VmFile {
     min_cores: Option<usize>,
     max_cores: Option<usize>,
     cores: Option<String>,
+    lend_when_idle: Option<bool>,
 }
 
 /// One `[[vm]]` entry (or the defaults).
@@ -121,6 +125,9 @@ pub struct VmBudget {
     pub max_cores: usize,
     /// A fixed set, if any.
     pub cores: Option<CpuSet>,
+    /// Idle (and `min_cores` 0): runs on a shared core so that a busy VM
+    /// can have its own (host-sched's allocator, rule 2).
+    pub lend_when_idle: bool,
 }
 
 impl Default for VmBudget {
@@ -130,6 +137,7 @@ impl Default for VmBudget {
             min_cores: 0,
             max_cores: usize::MAX,
             cores: None,
+            lend_when_idle: false,
         }
     }
 }
@@ -147,6 +155,8 @@ pub struct HostConfig {
     pub hysteresis: f64,
     /// How long a VM's socket has to answer.
     pub timeout: std::time::Duration,
+    /// `lend_when_idle` of a VM that does not set it.
+    pub lend_when_idle: bool,
     /// `[[vm]]` entries by name.
     pub vms: std::collections::BTreeMap<String, VmBudget>,
 }
@@ -154,7 +164,10 @@ pub struct HostConfig {
 impl HostConfig {
     /// The budget of VM `name`: its entry, or the defaults.
     pub fn budget(&self, name: &str) -> VmBudget {
-        self.vms.get(name).cloned().unwrap_or_default()
+        self.vms.get(name).cloned().unwrap_or(VmBudget {
+            lend_when_idle: self.lend_when_idle,
+            ..VmBudget::default()
+        })
     }
 
     /// Parses `text` (from `path`) against the host's CPUs (`topology`).
@@ -224,6 +237,7 @@ impl HostConfig {
                 format!("not within 1..=period_ms ({period_ms})"),
             ));
         }
+        let lend_when_idle = file.host.lend_when_idle.unwrap_or(false);
         let mut vms = std::collections::BTreeMap::new();
         for vm in &file.vms {
             let key = |k: &str| format!("[[vm]] '{}' {k}", vm.name);
@@ -255,6 +269,7 @@ impl HostConfig {
                 min_cores: vm.min_cores.unwrap_or(0),
                 max_cores: vm.max_cores.unwrap_or(usize::MAX),
                 cores: fixed,
+                lend_when_idle: vm.lend_when_idle.unwrap_or(lend_when_idle),
             };
             if vms.insert(vm.name.clone(), budget).is_some() {
                 return Err(value(
@@ -270,6 +285,7 @@ impl HostConfig {
             period: std::time::Duration::from_millis(period_ms),
             hysteresis,
             timeout: std::time::Duration::from_millis(timeout_ms),
+            lend_when_idle,
             vms,
         };
         // The entries against the cores, as the allocator will see them.
@@ -326,6 +342,7 @@ impl HostConfig {
             demand,
             current,
             owned: None,
+            lend_when_idle: budget.lend_when_idle,
         }
     }
 }
@@ -352,6 +369,18 @@ mod tests {
         assert_eq!(c.budget("db").weight, 2.0);
         assert_eq!(c.budget("db").min_cores, 1);
         assert_eq!(c.budget("other"), VmBudget::default());
+        // lend_when_idle: the host's default, unless the entry says.
+        let c = parse(
+            "[host]\nlend_when_idle = true\n[[vm]]\nname = \"db\"\nlend_when_idle = false\n[[vm]]\nname = \"web\"\n",
+        )
+        .unwrap();
+        assert!(!c.budget("db").lend_when_idle);
+        assert!(c.budget("web").lend_when_idle);
+        assert!(c.budget("other").lend_when_idle);
+        assert!(
+            c.demand_of("web", &c.budget("web"), 0.0, CpuSet::new())
+                .lend_when_idle
+        );
     }
 
     #[test]

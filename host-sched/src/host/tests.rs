@@ -23,6 +23,7 @@ fn vm(name: &str, demand: f64, current: &str) -> VmDemand {
             set(current)
         },
         owned: None,
+        lend_when_idle: false,
     }
 }
 
@@ -132,6 +133,49 @@ fn more_vms_than_cores_share_the_least_loaded_core() {
 }
 
 #[test]
+fn an_idle_lender_shares_its_core_and_takes_one_back_when_busy() {
+    let host = set("0-1");
+    let lender = |demand: f64, current: &str, owned: &str| VmDemand {
+        lend_when_idle: true,
+        owned: Some(if owned.is_empty() {
+            CpuSet::new()
+        } else {
+            set(owned)
+        }),
+        ..vm("b", demand, current)
+    };
+    // Without lending two VMs on two cores have one each, whatever the
+    // demand: the busy one cannot have the idle one's core.
+    let out = allocate(&host, &[vm("a", 2.0, "0"), vm("b", 0.01, "1")], 0.0).unwrap();
+    assert_eq!(cores(&out), ["0", "1"]);
+    // b lends when idle: a has both cores, b runs on its old one, shared,
+    // owning none.
+    let out = allocate(&host, &[vm("a", 2.0, "0"), lender(0.01, "1", "1")], 0.0).unwrap();
+    assert_eq!(cores(&out), ["0-1", "1"]);
+    assert!(out[1].shared && out[1].owned.is_empty(), "{out:?}");
+    // Between the thresholds it stays as it is: it keeps an owned core
+    // (0.07 ≥ LEND_BELOW) and stays lent (0.07 < RECLAIM_AT).
+    let out = allocate(&host, &[vm("a", 2.0, "0"), lender(0.07, "1", "1")], 0.0).unwrap();
+    assert_eq!(cores(&out), ["0", "1"]);
+    let out = allocate(&host, &[vm("a", 2.0, "0-1"), lender(0.07, "1", "")], 0.0).unwrap();
+    assert_eq!(cores(&out), ["0-1", "1"]);
+    // Busy again (what it got on the shared core): a core of its own.
+    let out = allocate(&host, &[vm("a", 2.0, "0-1"), lender(0.5, "1", "")], 0.0).unwrap();
+    assert_eq!(cores(&out), ["0", "1"]);
+    assert!(!out[1].shared);
+    // Both idle: nobody else wants the cores, so the lender keeps one.
+    let out = allocate(&host, &[vm("a", 0.0, "0"), lender(0.0, "1", "1")], 0.0).unwrap();
+    assert_eq!(cores(&out), ["0", "1"]);
+    // A minimum is a guarantee: a lender with min_cores 1 never lends.
+    let b = VmDemand {
+        min_cores: 1,
+        ..lender(0.0, "1", "1")
+    };
+    let out = allocate(&host, &[vm("a", 2.0, "0"), b], 0.0).unwrap();
+    assert_eq!(cores(&out), ["0", "1"]);
+}
+
+#[test]
 fn fixed_sets_leave_the_pool() {
     let host = set("0-3");
     let mut a = vm("a", 9.0, "");
@@ -194,15 +238,16 @@ fn demand_is_work_cpu_and_one_more_core_when_saturated() {
 }
 
 proptest! {
-    /// Over arbitrary demands and current sets: every VM gets a core,
-    /// within its bounds when the pool allows; no core in two sets while
-    /// the minimums leave a core for each VM; every core of the pool
-    /// used while someone wants it; and a second call on the result moves
-    /// nothing (stable).
+    /// Over arbitrary demands, current sets and lenders: every VM gets a
+    /// core, within its bounds when the pool allows; no core in two sets
+    /// while the minimums leave a core for each VM, but for idle lenders'
+    /// (which run on one shared core); every core of the pool used while
+    /// someone wants it; and a second call on the result moves nothing
+    /// (stable).
     #[test]
     fn allocations_are_valid_and_stable(
         ncores in 1usize..8,
-        demands in prop::collection::vec((0.0f64..6.0, 1u8..4, 0usize..3, 1usize..6, any::<u8>()), 1..6),
+        demands in prop::collection::vec((0.0f64..6.0, 1u8..4, 0usize..3, 1usize..6, any::<u8>(), any::<bool>()), 1..6),
         hysteresis in 0.0f64..1.0,
     ) {
         let host: CpuSet = {
@@ -213,7 +258,7 @@ proptest! {
         let vms: Vec<VmDemand> = demands
             .iter()
             .enumerate()
-            .map(|(i, &(demand, weight, min, extra, cur))| {
+            .map(|(i, &(demand, weight, min, extra, cur, lend))| {
                 let mut current = CpuSet::new();
                 (0..ncores).filter(|c| cur & (1 << c) != 0).for_each(|c| current.insert(c));
                 VmDemand {
@@ -222,9 +267,11 @@ proptest! {
                     min_cores: min,
                     max_cores: min + extra,
                     fixed: None,
-                    demand,
+                    // A lender's demand is often idle.
+                    demand: if lend && cur & 1 == 0 { demand / 60.0 } else { demand },
                     current,
                     owned: None,
+                    lend_when_idle: lend,
                 }
             })
             .collect();
@@ -240,19 +287,25 @@ proptest! {
             prop_assert!(o.cores.len() <= vm.max_cores.max(1));
             if exclusive {
                 prop_assert!(o.cores.len() >= vm.min_cores);
-                prop_assert!(!o.shared);
+                if o.owned.is_empty() {
+                    // An idle lender, on one shared core.
+                    prop_assert!(vm.lend_when_idle && vm.demand < RECLAIM_AT, "{vm:?} {o:?}");
+                    prop_assert_eq!(o.cores.len(), 1);
+                } else {
+                    prop_assert_eq!(&o.owned, &o.cores);
+                }
             }
         }
         if exclusive {
-            let total: usize = out.iter().map(|o| o.cores.len()).sum();
+            let total: usize = out.iter().map(|o| o.owned.len()).sum();
             let mut union = CpuSet::new();
-            out.iter().for_each(|o| o.cores.iter().for_each(|c| union.insert(c)));
-            prop_assert_eq!(union.len(), total, "disjoint sets");
+            out.iter().for_each(|o| o.owned.iter().for_each(|c| union.insert(c)));
+            prop_assert_eq!(union.len(), total, "disjoint owned sets");
             // A core left out only when every VM is at its maximum or has
             // what it wants.
             if total < ncores {
                 for (vm, o) in vms.iter().zip(&out) {
-                    prop_assert!(o.cores.len() >= vm.max_cores || vm.demand <= o.cores.len() as f64);
+                    prop_assert!(o.owned.len() >= vm.max_cores || vm.demand <= o.owned.len() as f64);
                 }
             }
         }
