@@ -118,6 +118,7 @@ pub(crate) fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
         0u64,
         stage_workload::arrivals::ArrivalDist::Poisson,
         1024usize,
+        stage_workload::arrivals::Phases::default(),
     );
     // The words that set stages, funcs and calls, to name a bad one.
     let mut fp_words = ["", "", ""];
@@ -171,6 +172,7 @@ pub(crate) fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
                 Ok(n @ 1..=staged::arrivals::QUEUE_MAX) => arrival.2 = n,
                 _ => return Err(word),
             },
+            "phases" => arrival.3 = parse_phases(value).ok_or(word)?,
             "idle_spin_us" => opts.idle.shared_us = value.parse().map_err(|_| word)?,
             "owned_idle_us" => opts.idle.owned_us = value.parse().map_err(|_| word)?,
             "spill_us" => opts.idle.spill_us = value.parse().map_err(|_| word)?,
@@ -205,6 +207,7 @@ pub(crate) fn parse_cmdline(cmdline: &str) -> Result<Options, &str> {
             rate: arrival.0,
             dist: arrival.1,
             queue: arrival.2,
+            phases_ms: arrival.3,
         });
     }
     if let Some(word) = fp_word {
@@ -257,4 +260,14 @@ pub(crate) fn staged_config(
         // Hopper's switches are not requests.
         arrival: opts.arrival.filter(|_| opts.hopper == 0),
     })
+}
+
+/// `phases=ON:OFF[:OFFSET]` (ms; ON ≥ 1): busy and idle windows of the
+/// open loop, the first busy window from OFFSET.
+fn parse_phases(value: &str) -> Option<stage_workload::arrivals::Phases> {
+    let mut it = value.split(':').map(|v| v.parse::<u64>().ok());
+    let on = it.next()??;
+    let off = it.next()??;
+    let offset = it.next().unwrap_or(Some(0))?;
+    (on > 0 && it.next().is_none()).then_some(stage_workload::arrivals::Phases { on, off, offset })
 }

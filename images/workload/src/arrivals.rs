@@ -124,6 +124,38 @@ impl Arrivals {
     }
 }
 
+/// On/off phases of an open-loop client: requests arrive only in the
+/// `on` part of every `on + off` period, the first period starting at
+/// `offset` (all in the schedule's units). The schedule's own times are
+/// *active* time, laid out over the on windows, so the rate within a
+/// window is the schedule's rate and a window holds `on` of it. Two
+/// guests with the same `on` = `off` and offsets 0 and `on` are busy in
+/// turn (`just bench-host`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Phases {
+    /// Length of a busy window (units; 0: always on).
+    pub on: u64,
+    /// Length of an idle window (units).
+    pub off: u64,
+    /// Start of the first busy window (units).
+    pub offset: u64,
+}
+
+impl Phases {
+    /// The time (units since the start) at which active time `active`
+    /// falls: `offset + ⌊active / on⌋ × (on + off) + active mod on`
+    /// (saturating). Always on: `active` itself.
+    pub fn wall(&self, active: u64) -> u64 {
+        if self.on == 0 {
+            return active;
+        }
+        (active / self.on)
+            .saturating_mul(self.on.saturating_add(self.off))
+            .saturating_add(active % self.on)
+            .saturating_add(self.offset)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;
@@ -167,5 +199,33 @@ mod tests {
             "{}",
             p.table[1]
         );
+    }
+
+    #[test]
+    fn phases_lay_active_time_over_the_on_windows() {
+        let p = Phases {
+            on: 100,
+            off: 300,
+            offset: 50,
+        };
+        // 0..100 active → 50..150, 100..200 → 450..550, …
+        assert_eq!(
+            [0, 99, 100, 250].map(|t| p.wall(t)),
+            [50, 149, 450, 50 + 2 * 400 + 50]
+        );
+        assert_eq!(Phases::default().wall(1234), 1234);
+        assert_eq!(
+            Phases {
+                on: 1,
+                off: u64::MAX,
+                offset: 0
+            }
+            .wall(5),
+            u64::MAX
+        );
+        // Fixed arrivals at 10/unit-second over windows: none falls in an
+        // off window.
+        let mut a = Arrivals::new(10, ArrivalDist::Fixed, 1000);
+        assert!((0..1000).all(|_| (p.wall(a.next_arrival()) - 50) % 400 < 100));
     }
 }

@@ -29,7 +29,7 @@ use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use guest_agent::Platform;
 use hypercall_abi::stage::{latency_bucket, latency_bucket_lower_ns, LATENCY_BUCKETS, MAX_VCPUS};
-use stage_workload::arrivals::{ArrivalDist, Arrivals};
+use stage_workload::arrivals::{ArrivalDist, Arrivals, Phases};
 
 use super::config::MAX_THREADS_PER_VCPU;
 use super::platform::PortIo;
@@ -45,6 +45,8 @@ pub struct ArrivalConfig {
     pub dist: ArrivalDist,
     /// The queue's capacity (requests, 1..=[`QUEUE_MAX`]).
     pub queue: usize,
+    /// Busy and idle windows (ms; `on` 0: always busy): `phases=`.
+    pub phases_ms: Phases,
 }
 
 /// Largest queue of released requests.
@@ -56,6 +58,8 @@ const MAX_WAITING: usize = MAX_VCPUS * MAX_THREADS_PER_VCPU;
 struct Gen {
     /// The gaps (`None` before [`configure`]).
     schedule: Option<Arrivals>,
+    /// The on/off windows, in TSC ticks.
+    phases: Phases,
     /// TSC of the first arrival.
     start: u64,
     /// Requests to release in all, and released so far (queued or
@@ -77,10 +81,22 @@ struct Gen {
 }
 
 impl Gen {
+    /// The TSC of the schedule's next arrival, laid over the on windows.
+    fn next_from_start(&mut self) -> u64 {
+        let active = self.schedule.as_mut().map_or(u64::MAX, Arrivals::next_arrival);
+        let phases = self.phases;
+        self.start.saturating_add(phases.wall(active))
+    }
+
     /// The generator before [`configure`]; built in the static, not on a
     /// vCPU's stack (the arrays alone are ≈ 40 KiB).
     const EMPTY: Gen = Gen {
         schedule: None,
+        phases: Phases {
+            on: 0,
+            off: 0,
+            offset: 0,
+        },
         start: 0,
         total: 0,
         released: 0,
@@ -163,6 +179,12 @@ pub(super) fn configure(cfg: &ArrivalConfig, total: u64, khz: u64) {
         cfg.dist,
         khz.max(1).saturating_mul(1000),
     ));
+    let ticks = |ms: u64| ms.saturating_mul(khz.max(1));
+    g.phases = Phases {
+        on: ticks(cfg.phases_ms.on),
+        off: ticks(cfg.phases_ms.off),
+        offset: ticks(cfg.phases_ms.offset),
+    };
     OPEN.store(true, Ordering::Release);
 }
 
@@ -175,7 +197,7 @@ pub fn is_open() -> bool {
 pub(super) fn start(now: u64) {
     with(|g| {
         g.start = now;
-        g.next = now.saturating_add(g.schedule.as_mut().map_or(u64::MAX, Arrivals::next_arrival));
+        g.next = g.next_from_start();
         NEXT.store(g.next, Ordering::Release);
     });
 }
@@ -202,9 +224,7 @@ pub(super) fn release_due(now: u64) {
                 DROPPED.fetch_add(1, Ordering::Relaxed);
             }
             g.released += 1;
-            g.next = g
-                .start
-                .saturating_add(g.schedule.as_mut().map_or(u64::MAX, Arrivals::next_arrival));
+            g.next = g.next_from_start();
         }
         if g.released >= g.total {
             g.next = u64::MAX;
