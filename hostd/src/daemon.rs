@@ -339,6 +339,7 @@ impl Daemon {
                         errors: k.errors,
                         skipped: k.skipped,
                         waited: k.waited,
+                        lend_when_idle: b.lend_when_idle,
                     }
                 })
                 .collect(),

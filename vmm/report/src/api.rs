@@ -168,4 +168,7 @@ pub struct HostVm {
     pub skipped: u64,
     /// Periods its demand exceeded its cores by a whole core or more.
     pub waited: u64,
+    /// Whether it runs on a shared core while idle (`lend_when_idle`).
+    #[serde(default)]
+    pub lend_when_idle: bool,
 }

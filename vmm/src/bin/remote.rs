@@ -254,7 +254,11 @@ fn print_host(view: &HostView) {
             vm.errors,
             vm.skipped,
             vm.waited,
-            if vm.shared { "yes" } else { "no" }
+            match (vm.shared, vm.lend_when_idle) {
+                (true, true) => "lent",
+                (true, false) => "yes",
+                (false, _) => "no",
+            }
         );
     }
 }
