@@ -233,6 +233,58 @@ fn cores_follow_demand_arrivals_and_exits() {
 /// the busy one); a socket that accepts and never answers is skipped and
 /// counted; a second daemon on the directory is refused naming the first;
 /// the daemon killed and restarted adopts the VMs without moving a core.
+/// A VM that lends its core while idle (`lend_when_idle`): the busy VM
+/// has both cores while the lender idles on a shared one, and the lender
+/// has a core of its own again within 5 periods of getting busy.
+#[test]
+fn an_idle_lender_lends_its_core_and_takes_one_back() {
+    if skip_without_kvm() {
+        return;
+    }
+    let _lock = vm_lock();
+    let (dir, config) = setup("lend_when_idle = true\n");
+    let api = dir.with_extension("sock");
+    let (_daemon, _log) = start_daemon(&dir, &config, &api);
+    let busy = boot(&dir, "busy", FOREVER);
+    // Idle for its first 4 s, then 1 M requests offered at 200,000/s.
+    let lender = boot(
+        &dir,
+        "lender",
+        "iters=1 work=200 threads=4 requests=125000 arrival=200000 phases=100000:0:4000 hold=1",
+    );
+    let booted = Instant::now();
+    within(
+        5,
+        "the busy VM on both cores, the idle lender on one of them",
+        || {
+            let (b, l) = (vcpu_affinity(&busy), vcpu_affinity(&lender));
+            let v = view(&api);
+            let Some(lv) = v.vms.iter().find(|vm| vm.name == "lender") else {
+                return Err(format!("no lender yet in {v:?}"));
+            };
+            (b == "0-1" && l.len() == 1 && lv.shared && lv.lend_when_idle)
+                .then_some(())
+                .ok_or(format!("busy {b}, lender {l}: {lv:?}"))
+        },
+    );
+    assert!(
+        booted.elapsed() < Duration::from_millis(3500),
+        "the lender's idle window is over already: the check above cannot tell"
+    );
+    let wait_periods = 4000 / PERIOD_MS + 5;
+    within(wait_periods, "the lender busy: a core of its own", || {
+        let (b, l) = (vcpu_affinity(&busy), vcpu_affinity(&lender));
+        let v = view(&api);
+        let Some(lv) = v.vms.iter().find(|vm| vm.name == "lender") else {
+            return Err(format!("no lender yet in {v:?}"));
+        };
+        (one_each(&b, &l) && !lv.shared && lv.demand >= host_sched::host::RECLAIM_AT)
+            .then_some(())
+            .ok_or(format!("busy {b}, lender {l}: {lv:?}"))
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn budgets_hung_sockets_second_daemon_and_restart() {
     if skip_without_kvm() {
