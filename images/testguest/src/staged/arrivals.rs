@@ -83,7 +83,10 @@ struct Gen {
 impl Gen {
     /// The TSC of the schedule's next arrival, laid over the on windows.
     fn next_from_start(&mut self) -> u64 {
-        let active = self.schedule.as_mut().map_or(u64::MAX, Arrivals::next_arrival);
+        let active = self
+            .schedule
+            .as_mut()
+            .map_or(u64::MAX, Arrivals::next_arrival);
         let phases = self.phases;
         self.start.saturating_add(phases.wall(active))
     }
