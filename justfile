@@ -46,6 +46,21 @@ run *ARGS: build
 test: guest linux-agent
     cargo test --workspace
 
+# Debian packages into target/debian/ (packaging/deb/build.sh): stagevm (host, cargo-deb), stagevm-agent-dkms,
+# stagevm-guest-tools and libstage-dev (guest). Installs cargo-deb (crates.io) when missing.
+packages: build linux-agent
+    #!/usr/bin/env bash
+    set -euo pipefail
+    cargo build --release -q -p stagevm-hostd
+    command -v cargo-deb >/dev/null || cargo install cargo-deb --locked --version 3.7.0
+    packaging/deb/build.sh
+
+# The packages end to end (packaging/deb/test.sh; root): install with apt (DKMS builds the agent for the cloud
+# kernel headers), --version, systemd-analyze verify, the default budgets boot the test guest, pkg-config links
+# libstage, stagectl reads a stage-map file; purge and check nothing is left.
+test-packages: packages
+    packaging/deb/test.sh
+
 # Build the Linux guest agent into target/linux-agent: the kernel module against Debian's cloud kernel headers (or KDIR), libstage and stagectl.
 linux-agent: setup
     #!/usr/bin/env bash

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The packages, end to end on this machine (root; `just test-packages`):
+# installs the four packages of target/debian/ with apt (which brings DKMS),
+# checks each one does its job, and purges them, checking nothing is left.
+#   stagevm              --version; the units pass systemd-analyze verify;
+#                        the default /etc/stagevm/budgets.toml boots the
+#                        test guest
+#   stagevm-agent-dkms   DKMS built and installed stagevm_agent.ko for the
+#                        Debian cloud kernel headers `just setup` installs
+#   libstage-dev         pkg-config --cflags --libs libstage links a program
+#   stagevm-guest-tools  stagectl --map-file accepts a stage-map file
+# Prints "N passed, 0 failed" at the end; exits non-zero at the first check
+# that fails, after purging.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+arch=$(dpkg --print-architecture)
+debs=(stagevm_"$version"_"$arch".deb stagevm-agent-dkms_"$version"_all.deb
+    stagevm-guest-tools_"$version"_"$arch".deb libstage-dev_"$version"_"$arch".deb)
+packages=(stagevm stagevm-agent-dkms stagevm-guest-tools libstage-dev)
+if [ "$(id -u)" != 0 ]; then
+    echo "skipped: the package test installs packages and needs root" >&2
+    exit 0
+fi
+work=$(mktemp -d)
+passed=0
+purge() {
+    DEBIAN_FRONTEND=noninteractive apt-get purge -y -q "${packages[@]}" >/dev/null 2>&1 || true
+    rm -rf "$work"
+}
+trap purge EXIT
+check() {
+    local what=$1
+    shift
+    if "$@" >"$work/out" 2>&1; then
+        echo "ok: $what"
+        passed=$((passed + 1))
+    else
+        echo "FAILED: $what" >&2
+        cat "$work/out" >&2
+        echo "$passed passed, 1 failed"
+        exit 1
+    fi
+}
+
+paths=()
+for d in "${debs[@]}"; do paths+=("$root/target/debian/$d"); done
+for p in "${paths[@]}"; do
+    dpkg-deb --info "$p" >/dev/null
+    echo "package: $(basename "$p") $(du -k "$p" | cut -f1) KiB"
+done
+apt-get update -q >/dev/null
+check "the four packages install (apt resolves dkms)" \
+    env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${paths[@]}"
+
+# stagevm
+check "stagevm --version says $version" sh -c "stagevm --version | grep -qx 'stagevm $version'"
+check "stagevm-remote and stagevm-hostd are installed" sh -c \
+    'stagevm-remote --version && stagevm-hostd --version'
+check "the units pass systemd-analyze verify" systemd-analyze verify \
+    /lib/systemd/system/stagevm-hostd.service /lib/systemd/system/stagevm@.service
+check "/etc/stagevm/budgets.toml boots the test guest" \
+    stagevm --kernel images/testguest/target/x86_64-unknown-none/release/testguest \
+    --cpus boot=2 --memory size=128M --stages /etc/stagevm/budgets.toml \
+    --cmdline "iters=100 threads=2 requests=200 work=50"
+
+# stagevm-agent-dkms: built for the Debian cloud kernel whose headers are here
+kernel=$(basename "$(ls -d /usr/src/linux-headers-*-cloud-amd64 | sort -V | tail -n 1)" | sed 's/^linux-headers-//')
+check "dkms installed stagevm-agent/$version for $kernel" sh -c \
+    "dkms status -m stagevm-agent -v $version -k $kernel | grep -q installed"
+check "stagevm_agent.ko is in $kernel's module tree and names the agent" sh -c \
+    "modinfo -k $kernel stagevm_agent | grep -q '^filename:.*updates/dkms/stagevm_agent.ko'"
+
+# libstage-dev
+cat >"$work/user.c" <<'EOF'
+#include <stage.h>
+#include <stdio.h>
+int main(void)
+{
+	/* Linked, not run: there is no stage device on the host. */
+	printf("%p %p\n", (void *)stage_enter, (void *)stage_exit);
+	return 0;
+}
+EOF
+check "pkg-config --cflags --libs libstage links a program" sh -c \
+    "cc -o '$work/user' '$work/user.c' \$(pkg-config --cflags --libs libstage) && '$work/user'"
+
+# stagevm-guest-tools
+cat >"$work/server.stagemap" <<'EOF'
+stagemap 1
+binary /usr/sbin/server
+stage parse parse_request
+stage execute run_query
+request serve handle_client
+EOF
+check "stagectl --map-file accepts a stage-map file" stagectl --map-file "$work/server.stagemap"
+
+# Purge: nothing left behind.
+check "the packages purge" env DEBIAN_FRONTEND=noninteractive apt-get purge -y -q "${packages[@]}"
+check "nothing is left (binaries, units, /etc/stagevm, DKMS source, module)" sh -c "
+    ! command -v stagevm && ! command -v stagectl &&
+    [ ! -e /lib/systemd/system/stagevm@.service ] && [ ! -e /etc/stagevm ] &&
+    [ ! -e /usr/src/stagevm-agent-$version ] && [ ! -e /usr/include/stagevm ] &&
+    ! dkms status -m stagevm-agent | grep -q . &&
+    ! ls /lib/modules/$kernel/updates/dkms/stagevm_agent.ko* 2>/dev/null"
+echo "$passed passed, 0 failed"
