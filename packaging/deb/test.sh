@@ -92,7 +92,7 @@ stagemap 1
 binary /usr/sbin/server
 stage parse parse_request
 stage execute run_query
-request serve handle_client
+request parse handle_client
 EOF
 check "stagectl --map-file accepts a stage-map file" stagectl --map-file "$work/server.stagemap"
 
