@@ -7,6 +7,8 @@
 //! |---|---|---|---|
 //! | `stagevm_host_vm_cores` | gauge | `vm` | `vms[].cores` (count) |
 //! | `stagevm_host_vm_demand` | gauge | `vm` | `vms[].demand` (cores) |
+//! | `stagevm_host_vm_shared` | gauge | `vm` | `vms[].shared` (1: on a core another VM has too) |
+//! | `stagevm_host_vm_lent` | gauge | `vm` | `vms[].lent` (1: it lent its core while idle and runs on a shared one) |
 //! | `stagevm_host_vm_moves_total` | counter | `vm` | `vms[].moves` |
 //! | `stagevm_host_vm_errors_total` | counter | `vm` | `vms[].errors` |
 //! | `stagevm_host_vm_skipped_total` | counter | `vm` | `vms[].skipped` |
@@ -69,6 +71,14 @@ pub fn exposition(view: &HostView) -> prometheus::Result<Vec<u8>> {
         "stagevm_host_vm_demand",
         "The VM's demand (cores of work CPU, one more when saturated)",
     )?;
+    let shared = gauge(
+        "stagevm_host_vm_shared",
+        "1 when one of the VM's cores is in another VM's set too",
+    )?;
+    let lent = gauge(
+        "stagevm_host_vm_lent",
+        "1 when the VM lent its core while idle (lend_when_idle) and runs on a shared one",
+    )?;
     let moves = counter("stagevm_host_vm_moves_total", "Cores moved to the VM")?;
     let errors = counter(
         "stagevm_host_vm_errors_total",
@@ -88,6 +98,10 @@ pub fn exposition(view: &HostView) -> prometheus::Result<Vec<u8>> {
             .with_label_values(&l)
             .set(CpuSet::parse(&vm.cores).map_or(0, |c| c.len()) as f64);
         demand.with_label_values(&l).set(vm.demand);
+        shared
+            .with_label_values(&l)
+            .set(f64::from(u8::from(vm.shared)));
+        lent.with_label_values(&l).set(f64::from(u8::from(vm.lent)));
         moves.with_label_values(&l).inc_by(vm.moves);
         errors.with_label_values(&l).inc_by(vm.errors);
         skipped.with_label_values(&l).inc_by(vm.skipped);

@@ -340,6 +340,9 @@ impl Daemon {
                         skipped: k.skipped,
                         waited: k.waited,
                         lend_when_idle: b.lend_when_idle,
+                        lent: b.lend_when_idle
+                            && k.shared
+                            && k.owned.as_ref().is_some_and(CpuSet::is_empty),
                     }
                 })
                 .collect(),

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use stagevm_report::api::HostView;
-use stagevm_testkit::api::Api;
+use stagevm_testkit::api::{metric, Api};
 use stagevm_testkit::machine::{test_guest, vm_lock, workspace_binary};
 use stagevm_testkit::{Hostd, Running, Stagevm};
 
@@ -139,6 +139,36 @@ fn within(periods: u64, what: &str, mut check: impl FnMut() -> Result<(), String
     }
 }
 
+/// `promtool check metrics` on `scrape` (Debian's `prometheus` package;
+/// says "skipped" where it is not installed).
+fn promtool_check(scrape: &str) {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let Ok(mut child) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        eprintln!("skipped: promtool is not installed (Debian's prometheus package; `just setup` installs it)");
+        return;
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(scrape.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}\n{scrape}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn view(api: &Path) -> HostView {
     Api::new(api).unwrap().get_json("/api/v1/host").unwrap()
 }
@@ -262,7 +292,7 @@ fn an_idle_lender_lends_its_core_and_takes_one_back() {
             let Some(lv) = v.vms.iter().find(|vm| vm.name == "lender") else {
                 return Err(format!("no lender yet in {v:?}"));
             };
-            (b == "0-1" && l.len() == 1 && lv.shared && lv.lend_when_idle)
+            (b == "0-1" && l.len() == 1 && lv.shared && lv.lent)
                 .then_some(())
                 .ok_or(format!("busy {b}, lender {l}: {lv:?}"))
         },
@@ -271,6 +301,25 @@ fn an_idle_lender_lends_its_core_and_takes_one_back() {
         booted.elapsed() < Duration::from_millis(3500),
         "the lender's idle window is over already: the check above cannot tell"
     );
+    // The operator sees it in /metrics, and the exposition lints clean.
+    let scrape = Api::new(&api).unwrap().get("/metrics").unwrap();
+    let sample = |name: &str, vm: &str| metric(&scrape, name, &format!("vm=\"{vm}\""));
+    assert_eq!(
+        sample("stagevm_host_vm_lent", "lender"),
+        Some(1.0),
+        "{scrape}"
+    );
+    assert_eq!(
+        sample("stagevm_host_vm_lent", "busy"),
+        Some(0.0),
+        "{scrape}"
+    );
+    assert_eq!(
+        sample("stagevm_host_vm_cores", "busy"),
+        Some(2.0),
+        "{scrape}"
+    );
+    promtool_check(&scrape);
     let wait_periods = 4000 / PERIOD_MS + 5;
     within(wait_periods, "the lender busy: a core of its own", || {
         let (b, l) = (vcpu_affinity(&busy), vcpu_affinity(&lender));
@@ -278,7 +327,7 @@ fn an_idle_lender_lends_its_core_and_takes_one_back() {
         let Some(lv) = v.vms.iter().find(|vm| vm.name == "lender") else {
             return Err(format!("no lender yet in {v:?}"));
         };
-        (one_each(&b, &l) && !lv.shared && lv.demand >= host_sched::host::RECLAIM_AT)
+        (one_each(&b, &l) && !lv.shared && !lv.lent && lv.demand >= host_sched::host::RECLAIM_AT)
             .then_some(())
             .ok_or(format!("busy {b}, lender {l}: {lv:?}"))
     });

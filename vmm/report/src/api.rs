@@ -171,4 +171,7 @@ pub struct HostVm {
     /// Whether it runs on a shared core while idle (`lend_when_idle`).
     #[serde(default)]
     pub lend_when_idle: bool,
+    /// Whether it lent its core: idle, owning none, on a shared one.
+    #[serde(default)]
+    pub lent: bool,
 }

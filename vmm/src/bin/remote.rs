@@ -254,10 +254,10 @@ fn print_host(view: &HostView) {
             vm.errors,
             vm.skipped,
             vm.waited,
-            match (vm.shared, vm.lend_when_idle) {
-                (true, true) => "lent",
+            match (vm.shared, vm.lent) {
+                (_, true) => "lent",
                 (true, false) => "yes",
-                (false, _) => "no",
+                (false, false) => "no",
             }
         );
     }
