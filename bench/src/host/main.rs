@@ -6,13 +6,16 @@
 //! open-loop guest whose requests arrive only in its busy windows
 //! (`phases=`, offsets 0 and one window), at `--load` × the rate the shape
 //! reaches on both cores (measured first, closed loop, in this run), so a
-//! VM confined to one core cannot keep up. Each round runs three modes in
+//! VM confined to one core cannot keep up. Each round runs four modes in
 //! a rotating order:
 //! * `fixed`: VM A on core 0, VM B on core 1 (`--stage-cores`), no daemon;
 //! * `hostd`: the daemon with its default rules (one core each while there
 //!   are as many cores as VMs: on 2 cores it gives the fixed split's sets);
 //! * `hostd+lend`: the daemon with `lend_when_idle = true`: the idle VM
-//!   runs on a shared core while the busy one has both.
+//!   runs on a shared core while the busy one has both;
+//! * `fixed-api`: the fixed split again, but given over the API once both
+//!   VMs booted on both cores, as the daemon's VMs start (a control for
+//!   the start-up).
 //!
 //! Per mode: requests served by both VMs (the guests' own counts), per-VM
 //! served and p99 latency from arrival, core moves per minute and the
@@ -98,8 +101,8 @@ pub struct Args {
     results: PathBuf,
 }
 
-/// The three ways of sharing the two cores.
-pub const MODES: [&str; 3] = ["fixed", "hostd", "hostd+lend"];
+/// The ways of sharing the two cores (`fixed-api`: the control).
+pub const MODES: [&str; 4] = ["fixed", "hostd", "hostd+lend", "fixed-api"];
 
 /// One VM's shape, with its rate on both cores (requests/s).
 #[derive(Clone, Debug)]
@@ -236,7 +239,7 @@ fn run_in(args: &Args, vms: &[Vm], mode: &str, dir: &Path) -> Result<ModeRun> {
     let daemon_socket = dir.join("hostd.sock");
     let vm_dir = dir.join("vms");
     std::fs::create_dir_all(&vm_dir)?;
-    let daemon = if mode == "fixed" {
+    let daemon = if mode.starts_with("fixed") {
         None
     } else {
         let config = dir.join("host.toml");
@@ -284,12 +287,22 @@ fn run_in(args: &Args, vms: &[Vm], mode: &str, dir: &Path) -> Result<ModeRun> {
             .arg(&args.stages)
             .report(&report)
             .cmdline(&cmdline);
-        launch = if daemon.is_some() {
+        launch = if daemon.is_some() || mode == "fixed-api" {
             launch.api_socket(vm_dir.join(format!("{name}.sock")))
         } else {
             launch.args(["--stage-cores", &i.to_string()])
         };
         running.push((launch.spawn()?, report));
+    }
+    if mode == "fixed-api" {
+        for i in 0..vms.len() {
+            let api =
+                Api::wait_ready(&vm_dir.join(format!("vm{i}.sock")), Duration::from_secs(10))?;
+            api.put(
+                "/api/v1/stages.budgets",
+                format!("{{\"host\":{{\"cores\":\"{i}\"}}}}").as_bytes(),
+            )?;
+        }
     }
     let timeout =
         Duration::from_millis(2 * args.windows * args.window_ms) + Duration::from_secs(120);

@@ -71,7 +71,7 @@ pub fn report(v: &View<'_>) -> String {
     );
     let _ = writeln!(
         s,
-        "Two VMs of {} vCPUs and {} guest threads, `--policy {}`, busy in turn: windows of {} ms, VM A busy in the 1st, 3rd, … and VM B in the 2nd, 4th, … ({} each), open loop (Poisson) at {:.2}× the rate its shape reaches on both cores (measured closed loop in this run), so that one core cannot serve it; queue {}. Modes, rotating in each round: `fixed` (VM A `--stage-cores 0`, VM B `--stage-cores 1`), `hostd` (the daemon's default rules, period {} ms: one core each while there are as many cores as VMs), `hostd+lend` (`lend_when_idle = true`: the idle VM runs on a shared core and the busy one has both).\n",
+        "Two VMs of {} vCPUs and {} guest threads, `--policy {}`, busy in turn: windows of {} ms, VM A busy in the 1st, 3rd, … and VM B in the 2nd, 4th, … ({} each), open loop (Poisson) at {:.2}× the rate its shape reaches on both cores (measured closed loop in this run), so that one core cannot serve it; queue {}. Modes, rotating in each round: `fixed` (VM A `--stage-cores 0`, VM B `--stage-cores 1`), `hostd` (the daemon's default rules, period {} ms: one core each while there are as many cores as VMs), `hostd+lend` (`lend_when_idle = true`: the idle VM runs on a shared core and the busy one has both), `fixed-api` (a control: the fixed split given with `PUT /api/v1/stages.budgets` once both VMs booted on both cores, as the daemon's VMs start).\n",
         a.vcpus, a.threads, a.policy, a.window_ms, a.windows, a.load, a.queue, a.period_ms
     );
     for (name, vm) in ["A", "B"].iter().zip(v.vms) {
@@ -99,7 +99,13 @@ pub fn report(v: &View<'_>) -> String {
         } else {
             Spread::of(&v.ratios(m)).ratio()
         };
-        let daemon = |x: String| if m == 0 { "-".to_string() } else { x };
+        let daemon = |x: String| {
+            if mode.starts_with("fixed") {
+                "-".to_string()
+            } else {
+                x
+            }
+        };
         let _ = writeln!(
             s,
             "| `{mode}` | {} | {ratio} | {} | {} | {} | {} | {} | {} | {} |",
