@@ -35,7 +35,6 @@ use stagevm_bench::guest::{requests_for, Boot, GuestRun};
 use stagevm_bench::load::Meter;
 use stagevm_bench::target::Target;
 use stagevm_report::api::HostView;
-use stagevm_report::Report;
 use stagevm_testkit::api::Api;
 use stagevm_testkit::console::field;
 use stagevm_testkit::Hostd;
@@ -268,7 +267,7 @@ fn run_in(args: &Args, vms: &[Vm], mode: &str, dir: &Path) -> Result<ModeRun> {
         let rate = (vm.capacity * args.load).round().max(1.0) as u64;
         let requests = requests_for(active_s, rate as f64, u64::from(per_vcpu * args.vcpus), 1);
         let cmdline = format!(
-            "{} arrival={rate} arrival_dist=poisson queue={} phases={}:{}:{}",
+            "{} arrival={rate} arrival_dist=poisson queue={} phases={}:{}:{} hold=1",
             shape_cmdline(&vm.params, per_vcpu, requests),
             args.queue,
             args.window_ms,
@@ -276,7 +275,6 @@ fn run_in(args: &Args, vms: &[Vm], mode: &str, dir: &Path) -> Result<ModeRun> {
             i as u64 * args.window_ms
         );
         let name = format!("vm{i}");
-        let report = dir.join(format!("{name}.json"));
         let mut launch = args
             .target
             .launch()
@@ -285,14 +283,15 @@ fn run_in(args: &Args, vms: &[Vm], mode: &str, dir: &Path) -> Result<ModeRun> {
             .args(["--policy", &args.policy])
             .arg("--stages")
             .arg(&args.stages)
-            .report(&report)
             .cmdline(&cmdline);
         launch = if daemon.is_some() || mode == "fixed-api" {
             launch.api_socket(vm_dir.join(format!("{name}.sock")))
         } else {
             launch.args(["--stage-cores", &i.to_string()])
         };
-        running.push((launch.spawn()?, report));
+        let mut vm = launch.spawn()?;
+        let lines = vm.stdout_lines()?;
+        running.push((vm, lines));
     }
     if mode == "fixed-api" {
         for i in 0..vms.len() {
@@ -307,23 +306,26 @@ fn run_in(args: &Args, vms: &[Vm], mode: &str, dir: &Path) -> Result<ModeRun> {
     let timeout =
         Duration::from_millis(2 * args.windows * args.window_ms) + Duration::from_secs(120);
     let mut out = ModeRun::default();
-    let mut stdouts = Vec::new();
-    for (vm, report) in running {
-        let run = vm.wait(timeout)?;
-        if !run.status.success() {
-            bail!(
-                "a VM of mode {mode} failed ({}):\n{}\n{}",
-                run.status,
-                run.stdout,
-                run.stderr
-            );
-        }
-        Report::read(&report).with_context(|| format!("reading {}", report.display()))?;
-        stdouts.push(run.stdout);
+    // The guests hold (`hold=1`) once their load is over: neither VM's end
+    // frees a core for the other while it still has windows to serve (the
+    // daemon would rightly give it away). Both stop when both are done.
+    let mut lines = Vec::new();
+    for (i, (_, vm_lines)) in running.iter().enumerate() {
+        let line = vm_lines
+            .wait_for(
+                "testguest: open loop",
+                timeout,
+                &["panicked", "exit status"],
+            )
+            .with_context(|| format!("VM {i} of mode {mode} did not finish its load"))?;
+        lines.push(line);
     }
     out.seconds = started.elapsed().as_secs_f64();
-    for (i, stdout) in stdouts.iter().enumerate() {
-        let (served, dropped, p99_us) = open_loop(stdout)?;
+    for (vm, _) in running {
+        vm.kill()?;
+    }
+    for (i, line) in lines.iter().enumerate() {
+        let (served, dropped, p99_us) = open_loop(line)?;
         out.vms[i] = VmRun {
             served,
             dropped,
