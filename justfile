@@ -158,8 +158,8 @@ bench-open *ARGS: build
     cargo run --release -q -p stagevm-bench --bin open-bench -- --stagevm {{stagevm}} --kernel {{guest}} --shapes 64:10:64 --cells off,pinned,auto --section open-loop-short --plot bench/open-loop-short.png {{ARGS}}
 
 # Several VMs (issue 38): two VMs (4 MiB and 128 KiB shapes) busy in turn on the 2 cores, stagevm-hostd (default
-# rules, and lend_when_idle) against a fixed half-and-half split, 3 interleaved rounds: requests served, p99, core
-# moves, periods waited; targets H1-H3; writes bench/RESULTS.md's section (~5 min; run alone).
+# rules, and lend_when_idle) against a fixed half-and-half split (and a fixed-api control), 3 interleaved rounds:
+# requests served, p99, core moves, periods waited; targets H1-H3; writes bench/RESULTS.md's section (~5 min; run alone).
 bench-host *ARGS: build
     cargo build --release -q -p stagevm-hostd
     cargo run --release -q -p stagevm-bench --bin host-bench -- --stagevm {{stagevm}} --kernel {{guest}} {{ARGS}}
