@@ -12,7 +12,7 @@ mod harness;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -169,29 +169,8 @@ fn the_exposition_passes_promtool() {
     ] {
         assert!(scrape.contains(name), "{name} missing:\n{scrape}");
     }
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(scrape.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && said.trim().is_empty(),
-        "promtool: {said}\n{scrape}"
-    );
+    let (ok, said) = stagevm_testkit::api::promtool_check(&scrape).expect("promtool runs");
+    assert!(ok, "promtool: {said}\n{scrape}");
     vm.shutdown();
 }
 

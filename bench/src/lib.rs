@@ -7,6 +7,7 @@ pub mod target;
 
 pub mod guest;
 pub mod native;
+pub mod shape;
 
 /// The CPU model and caches (from `lscpu`).
 pub fn machine() -> String {

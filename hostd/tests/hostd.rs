@@ -139,34 +139,15 @@ fn within(periods: u64, what: &str, mut check: impl FnMut() -> Result<(), String
     }
 }
 
-/// `promtool check metrics` on `scrape` (Debian's `prometheus` package;
-/// says "skipped" where it is not installed).
+/// `promtool check metrics` on `scrape`: clean (says "skipped" where
+/// promtool is not installed).
 fn promtool_check(scrape: &str) {
-    use std::io::Write as _;
-    use std::process::{Command, Stdio};
-    let Ok(mut child) = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    else {
-        eprintln!("skipped: promtool is not installed (Debian's prometheus package; `just setup` installs it)");
-        return;
-    };
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(scrape.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool: {}{}\n{scrape}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    match stagevm_testkit::api::promtool_check(scrape) {
+        None => eprintln!(
+            "skipped: promtool is not installed (Debian's prometheus package; `just setup` installs it)"
+        ),
+        Some((ok, said)) => assert!(ok, "promtool: {said}\n{scrape}"),
+    }
 }
 
 fn view(api: &Path) -> HostView {

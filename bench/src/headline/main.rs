@@ -179,15 +179,7 @@ fn footprint_run(
     sched: &Sched,
     want: &[u64],
 ) -> Result<GuestRun> {
-    let cmdline = format!(
-        "iters=1 workload=footprint stages={} funcs={} calls={} data={} threads={} requests={}",
-        p.stages,
-        p.funcs,
-        p.calls,
-        p.data_words,
-        args.threads / vcpus,
-        requests
-    );
+    let cmdline = stagevm_bench::shape::cmdline(p, args.threads / vcpus, requests);
     let extra = sched.extra();
     let out = Boot {
         target: &args.target,

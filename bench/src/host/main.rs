@@ -30,7 +30,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use stage_workload::{funcs_for_bytes, Params};
+use stage_workload::Params;
 use stagevm_bench::guest::{requests_for, Boot, GuestRun};
 use stagevm_bench::load::Meter;
 use stagevm_bench::target::Target;
@@ -148,42 +148,18 @@ impl ModeRun {
     }
 }
 
-fn parse_shape(s: &str) -> Result<Params> {
-    let bad = || anyhow::anyhow!("--shapes {s}: expected KIB:CALLS:DATA, e.g. 4096:400:512");
-    let mut it = s.split(':').map(str::parse::<usize>);
-    let mut next = || it.next().ok_or_else(bad)?.map_err(|_| bad());
-    let (kib, calls, data) = (next()?, next()?, next()?);
-    let params = Params {
-        stages: 2,
-        funcs: funcs_for_bytes(2, kib * 1024),
-        calls: calls as u32,
-        data_words: data,
-    };
-    params
-        .validate()
-        .map_err(|e| anyhow::anyhow!("--shapes {s}: {e}"))?;
-    Ok(params)
-}
-
-fn shape_cmdline(p: &Params, threads: u32, requests: u64) -> String {
-    format!(
-        "iters=1 workload=footprint stages={} funcs={} calls={} data={} threads={threads} requests={requests}",
-        p.stages, p.funcs, p.calls, p.data_words
-    )
-}
-
 /// Each shape's closed-loop steady rate on both cores (no daemon).
 fn size(args: &Args, bar: &ProgressBar) -> Result<Vec<Vm>> {
     let per_vcpu = (args.threads / args.vcpus).max(1);
     let mut vms = Vec::new();
     for s in &args.shapes {
         bar.set_message(format!("sizing {s}"));
-        let params = parse_shape(s)?;
+        let params = stagevm_bench::shape::parse("--shapes", s, 2)?;
         let mut requests = 200;
         let mut run = GuestRun::default();
         // A first short run, then one of ~3 s at its rate.
         for _ in 0..2 {
-            let cmd = shape_cmdline(&params, per_vcpu, requests);
+            let cmd = stagevm_bench::shape::cmdline(&params, per_vcpu, requests);
             let boot = Boot {
                 target: &args.target,
                 vcpus: args.vcpus,
@@ -268,7 +244,7 @@ fn run_in(args: &Args, vms: &[Vm], mode: &str, dir: &Path) -> Result<ModeRun> {
         let requests = requests_for(active_s, rate as f64, u64::from(per_vcpu * args.vcpus), 1);
         let cmdline = format!(
             "{} arrival={rate} arrival_dist=poisson queue={} phases={}:{}:{} hold=1",
-            shape_cmdline(&vm.params, per_vcpu, requests),
+            stagevm_bench::shape::cmdline(&vm.params, per_vcpu, requests),
             args.queue,
             args.window_ms,
             args.window_ms,

@@ -26,7 +26,7 @@ use anyhow::{ensure, Result};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use stage_workload::arrivals::ArrivalDist;
-use stage_workload::{funcs_for_bytes, Params};
+use stage_workload::Params;
 use stagevm_bench::guest::{requests_for, Boot};
 use stagevm_bench::load::Meter;
 use stagevm_bench::native::{self, Load, Mode};
@@ -218,22 +218,7 @@ fn check(args: &Args) -> Result<Vec<Shape>> {
     args.shapes
         .iter()
         .map(|s| {
-            let bad = || anyhow::anyhow!("--shapes {s}: expected KIB:CALLS:DATA");
-            let mut it = s.split(':').map(|x| x.parse::<usize>());
-            let (kib, calls, data) = (
-                it.next().ok_or_else(bad)?.map_err(|_| bad())?,
-                it.next().ok_or_else(bad)?.map_err(|_| bad())?,
-                it.next().ok_or_else(bad)?.map_err(|_| bad())?,
-            );
-            let params = Params {
-                stages: args.workload_stages,
-                funcs: funcs_for_bytes(args.workload_stages, kib * 1024),
-                calls: calls as u32,
-                data_words: data,
-            };
-            params
-                .validate()
-                .map_err(|e| anyhow::anyhow!("--shapes {s}: {e}"))?;
+            let params = stagevm_bench::shape::parse("--shapes", s, args.workload_stages)?;
             Ok(Shape {
                 name: s.clone(),
                 params,
@@ -247,11 +232,7 @@ fn check(args: &Args) -> Result<Vec<Shape>> {
 /// The guest command line of `shape` with `threads` per vCPU and
 /// `requests` each, open-loop at `rate` when given.
 fn cmdline(shape: &Shape, threads: u32, requests: u64, rate: Option<u64>, queue: u64) -> String {
-    let p = &shape.params;
-    let mut c = format!(
-        "iters=1 workload=footprint stages={} funcs={} calls={} data={} threads={threads} requests={requests}",
-        p.stages, p.funcs, p.calls, p.data_words
-    );
+    let mut c = stagevm_bench::shape::cmdline(&shape.params, threads, requests);
     if let Some(r) = rate {
         c += &format!(" arrival={r} arrival_dist=poisson queue={queue}");
     }

@@ -161,6 +161,38 @@ pub fn metric(text: &str, name: &str, labels: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// What `promtool check metrics` (the Prometheus project's linter,
+/// Debian's `prometheus` package) says of `scrape`: `None` when promtool
+/// is not installed (the caller says "skipped"), else whether it passed —
+/// exit 0 and nothing printed — and what it printed.
+///
+/// # Panics
+/// When promtool starts but cannot be fed or waited for.
+pub fn promtool_check(scrape: &str) -> Option<(bool, String)> {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .ok()?;
+    child
+        .stdin
+        .take()
+        .expect("stdin piped")
+        .write_all(scrape.as_bytes())
+        .expect("promtool reads its input");
+    let out = child.wait_with_output().expect("promtool ends");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some((out.status.success() && said.trim().is_empty(), said))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
