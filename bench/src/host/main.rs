@@ -266,8 +266,9 @@ fn run_in(args: &Args, vms: &[Vm], mode: &str, dir: &Path) -> Result<ModeRun> {
             launch.args(["--stage-cores", &i.to_string()])
         };
         let mut vm = launch.spawn()?;
-        let lines = vm.stdout_lines()?;
-        running.push((vm, lines));
+        // Both outputs read as they come: a full pipe would stop the VMM.
+        let (out, err) = (vm.stdout_lines()?, vm.stderr_lines()?);
+        running.push((vm, out, err));
     }
     if mode == "fixed-api" {
         for i in 0..vms.len() {
@@ -286,18 +287,23 @@ fn run_in(args: &Args, vms: &[Vm], mode: &str, dir: &Path) -> Result<ModeRun> {
     // frees a core for the other while it still has windows to serve (the
     // daemon would rightly give it away). Both stop when both are done.
     let mut lines = Vec::new();
-    for (i, (_, vm_lines)) in running.iter().enumerate() {
-        let line = vm_lines
+    for (i, (_, out, err)) in running.iter().enumerate() {
+        let line = out
             .wait_for(
                 "testguest: open loop",
                 timeout,
                 &["panicked", "exit status"],
             )
-            .with_context(|| format!("VM {i} of mode {mode} did not finish its load"))?;
+            .with_context(|| {
+                format!(
+                    "VM {i} of mode {mode} did not finish its load; its log:\n{}",
+                    err.rest().join("\n")
+                )
+            })?;
         lines.push(line);
     }
     out.seconds = started.elapsed().as_secs_f64();
-    for (vm, _) in running {
+    for (vm, _, _) in running {
         vm.kill()?;
     }
     for (i, line) in lines.iter().enumerate() {
