@@ -52,7 +52,7 @@ for p in "${paths[@]}"; do
 done
 apt-get update -q >/dev/null
 check "the four packages install (apt resolves dkms)" \
-    env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${paths[@]}"
+    env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${paths[@]}"
 
 # stagevm
 check "stagevm --version says $version" sh -c "stagevm --version | grep -qx 'stagevm $version'"
