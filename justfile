@@ -13,7 +13,7 @@ setup:
     #!/usr/bin/env bash
     set -euo pipefail
     missing=()
-    for pkg in build-essential util-linux linux-headers-cloud-amd64 zstd python3 python3-venv strace iproute2; do
+    for pkg in build-essential util-linux linux-headers-cloud-amd64 zstd python3 python3-venv strace iproute2 pkg-config kmod; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
     done
     if [ ${#missing[@]} -gt 0 ]; then
