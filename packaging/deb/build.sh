@@ -91,6 +91,6 @@ control "$stage/dev" libstage-dev "$arch" "libc6-dev" \
 pack "$stage/dev" libstage-dev "$arch"
 
 # --- stagevm: the host package, by cargo-deb ---
-cargo deb -p stagevm --no-build --no-strip --output "$out/stagevm_${version}_$arch.deb" >/dev/null
+cargo deb -p stagevm --no-build --output "$out/stagevm_${version}_$arch.deb" >/dev/null
 echo "packaging: $out/stagevm_${version}_$arch.deb"
 rm -rf "$stage"
