@@ -343,6 +343,11 @@ impl Daemon {
                         lent: b.lend_when_idle
                             && k.shared
                             && k.owned.as_ref().is_some_and(CpuSet::is_empty),
+                        owned: k
+                            .owned
+                            .as_ref()
+                            .map(ToString::to_string)
+                            .unwrap_or_default(),
                     }
                 })
                 .collect(),

@@ -174,4 +174,8 @@ pub struct HostVm {
     /// Whether it lent its core: idle, owning none, on a shared one.
     #[serde(default)]
     pub lent: bool,
+    /// The cores of `cores` counted as its own by the last allocation
+    /// (cpulist; empty: it owns none — a sharer — or none was made yet).
+    #[serde(default)]
+    pub owned: String,
 }
