@@ -154,11 +154,17 @@ fn view(api: &Path) -> HostView {
     Api::new(api).unwrap().get_json("/api/v1/host").unwrap()
 }
 
-fn vm<'a>(v: &'a HostView, name: &str) -> &'a stagevm_report::api::HostVm {
+/// VM `name` in the daemon's view, or what the view holds instead (for
+/// [`within`]'s checks, while the daemon has not found it yet).
+fn find_vm<'a>(v: &'a HostView, name: &str) -> Result<&'a stagevm_report::api::HostVm, String> {
     v.vms
         .iter()
         .find(|vm| vm.name == name)
-        .unwrap_or_else(|| panic!("no VM {name} in {v:?}"))
+        .ok_or_else(|| format!("no VM {name} in {v:?}"))
+}
+
+fn vm<'a>(v: &'a HostView, name: &str) -> &'a stagevm_report::api::HostVm {
+    find_vm(v, name).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Three VMs on two cores as demand changes: a VM arrives, one's workload
@@ -240,10 +246,6 @@ fn cores_follow_demand_arrivals_and_exits() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The budgets of host.toml hold (a minimum for the idle VM, a maximum for
-/// the busy one); a socket that accepts and never answers is skipped and
-/// counted; a second daemon on the directory is refused naming the first;
-/// the daemon killed and restarted adopts the VMs without moving a core.
 /// A VM that lends its core while idle (`lend_when_idle`): the busy VM
 /// has both cores while the lender idles on a shared one, and the lender
 /// has a core of its own again within 5 periods of getting busy.
@@ -270,9 +272,7 @@ fn an_idle_lender_lends_its_core_and_takes_one_back() {
         || {
             let (b, l) = (vcpu_affinity(&busy), vcpu_affinity(&lender));
             let v = view(&api);
-            let Some(lv) = v.vms.iter().find(|vm| vm.name == "lender") else {
-                return Err(format!("no lender yet in {v:?}"));
-            };
+            let lv = find_vm(&v, "lender")?;
             (b == "0-1" && l.len() == 1 && lv.shared && lv.lent)
                 .then_some(())
                 .ok_or(format!("busy {b}, lender {l}: {lv:?}"))
@@ -305,9 +305,7 @@ fn an_idle_lender_lends_its_core_and_takes_one_back() {
     within(wait_periods, "the lender busy: a core of its own", || {
         let (b, l) = (vcpu_affinity(&busy), vcpu_affinity(&lender));
         let v = view(&api);
-        let Some(lv) = v.vms.iter().find(|vm| vm.name == "lender") else {
-            return Err(format!("no lender yet in {v:?}"));
-        };
+        let lv = find_vm(&v, "lender")?;
         (one_each(&b, &l) && !lv.shared && !lv.lent && lv.demand >= host_sched::host::RECLAIM_AT)
             .then_some(())
             .ok_or(format!("busy {b}, lender {l}: {lv:?}"))
@@ -315,6 +313,10 @@ fn an_idle_lender_lends_its_core_and_takes_one_back() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The budgets of host.toml hold (a minimum for the idle VM, a maximum for
+/// the busy one); a socket that accepts and never answers is skipped and
+/// counted; a second daemon on the directory is refused naming the first;
+/// the daemon killed and restarted adopts the VMs without moving a core.
 #[test]
 fn budgets_hung_sockets_second_daemon_and_restart() {
     if skip_without_kvm() {

@@ -21,6 +21,19 @@ fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
+/// Runs the cargo build `cmd` for `what`; panics with cargo's output when
+/// it fails.
+fn build(mut cmd: Command, what: &str) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("run cargo to build {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "building {what} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Builds `images/testguest` (release, `x86_64-unknown-none`) once per
 /// process and returns the ELF's path. Panics with cargo's output on
 /// failure.
@@ -28,22 +41,16 @@ pub fn test_guest() -> &'static Path {
     static IMAGE: OnceLock<PathBuf> = OnceLock::new();
     IMAGE.get_or_init(|| {
         let dir = repo_root().join("images/testguest");
-        let out = cargo()
-            .args(["build", "--release", "--quiet"])
+        let mut cmd = cargo();
+        cmd.args(["build", "--release", "--quiet"])
             .current_dir(&dir)
             // The guest's own .cargo/config.toml sets its target and flags;
             // the host build's settings must not leak into it.
             .env_remove("RUSTFLAGS")
             .env_remove("CARGO_ENCODED_RUSTFLAGS")
             .env_remove("CARGO_BUILD_TARGET")
-            .env_remove("CARGO_TARGET_DIR")
-            .output()
-            .expect("run cargo to build the test guest");
-        assert!(
-            out.status.success(),
-            "building the test guest failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+            .env_remove("CARGO_TARGET_DIR");
+        build(cmd, "the test guest");
         dir.join("target/x86_64-unknown-none/release/testguest")
     })
 }
@@ -59,20 +66,13 @@ pub fn workspace_binary(package: &str, name: &str) -> PathBuf {
         .parent()
         .and_then(Path::parent)
         .expect("target/<profile>/deps");
-    let mut build = cargo();
-    build.args(["build", "--quiet", "-p", package, "--bin", name]);
+    let mut cmd = cargo();
+    cmd.args(["build", "--quiet", "-p", package, "--bin", name]);
     if dir.file_name().is_some_and(|p| p == "release") {
-        build.arg("--release");
+        cmd.arg("--release");
     }
-    let out = build
-        .current_dir(repo_root())
-        .output()
-        .expect("run cargo to build a workspace binary");
-    assert!(
-        out.status.success(),
-        "building {name} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cmd.current_dir(repo_root());
+    build(cmd, name);
     dir.join(name)
 }
 
