@@ -283,11 +283,18 @@ fn stealing_and_prefix_replays_keep_the_instruction_count() {
     assert_eq!(r.warmup_instrs + r.total.counters.instrs, t.instrs);
     assert!(r.utilization > 0.0 && r.utilization <= 1.0 + 1e-9);
     assert_eq!(r.label, "static/steal");
-    // baseline and pinned ignore the option.
+    // baseline ignores the option; pinned steals too (issue 40: the
+    // unstaged scheduler temporal staging runs on), every core serving
+    // every stage.
     let mut p = SimConfig::new(SimPolicy::Pinned, 4, 20_000);
     p.steal = true;
     let rp = simulate(&t, &p, &mut |_| {}).unwrap();
-    assert_eq!(rp.total.counters.steals, 0);
+    assert_eq!(rp.warmup_instrs + rp.total.counters.instrs, t.instrs);
+    assert_eq!(rp.label, "pinned/steal");
+    let mut b = SimConfig::new(SimPolicy::Baseline, 4, 20_000);
+    b.steal = true;
+    let rb = simulate(&t, &b, &mut |_| {}).unwrap();
+    assert_eq!(rb.total.counters.steals, 0);
     // A prefix: the warm-up is 10 % of it, and it ends within one block.
     let mut q = SimConfig::new(SimPolicy::Baseline, 2, 20_000);
     q.limit = Some(t.instrs / 2);

@@ -150,6 +150,14 @@ impl Account {
             group_spec: groups.full_spec(),
             migration_cycles: cfg.migration_cycles,
             min_visit: cfg.min_visit,
+            visit: if cfg.temporal() {
+                cfg.visit.name().to_string()
+            } else {
+                "fifo".to_string()
+            },
+            switch_cycles: if cfg.temporal() { cfg.switch_cycles } else { 0 },
+            steal: cfg.steal,
+            mode: super::visit_mode(cfg).to_string(),
             cores: n,
             slice: cfg.slice,
             slice_jitter: cfg.slice_jitter,

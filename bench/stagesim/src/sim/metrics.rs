@@ -63,6 +63,7 @@ impl CycleModel {
                 * (pen(c.l1d_misses, c.l2d_misses, c.l3d_misses)
                     + c.xfer_lines as f64 * (self.transfer - self.l3_hit))
             + c.migration_cycles as f64
+            + c.switch_cycles as f64
     }
 }
 
@@ -102,6 +103,14 @@ pub struct Counters {
     /// ([`SimConfig::steal`](super::SimConfig::steal)); counted on the taking core, under the
     /// thread's stage, and charged `migration_cycles` there.
     pub steals: u64,
+    /// Yields at a stage switch under a temporal visit policy
+    /// ([`SimConfig::visit`](super::SimConfig::visit)), counted on the core under the stage
+    /// entered.
+    #[serde(default)]
+    pub switches: u64,
+    /// Cycles those yields cost ([`SimConfig::switch_cycles`](super::SimConfig::switch_cycles) each).
+    #[serde(default)]
+    pub switch_cycles: u64,
 }
 
 impl Counters {
@@ -120,6 +129,8 @@ impl Counters {
         self.migration_cycles += o.migration_cycles;
         self.kept += o.kept;
         self.steals += o.steals;
+        self.switches += o.switches;
+        self.switch_cycles += o.switch_cycles;
     }
 }
 
@@ -202,6 +213,20 @@ pub struct SimResult {
     pub migration_cycles: u64,
     /// Min-visit variant threshold (0: off).
     pub min_visit: u64,
+    /// The visit policy the cores followed (`fifo`: no temporal staging;
+    /// `auto`: the policy of its temporal modes).
+    #[serde(default = "fifo")]
+    pub visit: String,
+    /// Cost of a yield at a stage switch, cycles (temporal staging).
+    #[serde(default)]
+    pub switch_cycles: u64,
+    /// Idle cores stole queued threads.
+    #[serde(default)]
+    pub steal: bool,
+    /// `auto`'s name for the mode ([`super::visit_mode`]): unstaged,
+    /// temporal, spatial, both; else the model's name.
+    #[serde(default)]
+    pub mode: String,
     /// Simulated cores.
     pub cores: usize,
     /// Time slice, instructions.
@@ -253,6 +278,11 @@ pub struct SimResult {
     pub replay_seconds: f64,
     /// Replay speed, million instructions per second (single thread).
     pub replay_mips: f64,
+}
+
+/// The default of [`SimResult::visit`] in older JSON files.
+fn fifo() -> String {
+    "fifo".to_string()
 }
 
 /// The default of [`SimResult::repeat`] in older JSON files.

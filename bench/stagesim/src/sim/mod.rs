@@ -59,6 +59,16 @@
 //!   `migration_target_cycles` when it first runs it.
 //!   Threads outside any stage (`0xFFFF`, or before their first marker) stay
 //!   where they are.
+//! * **Temporal staging** ([`SimConfig::visit`], issue 40) — each core
+//!   orders the visits of its own threads with the guest agent's
+//!   [`guest_agent::visit::Visitor`] (the code the test guest's scheduler
+//!   runs): at every stage switch a thread yields into its core's queue for
+//!   the stage it enters (the core pays [`SimConfig::switch_cycles`]), and
+//!   the core serves one stage's threads back to back. With `pinned` this
+//!   is `auto`'s *temporal* mode (no migration; idle cores steal when
+//!   [`SimConfig::steal`] is on), with `static`/`proportional` its *both*
+//!   mode (a thread migrates where its core does not serve the new stage,
+//!   and yields where it does); `auto` then trials all four modes.
 //!
 //! ## Statistics
 //! The first `warmup_pct` % of the trace's instructions, counted in replay
@@ -95,7 +105,10 @@
 //! * `plans.rs` — the staged policies' periods and plans (host-sched),
 //! * `account.rs` — statistics per (core, stage), the warm-up reset and the
 //!   final [`SimResult`],
-//! * `replay.rs` — [`simulate`]: set-up and the replay loop.
+//! * `replay.rs` — [`simulate`]: set-up and the replay loop,
+//! * `temporal.rs` — temporal staging: per-core visit orders
+//!   ([`guest_agent::visit::Visitor`]), yields at stage switches and their
+//!   switch cost (issue 40).
 
 use serde::Serialize;
 
@@ -111,13 +124,19 @@ mod metrics;
 mod plans;
 mod replay;
 mod sched;
+mod temporal;
 
 pub use metrics::{Counters, CycleModel, Metrics, SimResult, StageResult};
 pub use plans::{default_budget, default_budgets};
 pub use replay::simulate;
+pub use temporal::{visit_mode, LOCAL_SWITCH_CYCLES};
+
+pub use guest_agent::VisitPolicy;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_temporal;
 
 /// Which scheduling model a replay uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -314,6 +333,24 @@ pub struct SimConfig {
     /// take a fixed number of policy periods that one short trace window
     /// cannot amortize (not with the `captured` model).
     pub repeat: u32,
+    /// Temporal staging (issue 40): the stage-visit policy every core's
+    /// scheduler follows ([`guest_agent::visit::Visitor`]); `Fifo` (the
+    /// default) is none. With `pinned`: the temporal mode; with `static` or
+    /// `proportional`: both; with `auto`: the policy of its temporal modes
+    /// (which it then trials too). Not for `baseline` and `captured`.
+    #[serde(serialize_with = "ser_visit")]
+    pub visit: VisitPolicy,
+    /// CPU a yield at a stage switch costs the core (temporal staging),
+    /// cycles: the mechanism that hands the core to the next thread of the
+    /// stage being served. Default [`LOCAL_SWITCH_CYCLES`] (the test
+    /// unikernel's measured local switch); a migration (both mode) is
+    /// charged as a migration instead, never both.
+    pub switch_cycles: u64,
+}
+
+/// Serialises a visit policy by its name.
+fn ser_visit<S: serde::Serializer>(v: &VisitPolicy, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(v.name())
 }
 
 /// Threads that block: a connection thread entering trace stage `stage`
@@ -363,7 +400,19 @@ impl SimConfig {
             seed: 1,
             block: None,
             repeat: 1,
+            visit: VisitPolicy::Fifo,
+            switch_cycles: LOCAL_SWITCH_CYCLES,
         }
+    }
+
+    /// Whether the cores order their visits (a temporal visit policy
+    /// under `pinned`, `static`, `proportional` or `auto`).
+    pub fn temporal(&self) -> bool {
+        self.visit.is_temporal()
+            && matches!(
+                self.policy,
+                SimPolicy::Pinned | SimPolicy::Static | SimPolicy::Proportional | SimPolicy::Auto
+            )
     }
 
     /// The model's label: the policy name, plus the min-visit variant when
@@ -373,8 +422,13 @@ impl SimConfig {
         if self.load_weights && self.policy == SimPolicy::Static {
             l.push_str("/load-weights");
         }
-        if self.steal && self.policy.host_sched_kind().is_some() {
+        if self.steal
+            && (self.policy.host_sched_kind().is_some() || self.policy == SimPolicy::Pinned)
+        {
             l.push_str("/steal");
+        }
+        if self.temporal() {
+            l.push_str(&format!("/visit {}", self.visit.name()));
         }
         if self.min_visit > 0 && self.policy.host_sched_kind().is_some() {
             l.push_str(&format!(

@@ -62,6 +62,9 @@ pub(super) struct Plans {
     period_start: f64,
     /// `auto`: its decisions (instructions replayed, what it decided).
     pub decisions: Vec<(u64, String)>,
+    /// The visit policy of the plan in force ([`policy::Plan::visit`]:
+    /// the configured one, or `auto`'s choice for its mode).
+    pub visit: policy::VisitPolicy,
     /// The mask of every core.
     all: u64,
 }
@@ -100,19 +103,25 @@ impl Plans {
             budgets,
             smoothing: cfg.smoothing,
             hysteresis: cfg.hysteresis,
-            visit: policy::VisitPolicy::Fifo,
+            visit: cfg.visit,
             // The replay times no request: the bound never judges.
             latency: policy::LatencyBound::default(),
         };
-        // The replay does not model visit orders (a temporal mode would run
-        // as unstaged): `auto` trials unstaged against spatial only, the
-        // very code the VMM runs with fewer candidates.
+        // With a temporal visit policy (issue 40) `auto` trials all four
+        // modes, the temporal ones with that policy; without one, unstaged
+        // against spatial only (as in issue 25's verdict): the very code
+        // the VMM runs, with fewer candidates.
         let mut policy: Box<dyn policy::Policy> = if kind == policy::PolicyKind::Auto {
             use policy::auto::{Auto, AutoParams, Mode, Modes};
+            let candidates = if cfg.visit.is_temporal() {
+                Modes::ALL
+            } else {
+                Modes::of(&[Mode::Unstaged, Mode::Spatial])
+            };
             Box::new(Auto::new(
                 ctx,
                 AutoParams {
-                    candidates: Modes::of(&[Mode::Unstaged, Mode::Spatial]),
+                    candidates,
                     ..AutoParams::default()
                 },
             ))
@@ -135,6 +144,7 @@ impl Plans {
             changes: 0,
             period_start: 0.0,
             decisions: Vec::new(),
+            visit: plan.visit,
             all: if n >= 64 { u64::MAX } else { (1u64 << n) - 1 },
         };
         p.set_serve(&plan.stage_vcpus);
@@ -188,5 +198,6 @@ impl Plans {
             self.history.push((executed, plan.requirement.clone()));
         }
         self.requirement = plan.requirement;
+        self.visit = plan.visit;
     }
 }

@@ -2,7 +2,8 @@
 //! threads' streams and how many instructions to replay) and the replay
 //! loop: the next core runs its thread for one slice in chunks, between
 //! which come the warm-up, the policy periods and, at stage changes, the
-//! migration decisions (with the min-visit variant's rule).
+//! migration decisions (with the min-visit variant's rule) and, under a
+//! temporal visit policy, the yields ([`super::temporal`]).
 
 use std::time::Instant;
 
@@ -15,7 +16,8 @@ use super::chunk::{run_chunk, visit_ahead, Stop};
 use super::coherence::Coherence;
 use super::plans::Plans;
 use super::sched::{Sched, SliceEnd, Source};
-use super::{Counters, SimConfig, SimPolicy, SimResult, VisitRule, HISTORY_WEIGHT};
+use super::temporal::{steal_cohort, Temporal, MAX_VISIT_STAGES};
+use super::{Counters, SimConfig, SimPolicy, SimResult, VisitPolicy, VisitRule, HISTORY_WEIGHT};
 
 /// Replays `trace` under `cfg`; `progress` is called with instructions
 /// replayed since its previous call (about every 2^20 instructions).
@@ -137,8 +139,12 @@ pub(super) struct Replay<'a> {
     coh: Option<Coherence>,
     /// The staged policies' plans (`None`: baseline, pinned).
     plans: Option<Plans>,
-    /// Idle stealing on (staged policies only).
+    /// Idle stealing on (staged policies, and `pinned`).
     steal: bool,
+    /// `pinned` with stealing: every core serves every stage.
+    all_serve: Vec<u64>,
+    /// Temporal staging: every core's visit order ([`SimConfig::temporal`]).
+    pub(super) temporal: Option<Temporal>,
     acct: Account,
     /// Min-visit variant, history rule: per group, the weighted mean visit.
     visit_mean: Vec<Option<f64>>,
@@ -177,6 +183,15 @@ impl<'a> Replay<'a> {
             Some(kind) => Some(Plans::new(kind, cfg, &groups.names, n)?),
             None => None,
         };
+        anyhow::ensure!(
+            !cfg.temporal() || stages <= MAX_VISIT_STAGES,
+            "{stages} stages (groups): a visit policy orders at most {MAX_VISIT_STAGES}"
+        );
+        anyhow::ensure!(
+            !cfg.visit.is_temporal() || cfg.temporal(),
+            "--visit {}: only with pinned, static, proportional or auto",
+            cfg.visit.name()
+        );
         let (ends, stream_instrs) = stream_ends(trace, cfg);
         // Instructions to replay: the whole trace, or a prefix (in replay order).
         let total = cfg.limit.map_or(stream_instrs, |l| l.min(stream_instrs));
@@ -190,7 +205,9 @@ impl<'a> Replay<'a> {
             sched,
             l3,
             coh: (cfg.model.transfer > 0.0).then(|| Coherence::new(n)),
-            steal: cfg.steal && plans.is_some(),
+            steal: cfg.steal && (plans.is_some() || cfg.policy == SimPolicy::Pinned),
+            all_serve: vec![u64::MAX; ns],
+            temporal: cfg.temporal().then(|| Temporal::new(n, stages, cfg.visit)),
             plans,
             acct: Account::new(n, ns, total, cfg.warmup_pct),
             visit_mean: vec![None; ns],
@@ -201,6 +218,16 @@ impl<'a> Replay<'a> {
             #[cfg(test)]
             slice_ends: vec![Vec::new(); trace.threads.len()],
         })
+    }
+
+    /// The visit policy in force: the plan's (`auto` changes it with its
+    /// mode), else the configured one.
+    fn visit(&self) -> VisitPolicy {
+        match (&self.temporal, &self.plans) {
+            (None, _) => VisitPolicy::Fifo,
+            (Some(_), Some(p)) => p.visit,
+            (Some(_), None) => self.cfg.visit,
+        }
     }
 
     /// A uniform random number in [0, 1) (xorshift64: Marsaglia, "Xorshift
@@ -238,13 +265,23 @@ impl<'a> Replay<'a> {
             let auto_unstaged = self.cfg.policy == SimPolicy::Auto;
             let serve = match &self.plans {
                 Some(p) if self.steal || (auto_unstaged && p.unstaged()) => Some(&p.serve[..]),
+                None if self.steal => Some(&self.all_serve[..]),
                 _ => None,
             };
-            let Some((k, src)) = self.sched.next(serve) else {
+            let Some((k, mut src)) = self.sched.next(serve) else {
                 break;
             };
             if self.acct.executed >= self.acct.total {
                 break;
+            }
+            let visit = self.visit();
+            // Temporal staging: the core's visitor picks among its queue.
+            if let (Source::Own(i), Some(tm)) = (src, &mut self.temporal) {
+                let (core, threads) = (&self.sched.cores[k], &self.sched.threads);
+                let start = core.clock.max(threads[core.queue[i]].ready_at);
+                if let Some(j) = tm.pick(k, visit, &core.queue, threads, start) {
+                    src = Source::Own(j);
+                }
             }
             let Some(t) = self.sched.take(k, src) else {
                 break;
@@ -253,21 +290,38 @@ impl<'a> Replay<'a> {
             // it first runs here; a steal costs the thief both shares (the
             // core it was queued on did nothing).
             let arriving = std::mem::take(&mut self.sched.threads[t].arriving);
-            let stolen = matches!(src, Source::Steal(..));
-            let cost = if stolen {
-                self.cfg.migration_cycles + self.cfg.migration_target_cycles
+            let stolen = match src {
+                Source::Steal(j, _) if visit.is_temporal() => {
+                    // A cohort, not a lone thread (module docs of `temporal`).
+                    let (stage, now) = (self.sched.threads[t].stage, self.sched.cores[k].clock);
+                    1 + steal_cohort(
+                        &mut self.sched.cores,
+                        &self.sched.threads,
+                        (j, k),
+                        stage,
+                        now,
+                    )
+                }
+                Source::Steal(..) => 1,
+                _ => 0,
+            };
+            let cost = if stolen > 0 {
+                stolen * (self.cfg.migration_cycles + self.cfg.migration_target_cycles)
             } else if arriving {
                 self.cfg.migration_target_cycles
             } else {
                 0
             };
-            if stolen || cost > 0 {
+            if stolen > 0 || cost > 0 {
                 let st = self.acct.at(k, self.sched.threads[t].stage);
-                st.steals += u64::from(stolen);
+                st.steals += stolen;
                 st.migration_cycles += cost;
                 self.sched.cores[k].clock += cost as f64;
             }
             let end = self.run_slice(k, t, progress);
+            if let Some(tm) = &mut self.temporal {
+                tm.left(k, self.sched.cores[k].clock);
+            }
             #[cfg(test)]
             self.slice_ends[t].push(self.sched.threads[t].pos);
             self.sched.end_slice(k, t, end);
@@ -425,7 +479,18 @@ impl<'a> Replay<'a> {
                     target: migrate,
                 })
             }
-            _ => migrate.map(SliceEnd::Migrate),
+            _ if migrate.is_some() => migrate.map(SliceEnd::Migrate),
+            // Temporal staging: a stage switch that stays on this core
+            // yields into the queue of the new stage, at the switch cost.
+            _ if s != old && s != self.none && self.visit().is_temporal() => {
+                let cost = self.cfg.switch_cycles;
+                let st = self.acct.at(k, s);
+                st.switches += 1;
+                st.switch_cycles += cost;
+                self.sched.cores[k].clock += cost as f64;
+                Some(SliceEnd::Yield)
+            }
+            _ => None,
         }
     }
 

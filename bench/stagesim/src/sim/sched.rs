@@ -61,6 +61,9 @@ pub(super) enum SliceEnd {
     Done,
     /// The thread migrates to this core.
     Migrate(usize),
+    /// The thread yields at a stage switch (temporal staging): it is
+    /// queued on its own core, in the queue of the stage it entered.
+    Yield,
     /// The thread blocks (waits for its client) for `delay` cycles, then
     /// is queued on core `target` (its own core when `None`; the global
     /// queue under `baseline`).
@@ -251,6 +254,11 @@ impl Sched {
                 self.threads[t].ready_at = core.clock + self.latency;
                 self.threads[t].arriving = true;
                 self.cores[target].queue.push_back(t);
+            }
+            SliceEnd::Yield => {
+                core.current = None;
+                self.threads[t].ready_at = core.clock;
+                core.queue.push_back(t);
             }
             SliceEnd::Block { delay, target } => {
                 core.current = None;
