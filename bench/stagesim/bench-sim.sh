@@ -22,12 +22,21 @@
 #   3. the stagesim section of bench/RESULTS.md (stagesim results), and copies
 #      of the key plots to bench/stagesim/plots/.
 #
+#   `--temporal` (or STAGESIM_PART=temporal) runs issue 40's part alone
+#   instead: temporal staging (visit orders) beside spatial on the MariaDB
+#   traces, written to its own section of bench/RESULTS.md (see temporal()).
+#
 # Replays run two at a time, one per core of the project's 2-core machine
 # (--jobs ${STAGESIM_JOBS:-2}; nothing else may run). While a `headline-bench` process runs, it waits before each
 # replay so the two benchmarks do not share the machine. Extra arguments go to
 # the main `stagesim replay` of every trace (e.g. --cores 4,8).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+part=${STAGESIM_PART:-all}
+if [ "${1:-}" = --temporal ]; then
+    part=temporal
+    shift
+fi
 
 cargo build --release -q -p stagesim
 sim=target/release/stagesim
@@ -36,7 +45,9 @@ mkdir -p "$out"
 cc -O2 -o "$out/cachesim" bench/capture/cachesim.c
 jobs="${STAGESIM_JOBS:-2}"
 mkdir -p "$out/plots" bench/stagesim/plots
-: >"$out/commands.txt"
+log="$out/commands.txt"
+[ "$part" = temporal ] && log="$out/temporal-commands.txt"
+: >"$log"
 
 # The stage grouping issue 7's follow-up asked for (MariaDB stage names from
 # bench/capture/mariadb-stages.toml): 4 groups instead of 9 stages.
@@ -53,7 +64,7 @@ run_to() {
     local file=$1
     shift
     quiet
-    echo "$* > ${file#"$PWD"/}" >>"$out/commands.txt"
+    echo "$* > ${file#"$PWD"/}" >>"$log"
     "$@" >"$file"
 }
 # Runs a command and logs it (for the RESULTS.md section).
@@ -63,7 +74,7 @@ run() {
     for a in "$@"; do
         if [[ "$a" =~ ^[A-Za-z0-9_./:,=+-]+$ ]]; then line+="$a "; else line+="'$a' "; fi
     done
-    echo "${line% }" >>"$out/commands.txt"
+    echo "${line% }" >>"$log"
     "$@"
 }
 
@@ -74,7 +85,7 @@ add() {
     local file=$1
     shift
     echo "$*" >>"$file"
-    echo "$sim replay $* (one line of $(basename "$file"))" >>"$out/commands.txt"
+    echo "$sim replay $* (one line of $(basename "$file"))" >>"$log"
 }
 
 # The model of issues 7 and 16: a migration's whole cost on the source core,
@@ -132,6 +143,122 @@ verdict() {
     done
     run "$sim" replay-batch "$batch"
 }
+
+# Issue 40: temporal staging (visit orders of OS threads) beside spatial on
+# the MariaDB traces. Per trace and L2 (256, 512, 2048 KiB): the references
+# (baseline, pinned, pinned with idle stealing) at 2/4/6/8 cores; per map
+# (the hand map; the request-level map `discover --binary` found best,
+# written by the verdict above or here) and mechanism (results/temporal.rs
+# documents each cost): temporal (pinned, stealing, a visit policy),
+# spatial (static) and both (static with SRPT); auto trialling all four
+# modes over $TLAPS laps at 4 cores; and a switch-cost sweep at 4 cores.
+# Cut to fit the hour on one job (said in the section): all five visit
+# policies at 4 cores, cohort and SRPT at 2/6/8; the Linux mechanisms with
+# SRPT only; `both` with SRPT only; replays of the first $TPCT % of each
+# trace (STAGESIM_TEMPORAL_PCT, replay order; auto and its references:
+# $TLAPS laps of it).
+SW_unikernel=163
+SW_scx=2000
+SW_linux=3500
+TMECH_unikernel=(--migration-cycles 500 --migration-target-cycles 500 --migration-latency 1700)
+TMECH_scx=(--migration-cycles 25000 --migration-target-cycles 0 --migration-latency 0)
+TMECH_linux=(--migration-cycles 25000 --migration-target-cycles 0 --migration-latency 0)
+TPCT=${STAGESIM_TEMPORAL_PCT:-100}
+TLAPS=${STAGESIM_TEMPORAL_LAPS:-4}
+temporal_trace() {
+    local t=$1 name=$2 l2 map mech
+    local batch="$out/$name-temporal.batch"
+    : >"$batch"
+    if [ ! -f "$out/$name-points-best.stagemap" ] && [ -x "$MARIADBD" ]; then
+        run "$sim" discover --trace "$t" --binary "$MARIADBD" --cores 4 "${MECH_unikernel[@]}" "${XFER[@]}" \
+            --prefix-pct 20 --map-out "$out/$name-points" --json "$out/$name-points.json"
+    fi
+    # Maps scored by the temporal replay (SRPT, the unikernel's switch):
+    # finer choices allowed (up to 6 stages, each ≥ 5 % of a request).
+    if [ "${STAGESIM_TEMPORAL_DISCOVER:-1}" != 0 ] && [ ! -f "$out/$name-tpoints-best.stagemap" ] \
+        && [ -x "$MARIADBD" ]; then
+        run "$sim" discover --trace "$t" --binary "$MARIADBD" --cores 4 --policy pinned --visit srpt \
+            --switch-cycles "$SW_unikernel" "${TMECH_unikernel[@]}" "${XFER[@]}" --prefix-pct "${TDISC_PCT:-10}" \
+            --max-parts 6 --min-stage-pct 5 --map-out "$out/$name-tpoints" --json "$out/$name-tpoints.json"
+    fi
+    local instrs=() laps=(--repeat "$TLAPS") total=""
+    if [ "$TPCT" != 100 ]; then
+        total=$("$sim" info --trace "$t" | awk '/instructions/ { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+$/) { print $i; exit } }')
+        instrs=(--instrs $((total * TPCT / 100)))
+        laps+=(--instrs $((total * TPCT / 100 * TLAPS)))
+    fi
+    for l2 in 256 512 2048; do
+        local v=(--trace "$t" --slice 100000 --l2 "$l2:8" "${XFER[@]}" --jobs "$jobs" --static-weights load)
+        add "$batch" "${v[@]}" "${instrs[@]}" --cores 2,4,6,8 --policy baseline,pinned --steal off,on \
+            --json "$out/$name-t$l2-ref.json"
+        add "$batch" "${v[@]}" "${laps[@]}" --cores 4 --policy baseline,pinned --steal off,on \
+            --json "$out/$name-t$l2-ref4.json"
+        local maps=(hand)
+        [ -f "$out/$name-points-best.stagemap" ] && maps+=(best)
+        [ -f "$out/$name-tpoints-best.stagemap" ] && maps+=(tbest)
+        for map in "${maps[@]}"; do
+            local sm=()
+            [ "$map" = best ] && sm=(--stage-map "$out/$name-points-best.stagemap" --binary "$MARIADBD")
+            [ "$map" = tbest ] && sm=(--stage-map "$out/$name-tpoints-best.stagemap" --binary "$MARIADBD")
+            for mech in unikernel scx linux; do
+                local ref="TMECH_$mech[@]" sw="SW_$mech"
+                local m=("${!ref}")
+                local f="$out/$name-t$l2-$mech-$map"
+                local tv=(--policy pinned --steal on --switch-cycles "${!sw}")
+                if [ "$mech" = unikernel ]; then
+                    add "$batch" "${v[@]}" "${instrs[@]}" "${m[@]}" "${sm[@]}" "${tv[@]}" --cores 2,4,6,8 \
+                        --visit cohort,srpt --json "$f.json"
+                    add "$batch" "${v[@]}" "${instrs[@]}" "${m[@]}" "${sm[@]}" "${tv[@]}" --cores 4 \
+                        --visit dbr,mg1,color --json "$f-v.json"
+                    add "$batch" "${v[@]}" "${laps[@]}" "${m[@]}" "${sm[@]}" --cores 4 --policy auto \
+                        --visit srpt --switch-cycles "${!sw}" --json "$f-auto.json"
+                else
+                    add "$batch" "${v[@]}" "${instrs[@]}" "${m[@]}" "${sm[@]}" "${tv[@]}" --cores 2,4,6,8 \
+                        --visit srpt --json "$f.json"
+                fi
+                if [ "$mech" != scx ]; then
+                    add "$batch" "${v[@]}" "${instrs[@]}" "${m[@]}" "${sm[@]}" --cores 2,4,6,8 --policy static \
+                        --visit fifo,srpt --switch-cycles "${!sw}" --json "$f-s.json"
+                fi
+            done
+            if [ "$l2" != 512 ]; then
+                add "$batch" "${v[@]}" "${instrs[@]}" "${TMECH_unikernel[@]}" "${sm[@]}" --cores 4 \
+                    --policy pinned --steal on --visit srpt --switch-cycles 0,500,1000,2000,3500,6000,10000 \
+                    --json "$out/$name-tsweep-$l2-$map.json"
+            fi
+        done
+    done
+    run "$sim" replay-batch "$batch"
+}
+
+temporal() {
+    local started names=() t name
+    started=$(date +%s)
+    if [ -x bench/capture/capture.sh ] && [ "${STAGESIM_CAPTURE:-1}" != 0 ]; then
+        bench/capture/capture.sh || echo "bench-sim: capture failed; replaying cached traces only" >&2
+    fi
+    shopt -s nullglob
+    for t in target/traces/mariadb-*.strace.zst; do
+        name=$(basename "$t" .strace.zst)
+        names+=("$name")
+        temporal_trace "$t" "$name"
+    done
+    {
+        echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs;" \
+            "run $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" \
+            "$(git diff --quiet HEAD -- bench/stagesim 2>/dev/null || echo '(bench/stagesim modified)');" \
+            "replays $jobs at a time; each replay runs the first $TPCT % of its trace ($TLAPS laps of that for \`auto\` and its references)." \
+            "Total time of this run: $(( ($(date +%s) - started + 30) / 60 )) min."
+    } >"$out/temporal-env.txt"
+    local list notes=()
+    list=$(IFS=,; echo "${names[*]}")
+    [ -f bench/stagesim/RESULTS-temporal-notes.md ] && notes=(--notes bench/stagesim/RESULTS-temporal-notes.md)
+    "$sim" results --temporal --dir "$out" --traces "$list" --out bench/RESULTS.md "${notes[@]}"
+}
+if [ "$part" = temporal ]; then
+    temporal
+    exit 0
+fi
 
 {
     echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs," \

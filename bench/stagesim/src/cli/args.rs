@@ -79,10 +79,21 @@ pub struct ReplayArgs {
     /// host-sched stage budgets (its TOML; `[[stage]]` entries matched by name; other sections ignored).
     #[arg(long)]
     pub budgets: Option<PathBuf>,
-    /// Scheduling-model option for the staged policies: idle cores take queued threads whose
-    /// current stage they serve (`off`, `on`, or `off,on` for both).
+    /// Scheduling-model option for the staged policies and `pinned`: idle cores take queued
+    /// threads whose current stage they serve (`off`, `on`, or `off,on` for both).
     #[arg(long, default_value = "off")]
     pub steal: String,
+    /// Temporal staging (issue 40): each core orders its threads' visits with the guest agent's
+    /// visit policy, threads yielding at every stage switch: `fifo` (none), `cohort`, `srpt`,
+    /// `dbr`, `mg1`, `color`; comma-separated to replay each. With pinned: the temporal mode;
+    /// with static/proportional: both; with auto: its temporal modes (then trialled too).
+    #[arg(long, default_value = "fifo")]
+    pub visit: String,
+    /// CPU a yield at a stage switch costs its core under a temporal visit policy, cycles;
+    /// comma-separated to sweep. Default 163: the test unikernel's local switch, 65 ns at
+    /// 2.5 GHz (`just bench-migration` saturated mode, bench/RESULTS.md).
+    #[arg(long, default_value = "163", value_parser = list::<u64>)]
+    pub switch_cycles: std::vec::Vec<u64>,
     /// Weights of the `static` policy: `equal` (host-sched's default without budgets) or `load`
     /// (each stage group's share of the trace's instructions, a profile); comma-separated to run both.
     #[arg(long, default_value = "equal")]
@@ -142,9 +153,17 @@ pub struct DiscoverArgs {
     /// Time slice in instructions.
     #[arg(long, default_value_t = 100_000)]
     pub slice: u64,
-    /// Staged policy the candidates are replayed under (static or proportional).
+    /// Staged policy the candidates are replayed under (static or proportional; `pinned` with a
+    /// temporal --visit: scored by the temporal replay, issue 40).
     #[arg(long, default_value = "static")]
     pub policy: String,
+    /// Visit policy of the candidates' replays (see `replay --visit`): with `--policy pinned`
+    /// a candidate map is scored by temporal staging (idle cores steal), with static by both.
+    #[arg(long, default_value = "fifo")]
+    pub visit: String,
+    /// CPU a yield at a stage switch costs under a temporal --visit, cycles (see `replay`).
+    #[arg(long, default_value_t = stagesim::sim::LOCAL_SWITCH_CYCLES)]
+    pub switch_cycles: u64,
     /// CPU one migration costs the source core, cycles (default: as `replay`'s, measured).
     #[arg(long, default_value_t = 500)]
     pub migration_cycles: u64,

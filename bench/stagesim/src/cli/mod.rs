@@ -79,6 +79,10 @@ pub enum Cmd {
         /// Print the section instead of writing it.
         #[arg(long)]
         print: bool,
+        /// Write issue 40's temporal-staging section instead (its own markers,
+        /// `<!-- stagesim-temporal:begin … -->`), from `bench-sim.sh --temporal`'s files.
+        #[arg(long)]
+        temporal: bool,
     },
     /// Summarise a trace: threads, instructions, stages.
     Info {

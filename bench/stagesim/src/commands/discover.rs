@@ -7,14 +7,42 @@ use std::time::Instant;
 use anyhow::{bail, Context as _};
 
 use stagesim::discover::{self, Objective, Step};
-use stagesim::sim::{SimConfig, SimPolicy};
+use stagesim::sim::{SimConfig, SimPolicy, VisitPolicy};
 
 use super::{load, progress_bar, write_file};
 use crate::cli::args::DiscoverArgs;
 
+/// The policy and visit policy candidates are replayed under: a staged
+/// policy, or `pinned` with a temporal visit policy (issue 40).
+pub(super) fn candidate_policy(a: &DiscoverArgs) -> anyhow::Result<(SimPolicy, VisitPolicy)> {
+    let visit = VisitPolicy::parse(&a.visit).with_context(|| {
+        format!(
+            "--visit '{}': fifo, cohort, srpt, dbr, mg1 or color",
+            a.visit
+        )
+    })?;
+    let policy = SimPolicy::parse(&a.policy)
+        .filter(|p| {
+            p.host_sched_kind().is_some_and(|_| *p != SimPolicy::Auto)
+                || (*p == SimPolicy::Pinned && visit.is_temporal())
+        })
+        .with_context(|| {
+            format!(
+                "--policy '{}': static or proportional (pinned with a temporal --visit)",
+                a.policy
+            )
+        })?;
+    Ok((policy, visit))
+}
+
 /// The replay settings every candidate shares.
 pub(super) fn base_config(a: &DiscoverArgs, policy: SimPolicy) -> anyhow::Result<SimConfig> {
     let mut c = SimConfig::new(policy, a.cores, a.slice);
+    let (_, visit) = candidate_policy(a)?;
+    c.visit = visit;
+    c.switch_cycles = a.switch_cycles;
+    // Temporal staging on `pinned`: idle cores steal, as in `auto`'s mode.
+    c.steal = a.steal || policy == SimPolicy::Pinned;
     c.caches = a.model.hierarchy()?;
     c.model = a.model.cycle_model();
     c.migration_cycles = a.migration_cycles;
@@ -36,9 +64,7 @@ pub fn discover(a: DiscoverArgs) -> anyhow::Result<()> {
     if a.binary.is_some() {
         return super::points::discover_points(a);
     }
-    let policy = SimPolicy::parse(&a.policy)
-        .filter(|p| p.host_sched_kind().is_some())
-        .with_context(|| format!("--policy '{}': static or proportional", a.policy))?;
+    let (policy, _) = candidate_policy(&a)?;
     let objective_name = a.objective.clone().unwrap_or_else(|| "cpi".into());
     let objective = Objective::parse(&objective_name)
         .with_context(|| format!("--objective '{objective_name}': cpi, l2 or tput"))?;
@@ -71,7 +97,6 @@ pub fn discover(a: DiscoverArgs) -> anyhow::Result<()> {
         "equal" => false,
         other => bail!("--static-weights '{other}': equal or load"),
     };
-    c.steal = a.steal;
     let steps = discover::discover(&trace, &c, objective, a.min_groups, &mut |k, i, n| {
         pb.set_message(format!("{k} groups: candidate {i}/{n}"));
         pb.inc(1);

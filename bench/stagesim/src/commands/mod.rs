@@ -37,7 +37,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             notes,
             plots,
             print,
-        } => results(&dir, &traces, &out, notes.as_deref(), &plots, print),
+            temporal,
+        } => {
+            if temporal {
+                results_temporal(&dir, &traces, &out, notes.as_deref(), print)
+            } else {
+                results(&dir, &traces, &out, notes.as_deref(), &plots, print)
+            }
+        }
         Cmd::Stats {
             trace,
             sidecar,
@@ -139,6 +146,36 @@ fn results(
         stagesim::results::write_section(out, &text)?;
         println!(
             "stagesim results: wrote the stagesim section of {}",
+            out.display()
+        );
+    }
+    Ok(())
+}
+
+/// `stagesim results --temporal`: issue 40's section, between its own
+/// markers.
+fn results_temporal(
+    dir: &Path,
+    traces: &[String],
+    out: &Path,
+    notes: Option<&Path>,
+    print: bool,
+) -> anyhow::Result<()> {
+    let notes = match notes {
+        Some(p) => {
+            Some(std::fs::read_to_string(p).with_context(|| format!("--notes {}", p.display()))?)
+        }
+        None => None,
+    };
+    let text = stagesim::results::temporal::section(dir, traces, notes.as_deref());
+    if print {
+        print!("{text}");
+    } else {
+        let old = std::fs::read_to_string(out).unwrap_or_default();
+        std::fs::write(out, stagesim::results::temporal::splice(&old, &text))
+            .with_context(|| format!("{}", out.display()))?;
+        println!(
+            "stagesim results: wrote the temporal section of {}",
             out.display()
         );
     }

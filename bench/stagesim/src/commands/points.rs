@@ -35,9 +35,7 @@ fn short(s: &str, n: usize) -> String {
 /// `stagesim discover --binary`.
 pub fn discover_points(a: DiscoverArgs) -> anyhow::Result<()> {
     let binary = a.binary.clone().context("--binary")?;
-    let policy = SimPolicy::parse(&a.policy)
-        .filter(|p| p.host_sched_kind().is_some())
-        .with_context(|| format!("--policy '{}': static or proportional", a.policy))?;
+    let (policy, visit) = super::discover::candidate_policy(&a)?;
     let objective_name = a.objective.clone().unwrap_or_else(|| "tput".into());
     let objective = Objective::parse(&objective_name)
         .with_context(|| format!("--objective '{objective_name}': cpi, l2 or tput"))?;
@@ -109,7 +107,6 @@ pub fn discover_points(a: DiscoverArgs) -> anyhow::Result<()> {
         "equal" => false,
         other => anyhow::bail!("--static-weights '{other}': equal or load"),
     };
-    cfg.steal = a.steal;
     eprintln!(
         "stagesim discover: ≤ {} replays: ≤ {} screening ({} % of every thread), then every choice of N = 2..={} among {} kept whose stages hold ≥ {} % of a request ({} % of every thread; {} at {} cores, migration {}+{} cycles CPU, {} latency, transfer {} cycles, score {})",
         total,
@@ -190,8 +187,18 @@ pub fn discover_points(a: DiscoverArgs) -> anyhow::Result<()> {
             ));
             let comment = vec![
                 format!(
-                    "stagesim discover --binary (seed 004 §3.1), issue 25: {} stages",
-                    ch.parts
+                    "stagesim discover --binary (seed 004 §3.1), issue 25: {} stages{}",
+                    ch.parts,
+                    if visit.is_temporal() {
+                        format!(
+                            "; scored by the temporal replay (issue 40: {} visit {}, switch {} cycles)",
+                            policy.name(),
+                            visit.name(),
+                            a.switch_cycles
+                        )
+                    } else {
+                        String::new()
+                    }
                 ),
                 format!("trace {}", a.trace.display()),
                 format!(
@@ -224,6 +231,8 @@ pub fn discover_points(a: DiscoverArgs) -> anyhow::Result<()> {
             "request_marker": a.block_at,
             "prefix_pct": a.prefix_pct,
             "policy": policy.name(),
+            "visit": visit.name(),
+            "switch_cycles": a.switch_cycles,
             "cores": a.cores,
             "migration_cycles": a.migration_cycles,
             "migration_target_cycles": a.migration_target_cycles,

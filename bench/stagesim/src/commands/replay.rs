@@ -13,7 +13,9 @@ use host_sched::config::{Budget, Config};
 use stagesim::discover::points::apply_map;
 use stagesim::groups::StageGroups;
 use stagesim::report::{self, Report};
-use stagesim::sim::{self, default_budgets, BlockRule, SimConfig, SimPolicy, SimResult, VisitRule};
+use stagesim::sim::{
+    self, default_budgets, BlockRule, SimConfig, SimPolicy, SimResult, VisitPolicy, VisitRule,
+};
 use stagesim::stagemap::StageMapFile;
 use stagesim::stream::Trace;
 
@@ -69,6 +71,8 @@ struct Plan {
     groupings: Vec<StageGroups>,
     weight_modes: Vec<bool>,
     steal_modes: Vec<bool>,
+    /// `--visit`: the visit policies.
+    visits: Vec<VisitPolicy>,
     /// The trace stage threads block at (`--block-at`), if it has it.
     block_stage: Option<usize>,
 }
@@ -164,6 +168,15 @@ fn plan(a: &ReplayArgs, cache: &mut TraceCache) -> anyhow::Result<Plan> {
         groupings,
         weight_modes: modes("static-weights", &a.static_weights, "equal", "load")?,
         steal_modes: modes("steal", &a.steal, "off", "on")?,
+        visits: a
+            .visit
+            .split(',')
+            .map(|v| {
+                VisitPolicy::parse(v.trim()).with_context(|| {
+                    format!("--visit '{v}': fifo, cohort, srpt, dbr, mg1 or color")
+                })
+            })
+            .collect::<anyhow::Result<_>>()?,
         block_stage,
         trace,
     })
@@ -227,12 +240,37 @@ fn configs(a: &ReplayArgs, p: &Plan) -> anyhow::Result<Vec<SimConfig>> {
                     }
                     continue;
                 }
-                if pol.host_sched_kind().is_none() {
-                    // baseline and pinned never migrate: one replay whatever
-                    // the grouping, migration cost, min-visit or steal.
+                if pol == SimPolicy::Baseline {
+                    // baseline never migrates: one replay whatever the
+                    // grouping, migration cost, min-visit, steal or visit.
                     let mut c = base(&p.groupings[0])?;
                     c.migration_cycles = 0;
                     configs.push(c);
+                    continue;
+                }
+                if pol == SimPolicy::Pinned {
+                    // pinned never migrates: one replay per steal mode and
+                    // visit policy (per grouping and switch cost when
+                    // temporal: the groups are the stages it orders).
+                    for &st in &p.steal_modes {
+                        for &v in &p.visits {
+                            let gs = if v.is_temporal() {
+                                &p.groupings[..]
+                            } else {
+                                &p.groupings[..1]
+                            };
+                            for g in gs {
+                                for &sw in switch_costs(a, v) {
+                                    let mut c = base(g)?;
+                                    c.migration_cycles = 0;
+                                    c.steal = st;
+                                    c.visit = v;
+                                    c.switch_cycles = sw;
+                                    configs.push(c);
+                                }
+                            }
+                        }
+                    }
                     continue;
                 }
                 let weights = if pol == SimPolicy::Static {
@@ -241,32 +279,49 @@ fn configs(a: &ReplayArgs, p: &Plan) -> anyhow::Result<Vec<SimConfig>> {
                     &[false][..]
                 };
                 for &(g, cost, mv, st) in &variants {
-                    for &lw in weights {
-                        let mut c = base(g)?;
-                        c.migration_cycles = cost;
-                        c.migration_target_cycles = a.migration_target_cycles;
-                        c.migration_latency = a.migration_latency;
-                        c.min_visit = mv;
-                        c.steal = st;
-                        if lw {
-                            let w = stagesim::analysis::load_weights(&per_stage, g);
-                            let mut b = c
-                                .budgets
-                                .take()
-                                .unwrap_or_else(|| default_budgets(&g.names, n));
-                            for (b, w) in b.iter_mut().zip(w) {
-                                b.weight = w;
+                    for (&lw, &v) in weights
+                        .iter()
+                        .flat_map(|w| p.visits.iter().map(move |v| (w, v)))
+                    {
+                        for &sw in switch_costs(a, v) {
+                            let mut c = base(g)?;
+                            c.migration_cycles = cost;
+                            c.migration_target_cycles = a.migration_target_cycles;
+                            c.migration_latency = a.migration_latency;
+                            c.min_visit = mv;
+                            c.steal = st;
+                            c.visit = v;
+                            c.switch_cycles = sw;
+                            if lw {
+                                let w = stagesim::analysis::load_weights(&per_stage, g);
+                                let mut b = c
+                                    .budgets
+                                    .take()
+                                    .unwrap_or_else(|| default_budgets(&g.names, n));
+                                for (b, w) in b.iter_mut().zip(w) {
+                                    b.weight = w;
+                                }
+                                c.budgets = Some(b);
+                                c.load_weights = true;
                             }
-                            c.budgets = Some(b);
-                            c.load_weights = true;
+                            configs.push(c);
                         }
-                        configs.push(c);
                     }
                 }
             }
         }
     }
     Ok(configs)
+}
+
+/// The switch costs replayed under visit policy `v`: `--switch-cycles`
+/// when it is temporal, else one (unused) cost.
+fn switch_costs(a: &ReplayArgs, v: VisitPolicy) -> &[u64] {
+    if v.is_temporal() {
+        &a.switch_cycles
+    } else {
+        &a.switch_cycles[..1]
+    }
 }
 
 /// Runs every replay of `configs` on `jobs` threads; results in order.

@@ -17,7 +17,8 @@
 //! migration costs, `auto`'s choice, the acceptance lines), `sweep.rs`
 //! (migration cost × grouping, stage visits), `tables.rs` (model variants,
 //! footprint-host), `discovery.rs` (stage discovery), `verdict.rs` (issue
-//! 25: where staging a database pays), `input.rs` (the typed
+//! 25: where staging a database pays), `temporal.rs` (issue 40: temporal
+//! staging, a section of its own), `input.rs` (the typed
 //! JSON inputs and shared helpers).
 
 use std::fmt::Write as _;
@@ -33,6 +34,7 @@ mod overview;
 mod policies;
 mod sweep;
 mod tables;
+pub mod temporal;
 mod verdict;
 
 /// Start marker of the section.
