@@ -35,6 +35,9 @@
  * 'T' in the table (dispatch_command), the tool checks whether the control
  * file (--ctl-file) exists and switches tracing on/off accordingly, so the
  * traced window starts and ends exactly at a command boundary.
+ * --max-instrs bounds the traced instructions: once the windows hold that
+ * many, the next 'T' entry ends tracing for good (so the last window also
+ * ends at a command boundary; stagevm-discover's bound on a capture).
  *
  * Independent count: every guest instruction also increments an inline IR
  * counter (like lackey's instruction counter); the counts at the switch
@@ -75,6 +78,7 @@ static const HChar* clo_exe = "mariadbd";  /* basename of the executable the tab
 static const HChar* clo_stats = NULL;      /* key = value statistics file */
 static Bool clo_trace_mem = True;
 static Bool clo_start_on = False;          /* trace from the start */
+static ULong clo_max_instrs = 0;           /* 0: no bound on the traced instructions */
 
 static Bool st_process_cmd_line_option(const HChar* arg)
 {
@@ -85,6 +89,7 @@ static Bool st_process_cmd_line_option(const HChar* arg)
    else if VG_STR_CLO(arg, "--stats-file", clo_stats) {}
    else if VG_BOOL_CLO(arg, "--trace-mem", clo_trace_mem) {}
    else if VG_BOOL_CLO(arg, "--start-on", clo_start_on) {}
+   else if VG_INT_CLO(arg, "--max-instrs", clo_max_instrs) {}
    else return False;
    return True;
 }
@@ -98,7 +103,8 @@ static void st_print_usage(void)
 "    --ctl-file=PATH       trace while PATH exists (checked at 'T' functions)\n"
 "    --start-on=no|yes     trace from the start, ignoring --ctl-file [no]\n"
 "    --trace-mem=no|yes    emit LOAD/STORE records [yes]\n"
-"    --stats-file=PATH     write counters as 'key = value' lines at exit\n");
+"    --stats-file=PATH     write counters as 'key = value' lines at exit\n"
+"    --max-instrs=N        stop tracing at the first 'T' entry after N traced instructions [0: never]\n");
 }
 
 static void st_print_debug_usage(void) { VG_(printf)("    (none)\n"); }
@@ -285,6 +291,7 @@ static ULong n_instr_inline;     /* every executed guest instruction (inline IR 
 static ULong inline_at_on, inline_window;
 static ULong n_fetch, n_fetch_instrs, n_loads, n_stores, n_stage_recs, n_thread_recs;
 static ULong n_windows, n_depth_overflow;
+static Bool  max_reached = False;  /* --max-instrs hit: tracing stays off */
 static UInt  threads_seen;
 
 static inline UInt cur_stage(ThreadSt* t)
@@ -308,6 +315,15 @@ static void check_ctl(void)
    struct vg_stat st;
    SysRes r = VG_(stat)(clo_ctl, &st);
    Bool want = !sr_isError(r);
+   if (clo_max_instrs && !max_reached) {
+      ULong traced = inline_window + (tracing ? n_instr_inline - inline_at_on : 0);
+      if (traced >= clo_max_instrs) {
+         max_reached = True;
+         VG_(umsg)("stgtrace: --max-instrs=%llu reached (%llu traced): tracing stays off\n",
+                   clo_max_instrs, traced);
+      }
+   }
+   if (max_reached) want = False;
    if (want == tracing) return;
    if (want) {
       UInt i;
@@ -629,10 +645,11 @@ static void st_fini(Int exitcode)
             "window_instructions_per_thread_sum = %llu\n"
             "fetch_records = %llu\nload_records = %llu\nstore_records = %llu\n"
             "stage_records = %llu\nthread_records = %llu\nthreads = %u\n"
-            "windows = %llu\nstage_stack_overflows = %llu\nraw_bytes = %llu\n",
+            "windows = %llu\nstage_stack_overflows = %llu\nraw_bytes = %llu\n"
+            "max_instrs_reached = %u\n",
             n_instr_inline, inline_window, n_fetch_instrs, per_thread,
             n_fetch, n_loads, n_stores, n_stage_recs, n_thread_recs, threads_seen,
-            n_windows, n_depth_overflow, bytes_written);
+            n_windows, n_depth_overflow, bytes_written, (UInt)max_reached);
          VG_(write)(fd, buf, n);
          VG_(close)(fd);
       }
