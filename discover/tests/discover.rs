@@ -275,3 +275,66 @@ fn bad_inputs_get_errors_that_say_what_is_wrong_and_what_to_do() {
     let e = run(&k.server, &load, &["--stages", "1..9"], &serve);
     assert!(e.contains("'1..9'"), "{e}");
 }
+
+#[test]
+fn a_capture_is_bounded_in_traced_instructions_and_in_time() {
+    let Some(k) = kit() else { return };
+    let port = free_port().to_string();
+    let srv = k.server.display().to_string();
+    let trace = k.dir.join("bounded.zst");
+    // 400 requests are ~9.6 M instructions; the bound stops tracing at the
+    // first request start after 2 M. The load then sleeps: --duration stops it.
+    let load = format!("{srv} load {port} 4 100; sleep 600");
+    let t0 = std::time::Instant::now();
+    let o = discover(
+        k,
+        &[
+            "--binary",
+            &srv,
+            "--max-instrs",
+            "2000000",
+            "--duration",
+            "3",
+            "--trace-only",
+            &trace.display().to_string(),
+            "--load",
+            &load,
+            "--",
+            &srv,
+            "serve",
+            &port,
+        ],
+    );
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(
+        err.contains("--duration 3 s reached: the load is stopped"),
+        "{err}"
+    );
+    let line = err
+        .lines()
+        .find(|l| l.contains("] traced "))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains("(--max-instrs reached)"), "{line}");
+    let instrs: u64 = line
+        .split("traced ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    // At most one more request (~24 000 instructions) per connection thread past the bound.
+    assert!((2_000_000..2_500_000).contains(&instrs), "{line}");
+    assert!(t0.elapsed().as_secs() < 60, "took {:?}", t0.elapsed());
+    assert!(trace.metadata().unwrap().len() > 0);
+    // The load's process group went with it: its sleep is gone.
+    let sleeping = Command::new("pgrep")
+        .args(["-f", "sleep 600"])
+        .output()
+        .unwrap();
+    assert!(
+        sleeping.stdout.is_empty(),
+        "the load's sleep survived: {}",
+        String::from_utf8_lossy(&sleeping.stdout)
+    );
+    TcpListener::bind(format!("127.0.0.1:{port}")).expect("the server was stopped");
+}
