@@ -4,6 +4,12 @@
 #   bench/capture/capture.sh [--workloads "oltp_read_only oltp_read_write tpcc"]
 #                            [--events N] [--tpcc-events N] [--warehouses N]
 #                            [--threads N] [--no-validate] [--force]
+#                            [--discover-map DIR]
+#
+# --discover-map DIR: instead of traces, stagevm-discover's whole path on each
+# workload (request marker do_command, the same server, warm-up, window and
+# load): DIR/mariadb-<workload>.stagemap and DIR/mariadb-<workload>-discover.txt
+# (its report), for this host's cores and L2.
 #
 # tpcc is bench/capture/tpcc.lua (TPC-C's five transactions); its validation
 # also counts the transaction mix in the trace (tpcc_mix.py).
@@ -27,6 +33,7 @@ TABLE_SIZE=10000
 SEED=1
 VALIDATE=1
 FORCE=0
+DISCOVER_MAP=""
 PORT=${CAPTURE_PORT:-33917}
 
 while [ $# -gt 0 ]; do
@@ -39,7 +46,8 @@ while [ $# -gt 0 ]; do
     --threads) THREADS="$2"; shift 2 ;;
     --no-validate) VALIDATE=0; shift ;;
     --force) FORCE=1; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --discover-map) DISCOVER_MAP="$2"; shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "capture.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -76,9 +84,10 @@ say "mariadbd $MDB_VERSION; $VG_VERSION; $SB_VERSION"
 
 # ---------------------------------------------------------------- the tool
 mkdir -p "$BUILD" "$OUT"
-say "building the stgtrace Valgrind tool (if needed)"
-VALGRIND_LIB="$("$HERE/build_tool.sh")"
-export VALGRIND_LIB
+say "building the stgtrace Valgrind tool (if needed) and stagevm-discover"
+"$HERE/build_tool.sh" >/dev/null
+(cd "$ROOT" && cargo build --release -q -p stagevm-discover -p stagesim)
+DISCOVER="$ROOT/target/release/stagevm-discover"
 
 say "resolving stage functions ($HERE/mariadb-stages.toml)"
 "$PY" "$HERE/resolve_stages.py" "$HERE/mariadb-stages.toml" "$MARIADBD" \
@@ -87,7 +96,6 @@ say "resolving stage functions ($HERE/mariadb-stages.toml)"
 # ---------------------------------------------------------------- server
 WORK="$(mktemp -d /tmp/stagevm-capture.XXXXXX)"
 SERVER_PID=""
-ZSTD_PID=""
 cleanup() {
   local rc=$?
   if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
@@ -95,7 +103,6 @@ cleanup() {
     for _ in $(seq 30); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 1; done
     kill -9 "$SERVER_PID" 2>/dev/null || true
   fi
-  if [ -n "$ZSTD_PID" ] && kill -0 "$ZSTD_PID" 2>/dev/null; then kill "$ZSTD_PID" 2>/dev/null || true; fi
   rm -rf "$WORK"
   exit $rc
 }
@@ -142,7 +149,7 @@ TPCC_TABLES="warehouse district customer history new_orders orders order_line it
 # does workload $1 need capturing (else its trace is reused)?
 wanted() {
   local dest="$OUT/mariadb-$1.strace.zst"
-  [ "$FORCE" = 1 ] || ! [ -s "$dest" ] || ! [ -s "$dest.stages.toml" ]
+  [ -n "$DISCOVER_MAP" ] || [ "$FORCE" = 1 ] || ! [ -s "$dest" ] || ! [ -s "$dest.stages.toml" ]
 }
 NEED_OLTP=0; NEED_TPCC=0
 for wl in $WORKLOADS; do
@@ -200,38 +207,24 @@ if [ "$NEED_TPCC" = 1 ]; then
   rm -rf "$WORK/template-tpcc"; mv "$WORK/data" "$WORK/template-tpcc"
 fi
 
-# one run of a workload under Valgrind tool $1 ("stgtrace" or "callgrind")
-# $2 workload; writes $WORK/<tool>.* files
-run_under() {
-  local tool=$1 wl=$2
-  local template="$WORK/template" ev=$EVENTS
+# The workload's datadir template, event options and buffer pool ($1 workload):
+# sets TEMPLATE, EV, EVOPT and BP_OPTS, and copies the template to $WORK/data.
+prepare_run() {
+  local wl=$1
+  TEMPLATE="$WORK/template" EV=$EVENTS
   BP_OPTS="--innodb-buffer-pool-size=128M --innodb-buffer-pool-size-max=256M"
-  if [ "$wl" = tpcc ]; then template="$WORK/template-tpcc"; ev=$TPCC_EVENTS; BP_OPTS=$TPCC_BP_OPTS; fi
-  local evopt=(--events="$ev")
+  if [ "$wl" = tpcc ]; then TEMPLATE="$WORK/template-tpcc"; EV=$TPCC_EVENTS; BP_OPTS=$TPCC_BP_OPTS; fi
+  EVOPT=(--events="$EV")
   # tpcc: exactly TPCC_EVENTS/THREADS transactions per connection, so the
   # mix and every connection's work do not depend on the scheduling (the
   # stgtrace and the callgrind run do the same transactions)
-  [ "$wl" = tpcc ] && evopt=(--events="$(( ev + THREADS ))" --thread-events="$(( ev / THREADS ))")
-  rm -rf "$WORK/data"; cp -a "$template" "$WORK/data"
-  rm -f "$WORK/ctl"
-  local vgopts=(--tool="$tool" --log-file="$WORK/$tool.vg.log")
-  if [ "$tool" = stgtrace ]; then
-    rm -f "$WORK/trace.fifo"; mkfifo "$WORK/trace.fifo"
-    zstd -q -T1 -3 -f -o "$WORK/trace.zst" <"$WORK/trace.fifo" &
-    ZSTD_PID=$!
-    vgopts+=(--out="$WORK/trace.fifo" --stages="$BUILD/stages.tbl" --exe=mariadbd
-             --ctl-file="$WORK/ctl" --stats-file="$WORK/stgtrace.stats")
-  else
-    vgopts+=(--callgrind-out-file="$WORK/callgrind.out" --separate-threads=yes)
-  fi
-  say "$wl: starting mariadbd under valgrind --tool=$tool"
-  # shellcheck disable=SC2046
-  valgrind "${vgopts[@]}" "$MARIADBD" $(server_opts) >"$WORK/mariadbd.out" 2>&1 &
-  SERVER_PID=$!
-  wait_ready 900
-  say "$wl: server up; warm-up (not traced): read every table once into the buffer pool"
-  local warm="" i
-  if [ "$wl" = tpcc ]; then
+  [ "$wl" = tpcc ] && EVOPT=(--events="$(( EV + THREADS ))" --thread-events="$(( EV / THREADS ))")
+  rm -rf "$WORK/data"; cp -a "$TEMPLATE" "$WORK/data"
+}
+# SQL that reads every table once into the buffer pool ($1 workload).
+warm_sql() {
+  local i warm=""
+  if [ "$1" = tpcc ]; then
     # every row of every table (clustered index) and the two secondary indexes
     warm="USE tpcc; SELECT SUM(w_ytd) FROM warehouse; SELECT SUM(d_ytd) FROM district;
       SELECT SUM(LENGTH(c_data)) FROM customer FORCE INDEX (PRIMARY);
@@ -242,39 +235,97 @@ run_under() {
       SELECT SUM(ol_amount) FROM order_line; SELECT SUM(i_price) FROM item;
       SELECT SUM(s_quantity), SUM(LENGTH(s_data)) FROM stock;"
   else
-  for i in $(seq "$TABLES"); do
-    warm+="SELECT SUM(id), SUM(k), SUM(LENGTH(c)) FROM sbtest.sbtest$i;"
-    warm+="SELECT SUM(k) FROM sbtest.sbtest$i FORCE INDEX (k_$i);"
-  done
+    for i in $(seq "$TABLES"); do
+      warm+="SELECT SUM(id), SUM(k), SUM(LENGTH(c)) FROM sbtest.sbtest$i;"
+      warm+="SELECT SUM(k) FROM sbtest.sbtest$i FORCE INDEX (k_$i);"
+    done
   fi
-  mariadb --no-defaults --socket="$SOCK" -uroot -e "$warm" >/dev/null
-  # window open: the tool starts at the next dispatch_command (the DO 1 below)
-  if [ "$tool" = stgtrace ]; then touch "$WORK/ctl"; else callgrind_control -z "$SERVER_PID" >/dev/null 2>&1; fi
-  mariadb --no-defaults --socket="$SOCK" -uroot -e "DO 1"
+  printf '%s' "$warm"
+}
+# The sysbench command line of workload $1 (one string, quoted for sh -c).
+sysbench_cmd() {
+  local sbwl=("$1" "${SB_COMMON[@]}")
+  [ "$1" = tpcc ] && sbwl=("$HERE/tpcc.lua" "${SB_TPCC[@]}")
+  printf '%q ' sysbench "${sbwl[@]}" --threads="$THREADS" "${EVOPT[@]}" --time=0 \
+    --rand-seed="$SEED" --db-ps-mode=disable --report-interval=10 run
+}
+MYSQL_ROOT=(mariadb --no-defaults --socket="$SOCK" -uroot)
+PING="$(printf '%q ' mariadb-admin --no-defaults --socket="$SOCK" -uroot ping)"
+
+# The stgtrace run of workload $1 through stagevm-discover --trace-only (the
+# capture every user of the tool gets: server under the tool, the window at
+# dispatch_command boundaries, the load, the server stopped whatever happens).
+# Writes $WORK/trace.zst, $WORK/stgtrace.{stats,vg.log,sysbench.log}.
+run_stgtrace() {
+  local wl=$1
+  prepare_run "$wl"
+  say "$wl: mariadbd under valgrind --tool=stgtrace (stagevm-discover --trace-only); window: $EV transactions, $THREADS connections"
+  # shellcheck disable=SC2046
+  "$DISCOVER" --trace-only "$WORK/trace.zst" --table "$BUILD/stages.tbl" --binary "$MARIADBD" \
+    --work-dir "$WORK/stg" --max-instrs 0 --duration 3600 --ready-timeout 900 --stop-timeout 600 \
+    --ready "$PING" \
+    --warmup "$(printf '%q ' "${MYSQL_ROOT[@]}" -e "$(warm_sql "$wl")")" \
+    --load "$(printf '%q ' "${MYSQL_ROOT[@]}" -e 'DO 1') && $(sysbench_cmd "$wl") >$(printf '%q' "$WORK/stgtrace.sysbench.log")" \
+    --close "$PING" \
+    -- "$MARIADBD" $(server_opts) 2>&1 | sed -u 's/^/    /'
+  cp "$WORK/stg/stgtrace.stats" "$WORK/stgtrace.stats"
+  cp "$WORK/stg/valgrind.log" "$WORK/stgtrace.vg.log"
+  grep -E 'transactions:|queries:|total time:' "$WORK/stgtrace.sysbench.log" | sed 's/^/    sysbench: /' || true
+  grep -q "transactions:" "$WORK/stgtrace.sysbench.log" || { echo "sysbench failed"; cat "$WORK/stgtrace.sysbench.log"; exit 1; }
+}
+
+# stagevm-discover's whole path on workload $1 (see --discover-map).
+run_discover() {
+  local wl=$1
+  prepare_run "$wl"
+  mkdir -p "$DISCOVER_MAP"
+  say "$wl: stagevm-discover on mariadbd (request marker do_command); window: $EV transactions, $THREADS connections"
+  # shellcheck disable=SC2046
+  "$DISCOVER" --binary "$MARIADBD" --request do_command \
+    --out "$DISCOVER_MAP/mariadb-$wl.stagemap" --work-dir "$WORK/discover-$wl" \
+    --duration 3600 --ready-timeout 900 --stop-timeout 600 \
+    --ready "$PING" \
+    --warmup "$(printf '%q ' "${MYSQL_ROOT[@]}" -e "$(warm_sql "$wl")")" \
+    --load "$(printf '%q ' "${MYSQL_ROOT[@]}" -e 'DO 1') && $(sysbench_cmd "$wl") >$(printf '%q' "$WORK/discover.sysbench.log")" \
+    --close "$PING" \
+    -- "$MARIADBD" $(server_opts) | tee "$DISCOVER_MAP/mariadb-$wl-discover.txt"
+  grep -E 'transactions:|queries:' "$WORK/discover.sysbench.log" | sed 's/^/    sysbench: /' || true
+}
+
+# The callgrind run of workload $1 (the independent instruction count);
+# writes $WORK/callgrind.* files.
+run_callgrind() {
+  local wl=$1
+  prepare_run "$wl"
+  say "$wl: starting mariadbd under valgrind --tool=callgrind"
+  # shellcheck disable=SC2046
+  valgrind --tool=callgrind --log-file="$WORK/callgrind.vg.log" --callgrind-out-file="$WORK/callgrind.out" \
+    --separate-threads=yes "$MARIADBD" $(server_opts) >"$WORK/mariadbd.out" 2>&1 &
+  SERVER_PID=$!
+  wait_ready 900
+  say "$wl: server up; warm-up (not counted): read every table once into the buffer pool"
+  "${MYSQL_ROOT[@]}" -e "$(warm_sql "$wl")" >/dev/null
+  callgrind_control -z "$SERVER_PID" >/dev/null 2>&1
+  "${MYSQL_ROOT[@]}" -e "DO 1"
   local ts; ts=$(date +%s)
-  say "$wl: sysbench $wl: $ev transactions, $THREADS connections (traced window)"
-  local sbwl=("$wl" "${SB_COMMON[@]}")
-  [ "$wl" = tpcc ] && sbwl=("$HERE/tpcc.lua" "${SB_TPCC[@]}")
-  sysbench "${sbwl[@]}" --threads="$THREADS" "${evopt[@]}" --time=0 \
-    --rand-seed="$SEED" --db-ps-mode=disable --report-interval=10 run \
-    | tee "$WORK/$tool.sysbench.log" | sed -u 's/^/    sysbench: /' \
+  say "$wl: sysbench $wl: $EV transactions, $THREADS connections (counted window)"
+  sh -c "$(sysbench_cmd "$wl")" | tee "$WORK/callgrind.sysbench.log" | sed -u 's/^/    sysbench: /' \
     | grep --line-buffered -E 'sysbench: \[|transactions:|queries:|total time:' || true
-  # window close: the next dispatch_command (the ping) sees no control file
-  if [ "$tool" = stgtrace ]; then
-    rm -f "$WORK/ctl"
-    mariadb-admin --no-defaults --socket="$SOCK" -uroot ping >/dev/null
-  else
-    callgrind_control -d "$SERVER_PID" >/dev/null 2>&1
-  fi
+  callgrind_control -d "$SERVER_PID" >/dev/null 2>&1
   say "$wl: window done in $(( $(date +%s) - ts )) s; stopping the server"
   stop_server
-  if [ "$tool" = stgtrace ]; then wait "$ZSTD_PID"; ZSTD_PID=""; fi
-  grep -q "transactions:" "$WORK/$tool.sysbench.log" || { echo "sysbench failed"; cat "$WORK/$tool.sysbench.log"; exit 1; }
+  grep -q "transactions:" "$WORK/callgrind.sysbench.log" || { echo "sysbench failed"; cat "$WORK/callgrind.sysbench.log"; exit 1; }
 }
 
 sb_field() {  # $1 log, $2 field name (transactions|queries)
   sed -n "s/^ *$2: *\([0-9]*\).*/\1/p" "$1" | head -1
 }
+
+if [ -n "$DISCOVER_MAP" ]; then
+  for wl in $WORKLOADS; do run_discover "$wl"; done
+  say "done"
+  exit 0
+fi
 
 for wl in $WORKLOADS; do
   dest="$OUT/mariadb-$wl.strace.zst"
@@ -282,7 +333,7 @@ for wl in $WORKLOADS; do
     say "$wl: $dest exists (use --force to recapture)"; continue
   fi
   tw=$(date +%s)
-  run_under stgtrace "$wl"
+  run_stgtrace "$wl"
   cp "$WORK/trace.zst" "$dest.tmp"
   say "$wl: trace $(du -h "$dest.tmp" | cut -f1); decoding it for statistics"
   "$PY" "$HERE/trace_stats.py" --json "$WORK/stats.json" "$dest.tmp" >"$WORK/trace_stats.txt"
@@ -297,7 +348,7 @@ for wl in $WORKLOADS; do
   fi
   cg_ir=""
   if [ "$VALIDATE" = 1 ]; then
-    run_under callgrind "$wl"
+    run_callgrind "$wl"
     # the zeroed-then-dumped part is callgrind.out.1-<thread> (one file per thread)
     # (a thread that ran do_command in the window is a connection thread)
     for f in "$WORK"/callgrind.out.1-*; do
