@@ -13,7 +13,7 @@ setup:
     #!/usr/bin/env bash
     set -euo pipefail
     missing=()
-    for pkg in build-essential util-linux linux-headers-cloud-amd64 zstd python3 python3-venv strace iproute2 pkg-config kmod; do
+    for pkg in build-essential util-linux linux-headers-cloud-amd64 zstd python3 python3-venv strace iproute2 pkg-config kmod valgrind; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
     done
     if [ ${#missing[@]} -gt 0 ]; then
@@ -51,7 +51,8 @@ test: guest linux-agent
 packages: build linux-agent
     #!/usr/bin/env bash
     set -euo pipefail
-    cargo build --release -q -p stagevm-hostd
+    cargo build --release -q -p stagevm-hostd -p stagevm-discover -p stagesim
+    bench/capture/build_tool.sh >/dev/null
     command -v cargo-deb >/dev/null || cargo install cargo-deb --locked --version 3.7.0
     packaging/deb/build.sh
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds stagevm's Debian packages into target/debian/ (run from anywhere;
 # `just packages` runs it after building what it packs):
-#   stagevm              host: the VMM, stagevm-remote, stagevm-hostd, the
-#                        systemd units, /etc/stagevm/{host,budgets}.toml
+#   stagevm              host: the VMM, stagevm-remote, stagevm-hostd,
+#                        stagevm-discover (with stagesim and the stgtrace
+#                        Valgrind tool in /usr/lib/stagevm), the systemd
+#                        units, /etc/stagevm/{host,budgets}.toml
 #                        (cargo-deb, from vmm/Cargo.toml's [package.metadata.deb])
 #   stagevm-agent-dkms   guest: the agent module's source under DKMS, built
 #                        for every kernel with headers and on kernel updates
@@ -10,7 +12,8 @@
 #   libstage-dev         guest: stage.h, libstage.a, libstage.pc
 # The guest packages are laid out here and packed with dpkg-deb (Debian's
 # own tool; they hold C, not a cargo crate).
-# Needs: target/release/{stagevm,stagevm-remote,stagevm-hostd},
+# Needs: target/release/{stagevm,stagevm-remote,stagevm-hostd,stagevm-discover,stagesim},
+# target/capture-build/stgtrace-amd64-linux,
 # target/linux-agent/{libstage/libstage.a,stagectl/stagectl}, cargo-deb.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,6 +25,7 @@ out=$root/target/debian
 stage=$root/target/debian/staging
 maintainer="stagevm developers <stagevm@localhost>"
 for f in target/release/stagevm target/release/stagevm-remote target/release/stagevm-hostd \
+    target/release/stagevm-discover target/release/stagesim target/capture-build/stgtrace-amd64-linux \
     target/linux-agent/libstage/libstage.a target/linux-agent/stagectl/stagectl; do
     [ -f "$f" ] || { echo "packaging: $f is missing (just packages builds it)" >&2; exit 1; }
 done

@@ -4,7 +4,9 @@
 # checks each one does its job, and purges them, checking nothing is left.
 #   stagevm              --version; the units pass systemd-analyze verify;
 #                        the default /etc/stagevm/budgets.toml boots the
-#                        test guest
+#                        test guest; stagevm-discover (with its stagesim and
+#                        stgtrace tool from /usr/lib/stagevm) maps the test
+#                        server (discover/tests/server), stagectl accepts it
 #   stagevm-agent-dkms   DKMS built and installed stagevm_agent.ko for the
 #                        Debian cloud kernel headers `just setup` installs
 #   libstage-dev         pkg-config --cflags --libs libstage links a program
@@ -96,10 +98,22 @@ request parse handle_client
 EOF
 check "stagectl --map-file accepts a stage-map file" stagectl --map-file "$work/server.stagemap"
 
+# stagevm-discover, installed, on the test server (loopback; needs valgrind)
+if command -v valgrind >/dev/null; then
+    cc -O1 -pthread -o "$work/stageserver" discover/tests/server/stageserver.c
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    check "stagevm-discover maps the test server and stagectl accepts the map" sh -c "
+        cd '$work' && stagevm-discover --stages 2..2 --cores 2 \
+            --load '$work/stageserver load $port 2 50' -- '$work/stageserver' serve $port | grep 'verdict:' &&
+        stagectl --map-file '$work/stageserver.stagemap'"
+else
+    echo "skipped: stagevm-discover on the test server (valgrind is not installed; just setup installs it)"
+fi
+
 # Purge: nothing left behind.
 check "the packages purge" env DEBIAN_FRONTEND=noninteractive apt-get purge -y -q "${packages[@]}"
 check "nothing is left (binaries, units, /etc/stagevm, DKMS source, module)" sh -c "
-    ! command -v stagevm && ! command -v stagectl &&
+    ! command -v stagevm && ! command -v stagectl && [ ! -e /usr/lib/stagevm ] &&
     [ ! -e /lib/systemd/system/stagevm@.service ] && [ ! -e /etc/stagevm ] &&
     [ ! -e /usr/src/stagevm-agent-$version ] && [ ! -e /usr/include/stagevm ] &&
     ! dkms status -m stagevm-agent | grep -q . &&
