@@ -277,8 +277,12 @@ fn run(a: Args) -> anyhow::Result<()> {
     let prefix = work.join("points");
     let djson = work.join("discover.json");
     say(&format!(
-        "request-level discovery (seed 004) for {}..{} stages at {cores} cores, L2 {} KiB",
-        a.stages.0, a.stages.1, l2.kib
+        "request-level discovery (seed 004) for {}..{} stages at {cores} cores, L2 {} KiB \
+         (minutes on a large trace; stagesim's output: {})",
+        a.stages.0,
+        a.stages.1,
+        l2.kib,
+        work.join("discover.log").display()
     ));
     let mut dargs = common.clone();
     dargs.extend([

@@ -16,7 +16,9 @@
 # prints each step's time.
 #
 # Environment: OUT=dir, TABLE_SIZE (rows of sbtest1, default 1000),
-# ROOT_ONLY=1 (the root disk only; no kernel, /init or command line).
+# ROOT_ONLY=1 (the root disk only; no kernel, /init or command line),
+# STAGEVM_MARIADB_MAP=FILE (the stage map installed as /etc/mysql/stages.map,
+# e.g. stagevm-discover's mariadbd.stagemap; default oltp_read_only.stagemap).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -25,6 +27,8 @@ out="${OUT:-$repo/target/mariadb-image}"
 rows="${TABLE_SIZE:-1000}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
+map="${STAGEVM_MARIADB_MAP:-$here/oltp_read_only.stagemap}"
+[ -f "$map" ] || { echo "mariadb-image: STAGEVM_MARIADB_MAP=$map: no such file" >&2; exit 1; }
 log() { echo "mariadb-image: $*" >&2; }
 t0=$(date +%s)
 
@@ -68,7 +72,7 @@ while [ ${#queue[@]} -gt 0 ]; do
         case "$dep" in lib* | zlib1g) [ -z "${seen[$dep]:-}" ] && queue+=("$dep") ;; esac
     done
 done
-key="$( { ls "$debs" | sort; cat "$here/my.cnf" "$here/oltp_read_only.stagemap" "$here"/refused/*; echo "rows=$rows"; } | sha256sum | cut -c1-12)"
+key="$( { ls "$debs" | sort; cat "$here/my.cnf" "$map" "$here"/refused/*; echo "rows=$rows"; } | sha256sum | cut -c1-12)"
 if [ -f "$out/root.ext4" ] && [ -f "$out/expected.tsv" ] && [ "$(cat "$out/root.key" 2>/dev/null)" = "$key" ]; then
     log "root disk cached ($key)"
 else
@@ -85,7 +89,7 @@ else
     done
     mkdir -p "$root"/{etc/mysql,proc,sys,dev,tmp,run/mysqld,var/lib/mysql,mnt}
     install -m 644 "$here/my.cnf" "$root/etc/mysql/my.cnf"
-    install -m 644 "$here/oltp_read_only.stagemap" "$root/etc/mysql/stages.map"
+    install -m 644 "$map" "$root/etc/mysql/stages.map"
     mkdir -p "$root/etc/mysql/refused" && install -m 644 "$here"/refused/*.stagemap "$root/etc/mysql/refused/"
     printf 'root:x:0:0:root:/root:/bin/sh\nmysql:x:100:101::/nonexistent:/bin/false\n' > "$root/etc/passwd"
     printf 'root:x:0:\nmysql:x:101:\n' > "$root/etc/group"

@@ -52,7 +52,9 @@ from stagevm_harness.vm import LOG_LEVEL, REPO, Console, launch_stagevm, logger,
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.environ.get("OUT", os.path.join(REPO, "target", "mariadb-image"))
-MAP = os.path.join(HERE, "oltp_read_only.stagemap")
+# The map build.sh installed as GUEST_MAP (STAGEVM_MARIADB_MAP, e.g. the one
+# stagevm-discover wrote; README "Stage your own server", step 2).
+MAP = os.environ.get("STAGEVM_MARIADB_MAP") or os.path.join(HERE, "oltp_read_only.stagemap")
 GUEST_MAP = "/mnt/etc/mysql/stages.map"
 GUEST_BINARY = "/mnt/usr/sbin/mariadbd"
 # The guest's progress lines up to its commands, each awaited in turn: the
