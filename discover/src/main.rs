@@ -270,8 +270,9 @@ fn run(a: Args) -> anyhow::Result<()> {
         SLICE.to_string(),
         "--transfer-cycles".into(),
         TRANSFER_CYCLES.to_string(),
+        // The VMM's `static` without budgets: equal weights (host-sched).
         "--static-weights".into(),
-        "load".into(),
+        "equal".into(),
     ];
     common.extend(a.mechanism.args());
     let prefix = work.join("points");

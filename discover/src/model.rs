@@ -251,7 +251,7 @@ pub struct Prediction {
     pub baseline: SimResult,
     /// Threads pinned to cores, unstaged.
     pub pinned: SimResult,
-    /// Staged by the map (host-sched `static`, weights by load).
+    /// Staged by the map (host-sched `static`, equal weights, as the VMM runs it without budgets).
     pub staged: SimResult,
 }
 
