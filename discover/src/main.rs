@@ -29,7 +29,8 @@ struct Args {
     /// The server's ELF binary, with function symbols (.symtab or .dynsym); default: SERVER.
     #[arg(long)]
     binary: Option<PathBuf>,
-    /// The function a thread enters to serve each request (default: the first of do_command,
+    /// The function a thread enters to serve each request: a C function or C++ free function by
+    /// name, anything else by its mangled symbol (default: the first of do_command,
     /// ap_process_request, handle_request, process_request the binary has).
     #[arg(long, value_name = "SYMBOL")]
     request: Option<String>,
