@@ -1,7 +1,7 @@
 //! One capture: the server under Valgrind's stgtrace tool, a load command
 //! driving it inside a traced window, bounded in time (`--duration`) and in
 //! traced instructions (`--max-instrs`), and the server stopped afterwards
-//! whatever happens (an error, a panic or Ctrl-C: [`Children`]'s drop).
+//! whatever happens (an error, a panic or Ctrl-C: a drop guard over the children).
 //!
 //! The window opens when the control file exists at a request's start (the
 //! tool checks it at every entry of a `T` function of its table) and closes
