@@ -146,52 +146,59 @@ verdict() {
 
 # Issue 40: temporal staging (visit orders of OS threads) beside spatial on
 # the MariaDB traces. Per trace and L2 (256, 512, 2048 KiB): the references
-# (baseline, pinned, pinned with idle stealing) at 2/4/6/8 cores; per map
-# (the hand map; the request-level map `discover --binary` found best,
-# written by the verdict above or here) and mechanism (results/temporal.rs
-# documents each cost): temporal (pinned, stealing, a visit policy),
-# spatial (static) and both (static with SRPT); auto trialling all four
-# modes over $TLAPS laps at 4 cores; and a switch-cost sweep at 4 cores.
-# Cut to fit the hour on one job (said in the section): all five visit
-# policies at 4 cores, cohort and SRPT at 2/6/8; the Linux mechanisms with
-# SRPT only; `both` with SRPT only; replays of the first $TPCT % of each
-# trace (STAGESIM_TEMPORAL_PCT, replay order; auto and its references:
-# $TLAPS laps of it).
+# (baseline, pinned, pinned with idle stealing) at 2/4/6/8 cores; per map —
+# the hand map, the request-level map `discover --binary` scores best for
+# spatial staging (`best`) and the one it scores best for temporal staging
+# (`tbest`, up to 6 stages) — and mechanism (results/temporal.rs documents
+# each cost): temporal (pinned, stealing, a visit policy), spatial (static)
+# and both (static with SRPT); auto trialling all four modes over $TLAPS
+# whole laps at 4 cores; and a switch-cost sweep at 4 cores. Cut to fit the
+# hour on one job (the section says so): the grid replays the first $TPCT %
+# of each trace in replay order (STAGESIM_TEMPORAL_PCT; auto and its
+# references run whole laps); all five visit policies at 4 cores only, and
+# not on `tbest`; the sched_ext and Linux mechanisms with SRPT only, not at
+# 512 KiB; `both` with SRPT and the unikernel; auto and the sweep at 256
+# KiB and 2 MiB; auto on the hand and `best` maps, the sweep on `best` and
+# `tbest`; discovery on 10 % of every thread.
 SW_unikernel=163
 SW_scx=2000
 SW_linux=3500
 TMECH_unikernel=(--migration-cycles 500 --migration-target-cycles 500 --migration-latency 1700)
 TMECH_scx=(--migration-cycles 25000 --migration-target-cycles 0 --migration-latency 0)
 TMECH_linux=(--migration-cycles 25000 --migration-target-cycles 0 --migration-latency 0)
-TPCT=${STAGESIM_TEMPORAL_PCT:-100}
+TPCT=${STAGESIM_TEMPORAL_PCT:-50}
 TLAPS=${STAGESIM_TEMPORAL_LAPS:-4}
+TDISC_PCT=${STAGESIM_TEMPORAL_DISCOVER_PCT:-10}
 temporal_trace() {
     local t=$1 name=$2 l2 map mech
     local batch="$out/$name-temporal.batch"
     : >"$batch"
+    # Each trace's commands apart: a later invocation that skips a done
+    # trace keeps them for the section.
+    log="$out/$name-temporal-commands.txt"
+    : >"$log"
     if [ ! -f "$out/$name-points-best.stagemap" ] && [ -x "$MARIADBD" ]; then
         run "$sim" discover --trace "$t" --binary "$MARIADBD" --cores 4 "${MECH_unikernel[@]}" "${XFER[@]}" \
-            --prefix-pct 20 --map-out "$out/$name-points" --json "$out/$name-points.json"
+            --prefix-pct "$TDISC_PCT" --map-out "$out/$name-points" --json "$out/$name-points.json"
     fi
     # Maps scored by the temporal replay (SRPT, the unikernel's switch):
     # finer choices allowed (up to 6 stages, each ≥ 5 % of a request).
     if [ "${STAGESIM_TEMPORAL_DISCOVER:-1}" != 0 ] && [ ! -f "$out/$name-tpoints-best.stagemap" ] \
         && [ -x "$MARIADBD" ]; then
         run "$sim" discover --trace "$t" --binary "$MARIADBD" --cores 4 --policy pinned --visit srpt \
-            --switch-cycles "$SW_unikernel" "${TMECH_unikernel[@]}" "${XFER[@]}" --prefix-pct "${TDISC_PCT:-10}" \
-            --max-parts 6 --min-stage-pct 5 --map-out "$out/$name-tpoints" --json "$out/$name-tpoints.json"
+            --switch-cycles "$SW_unikernel" "${TMECH_unikernel[@]}" "${XFER[@]}" --prefix-pct "$TDISC_PCT" \
+            --keep 7 --max-parts 6 --min-stage-pct 5 --map-out "$out/$name-tpoints" --json "$out/$name-tpoints.json"
     fi
     local instrs=() laps=(--repeat "$TLAPS") total=""
     if [ "$TPCT" != 100 ]; then
         total=$("$sim" info --trace "$t" | awk '/instructions/ { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+$/) { print $i; exit } }')
         instrs=(--instrs $((total * TPCT / 100)))
-        laps+=(--instrs $((total * TPCT / 100 * TLAPS)))
     fi
     for l2 in 256 512 2048; do
         local v=(--trace "$t" --slice 100000 --l2 "$l2:8" "${XFER[@]}" --jobs "$jobs" --static-weights load)
         add "$batch" "${v[@]}" "${instrs[@]}" --cores 2,4,6,8 --policy baseline,pinned --steal off,on \
             --json "$out/$name-t$l2-ref.json"
-        add "$batch" "${v[@]}" "${laps[@]}" --cores 4 --policy baseline,pinned --steal off,on \
+        [ "$l2" != 512 ] && add "$batch" "${v[@]}" "${laps[@]}" --cores 4 --policy baseline,pinned --steal on \
             --json "$out/$name-t$l2-ref4.json"
         local maps=(hand)
         [ -f "$out/$name-points-best.stagemap" ] && maps+=(best)
@@ -201,27 +208,34 @@ temporal_trace() {
             [ "$map" = best ] && sm=(--stage-map "$out/$name-points-best.stagemap" --binary "$MARIADBD")
             [ "$map" = tbest ] && sm=(--stage-map "$out/$name-tpoints-best.stagemap" --binary "$MARIADBD")
             for mech in unikernel scx linux; do
+                [ "$mech" != unikernel ] && [ "$l2" = 512 ] && continue
                 local ref="TMECH_$mech[@]" sw="SW_$mech"
                 local m=("${!ref}")
                 local f="$out/$name-t$l2-$mech-$map"
                 local tv=(--policy pinned --steal on --switch-cycles "${!sw}")
-                if [ "$mech" = unikernel ]; then
-                    add "$batch" "${v[@]}" "${instrs[@]}" "${m[@]}" "${sm[@]}" "${tv[@]}" --cores 2,4,6,8 \
-                        --visit cohort,srpt --json "$f.json"
-                    add "$batch" "${v[@]}" "${instrs[@]}" "${m[@]}" "${sm[@]}" "${tv[@]}" --cores 4 \
-                        --visit dbr,mg1,color --json "$f-v.json"
-                    add "$batch" "${v[@]}" "${laps[@]}" "${m[@]}" "${sm[@]}" --cores 4 --policy auto \
-                        --visit srpt --switch-cycles "${!sw}" --json "$f-auto.json"
-                else
-                    add "$batch" "${v[@]}" "${instrs[@]}" "${m[@]}" "${sm[@]}" "${tv[@]}" --cores 2,4,6,8 \
-                        --visit srpt --json "$f.json"
-                fi
-                if [ "$mech" != scx ]; then
-                    add "$batch" "${v[@]}" "${instrs[@]}" "${m[@]}" "${sm[@]}" --cores 2,4,6,8 --policy static \
-                        --visit fifo,srpt --switch-cycles "${!sw}" --json "$f-s.json"
-                fi
+                local r=("${v[@]}" "${instrs[@]}" "${m[@]}" "${sm[@]}")
+                case "$mech" in
+                unikernel)
+                    add "$batch" "${r[@]}" "${tv[@]}" --cores 2,4,6,8 --visit cohort,srpt --json "$f.json"
+                    [ "$map" != tbest ] && add "$batch" "${r[@]}" "${tv[@]}" --cores 4 --visit dbr,mg1,color \
+                        --json "$f-v.json"
+                    add "$batch" "${r[@]}" --cores 2,4,6,8 --policy static --visit fifo,srpt \
+                        --switch-cycles "${!sw}" --json "$f-s.json"
+                    if [ "$l2" != 512 ] && [ "$map" != tbest ]; then
+                        add "$batch" "${v[@]}" "${laps[@]}" "${m[@]}" "${sm[@]}" --cores 4 --policy auto \
+                            --visit srpt --switch-cycles "${!sw}" --json "$f-auto.json"
+                    fi
+                    ;;
+                scx)
+                    add "$batch" "${r[@]}" "${tv[@]}" --cores 2,4,6,8 --visit srpt --json "$f.json"
+                    ;;
+                linux)
+                    add "$batch" "${r[@]}" "${tv[@]}" --cores 2,4,6,8 --visit srpt --json "$f.json"
+                    add "$batch" "${r[@]}" --cores 2,4,6,8 --policy static --json "$f-s.json"
+                    ;;
+                esac
             done
-            if [ "$l2" != 512 ]; then
+            if [ "$l2" != 512 ] && [ "$map" != hand ]; then
                 add "$batch" "${v[@]}" "${instrs[@]}" "${TMECH_unikernel[@]}" "${sm[@]}" --cores 4 \
                     --policy pinned --steal on --visit srpt --switch-cycles 0,500,1000,2000,3500,6000,10000 \
                     --json "$out/$name-tsweep-$l2-$map.json"
@@ -238,19 +252,32 @@ temporal() {
         bench/capture/capture.sh || echo "bench-sim: capture failed; replaying cached traces only" >&2
     fi
     shopt -s nullglob
+    # A trace whose grid is done (its .done file holds the seconds it took)
+    # is not replayed again unless STAGESIM_TEMPORAL_REDO=1: a trace
+    # captured later joins the section without replaying the others.
+    local secs=0 t0
     for t in target/traces/mariadb-*.strace.zst; do
         name=$(basename "$t" .strace.zst)
         names+=("$name")
-        temporal_trace "$t" "$name"
+        if [ "${STAGESIM_TEMPORAL_REDO:-0}" = 1 ] || [ ! -f "$out/$name-temporal.done" ]; then
+            t0=$(date +%s)
+            temporal_trace "$t" "$name"
+            echo "$(( $(date +%s) - t0 )) $TPCT $TDISC_PCT" >"$out/$name-temporal.done"
+        fi
+        secs=$(( secs + $(cut -d' ' -f1 "$out/$name-temporal.done") ))
     done
     {
         echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs;" \
             "run $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" \
             "$(git diff --quiet HEAD -- bench/stagesim 2>/dev/null || echo '(bench/stagesim modified)');" \
-            "replays $jobs at a time; each replay runs the first $TPCT % of its trace ($TLAPS laps of that for \`auto\` and its references)." \
-            "Total time of this run: $(( ($(date +%s) - started + 30) / 60 )) min."
+            "replays $jobs at a time; each replay runs the first P % of its trace in replay order (\`auto\` and its references $TLAPS whole laps), discovery the first D % of every thread." \
+            "Total replay and discovery time: $(( (secs + 30) / 60 )) min ($(for n in "${names[@]}"; do read -r sec p d <"$out/$n-temporal.done"; printf '%s: %s min, P = %s, D = %s; ' "${n#mariadb-}" $(( (sec + 30) / 60 )) "$p" "$d"; done | sed 's/; $//'))." \
+            "This invocation: $(( ($(date +%s) - started + 30) / 60 )) min."
     } >"$out/temporal-env.txt"
     local list notes=()
+    for name in "${names[@]}"; do
+        cat "$out/$name-temporal-commands.txt" 2>/dev/null
+    done >"$out/temporal-commands.txt"
     list=$(IFS=,; echo "${names[*]}")
     [ -f bench/stagesim/RESULTS-temporal-notes.md ] && notes=(--notes bench/stagesim/RESULTS-temporal-notes.md)
     "$sim" results --temporal --dir "$out" --traces "$list" --out bench/RESULTS.md "${notes[@]}"

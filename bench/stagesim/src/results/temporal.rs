@@ -122,6 +122,20 @@ fn auto_mode(r: &SimResult) -> &str {
         .unwrap_or("unstaged")
 }
 
+/// `auto`'s decisions that kept a mode: `mode at N M instructions`, in order.
+fn auto_keeps(r: &SimResult) -> String {
+    let v: Vec<String> = r
+        .auto_decisions
+        .iter()
+        .filter(|(_, d)| d.contains(": keep "))
+        .map(|(at, d)| {
+            let mode = d.split(':').next().unwrap_or("?");
+            format!("{mode} at {:.0} M", *at as f64 / 1e6)
+        })
+        .collect();
+    v.join(", ")
+}
+
 /// A best cell: (×unstaged, description).
 type Best = Option<(f64, String)>;
 
@@ -168,7 +182,7 @@ pub fn section(dir: &Path, traces: &[String], notes: Option<&str>) -> String {
     );
     let env = std::fs::read_to_string(dir.join("temporal-env.txt")).unwrap_or_default();
     let _ = writeln!(o, "Written by `just bench-sim --temporal` (`stagesim results --temporal`) from one run; the commands are at the end. {}\n", env.trim());
-    let _ = writeln!(o, "Temporal staging in the replay: every core keeps a queue per stage and orders its threads' visits with the guest agent's own `guest_agent::visit::Visitor` (the code the test guest's scheduler runs); a thread yields at every stage switch into its core's queue for the stage it enters, paying the mechanism's switch cost; new threads first; an idle core steals a queued thread, and under a visit policy up to half of that stage's other waiting threads with it (the guest's rule), each steal charged as a migration. **temporal** = `pinned` with idle stealing and a visit policy (no migration at stage switches; `auto`'s temporal mode), **spatial** = `static` with load weights (issue 25's model), **both** = `static` with a visit policy (a thread migrates where its core does not serve the new stage, yields where it does). OS model as in issue 25: slices 100 000 × [0.5, 1.5] instructions, threads block at `net_read` for 100 000 cycles on average, cross-core transfers 150 cycles. Each cell: L1i misses / L2 instruction misses against the baseline, and throughput against the **better unstaged model** at the same cores and L2 — `baseline`, `pinned` or `pinned` with idle stealing (the same scheduler as temporal, FIFO order), so neither a gain from affinity nor one from stealing is counted as staging. Mechanisms:\n");
+    let _ = writeln!(o, "Temporal staging in the replay: every core keeps a queue per stage and orders its threads' visits with the guest agent's own `guest_agent::visit::Visitor` (the code the test guest's scheduler runs); a thread yields at every stage switch into its core's queue for the stage it enters, paying the mechanism's switch cost; new threads first; an idle core steals a queued thread, and under a visit policy up to half of that stage's other waiting threads with it (the guest's rule), each steal charged as a migration. **temporal** = `pinned` with idle stealing and a visit policy (no migration at stage switches; `auto`'s temporal mode), **spatial** = `static` with load weights (issue 25's model), **both** = `static` with a visit policy (a thread migrates where its core does not serve the new stage, yields where it does). OS model as in issue 25: slices 100 000 × [0.5, 1.5] instructions, threads block at `net_read` for 100 000 cycles on average, cross-core transfers 150 cycles. Each cell: L1i misses / L2 instruction misses against the baseline, and throughput against the **better unstaged model** at the same cores and L2 — `baseline`, `pinned` or `pinned` with idle stealing (the same scheduler as temporal, FIFO order), so neither a gain from affinity nor one from stealing is counted as staging. Cut to fit the hour on one job (`bench/stagesim/bench-sim.sh`, `temporal_trace`): each replay runs the first P % of its trace in replay order (10 % of that warm-up; `auto` and its references run whole laps); all five visit policies at 4 cores only, and not on the map discovered for temporal staging; the sched_ext and Linux mechanisms with SRPT only, not at 512 KiB; `both` with SRPT and the unikernel's costs only; `auto` and the switch-cost sweep at 256 KiB and 2 MiB only. Maps: the hand map; `discover --binary`'s best request-level map scored for spatial staging (issue 25's search); and its best map scored by the temporal replay (`discover --binary --policy pinned --visit srpt`: up to 6 stages of ≥ 5 % of a request each). Mechanisms:\n");
     for (tag, label) in MECHANISMS {
         let _ = writeln!(o, "- `{tag}`: {label}");
     }
@@ -287,13 +301,15 @@ fn write_trace(o: &mut String, dir: &Path, t: &str) {
                 for r in &autos {
                     if let Some((d1, d2, x)) = cell(r, &refs4) {
                         auto_lines.push(format!(
-                            "{}, {mech}, {} cores, {l2} KiB, {} laps: ends **{}** ({:+.0} / {:+.0} %, {x:.2}×)",
+                            "{}, {mech}, {} cores, {l2} KiB, {} laps ({:.0} M instructions): ends **{}** ({:+.0} / {:+.0} %, {x:.2}×); kept {}",
                             map_label(tag, r),
                             r.cores,
                             r.repeat,
+                            (r.warmup_instrs + r.total.counters.instrs) as f64 / 1e6,
                             auto_mode(r),
                             d1 * 100.0,
-                            d2 * 100.0
+                            d2 * 100.0,
+                            auto_keeps(r)
                         ));
                     }
                 }
