@@ -157,6 +157,23 @@ fn run(a: Args) -> anyhow::Result<()> {
             (name, elf::request_table(&f), names)
         }
     };
+    // The model's host, checked before the capture's minutes.
+    let cores = a
+        .cores
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    if !(1..=64).contains(&cores) {
+        bail!("--cores {cores}: must be 1..=64");
+    }
+    let l2 = match &a.l2 {
+        Some(s) => L2 {
+            kib: model::parse_size(s).map_err(|e| anyhow::anyhow!("--l2 {e}"))? / 1024,
+            ways: L2::of_host().map_or(8, |h| h.ways),
+        },
+        None => L2::of_host().unwrap_or(L2 { kib: 512, ways: 8 }),
+    };
+    stagesim::cache::Geometry::kib(l2.kib, l2.ways, 64)
+        .validate("L2")
+        .with_context(|| format!("--l2: {} KiB {}-way cannot be modelled", l2.kib, l2.ways))?;
     let exe_name = binary
         .file_name()
         .context("--binary: no file name")?
@@ -246,16 +263,6 @@ fn run(a: Args) -> anyhow::Result<()> {
     std::fs::write(&side, toml::to_string(&sidecar)?)
         .with_context(|| side.display().to_string())?;
 
-    let cores = a
-        .cores
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-    let l2 = match &a.l2 {
-        Some(s) => L2 {
-            kib: model::parse_size(s).map_err(|e| anyhow::anyhow!("--l2 {e}"))? / 1024,
-            ways: L2::of_host().map_or(8, |h| h.ways),
-        },
-        None => L2::of_host().unwrap_or(L2 { kib: 512, ways: 8 }),
-    };
     let mut common: Vec<String> = vec![
         "--trace".into(),
         cap.trace.display().to_string(),

@@ -274,6 +274,13 @@ fn bad_inputs_get_errors_that_say_what_is_wrong_and_what_to_do() {
     TcpListener::bind(format!("127.0.0.1:{port}")).expect("the server was stopped");
     let e = run(&k.server, &load, &["--stages", "1..9"], &serve);
     assert!(e.contains("'1..9'"), "{e}");
+    // The model's settings are checked before the capture.
+    let e = run(&k.server, &load, &["--l2", "100K"], &serve);
+    assert!(e.contains("--l2: 100 KiB") && !e.contains("starting the server"), "{e}");
+    let e = run(&k.server, &load, &["--l2", "2G"], &serve);
+    assert!(e.contains("'2G'"), "{e}");
+    let e = run(&k.server, &load, &["--cores", "0"], &serve);
+    assert!(e.contains("--cores 0"), "{e}");
 }
 
 #[test]
