@@ -25,6 +25,9 @@ use nix::unistd::Pid;
 /// How often the child processes are polled.
 const POLL: Duration = Duration::from_millis(100);
 
+/// Longest single try of the `--ready` command.
+const READY_TRY: Duration = Duration::from_secs(10);
+
 /// Lines of a failing program's output shown in an error.
 const TAIL_LINES: usize = 20;
 
@@ -118,8 +121,8 @@ pub enum CaptureError {
         which: &'static str,
         /// The command.
         cmd: String,
-        /// Its exit status.
-        status: ExitStatus,
+        /// Its exit status, or why it was stopped.
+        status: String,
         /// The tail of its output.
         output: String,
     },
@@ -231,7 +234,51 @@ fn shell(cmd: &str, out: &Path) -> Result<Command, CaptureError> {
     Ok(c)
 }
 
-/// Runs a shell command to its end (the server must stay up meanwhile).
+/// A shell command's child, its process group killed on drop.
+struct Group(Child);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            if let Ok(pid) = i32::try_from(self.0.id()) {
+                let _ = signal::killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Runs a shell command to its end, at most `limit` (the server must stay
+/// up meanwhile): `Ok(None)` when it ran out of time (its process group is
+/// killed), else its exit status.
+fn run_bounded(
+    ch: &mut Children,
+    which: &'static str,
+    cmd: &str,
+    out: &Path,
+    limit: Duration,
+    spec: &CaptureSpec,
+) -> Result<Option<ExitStatus>, CaptureError> {
+    let mut c = Group(
+        shell(cmd, out)?
+            .spawn()
+            .map_err(io(format!("{which}: sh -c")))?,
+    );
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = c.0.try_wait().map_err(io(which))? {
+            return Ok(Some(status));
+        }
+        check_server(ch, which, spec)?;
+        if t0.elapsed() > limit {
+            return Ok(None);
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Runs a step's shell command (warm-up, close): it must succeed within
+/// `--ready-timeout`.
 fn run_step(
     ch: &mut Children,
     which: &'static str,
@@ -239,23 +286,22 @@ fn run_step(
     out: &Path,
     spec: &CaptureSpec,
 ) -> Result<(), CaptureError> {
-    let mut c = shell(cmd, out)?
-        .spawn()
-        .map_err(io(format!("{which}: sh -c")))?;
-    loop {
-        if let Some(status) = c.try_wait().map_err(io(which))? {
-            if !status.success() {
-                return Err(CaptureError::CommandFailed {
-                    which,
-                    cmd: cmd.to_string(),
-                    status,
-                    output: tail(out, TAIL_LINES),
-                });
-            }
-            return Ok(());
-        }
-        check_server(ch, which, spec)?;
-        std::thread::sleep(POLL);
+    match run_bounded(ch, which, cmd, out, spec.ready_timeout, spec)? {
+        Some(status) if status.success() => Ok(()),
+        status => Err(CaptureError::CommandFailed {
+            which,
+            cmd: cmd.to_string(),
+            status: status.map_or_else(
+                || {
+                    format!(
+                        "still running after {} s: stopped",
+                        spec.ready_timeout.as_secs()
+                    )
+                },
+                |s| s.to_string(),
+            ),
+            output: tail(out, TAIL_LINES),
+        }),
     }
 }
 
@@ -432,10 +478,9 @@ fn drive(
         let pid = ch.server.as_ref().map_or(0, Child::id);
         let ready = match &spec.ready {
             None => listens(pid),
-            Some(c) => shell(c, &w.join("ready.out"))?
-                .status()
-                .map_err(io("the ready command"))?
-                .success(),
+            // One try at most READY_TRY; a hung one counts as not ready.
+            Some(c) => run_bounded(ch, "ready", c, &w.join("ready.out"), READY_TRY, spec)?
+                .is_some_and(|s| s.success()),
         };
         if ready {
             break;
@@ -479,7 +524,7 @@ fn drive(
                 return Err(CaptureError::CommandFailed {
                     which: "load",
                     cmd: spec.load.clone(),
-                    status,
+                    status: status.to_string(),
                     output: tail(&load_out, TAIL_LINES),
                 });
             }

@@ -66,7 +66,8 @@ struct Args {
     /// Bound on the traced instructions (0: none); the window closes at the next request's start.
     #[arg(long, default_value_t = 400_000_000)]
     max_instrs: u64,
-    /// Longest wait for the server to be ready, s.
+    /// Longest wait for the server to be ready, and longest warm-up or close command, s (one try
+    /// of --ready: 10 s at most).
     #[arg(long, default_value_t = 300)]
     ready_timeout: u64,
     /// Longest wait for the server to exit after SIGTERM before SIGKILL, s.

@@ -274,9 +274,36 @@ fn bad_inputs_get_errors_that_say_what_is_wrong_and_what_to_do() {
     TcpListener::bind(format!("127.0.0.1:{port}")).expect("the server was stopped");
     let e = run(&k.server, &load, &["--stages", "1..9"], &serve);
     assert!(e.contains("'1..9'"), "{e}");
+    // A --ready command that never succeeds.
+    let b = k.server.display().to_string();
+    let o = discover(
+        k,
+        &[
+            "--binary",
+            &b,
+            "--load",
+            &load,
+            "--ready",
+            "false",
+            "--ready-timeout",
+            "2",
+            "--",
+            &b,
+            "serve",
+            &port,
+        ],
+    );
+    let e = text(&o).1;
+    assert!(
+        !o.status.success() && e.contains("not ready within 2 s (`false` succeeding)"),
+        "{e}"
+    );
     // The model's settings are checked before the capture.
     let e = run(&k.server, &load, &["--l2", "100K"], &serve);
-    assert!(e.contains("--l2: 100 KiB") && !e.contains("starting the server"), "{e}");
+    assert!(
+        e.contains("--l2: 100 KiB") && !e.contains("starting the server"),
+        "{e}"
+    );
     let e = run(&k.server, &load, &["--l2", "2G"], &serve);
     assert!(e.contains("'2G'"), "{e}");
     let e = run(&k.server, &load, &["--cores", "0"], &serve);
