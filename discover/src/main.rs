@@ -305,7 +305,13 @@ fn run(a: Args) -> anyhow::Result<()> {
     ]);
     let mut args = vec!["discover".to_string()];
     args.extend(dargs);
-    model::stagesim(&sim, "discover", &args, &work.join("discover.log"))?;
+    model::stagesim(
+        &sim,
+        "discover",
+        &args,
+        &work.join("discover.log"),
+        &mut say,
+    )?;
     let d = model::read_discovery(&djson, a.stages.0)?;
     let chosen = work.join(format!("points-{}.stagemap", d.parts));
     let out = a.out.clone().unwrap_or_else(|| {
@@ -335,7 +341,7 @@ fn run(a: Args) -> anyhow::Result<()> {
         "--json".into(),
         rjson.display().to_string(),
     ]);
-    model::stagesim(&sim, "replay", &args, &work.join("replay.log"))?;
+    model::stagesim(&sim, "replay", &args, &work.join("replay.log"), &mut say)?;
     let p = Prediction::read(&rjson)?;
     let facts = report::Facts {
         binary: &binary,

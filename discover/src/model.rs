@@ -147,12 +147,15 @@ pub enum ModelError {
     },
 }
 
-/// Runs `stagesim ARGS`, its output into `log`.
+/// Runs `stagesim ARGS`, its output into `log`; `progress` gets the log's
+/// newest line when it changed (checked every 15 s) or once a minute (a
+/// long discovery shows where it is).
 pub fn stagesim(
     program: &Path,
     what: &'static str,
     args: &[String],
     log: &Path,
+    progress: &mut dyn FnMut(&str),
 ) -> Result<(), ModelError> {
     let spawn = |source| ModelError::Spawn {
         program: program.to_path_buf(),
@@ -160,12 +163,33 @@ pub fn stagesim(
     };
     let f = std::fs::File::create(log).map_err(spawn)?;
     let e = f.try_clone().map_err(spawn)?;
-    let status = Command::new(program)
+    let mut child = Command::new(program)
         .args(args)
         .stdout(f)
         .stderr(e)
-        .status()
+        .spawn()
         .map_err(spawn)?;
+    let t0 = std::time::Instant::now();
+    let (mut said, mut said_at) = (String::new(), t0);
+    let status = loop {
+        if let Some(s) = child.try_wait().map_err(spawn)? {
+            break s;
+        }
+        if said_at.elapsed() >= std::time::Duration::from_secs(15) {
+            // indicatif draws no bar into a file; the log's own lines say
+            // which step it is in, and a line a minute says it still runs.
+            let line = crate::capture::tail(log, 1).trim().to_string();
+            if line != said || said_at.elapsed() >= std::time::Duration::from_secs(60) {
+                progress(&format!(
+                    "stagesim {what}, {} s: {}",
+                    t0.elapsed().as_secs(),
+                    line.chars().take(160).collect::<String>()
+                ));
+                (said, said_at) = (line, std::time::Instant::now());
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
     if !status.success() {
         return Err(ModelError::Failed {
             what,
