@@ -153,22 +153,24 @@ verdict() {
 # each cost): temporal (pinned, stealing, a visit policy), spatial (static)
 # and both (static with SRPT); auto trialling all four modes over $TLAPS
 # whole laps at 4 cores; and a switch-cost sweep at 4 cores. Cut to fit the
-# hour on one job (the section says so): the grid replays the first $TPCT %
+# hour on one job (the section says so): the grid replays the first $TPCT % (default 25)
 # of each trace in replay order (STAGESIM_TEMPORAL_PCT; auto and its
 # references run whole laps); all five visit policies at 4 cores only, and
 # not on `tbest`; the sched_ext and Linux mechanisms with SRPT only, not at
 # 512 KiB; `both` with SRPT and the unikernel; auto and the sweep at 256
 # KiB and 2 MiB; auto on the hand and `best` maps, the sweep on `best` and
-# `tbest`; discovery on 10 % of every thread.
+# `tbest`; discovery on $TDISC_PCT % of every thread (default 5). The run of
+# 2026-11-28 (bench/RESULTS.md) took 42 min on one job: read-only with
+# P = 50, D = 10 (18 min), read-write and TPC-C with the defaults.
 SW_unikernel=163
 SW_scx=2000
 SW_linux=3500
 TMECH_unikernel=(--migration-cycles 500 --migration-target-cycles 500 --migration-latency 1700)
 TMECH_scx=(--migration-cycles 25000 --migration-target-cycles 0 --migration-latency 0)
 TMECH_linux=(--migration-cycles 25000 --migration-target-cycles 0 --migration-latency 0)
-TPCT=${STAGESIM_TEMPORAL_PCT:-50}
+TPCT=${STAGESIM_TEMPORAL_PCT:-25}
 TLAPS=${STAGESIM_TEMPORAL_LAPS:-4}
-TDISC_PCT=${STAGESIM_TEMPORAL_DISCOVER_PCT:-10}
+TDISC_PCT=${STAGESIM_TEMPORAL_DISCOVER_PCT:-5}
 temporal_trace() {
     local t=$1 name=$2 l2 map mech
     local batch="$out/$name-temporal.batch"
@@ -191,7 +193,8 @@ temporal_trace() {
     fi
     local instrs=() laps=(--repeat "$TLAPS") total=""
     if [ "$TPCT" != 100 ]; then
-        total=$("$sim" info --trace "$t" | awk '/instructions/ { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+$/) { print $i; exit } }')
+        # The first line: `TRACE: N instructions, …` (read whole: no broken pipe).
+        total=$("$sim" info --trace "$t" | sed -n '1s/.*: \([0-9][0-9]*\) instructions.*/\1/p')
         instrs=(--instrs $((total * TPCT / 100)))
     fi
     for l2 in 256 512 2048; do
