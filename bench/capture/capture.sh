@@ -240,7 +240,9 @@ warm_sql() {
       warm+="SELECT SUM(k) FROM sbtest.sbtest$i FORCE INDEX (k_$i);"
     done
   fi
-  printf '%s' "$warm"
+  # one line: the warm-up goes through sh -c, where printf %q would write
+  # a newline as $'\n' (bash's quoting, which dash does not read)
+  printf '%s' "${warm//$'\n'/ }"
 }
 # The sysbench command line of workload $1 (one string, quoted for sh -c).
 sysbench_cmd() {
