@@ -37,7 +37,7 @@ pub const MAX_VISIT_STAGES: usize = 16;
 /// The test unikernel's local switch, cycles: 65 ns (a thread yielding to
 /// its vCPU's scheduler and the next thread resuming, `just
 /// bench-migration`'s saturated mode; bench/RESULTS.md, "Migration
-/// microbenchmark") at the cycle model's 2.5 GHz ([`super::plans::CLOCK_HZ`]).
+/// microbenchmark") at the cycle model's 2.5 GHz (`CLOCK_HZ` in `sim/plans.rs`).
 pub const LOCAL_SWITCH_CYCLES: u64 = 163;
 
 /// `auto`'s name for the mode a replay runs (host-sched's
