@@ -3,7 +3,9 @@
 #
 #   1. a synthetic trace (sanity check of the model),
 #   2. the traces in target/traces/ (captured by bench/capture/capture.sh once,
-#      then reused; STAGESIM_CAPTURE=0 skips even trying to capture):
+#      then reused; STAGESIM_CAPTURE=0 skips even trying to capture, and
+#      stagevm-discover's whole path on oltp_read_only, its map and report
+#      in target/stagesim/mariadb-oltp_read_only{.stagemap,-discover.txt}):
 #      footprint-host: every model × 2/4/8/16 cores × slices 10 000/100 000/
 #      1 000 000 and a migration-cost sweep up to sched_setaffinity's cost;
 #      MariaDB traces (issue 16): automatic stage discovery (stagesim
@@ -305,6 +307,11 @@ run "$sim" plot --json "$out/synth.json" --out-dir "$out/plots"
 
 if [ -x bench/capture/capture.sh ] && [ "${STAGESIM_CAPTURE:-1}" != 0 ]; then
     bench/capture/capture.sh || echo "bench-sim: capture failed; replaying cached traces only" >&2
+    # The operator's path on MariaDB (issue 41): stagevm-discover's capture,
+    # discovery and report at this host's cores and L2, as README step 1.
+    echo "bench/capture/capture.sh --discover-map $out --workloads oltp_read_only" >>"$out/commands.txt"
+    bench/capture/capture.sh --discover-map "$out" --workloads oltp_read_only \
+        || echo "bench-sim: stagevm-discover on MariaDB failed" >&2
 fi
 
 shopt -s nullglob
