@@ -124,12 +124,7 @@ fn results(
     plots: &Path,
     print: bool,
 ) -> anyhow::Result<()> {
-    let notes = match notes {
-        Some(p) => {
-            Some(std::fs::read_to_string(p).with_context(|| format!("--notes {}", p.display()))?)
-        }
-        None => None,
-    };
+    let notes = read_notes(notes)?;
     let mut pngs: Vec<String> = std::fs::read_dir(plots)
         .map(|rd| {
             rd.flatten()
@@ -152,6 +147,13 @@ fn results(
     Ok(())
 }
 
+/// The hand-written notes file of `results --notes`, if one is given.
+fn read_notes(notes: Option<&Path>) -> anyhow::Result<Option<String>> {
+    notes
+        .map(|p| std::fs::read_to_string(p).with_context(|| format!("--notes {}", p.display())))
+        .transpose()
+}
+
 /// `stagesim results --temporal`: issue 40's section, between its own
 /// markers.
 fn results_temporal(
@@ -161,12 +163,7 @@ fn results_temporal(
     notes: Option<&Path>,
     print: bool,
 ) -> anyhow::Result<()> {
-    let notes = match notes {
-        Some(p) => {
-            Some(std::fs::read_to_string(p).with_context(|| format!("--notes {}", p.display()))?)
-        }
-        None => None,
-    };
+    let notes = read_notes(notes)?;
     let text = stagesim::results::temporal::section(dir, traces, notes.as_deref());
     if print {
         print!("{text}");
