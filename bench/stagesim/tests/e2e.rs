@@ -8,8 +8,11 @@ use stagesim::sim::{simulate, SimConfig, SimPolicy, SimResult, VisitRule};
 use stagesim::stream::{pack_stage, StageInfo, Trace, EV_STAGE};
 use stagesim::synth::{self, SynthConfig, SynthSummary};
 
+/// `name` in a folder of its own (tests run in parallel and each removes
+/// its folder when done: a shared one could vanish under another test's
+/// compiler or writer).
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("stagesim-test-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("stagesim-test-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }
@@ -409,6 +412,8 @@ fn captured_order_agrees_with_the_independent_simulator() {
     let _ = std::fs::remove_file(stagesim::trace::Sidecar::path_for(&path));
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(&exe);
+    let _ = std::fs::remove_dir(exe.parent().unwrap());
+    let _ = std::fs::remove_dir(path.parent().unwrap());
     let m = &r.total;
     for (name, ours) in [
         ("l1i_mpki", m.l1i_mpki),
