@@ -155,9 +155,8 @@ impl ServerBinary {
             .filter(|f| {
                 f.name == name
                     || f.name.strip_prefix(&mangled).is_some_and(|rest| {
-                        // The next character starts the parameter list, not
-                        // a longer name (`_Z10do_commandX` is another name
-                        // only if the length differed, which it cannot).
+                        // The length prefix fixes where the name ends; what
+                        // follows is the parameter list, never empty.
                         !rest.is_empty()
                     })
             })
