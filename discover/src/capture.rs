@@ -74,10 +74,8 @@ pub struct Captured {
     pub text_bias: Option<u64>,
     /// The tool's counters (`stgtrace.stats`: `key = value`).
     pub stats: BTreeMap<String, u64>,
-    /// Seconds the load ran.
+    /// Seconds the load ran (at most `--duration`).
     pub load_seconds: f64,
-    /// Whether `--duration` stopped the load.
-    pub load_stopped: bool,
 }
 
 /// Why a capture failed.
@@ -169,23 +167,32 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// A shell command's child, its process group killed on drop.
+struct Group(Child);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            if let Ok(pid) = i32::try_from(self.0.id()) {
+                let _ = signal::killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// The server and the load, stopped on drop: the load's process group
 /// killed, the server sent SIGTERM, then SIGKILL after the stop timeout.
 struct Children {
     server: Option<Child>,
-    load: Option<Child>,
+    load: Option<Group>,
     stop_timeout: Duration,
 }
 
 impl Children {
+    /// Kills the load's process group if it still runs ([`Group`]'s drop).
     fn stop_load(&mut self) {
-        if let Some(mut c) = self.load.take() {
-            if let Ok(pid) = i32::try_from(c.id()) {
-                let _ = signal::killpg(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.load = None;
     }
 
     /// SIGTERM (Valgrind passes it to the server), then SIGKILL.
@@ -232,20 +239,6 @@ fn shell(cmd: &str, out: &Path) -> Result<Command, CaptureError> {
         .stderr(e);
     c.process_group(0);
     Ok(c)
-}
-
-/// A shell command's child, its process group killed on drop.
-struct Group(Child);
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            if let Ok(pid) = i32::try_from(self.0.id()) {
-                let _ = signal::killpg(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-            let _ = self.0.wait();
-        }
-    }
 }
 
 /// Runs a shell command to its end, at most `limit` (the server must stay
@@ -441,7 +434,7 @@ pub fn run(spec: &CaptureSpec, progress: &mut dyn FnMut(&str)) -> Result<Capture
         source: std::io::Error::other("panicked"),
     });
     let _ = std::fs::remove_file(&fifo);
-    let (load_seconds, load_stopped) = result?;
+    let load_seconds = result?;
     let written = written?.map_err(io(format!("writing {}", trace.display())))?;
     tracing::debug!("server exit {status:?}; {written} trace bytes before compression");
     let log = std::fs::read_to_string(&vglog).unwrap_or_default();
@@ -450,18 +443,17 @@ pub fn run(spec: &CaptureSpec, progress: &mut dyn FnMut(&str)) -> Result<Capture
         text_bias: text_bias(&log),
         stats: parse_stats(&std::fs::read_to_string(&stats).unwrap_or_default()),
         load_seconds,
-        load_stopped,
     })
 }
 
 /// Readiness, warm-up, the window with the load, and the close command;
-/// returns the load's seconds and whether `--duration` stopped it.
+/// returns the seconds the load ran.
 fn drive(
     spec: &CaptureSpec,
     ch: &mut Children,
     ctl: &Path,
     progress: &mut dyn FnMut(&str),
-) -> Result<(f64, bool), CaptureError> {
+) -> Result<f64, CaptureError> {
     let w = &spec.work;
     let how = spec
         .ready
@@ -509,16 +501,15 @@ fn drive(
         spec.duration.as_secs()
     ));
     let load_out = w.join("load.out");
-    ch.load = Some(
+    ch.load = Some(Group(
         shell(&spec.load, &load_out)?
             .spawn()
             .map_err(io("the load: sh -c"))?,
-    );
+    ));
     let t1 = Instant::now();
-    let mut stopped = false;
     loop {
         let load = ch.load.as_mut().expect("load running");
-        if let Some(status) = load.try_wait().map_err(io("the load"))? {
+        if let Some(status) = load.0.try_wait().map_err(io("the load"))? {
             ch.load = None;
             if !status.success() {
                 return Err(CaptureError::CommandFailed {
@@ -537,7 +528,6 @@ fn drive(
                 spec.duration.as_secs()
             ));
             ch.stop_load();
-            stopped = true;
             break;
         }
         std::thread::sleep(POLL);
@@ -548,7 +538,7 @@ fn drive(
         run_step(ch, "close", c, &w.join("close.out"), spec)?;
     }
     progress(&format!("window closed after {secs:.1} s of load"));
-    Ok((secs, stopped))
+    Ok(secs)
 }
 
 /// The load bias the tool logged (`stgtrace: … text bias 0x…`).
