@@ -11,7 +11,9 @@ use clap::Parser;
 
 use stagevm_discover::capture::{self, CaptureSpec};
 use stagevm_discover::elf::{self, ServerBinary};
-use stagevm_discover::model::{self, Mechanism, Prediction, L2, SLICE, TRANSFER_CYCLES};
+use stagevm_discover::model::{
+    self, Mechanism, Prediction, L2, MIN_PRESENT_PCT, SLICE, TRANSFER_CYCLES,
+};
 use stagevm_discover::{report, tools};
 
 /// From a server binary to a stage map: trace it under a load, discover its stages, and say
@@ -298,6 +300,8 @@ fn run(a: Args) -> anyhow::Result<()> {
     dargs.extend([
         "--max-parts".into(),
         a.stages.1.max(2).to_string(),
+        "--min-present-pct".into(),
+        MIN_PRESENT_PCT.to_string(),
         "--map-out".into(),
         prefix.display().to_string(),
         "--json".into(),

@@ -14,6 +14,11 @@ use stagesim::sim::SimResult;
 /// bench/stagesim/bench-sim.sh, issue 25).
 pub const TRANSFER_CYCLES: u64 = 150;
 
+/// A candidate stage point is a function called (at most once) in at least
+/// this share of requests, % (seed 004 §3.1: 80; passed to `stagesim
+/// discover --min-present-pct` and said in the report).
+pub const MIN_PRESENT_PCT: f64 = 80.0;
+
 /// The OS time slice modelled, instructions (the verdict's `--slice 100000`:
 /// ~40 µs at 2.5 GHz and 1 IPC, bench/stagesim/bench-sim.sh).
 pub const SLICE: u64 = 100_000;
@@ -207,7 +212,7 @@ pub struct Discovery {
     pub requests: u64,
     /// Mean instructions per request.
     pub request_instrs: f64,
-    /// Candidate functions (called at most once in ≥ 80 % of requests).
+    /// Candidate functions (called at most once in ≥ [`MIN_PRESENT_PCT`] % of requests).
     pub candidates: usize,
     /// The chosen choice: stages.
     pub parts: usize,

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::model::{Discovery, Mechanism, Prediction, L2, PAYS_AT};
+use crate::model::{Discovery, Mechanism, Prediction, L2, MIN_PRESENT_PCT, PAYS_AT};
 
 /// What the report is about.
 #[derive(Clone, Debug)]
@@ -67,8 +67,8 @@ pub fn render(f: &Facts<'_>, d: &Discovery, p: &Prediction) -> String {
     );
     let _ = writeln!(
         o,
-        "  candidates:  {} functions called at most once in ≥ 80 % of requests ({:.0} instructions per request)",
-        d.candidates, d.request_instrs
+        "  candidates:  {} functions called at most once in ≥ {} % of requests ({:.0} instructions per request)",
+        d.candidates, MIN_PRESENT_PCT, d.request_instrs
     );
     let _ = writeln!(o, "  chosen:      {} stages, starting at", d.parts);
     for (i, s) in d.points.iter().enumerate() {
