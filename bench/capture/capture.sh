@@ -254,6 +254,19 @@ sysbench_cmd() {
 MYSQL_ROOT=(mariadb --no-defaults --socket="$SOCK" -uroot)
 PING="$(printf '%q ' mariadb-admin --no-defaults --socket="$SOCK" -uroot ping)"
 
+# stagevm-discover's options for a MariaDB run of workload $1 with its
+# sysbench output in $2 (the server, readiness, warm-up, the window opened
+# by `DO 1` at dispatch_command and closed by a ping, bounds for Valgrind's
+# pace): sets DISCOVER_ARGS; the server's command line follows `--`.
+discover_args() {
+  local wl=$1 log=$2
+  DISCOVER_ARGS=(--binary "$MARIADBD" --duration 3600 --ready-timeout 900 --stop-timeout 600
+    --ready "$PING"
+    --warmup "$(printf '%q ' "${MYSQL_ROOT[@]}" -e "$(warm_sql "$wl")")"
+    --load "$(printf '%q ' "${MYSQL_ROOT[@]}" -e 'DO 1') && $(sysbench_cmd "$wl") >$(printf '%q' "$log")"
+    --close "$PING")
+}
+
 # The stgtrace run of workload $1 through stagevm-discover --trace-only (the
 # capture every user of the tool gets: server under the tool, the window at
 # dispatch_command boundaries, the load, the server stopped whatever happens).
@@ -261,15 +274,11 @@ PING="$(printf '%q ' mariadb-admin --no-defaults --socket="$SOCK" -uroot ping)"
 run_stgtrace() {
   local wl=$1
   prepare_run "$wl"
+  discover_args "$wl" "$WORK/stgtrace.sysbench.log"
   say "$wl: mariadbd under valgrind --tool=stgtrace (stagevm-discover --trace-only); window: $EV transactions, $THREADS connections"
   # shellcheck disable=SC2046
-  "$DISCOVER" --trace-only "$WORK/trace.zst" --table "$BUILD/stages.tbl" --binary "$MARIADBD" \
-    --work-dir "$WORK/stg" --max-instrs 0 --duration 3600 --ready-timeout 900 --stop-timeout 600 \
-    --ready "$PING" \
-    --warmup "$(printf '%q ' "${MYSQL_ROOT[@]}" -e "$(warm_sql "$wl")")" \
-    --load "$(printf '%q ' "${MYSQL_ROOT[@]}" -e 'DO 1') && $(sysbench_cmd "$wl") >$(printf '%q' "$WORK/stgtrace.sysbench.log")" \
-    --close "$PING" \
-    -- "$MARIADBD" $(server_opts) 2>&1 | sed -u 's/^/    /'
+  "$DISCOVER" --trace-only "$WORK/trace.zst" --table "$BUILD/stages.tbl" --work-dir "$WORK/stg" \
+    --max-instrs 0 "${DISCOVER_ARGS[@]}" -- "$MARIADBD" $(server_opts) 2>&1 | sed -u 's/^/    /'
   cp "$WORK/stg/stgtrace.stats" "$WORK/stgtrace.stats"
   cp "$WORK/stg/valgrind.log" "$WORK/stgtrace.vg.log"
   grep -E 'transactions:|queries:|total time:' "$WORK/stgtrace.sysbench.log" | sed 's/^/    sysbench: /' || true
@@ -281,16 +290,11 @@ run_discover() {
   local wl=$1
   prepare_run "$wl"
   mkdir -p "$DISCOVER_MAP"
+  discover_args "$wl" "$WORK/discover.sysbench.log"
   say "$wl: stagevm-discover on mariadbd (request marker do_command); window: $EV transactions, $THREADS connections"
   # shellcheck disable=SC2046
-  "$DISCOVER" --binary "$MARIADBD" --request do_command \
-    --out "$DISCOVER_MAP/mariadb-$wl.stagemap" --work-dir "$WORK/discover-$wl" \
-    --duration 3600 --ready-timeout 900 --stop-timeout 600 \
-    --ready "$PING" \
-    --warmup "$(printf '%q ' "${MYSQL_ROOT[@]}" -e "$(warm_sql "$wl")")" \
-    --load "$(printf '%q ' "${MYSQL_ROOT[@]}" -e 'DO 1') && $(sysbench_cmd "$wl") >$(printf '%q' "$WORK/discover.sysbench.log")" \
-    --close "$PING" \
-    -- "$MARIADBD" $(server_opts) | tee "$DISCOVER_MAP/mariadb-$wl-discover.txt"
+  "$DISCOVER" --request do_command --out "$DISCOVER_MAP/mariadb-$wl.stagemap" --work-dir "$WORK/discover-$wl" \
+    "${DISCOVER_ARGS[@]}" -- "$MARIADBD" $(server_opts) | tee "$DISCOVER_MAP/mariadb-$wl-discover.txt"
   grep -E 'transactions:|queries:' "$WORK/discover.sysbench.log" | sed 's/^/    sysbench: /' || true
 }
 
