@@ -347,21 +347,56 @@ fn share(pool: &CpuSet, vms: &[VmDemand], floating: &[usize], out: &mut [VmCores
     }
 }
 
+/// Each VM's CPU weight (`host.cpu_weight`, cgroup v2's scale) where
+/// cores are shared: `vms` gives each VM's `(weight, vCPUs, shared)`. On a
+/// core two VMs' sets hold, the host splits time by thread (CFS), not by
+/// the allocator's weights; so each VM whose set is shared gets a CPU
+/// weight in proportion to its `weight`, scaled so the heaviest per vCPU
+/// gets 100 per vCPU (its vCPU threads keep nice 0: a lower nice needs
+/// privilege, [`crate::cpuweight`]); a VM with cores of its own only gets
+/// `None` (nothing changed). Rounded, within 1..=10000.
+pub fn cpu_weights(vms: &[(f64, usize, bool)]) -> Vec<Option<u32>> {
+    let per_vcpu = |w: f64, v: usize| w / v.max(1) as f64;
+    let top = vms
+        .iter()
+        .filter(|(_, _, shared)| *shared)
+        .map(|&(w, v, _)| per_vcpu(w, v))
+        .fold(0.0f64, f64::max);
+    vms.iter()
+        .map(|&(w, _, shared)| {
+            (shared && top > 0.0).then(|| {
+                (f64::from(crate::cpuweight::DEFAULT) * w / top)
+                    .round()
+                    .clamp(1.0, f64::from(crate::config::MAX_CPU_WEIGHT)) as u32
+            })
+        })
+        .collect()
+}
+
 /// The share of its cores a VM must keep busy to count as wanting one more.
 pub const SATURATED: f64 = 0.85;
 
 /// A VM's demand in cores, from `used` (the work CPU its vCPUs got over
 /// the last period, in cores: work CPU ns ÷ wall ns; its report's
-/// `sched.cpu.work_ns` between two reads), the `held` cores it runs on now
-/// and its `vcpus`: the work CPU, and one core more than it holds when
-/// that fills at least [`SATURATED`] of them (a VM confined to its cores
-/// cannot show more demand than they give; a saturated VM asks for a core,
-/// an unsaturated one shows what it uses), never more than one core per
-/// vCPU. A `used` that is not a finite non-negative number counts as 0.
-pub fn demand(used: f64, held: usize, vcpus: usize) -> f64 {
-    let used = if used.is_finite() { used.max(0.0) } else { 0.0 };
+/// `sched.cpu.work_ns` between two reads), the `held` cores it runs on
+/// now, its `vcpus`, and `utilisation`, its mean over the period where
+/// the VM reports it (`sched.cpu.utilisation`: the larger of work CPU
+/// over its cores and the guest's busy share): the work CPU, and one core
+/// more than it holds when it is saturated — its work CPU fills at least
+/// [`SATURATED`] of its cores, or its utilisation is at least
+/// [`SATURATED`] — never more than one core per vCPU. A VM confined to
+/// its cores cannot show more demand than they give, and on a core other
+/// VMs share it gets only its CPU weight's part of it: a guest that never
+/// idles there is short of CPU all the same. (A staged guest on a shared
+/// core idles while its threads wait on its own preempted vCPUs, so it
+/// shows less: docs/design.md, "Several VMs on one host".) A figure that
+/// is not a finite non-negative number counts as 0.
+pub fn demand(used: f64, held: usize, vcpus: usize, utilisation: Option<f64>) -> f64 {
+    let finite = |x: f64| if x.is_finite() { x.max(0.0) } else { 0.0 };
+    let used = finite(used);
+    let utilisation = utilisation.map_or(0.0, finite);
     let vcpus = vcpus as f64;
-    if held > 0 && used >= SATURATED * held as f64 {
+    if held > 0 && (used >= SATURATED * held as f64 || utilisation >= SATURATED) {
         used.max((held + 1) as f64).min(vcpus)
     } else {
         used.min(vcpus)

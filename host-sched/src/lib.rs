@@ -16,6 +16,7 @@
 
 pub mod config;
 pub mod cpuset;
+pub mod cpuweight;
 pub mod error;
 pub mod host;
 pub mod latency;

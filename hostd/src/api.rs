@@ -9,6 +9,7 @@
 //! | `stagevm_host_vm_demand` | gauge | `vm` | `vms[].demand` (cores) |
 //! | `stagevm_host_vm_shared` | gauge | `vm` | `vms[].shared` (1: on a core another VM has too) |
 //! | `stagevm_host_vm_lent` | gauge | `vm` | `vms[].lent` (1: it lent its core while idle and runs on a shared one) |
+//! | `stagevm_host_vm_cpu_weight` | gauge | `vm` | `vms[].cpu_weight` (0: none, its cores are its own) |
 //! | `stagevm_host_vm_moves_total` | counter | `vm` | `vms[].moves` |
 //! | `stagevm_host_vm_errors_total` | counter | `vm` | `vms[].errors` |
 //! | `stagevm_host_vm_skipped_total` | counter | `vm` | `vms[].skipped` |
@@ -79,6 +80,10 @@ pub fn exposition(view: &HostView) -> prometheus::Result<Vec<u8>> {
         "stagevm_host_vm_lent",
         "1 when the VM lent its core while idle (lend_when_idle) and runs on a shared one",
     )?;
+    let cpu_weight = gauge(
+        "stagevm_host_vm_cpu_weight",
+        "CPU weight given to the VM for the cores it shares (cgroup v2 scale; 0: none)",
+    )?;
     let moves = counter("stagevm_host_vm_moves_total", "Cores moved to the VM")?;
     let errors = counter(
         "stagevm_host_vm_errors_total",
@@ -102,6 +107,9 @@ pub fn exposition(view: &HostView) -> prometheus::Result<Vec<u8>> {
             .with_label_values(&l)
             .set(f64::from(u8::from(vm.shared)));
         lent.with_label_values(&l).set(f64::from(u8::from(vm.lent)));
+        cpu_weight
+            .with_label_values(&l)
+            .set(f64::from(vm.cpu_weight.unwrap_or(0)));
         moves.with_label_values(&l).inc_by(vm.moves);
         errors.with_label_values(&l).inc_by(vm.errors);
         skipped.with_label_values(&l).inc_by(vm.skipped);

@@ -194,6 +194,7 @@ impl HostConfig {
         let host = host_sched::config::HostSection {
             cores: file.host.cores.clone(),
             housekeeping: file.host.housekeeping.clone(),
+            cpu_weight: None,
         };
         let resolved = host_sched::config::resolve(
             &host_sched::config::Config {

@@ -1,6 +1,7 @@
 //! The daemon's period: read every VM, share the cores
-//! ([`host_sched::host::allocate`], the one place this is decided), give
-//! each VM whose set changed its new one. The VMs need nothing from the
+//! ([`host_sched::host::allocate`], the one place this is decided, and
+//! [`host_sched::host::cpu_weights`] for the VMs whose cores are shared),
+//! give each VM whose set or CPU weight changed its new one. The VMs need nothing from the
 //! daemon to run: a VM it cannot reach keeps what it has.
 //!
 //! Faults, each counted per VM and logged at most [`BURST`] times per
@@ -43,6 +44,9 @@ struct Known {
     demand: f64,
     vcpus: usize,
     shared: bool,
+    /// The CPU weight last given (`host.cpu_weight`; `None`: none, or
+    /// taken back).
+    cpu_weight: Option<u32>,
     moves: u64,
     errors: u64,
     skipped: u64,
@@ -51,6 +55,9 @@ struct Known {
     answered: bool,
     /// The last read's work CPU (ns) and when it was taken.
     work: Option<(u64, Instant)>,
+    /// The last read's periods and summed utilisation
+    /// ([`vm::Reading::utilisation`]).
+    utilisation: Option<(u64, f64)>,
 }
 
 /// `a ∪ b`.
@@ -156,12 +163,14 @@ impl Daemon {
                                 demand: 0.0,
                                 vcpus: 0,
                                 shared: false,
+                                cpu_weight: None,
                                 moves: 0,
                                 errors: 0,
                                 skipped: 0,
                                 waited: 0,
                                 answered: false,
                                 work: None,
+                                utilisation: None,
                             },
                         );
                     }
@@ -179,9 +188,18 @@ impl Daemon {
                     if let (Some(w), Some((w0, t0))) = (r.work_ns, k.work) {
                         let used = w.saturating_sub(w0) as f64
                             / now.duration_since(t0).as_nanos().max(1) as f64;
-                        k.demand = host_sched::host::demand(used, r.cores.len(), r.vcpus);
+                        // Mean utilisation over the same span.
+                        let busy = match (r.utilisation, k.utilisation) {
+                            (Some((p1, s1)), Some((p0, s0))) if p1 > p0 => {
+                                Some((s1 - s0) / (p1 - p0) as f64)
+                            }
+                            _ => None,
+                        };
+                        k.demand =
+                            host_sched::host::demand(used, r.cores.len(), r.vcpus, busy);
                     }
                     k.work = r.work_ns.map(|w| (w, now));
+                    k.utilisation = r.utilisation;
                     if r.cores != k.cores {
                         k.owned = None;
                     }
@@ -273,29 +291,39 @@ impl Daemon {
             }
         };
         let (timeout, hk) = (self.config.timeout, self.config.housekeeping.clone());
+        let weights = host_sched::host::cpu_weights(
+            &demands
+                .iter()
+                .zip(&out)
+                .zip(&names)
+                .map(|((d, o), n)| (d.weight, self.vms[n].vcpus, o.shared))
+                .collect::<Vec<_>>(),
+        );
         let mut lines = Vec::new();
-        for (name, new) in names.iter().zip(out) {
+        for ((name, new), weight) in names.iter().zip(out).zip(weights) {
             let k = self.vms.get_mut(name).expect("named above");
             k.shared = new.shared;
             if !k.answered {
                 continue;
             }
-            if new.cores == k.cores {
+            if new.cores == k.cores && weight == k.cpu_weight {
                 k.owned = Some(new.owned);
                 continue;
             }
-            match k.vm.give(&new.cores, hk.as_ref(), timeout) {
+            match k.vm.give(&new.cores, hk.as_ref(), weight, timeout) {
                 Ok(()) => {
                     let added = new.cores.difference(&k.cores).len() as u64;
                     tracing::info!(
-                        "VM '{name}': cores {} -> {} (demand {:.2})",
+                        "VM '{name}': cores {} -> {} (demand {:.2}), CPU weight {}",
                         k.cores,
                         new.cores,
-                        k.demand
+                        k.demand,
+                        weight.map_or("-".into(), |w| w.to_string())
                     );
                     k.moves += added;
                     k.cores = new.cores;
                     k.owned = Some(new.owned);
+                    k.cpu_weight = weight;
                 }
                 Err(e) => {
                     k.errors += 1;
@@ -340,6 +368,7 @@ impl Daemon {
                         skipped: k.skipped,
                         waited: k.waited,
                         lend_when_idle: b.lend_when_idle,
+                        cpu_weight: k.cpu_weight,
                         lent: b.lend_when_idle
                             && k.shared
                             && k.owned.as_ref().is_some_and(CpuSet::is_empty),

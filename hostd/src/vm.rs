@@ -20,6 +20,11 @@ pub struct Reading {
     pub work_ns: Option<u64>,
     /// Its vCPU count.
     pub vcpus: usize,
+    /// Policy periods with CPU figures so far, and the sum of their
+    /// utilisations (`sched.cpu.periods` × `sched.cpu.utilisation`), if
+    /// the VM measures them: two reads give the mean over the daemon's
+    /// period.
+    pub utilisation: Option<(u64, f64)>,
 }
 
 /// Why a VM could not be read or changed.
@@ -105,24 +110,32 @@ impl Vm {
             .map_err(|e| failed(format!("stage cores '{}': {e}", view.sched.stage_cores)))?;
         Ok(Reading {
             cores,
-            work_ns: view.sched.cpu.map(|c| c.work_ns),
+            work_ns: view.sched.cpu.as_ref().map(|c| c.work_ns),
+            utilisation: view
+                .sched
+                .cpu
+                .as_ref()
+                .map(|c| (c.periods, c.utilisation * c.periods as f64)),
             vcpus: view.sched.vcpus.len(),
         })
     }
 
-    /// Gives it `cores` (and `housekeeping`, if the host sets them) from
-    /// its next policy period on, within `timeout`. Errors: [`VmError`]; a
-    /// refusal carries the VM's message.
+    /// Gives it `cores` (and `housekeeping`, if the host sets them) and
+    /// its CPU weight on shared cores (`host.cpu_weight`; `None` takes a
+    /// weight back) from its next policy period on, within `timeout`.
+    /// Errors: [`VmError`]; a refusal carries the VM's message.
     pub fn give(
         &self,
         cores: &CpuSet,
         housekeeping: Option<&CpuSet>,
+        cpu_weight: Option<u32>,
         timeout: Duration,
     ) -> Result<(), VmError> {
         let update = BudgetsUpdate {
             host: HostSection {
                 cores: Some(cores.to_string()),
                 housekeeping: housekeeping.map(|h| h.to_string()),
+                cpu_weight,
             },
             stages: None,
         };

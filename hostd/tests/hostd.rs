@@ -43,8 +43,23 @@ fn setup(extra: &str) -> (PathBuf, PathBuf) {
     (dir, config)
 }
 
+/// `stagevm` arguments for the busy VMs whose demand the sharing tests
+/// follow: a staged guest on a core shared with another VM waits on its
+/// own preempted vCPUs at each migration and idles, so its demand shows
+/// less than it would use on a core of its own (docs/design.md, "Several
+/// VMs on one host"); with `off` its guest shows the demand it has. (The
+/// idle VMs stay staged: the test guest's `hold=1` parks its vCPUs
+/// through the stage channel, which a guest under `off` does not use, so
+/// there it spins and looks busy.)
+const OFF: [&str; 2] = ["--policy", "off"];
+
 /// Boots a 2-vCPU test guest with its API socket `dir/NAME.sock`.
 fn boot(dir: &Path, name: &str, cmdline: &str) -> Running {
+    boot_with(dir, name, cmdline, &[])
+}
+
+/// [`boot`] with more `stagevm` arguments.
+fn boot_with(dir: &Path, name: &str, cmdline: &str, args: &[&str]) -> Running {
     let socket = dir.join(format!("{name}.sock"));
     let vm = Stagevm::new(workspace_binary("stagevm", "stagevm"))
         .kernel(test_guest())
@@ -52,6 +67,7 @@ fn boot(dir: &Path, name: &str, cmdline: &str) -> Running {
         .memory("128M")
         .api_socket(&socket)
         .cmdline(cmdline)
+        .args(args)
         .spawn()
         .expect("start stagevm");
     Api::wait_ready(&socket, Duration::from_secs(10)).expect("the VM's API socket");
@@ -81,6 +97,45 @@ fn vcpu_affinity(vm: &Running) -> String {
         }
     }
     cores.to_string()
+}
+
+/// The VMM's vCPU threads' ids.
+fn vcpu_tids(vm: &Running) -> Vec<i32> {
+    let pid = vm.vmm_pid();
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .unwrap_or_default()
+                .starts_with("vcpu")
+        })
+        .filter_map(|t| t.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// The nice level of each vCPU thread, from `/proc/TID/stat` (field 19).
+fn vcpu_nice(vm: &Running) -> Vec<i32> {
+    vcpu_tids(vm)
+        .iter()
+        .map(|t| {
+            let stat = std::fs::read_to_string(format!("/proc/{t}/stat")).unwrap();
+            // Fields after the command's closing parenthesis start at 3.
+            let after = stat.rsplit_once(')').unwrap().1;
+            after.split_whitespace().nth(16).unwrap().parse().unwrap()
+        })
+        .collect()
+}
+
+/// The CPU time of a VM's vCPU threads so far (ns; `/proc/TID/schedstat`).
+fn vcpu_cpu_ns(vm: &Running) -> u64 {
+    vcpu_tids(vm)
+        .iter()
+        .filter_map(|t| {
+            let s = std::fs::read_to_string(format!("/proc/{t}/schedstat")).ok()?;
+            s.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum()
 }
 
 /// Whether `a` is one core and `b` another.
@@ -167,7 +222,110 @@ fn vm<'a>(v: &'a HostView, name: &str) -> &'a stagevm_report::api::HostVm {
     find_vm(v, name).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Three VMs on two cores as demand changes: a VM arrives, one's workload
+/// Weight with more VMs than cores: three busy VMs on the 2 cores, one of
+/// weight 8. The heavy one has both cores as its own and the others share
+/// them; on the shared cores the host splits time by the VMs' CPU weights
+/// (the daemon's `host.cpu_weight`: vCPU threads' nice 0 and 9, read from
+/// /proc), so the heavy VM gets several times the CPU of each light one
+/// (equal weights give it no more than theirs), and the state holds: no
+/// core moves for 6 periods. When the heavy VM ends, the two left get a
+/// core each and their threads' nice is given back.
+/// `--policy off`: see [`OFF`].
+#[test]
+fn weight_decides_who_owns_shared_cores_and_their_cpu() {
+    if skip_without_kvm() {
+        return;
+    }
+    let _lock = vm_lock();
+    let (dir, config) = setup("[[vm]]\nname = \"heavy\"\nweight = 8\n");
+    let api = dir.with_extension("sock");
+    let heavy = boot_with(&dir, "heavy", FOREVER, &OFF);
+    let light1 = boot_with(&dir, "light1", FOREVER, &OFF);
+    let light2 = boot_with(&dir, "light2", FOREVER, &OFF);
+    let (daemon, _log) = start_daemon(&dir, &config, &api);
+
+    // Weights 8, 1, 1 at 2 vCPUs each: CPU weights 200, 25, 25; per vCPU
+    // 100 and 12.5, nice 0 and 9 (host_sched::cpuweight).
+    within(10, "the heavy VM owns both cores, the light ones share", || {
+        let v = view(&api);
+        let (h, l1, l2) = (
+            find_vm(&v, "heavy")?,
+            find_vm(&v, "light1")?,
+            find_vm(&v, "light2")?,
+        );
+        let nice = (vcpu_nice(&heavy), vcpu_nice(&light1), vcpu_nice(&light2));
+        let ok = h.owned == "0-1"
+            && vcpu_affinity(&heavy) == "0-1"
+            && [l1, l2].iter().all(|l| l.owned.is_empty() && l.shared)
+            && (h.cpu_weight, l1.cpu_weight, l2.cpu_weight) == (Some(200), Some(25), Some(25))
+            && nice == (vec![0, 0], vec![9, 9], vec![9, 9]);
+        ok.then_some(()).ok_or(format!("nice {nice:?}, {v:?}"))
+    });
+    let report: stagevm_report::api::StagesView = Api::new(&dir.join("light1.sock"))
+        .unwrap()
+        .get_json("/api/v1/stages?timeline=0")
+        .unwrap();
+    let w = report.sched.cpu_weight.expect("light1 reports its CPU weight");
+    assert_eq!((w.weight, w.by.as_str()), (Some(25), "vCPU threads' nice"));
+    assert!(
+        report.sched.vcpus.iter().all(|t| t.nice == Some(9)),
+        "{:?}",
+        report.sched.vcpus
+    );
+    let scrape = Api::new(&api).unwrap().get("/metrics").unwrap();
+    assert_eq!(
+        metric(&scrape, "stagevm_host_vm_cpu_weight", "vm=\"light2\""),
+        Some(25.0)
+    );
+
+    // It holds for 6 periods, and the CPU follows the weights.
+    let moves = |v: &HostView| v.vms.iter().map(|m| m.moves).collect::<Vec<_>>();
+    let before = moves(&view(&api));
+    let cpu0 = [&heavy, &light1, &light2].map(vcpu_cpu_ns);
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_millis(PERIOD_MS));
+        let v = view(&api);
+        assert_eq!(moves(&v), before, "a core moved: {v:?}");
+        assert_eq!(vm(&v, "heavy").owned, "0-1", "{v:?}");
+    }
+    let cpu = [&heavy, &light1, &light2].map(vcpu_cpu_ns);
+    let used: Vec<f64> = (0..3).map(|i| (cpu[i] - cpu0[i]) as f64).collect();
+    eprintln!(
+        "CPU over 6 periods (cores): heavy {:.2}, light1 {:.2}, light2 {:.2}",
+        used[0] / (6 * PERIOD_MS) as f64 / 1e6,
+        used[1] / (6 * PERIOD_MS) as f64 / 1e6,
+        used[2] / (6 * PERIOD_MS) as f64 / 1e6
+    );
+    // 8 : 1 per thread gives the heavy VM ~1.5 cores to ~0.2 each here;
+    // equal weights gave it 0.5 to their 0.5 and 0.9.
+    assert!(
+        used[0] > 3.0 * used[1] && used[0] > 3.0 * used[2],
+        "heavy {} ns, light1 {} ns, light2 {} ns of CPU",
+        used[0],
+        used[1],
+        used[2]
+    );
+
+    // The heavy VM ends: a core each, nothing shared, weights taken back.
+    drop(heavy);
+    within(10, "the light VMs have a core each and nice 0 again", || {
+        let v = view(&api);
+        let gone = !v.vms.iter().any(|m| m.name == "heavy");
+        let (a, b) = (vcpu_affinity(&light1), vcpu_affinity(&light2));
+        let nice = (vcpu_nice(&light1), vcpu_nice(&light2));
+        let ok = gone
+            && one_each(&a, &b)
+            && v.vms.iter().all(|m| m.cpu_weight.is_none())
+            && nice == (vec![0, 0], vec![0, 0]);
+        ok.then_some(())
+            .ok_or(format!("light1 {a}, light2 {b}, nice {nice:?}, {v:?}"))
+    });
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Three VMs on two cores as demand changes (`--policy off`, see
+/// [`OFF`]): a VM arrives, one's workload
 /// ends, one is killed. Exclusive sets while there is a core per VM; with
 /// more VMs than cores the busy ones get a core each and the idle one
 /// shares; each change followed within 5 periods.
@@ -179,7 +337,7 @@ fn cores_follow_demand_arrivals_and_exits() {
     let _lock = vm_lock();
     let (dir, config) = setup("");
     let api = dir.with_extension("sock");
-    let busy = boot(&dir, "busy", FOREVER);
+    let busy = boot_with(&dir, "busy", FOREVER, &OFF);
     let idle = boot(&dir, "idle", IDLE);
     let (daemon, log) = start_daemon(&dir, &config, &api);
 
@@ -199,10 +357,11 @@ fn cores_follow_demand_arrivals_and_exits() {
 
     // A second busy VM arrives, with a workload of a few seconds: the
     // busy ones get a core each, the idle one shares one.
-    let mut busy2 = boot(
+    let mut busy2 = boot_with(
         &dir,
         "busy2",
         "iters=1000 threads=4 requests=1000000 work=200 hold=1",
+        &OFF,
     );
     let busy2_out = busy2.stdout_lines().unwrap();
     within(5, "a core per busy VM, the idle one sharing", || {
@@ -213,7 +372,11 @@ fn cores_follow_demand_arrivals_and_exits() {
         );
         let ok = one_each(&b, &b2) && (i == b || i == b2);
         ok.then_some(())
-            .ok_or(format!("busy {b}, busy2 {b2}, idle {i}"))
+            .ok_or(format!(
+                "busy {b}, busy2 {b2}, idle {i}; {:?}; daemon log: {}",
+                view(&api),
+                log.lock().unwrap()
+            ))
     });
     assert!(vm(&view(&api), "idle").shared);
 

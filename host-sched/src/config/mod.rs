@@ -5,6 +5,7 @@
 //! [host]
 //! cores = "0-1"          # stage cores; default: isolated CPUs, else all allowed
 //! housekeeping = ""      # helper threads; default: allowed minus stage cores
+//! cpu_weight = 100       # the VM's CPU weight on a core shared with other VMs (optional)
 //!
 //! [policy]
 //! name = "proportional"  # off | pinned | static | proportional | auto
@@ -45,7 +46,18 @@ pub struct HostSection {
     pub cores: Option<String>,
     /// Housekeeping cores as a cpulist.
     pub housekeeping: Option<String>,
+    /// The VM's CPU weight where its vCPU threads share a core with other
+    /// VMs' (1..=[`MAX_CPU_WEIGHT`], cgroup v2's `cpu.weight` scale: 100
+    /// is one ordinary process); left out, the VMM changes no thread's
+    /// weight. Applied as [`crate::cpuweight`] says; `stagevm-hostd` sets
+    /// it from its `[[vm]] weight` while VMs share cores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_weight: Option<u32>,
 }
+
+/// Largest `host.cpu_weight` (cgroup v2's `cpu.weight` maximum,
+/// Documentation/admin-guide/cgroup-v2.rst "CPU Interface Files").
+pub const MAX_CPU_WEIGHT: u32 = 10_000;
 
 /// `[policy]`.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -236,6 +248,10 @@ pub struct Resolved {
     pub visit: VisitPolicy,
     /// `auto`'s bound on tail latency.
     pub latency: crate::policy::LatencyBound,
+    /// `host.cpu_weight`: the VM's CPU weight on cores it shares with
+    /// other VMs (1..=[`MAX_CPU_WEIGHT`]); `None`: no thread's weight is
+    /// changed.
+    pub cpu_weight: Option<u32>,
 }
 
 fn range(key: &str, value: impl std::fmt::Display, expected: &'static str) -> StagesConfigError {
@@ -306,6 +322,11 @@ pub fn resolve(
     let policy = resolve_policy(config, overrides)?;
     let visit = resolve_visit(config, overrides)?;
     let budgets = resolve_budgets(config, cores_key, &stage_cores)?;
+    if let Some(w) = config.host.cpu_weight {
+        if !(1..=MAX_CPU_WEIGHT).contains(&w) {
+            return Err(range("host.cpu_weight", w, "in 1..=10000 (100: an ordinary process)"));
+        }
+    }
     let p = &config.policy;
     Ok(Resolved {
         stage_cores,
@@ -324,6 +345,7 @@ pub fn resolve(
                 .filter(|us| *us > 0.0)
                 .map(|us| us * 1000.0),
         },
+        cpu_weight: config.host.cpu_weight,
     })
 }
 

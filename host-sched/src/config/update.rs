@@ -102,8 +102,12 @@ impl BudgetsUpdate {
             }
             None => "kept".into(),
         };
+        let weight = self
+            .host
+            .cpu_weight
+            .map_or(String::new(), |w| format!(", cpu_weight {w}"));
         format!(
-            "budgets: cores {}, housekeeping {}, stages {stages}",
+            "budgets: cores {}, housekeeping {}{weight}, stages {stages}",
             or_default(&self.host.cores),
             or_default(&self.host.housekeeping),
         )

@@ -226,15 +226,20 @@ fn settings_the_host_cannot_serve_are_refused_with_the_numbers() {
 #[test]
 fn demand_is_work_cpu_and_one_more_core_when_saturated() {
     // Two vCPUs sharing one core, busy: they want a second core.
-    assert_eq!(demand(0.99, 1, 2), 2.0);
+    assert_eq!(demand(0.99, 1, 2, None), 2.0);
     // Half of one core in use: that is the demand.
-    assert!((demand(0.5, 2, 2) - 0.5).abs() < 1e-9);
+    assert!((demand(0.5, 2, 2, None) - 0.5).abs() < 1e-9);
+    assert!((demand(0.5, 2, 2, Some(0.3)) - 0.5).abs() < 1e-9);
     // Saturated on both of two cores, two vCPUs: no more than two.
-    assert_eq!(demand(1.95, 2, 2), 2.0);
+    assert_eq!(demand(1.95, 2, 2, None), 2.0);
+    // On a core shared with a heavier VM it gets 0.6 of it, and its guest
+    // never idles: saturated all the same.
+    assert_eq!(demand(0.6, 1, 2, Some(0.97)), 2.0);
+    assert!((demand(0.6, 1, 2, Some(0.5)) - 0.6).abs() < 1e-9);
     // Nonsense counts as nothing; never more than the vCPUs.
-    assert_eq!(demand(f64::NAN, 1, 2), 0.0);
-    assert_eq!(demand(7.0, 0, 2), 2.0);
-    assert_eq!(demand(-1.0, 1, 3), 0.0);
+    assert_eq!(demand(f64::NAN, 1, 2, Some(f64::NAN)), 0.0);
+    assert_eq!(demand(7.0, 0, 2, None), 2.0);
+    assert_eq!(demand(-1.0, 1, 3, Some(-4.0)), 0.0);
 }
 
 proptest! {
@@ -317,4 +322,25 @@ proptest! {
         let out2 = allocate(&host, &again, hysteresis).unwrap();
         prop_assert_eq!(cores(&out2), cores(&out));
     }
+}
+
+#[test]
+fn shared_vms_get_cpu_weights_in_proportion_the_heaviest_at_nice_0() {
+    // Weight 8 and two of 1, 2 vCPUs each, all sharing: 200, 25, 25 (per
+    // vCPU 100 and 12.5: nice 0 and 9).
+    let w = cpu_weights(&[(8.0, 2, true), (1.0, 2, true), (1.0, 2, true)]);
+    assert_eq!(w, vec![Some(200), Some(25), Some(25)]);
+    // Per vCPU decides the top: a 4-vCPU VM of weight 2 is as heavy per
+    // vCPU as a 2-vCPU VM of weight 1.
+    let w = cpu_weights(&[(2.0, 4, true), (1.0, 2, true)]);
+    assert_eq!(w, vec![Some(400), Some(200)]);
+    // A VM with cores of its own is left alone; none shared, none set.
+    let w = cpu_weights(&[(5.0, 2, false), (1.0, 2, true), (3.0, 2, true)]);
+    assert_eq!(w, vec![None, Some(67), Some(200)]);
+    assert_eq!(cpu_weights(&[(1.0, 2, false), (1.0, 2, false)]), vec![None, None]);
+    // Extreme ratios stay in range.
+    let w = cpu_weights(&[(1e6, 1, true), (1.0, 64, true)]);
+    assert_eq!(w, vec![Some(100), Some(1)]);
+    let w = cpu_weights(&[(1.0, 1, true), (1e6, 1000, true)]);
+    assert_eq!(w, vec![Some(1), Some(10_000)]);
 }

@@ -132,6 +132,7 @@ impl<M: vm_memory::GuestMemoryBackend + Send + Sync> StageSched<M> {
             cpu: c.cpu_report(),
             max_p99_increase: r.latency.max_p99_increase,
             latency_slo_us: r.latency.slo_ns.map(|ns| ns / 1000.0),
+            cpu_weight: self.pinner.cpu_weight_report(),
         }
     }
 }

@@ -4,16 +4,19 @@
 //! are found); vCPU threads pin themselves to their first plan's cores
 //! before entering the guest (as Cloud Hypervisor's `--cpus affinity`), and
 //! [`Pinner::apply`] re-pins those a new plan moves. Every affinity is read
-//! back with `sched_getaffinity` for the report.
+//! back with `sched_getaffinity` for the report. The VM's CPU weight on
+//! cores shared with other VMs (`host.cpu_weight`) is applied here too, as
+//! its vCPU threads' nice ([`Pinner::set_cpu_weight`]), and read back.
 
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use host_sched::cpuset::CpuSet;
+use host_sched::cpuweight::{self, Governor};
 use host_sched::policy::Plan;
 use host_sched::topology::{gettid, set_thread_affinity, thread_affinity};
-use stagevm_report::{HelperThread, VcpuThread};
+use stagevm_report::{CpuWeightReport, HelperThread, VcpuThread};
 
 struct State {
     /// The housekeeping cores now.
@@ -24,6 +27,20 @@ struct State {
     helpers: Vec<HelperThread>,
     repins: u64,
     repin_ns: u128,
+    weight: Weight,
+}
+
+/// The CPU weight applied (`host.cpu_weight`) and what it replaced.
+#[derive(Default)]
+struct Weight {
+    /// The weight now; `None`: none asked, or taken back.
+    now: Option<u32>,
+    /// What decides the VM's share, found when a weight is first asked.
+    governor: Option<Governor>,
+    /// Per vCPU, its nice found before the first change.
+    thread_base: Vec<Option<i32>>,
+    /// The last refusal.
+    error: Option<String>,
 }
 
 /// Thread ids and affinities of one VM's threads.
@@ -57,6 +74,10 @@ impl Pinner {
                 helpers: Vec::new(),
                 repins: 0,
                 repin_ns: 0,
+                weight: Weight {
+                    thread_base: vec![None; n],
+                    ..Default::default()
+                },
             }),
         }
     }
@@ -77,6 +98,10 @@ impl Pinner {
         };
         if let Err(e) = set_thread_affinity(0, &cores) {
             tracing::warn!(vcpu = index, "cannot pin vCPU thread to {cores}: {e}");
+        }
+        if st.weight.now.is_some() && st.weight.governor == Some(Governor::Threads) {
+            let n = self.vcpu_tids.len();
+            weigh_thread(&mut st, n, index as usize, tid);
         }
         self.vcpu_tids[index as usize].store(tid, Ordering::Release);
         st.vcpus[index as usize].tid = tid;
@@ -234,6 +259,62 @@ impl Pinner {
         });
     }
 
+    /// Applies the VM's CPU weight `weight` (`host.cpu_weight`; `None`
+    /// takes a weight given before back, restoring the nice found) when it
+    /// differs from the one applied: each started vCPU thread's nice (a
+    /// vCPU that starts later takes it when it starts). When
+    /// [`cpuweight::governor`] finds the VMM alone in a group of its own
+    /// (a cgroup, an autogroup), that group's weight decides and nothing
+    /// is changed: logged once and kept for the report. A refusal is
+    /// logged and kept for the report.
+    pub fn set_cpu_weight(&self, weight: Option<u32>) {
+        let mut st = self.lock();
+        if st.weight.now == weight {
+            return;
+        }
+        st.weight.now = weight;
+        if weight.is_none() && st.weight.governor.is_none() {
+            return;
+        }
+        let first = st.weight.governor.is_none();
+        let gov = st
+            .weight
+            .governor
+            .get_or_insert_with(cpuweight::governor)
+            .clone();
+        if gov != Governor::Threads {
+            if first {
+                let why = format!(
+                    "the VMM is alone in its group, so {gov} decides its share of a shared \
+                     core; stagevm does not change it (give the group the weight, e.g. \
+                     CPUWeight= in its unit)"
+                );
+                tracing::warn!("host.cpu_weight not applied: {why}");
+                st.weight.error = Some(why);
+            }
+            return;
+        }
+        let n = self.vcpu_tids.len();
+        for (v, t) in self.vcpu_tids.iter().enumerate() {
+            let tid = t.load(Ordering::Acquire);
+            if tid != 0 {
+                weigh_thread(&mut st, n, v, tid);
+            }
+        }
+        tracing::info!("CPU weight {weight:?} on the vCPU threads' nice");
+    }
+
+    /// The CPU weight for the report, once one was asked.
+    pub fn cpu_weight_report(&self) -> Option<CpuWeightReport> {
+        let st = self.lock();
+        let gov = st.weight.governor.as_ref()?;
+        Some(CpuWeightReport {
+            weight: st.weight.now,
+            by: gov.to_string(),
+            error: st.weight.error.clone(),
+        })
+    }
+
     /// The threads, re-pin count and mean re-pin latency (µs) for the report.
     pub fn report(&self) -> (Vec<VcpuThread>, Vec<HelperThread>, u64, f64) {
         let st = self.lock();
@@ -243,6 +324,34 @@ impl Pinner {
             st.repin_ns as f64 / st.repins as f64 / 1e3
         };
         (st.vcpus.clone(), st.helpers.clone(), st.repins, mean_us)
+    }
+}
+
+/// Sets vCPU `v`'s thread `tid` (of `n` vCPUs) to the nice of the weight
+/// now: its own nice found at the first change plus the level of weight ÷
+/// `n` (a VM's threads together weigh its weight), or that nice back when
+/// the weight was taken back; reads it back for the report.
+fn weigh_thread(st: &mut State, n: usize, v: usize, tid: i32) {
+    let Some(slot) = st.weight.thread_base.get_mut(v) else {
+        return;
+    };
+    let base = match *slot {
+        Some(b) => b,
+        None => match cpuweight::thread_nice(tid) {
+            Ok(b) => *slot.insert(b),
+            Err(_) => return,
+        },
+    };
+    let nice = match st.weight.now {
+        Some(w) => (base + cpuweight::nice_for(f64::from(w) / n.max(1) as f64)).clamp(-20, 19),
+        None => base,
+    };
+    if let Err(e) = cpuweight::set_thread_nice(tid, nice) {
+        tracing::warn!(vcpu = v, "cannot set the vCPU thread's nice to {nice}: {e}");
+        st.weight.error = Some(format!("vCPU {v}: nice {nice}: {e}"));
+    }
+    if let Some(t) = st.vcpus.get_mut(v) {
+        t.nice = cpuweight::thread_nice(tid).ok();
     }
 }
 

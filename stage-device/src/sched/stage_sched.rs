@@ -178,6 +178,7 @@ impl<M: GuestMemoryBackend + Send + Sync> StageSched<M> {
             self.pinner.apply(&plan);
             self.pinner.set_housekeeping(&c.vm().resolved.housekeeping);
         }
+        self.pinner.set_cpu_weight(c.vm().resolved.cpu_weight);
     }
 
     /// Asks the guest for an event trace (`--stage-trace`, `PUT

@@ -178,4 +178,8 @@ pub struct HostVm {
     /// (cpulist; empty: it owns none — a sharer — or none was made yet).
     #[serde(default)]
     pub owned: String,
+    /// The CPU weight the daemon gave it for cores it shares
+    /// (`host.cpu_weight`; `None` while its cores are its own).
+    #[serde(default)]
+    pub cpu_weight: Option<u32>,
 }

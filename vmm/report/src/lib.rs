@@ -215,6 +215,28 @@ pub struct VcpuThread {
     /// while it runs.
     #[serde(default)]
     pub cpu_ms: f64,
+    /// Its nice level read back after the VM's CPU weight was applied to
+    /// it (`host.cpu_weight` on the threads); `None` while no weight was
+    /// applied to this thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nice: Option<i32>,
+}
+
+/// The VM's CPU weight on cores shared with other VMs (`host.cpu_weight`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CpuWeightReport {
+    /// The weight asked (1..=10000; 100 is an ordinary process), `None`
+    /// after it was taken back (the values found before are restored).
+    pub weight: Option<u32>,
+    /// What decides the VM's share of a shared core: `vCPU threads'
+    /// nice` (set: each vCPU's `nice`), or the group the VMM is alone in,
+    /// `cgroup v2 DIR/cpu.weight`, `cgroup v1 DIR/cpu.shares` or
+    /// `autogroup nice` (not changed by stagevm: `error` says so).
+    pub by: String,
+    /// Why the weight is not in force (a group of its own decides, a lower
+    /// nice refused without `CAP_SYS_NICE`), if it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// One policy period.
@@ -333,6 +355,10 @@ pub struct SchedReport {
     /// The operator's p99 latency SLO (µs; `policy.latency_slo_us`), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_slo_us: Option<f64>,
+    /// The VM's CPU weight on shared cores, once `host.cpu_weight` was
+    /// set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_weight: Option<CpuWeightReport>,
 }
 
 /// What `auto`'s trials cost over the run, in policy periods.
