@@ -18,7 +18,10 @@ const BUDGETS: &str = "/api/v1/stages.budgets";
 /// field 19).
 fn vcpu_nice(pid: u32) -> Vec<i32> {
     let mut out = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
         let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
         if !comm.starts_with("vcpu") {
             continue;
@@ -54,7 +57,11 @@ fn a_vm_among_others_in_its_group_weighs_through_its_vcpu_threads_nice() {
     // Out of range: refused, naming the key, nothing changed.
     let a = vm
         .api
-        .request("PUT", BUDGETS, br#"{"host":{"cores":"0-1","cpu_weight":0}}"#)
+        .request(
+            "PUT",
+            BUDGETS,
+            br#"{"host":{"cores":"0-1","cpu_weight":0}}"#,
+        )
         .unwrap();
     let text = String::from_utf8_lossy(&a.body).into_owned();
     assert_eq!(a.status, 400, "{text}");
@@ -65,7 +72,11 @@ fn a_vm_among_others_in_its_group_weighs_through_its_vcpu_threads_nice() {
         let n = vcpu_nice(pid);
         (n == [9, 9]).then_some(()).ok_or(format!("{n:?}"))
     });
-    let w = vm.stages().sched.cpu_weight.expect("the report's cpu_weight");
+    let w = vm
+        .stages()
+        .sched
+        .cpu_weight
+        .expect("the report's cpu_weight");
     assert_eq!((w.weight, w.by.as_str()), (Some(25), "vCPU threads' nice"));
     assert!(vm.stages().sched.vcpus.iter().all(|t| t.nice == Some(9)));
     // Taken back: the nice found before.

@@ -110,9 +110,7 @@ pub fn cgroup_dir(proc_cgroup: &str, mountinfo: &str) -> Option<(u8, PathBuf)> {
             return within(root, mp, path).map(|d| (1, d));
         }
     }
-    let path = proc_cgroup
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))?;
+    let path = proc_cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
     let (root, mp, _, _) = mounts.iter().find(|(_, _, fs, _)| *fs == "cgroup2")?;
     within(root, mp, path).map(|d| (2, d))
 }
@@ -135,8 +133,7 @@ pub fn alone(procs: &str, pid: u32) -> bool {
 pub fn governor() -> Governor {
     let pid = std::process::id();
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    if let Some((v, dir)) = cgroup_dir(&read("/proc/self/cgroup"), &read("/proc/self/mountinfo"))
-    {
+    if let Some((v, dir)) = cgroup_dir(&read("/proc/self/cgroup"), &read("/proc/self/mountinfo")) {
         let knob = if v == 1 { "cpu.shares" } else { "cpu.weight" };
         let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
         if dir.join(knob).exists() && alone(&procs, pid) {

@@ -195,8 +195,7 @@ impl Daemon {
                             }
                             _ => None,
                         };
-                        k.demand =
-                            host_sched::host::demand(used, r.cores.len(), r.vcpus, busy);
+                        k.demand = host_sched::host::demand(used, r.cores.len(), r.vcpus, busy);
                     }
                     k.work = r.work_ns.map(|w| (w, now));
                     k.utilisation = r.utilisation;

@@ -246,26 +246,33 @@ fn weight_decides_who_owns_shared_cores_and_their_cpu() {
 
     // Weights 8, 1, 1 at 2 vCPUs each: CPU weights 200, 25, 25; per vCPU
     // 100 and 12.5, nice 0 and 9 (host_sched::cpuweight).
-    within(10, "the heavy VM owns both cores, the light ones share", || {
-        let v = view(&api);
-        let (h, l1, l2) = (
-            find_vm(&v, "heavy")?,
-            find_vm(&v, "light1")?,
-            find_vm(&v, "light2")?,
-        );
-        let nice = (vcpu_nice(&heavy), vcpu_nice(&light1), vcpu_nice(&light2));
-        let ok = h.owned == "0-1"
-            && vcpu_affinity(&heavy) == "0-1"
-            && [l1, l2].iter().all(|l| l.owned.is_empty() && l.shared)
-            && (h.cpu_weight, l1.cpu_weight, l2.cpu_weight) == (Some(200), Some(25), Some(25))
-            && nice == (vec![0, 0], vec![9, 9], vec![9, 9]);
-        ok.then_some(()).ok_or(format!("nice {nice:?}, {v:?}"))
-    });
+    within(
+        10,
+        "the heavy VM owns both cores, the light ones share",
+        || {
+            let v = view(&api);
+            let (h, l1, l2) = (
+                find_vm(&v, "heavy")?,
+                find_vm(&v, "light1")?,
+                find_vm(&v, "light2")?,
+            );
+            let nice = (vcpu_nice(&heavy), vcpu_nice(&light1), vcpu_nice(&light2));
+            let ok = h.owned == "0-1"
+                && vcpu_affinity(&heavy) == "0-1"
+                && [l1, l2].iter().all(|l| l.owned.is_empty() && l.shared)
+                && (h.cpu_weight, l1.cpu_weight, l2.cpu_weight) == (Some(200), Some(25), Some(25))
+                && nice == (vec![0, 0], vec![9, 9], vec![9, 9]);
+            ok.then_some(()).ok_or(format!("nice {nice:?}, {v:?}"))
+        },
+    );
     let report: stagevm_report::api::StagesView = Api::new(&dir.join("light1.sock"))
         .unwrap()
         .get_json("/api/v1/stages?timeline=0")
         .unwrap();
-    let w = report.sched.cpu_weight.expect("light1 reports its CPU weight");
+    let w = report
+        .sched
+        .cpu_weight
+        .expect("light1 reports its CPU weight");
     assert_eq!((w.weight, w.by.as_str()), (Some(25), "vCPU threads' nice"));
     assert!(
         report.sched.vcpus.iter().all(|t| t.nice == Some(9)),
@@ -308,18 +315,22 @@ fn weight_decides_who_owns_shared_cores_and_their_cpu() {
 
     // The heavy VM ends: a core each, nothing shared, weights taken back.
     drop(heavy);
-    within(10, "the light VMs have a core each and nice 0 again", || {
-        let v = view(&api);
-        let gone = !v.vms.iter().any(|m| m.name == "heavy");
-        let (a, b) = (vcpu_affinity(&light1), vcpu_affinity(&light2));
-        let nice = (vcpu_nice(&light1), vcpu_nice(&light2));
-        let ok = gone
-            && one_each(&a, &b)
-            && v.vms.iter().all(|m| m.cpu_weight.is_none())
-            && nice == (vec![0, 0], vec![0, 0]);
-        ok.then_some(())
-            .ok_or(format!("light1 {a}, light2 {b}, nice {nice:?}, {v:?}"))
-    });
+    within(
+        10,
+        "the light VMs have a core each and nice 0 again",
+        || {
+            let v = view(&api);
+            let gone = !v.vms.iter().any(|m| m.name == "heavy");
+            let (a, b) = (vcpu_affinity(&light1), vcpu_affinity(&light2));
+            let nice = (vcpu_nice(&light1), vcpu_nice(&light2));
+            let ok = gone
+                && one_each(&a, &b)
+                && v.vms.iter().all(|m| m.cpu_weight.is_none())
+                && nice == (vec![0, 0], vec![0, 0]);
+            ok.then_some(())
+                .ok_or(format!("light1 {a}, light2 {b}, nice {nice:?}, {v:?}"))
+        },
+    );
     drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -371,12 +382,11 @@ fn cores_follow_demand_arrivals_and_exits() {
             vcpu_affinity(&idle),
         );
         let ok = one_each(&b, &b2) && (i == b || i == b2);
-        ok.then_some(())
-            .ok_or(format!(
-                "busy {b}, busy2 {b2}, idle {i}; {:?}; daemon log: {}",
-                view(&api),
-                log.lock().unwrap()
-            ))
+        ok.then_some(()).ok_or(format!(
+            "busy {b}, busy2 {b2}, idle {i}; {:?}; daemon log: {}",
+            view(&api),
+            log.lock().unwrap()
+        ))
     });
     assert!(vm(&view(&api), "idle").shared);
 

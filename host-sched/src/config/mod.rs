@@ -324,7 +324,11 @@ pub fn resolve(
     let budgets = resolve_budgets(config, cores_key, &stage_cores)?;
     if let Some(w) = config.host.cpu_weight {
         if !(1..=MAX_CPU_WEIGHT).contains(&w) {
-            return Err(range("host.cpu_weight", w, "in 1..=10000 (100: an ordinary process)"));
+            return Err(range(
+                "host.cpu_weight",
+                w,
+                "in 1..=10000 (100: an ordinary process)",
+            ));
         }
     }
     let p = &config.policy;

@@ -337,7 +337,10 @@ fn shared_vms_get_cpu_weights_in_proportion_the_heaviest_at_nice_0() {
     // A VM with cores of its own is left alone; none shared, none set.
     let w = cpu_weights(&[(5.0, 2, false), (1.0, 2, true), (3.0, 2, true)]);
     assert_eq!(w, vec![None, Some(67), Some(200)]);
-    assert_eq!(cpu_weights(&[(1.0, 2, false), (1.0, 2, false)]), vec![None, None]);
+    assert_eq!(
+        cpu_weights(&[(1.0, 2, false), (1.0, 2, false)]),
+        vec![None, None]
+    );
     // Extreme ratios stay in range.
     let w = cpu_weights(&[(1e6, 1, true), (1.0, 64, true)]);
     assert_eq!(w, vec![Some(100), Some(1)]);

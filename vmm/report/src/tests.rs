@@ -34,6 +34,7 @@ fn guest_names_cannot_forge_terminal_output() {
         cpu: None,
         max_p99_increase: 0.1,
         latency_slo_us: None,
+        cpu_weight: None,
     };
     let text = summary(Some(&channel), &sched, &[]);
     assert!(!text.contains('\u{1b}'), "{text}");
