@@ -1,7 +1,7 @@
 //! End-to-end: `host.cpu_weight` (the VM's CPU weight on cores it shares
 //! with other VMs, as `stagevm-hostd` gives it) applied to the vCPU
-//! threads' nice, read back from /proc and taken back; a VMM alone in a
-//! cgroup of its own says that the group's weight decides instead.
+//! threads' nice, or to the cgroup the VMM is alone in, read back from
+//! /proc and the group's own file, and taken back.
 
 mod common;
 #[path = "api/harness.rs"]
@@ -10,7 +10,9 @@ mod harness;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::*;
 use harness::*;
+use stagevm_testkit::api::Api;
 
 const BUDGETS: &str = "/api/v1/stages.budgets";
 
@@ -88,8 +90,8 @@ fn a_vm_among_others_in_its_group_weighs_through_its_vcpu_threads_nice() {
     assert_eq!(vm.stages().sched.cpu_weight.unwrap().weight, None);
 }
 
-/// A cgroup v1 `cpu` group made for the test (removed when dropped, the
-/// VMM moved back to the root group first).
+/// A cgroup v1 `cpu` group made for the test (removed when dropped, its
+/// processes moved back to the root group first).
 struct Group(PathBuf);
 
 impl Drop for Group {
@@ -104,25 +106,43 @@ impl Drop for Group {
     }
 }
 
-/// A VMM alone in a cgroup of its own (a systemd unit's) competes by the
-/// group's weight, which it does not change: its report says which group
-/// decides.
+/// A VMM started alone in a cgroup of its own (as a systemd unit's)
+/// competes by the group's weight: the weight goes to the group's
+/// `cpu.shares` (its file opened at start, before the seccomp filters)
+/// and back, and the vCPU threads' nice stays.
 #[test]
-fn a_vm_alone_in_its_cgroup_is_weighed_by_the_group_and_says_so() {
+fn a_vm_alone_in_its_cgroup_weighs_through_the_groups_cpu_shares() {
     let root = Path::new("/sys/fs/cgroup/cpu");
     if !root.join("cpu.shares").exists() {
         eprintln!("skipped: no cgroup v1 cpu hierarchy at {}", root.display());
         return;
     }
-    let vm = Vm::boot("iters=1000 threads=2 requests=100 work=100");
-    let pid = vm.pid();
     let dir = root.join(format!("stagevm-test-{}", std::process::id()));
     if let Err(e) = std::fs::create_dir(&dir) {
         eprintln!("skipped: cannot make {} ({e})", dir.display());
         return;
     }
     let group = Group(dir);
-    std::fs::write(group.0.join("cgroup.procs"), pid.to_string()).unwrap();
+    let _lock = vm_lock();
+    let socket = stagevm_testkit::temp_path("cpu-weight", "sock");
+    // The shell joins the group, then becomes the VMM.
+    let join = format!(
+        "echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"",
+        group.0.display()
+    );
+    let vm = stagevm()
+        .kernel(guest_image())
+        .vcpus(2)
+        .memory("128M")
+        .api_socket(&socket)
+        .cmdline("iters=1000 threads=2 requests=100 work=100 hold=1")
+        .wrap("sh", ["-c", join.as_str()])
+        .spawn()
+        .expect("start stagevm");
+    let api = Api::wait_ready(&socket, Duration::from_secs(10)).unwrap();
+    let pid = vm.vmm_pid().as_raw() as u32;
+    let procs = std::fs::read_to_string(group.0.join("cgroup.procs")).unwrap();
+    assert_eq!(procs.trim(), pid.to_string(), "the VMM alone in the group");
     let shares = || {
         std::fs::read_to_string(group.0.join("cpu.shares"))
             .unwrap()
@@ -130,20 +150,32 @@ fn a_vm_alone_in_its_cgroup_is_weighed_by_the_group_and_says_so() {
             .to_string()
     };
     assert_eq!(shares(), "1024");
-    // The group decides; the VMM says so and changes nothing (its threads'
-    // seccomp filters open no file for writing).
-    vm.put(BUDGETS, r#"{"host":{"cores":"0-1","cpu_weight":50}}"#);
-    soon("the report names the group", || {
-        let w = vm.stages().sched.cpu_weight;
-        let ok = w.as_ref().is_some_and(|w| {
-            w.weight == Some(50)
-                && w.by == format!("cgroup v1 {}/cpu.shares", group.0.display())
-                && w.error.as_ref().is_some_and(|e| e.contains("CPUWeight="))
-        });
-        ok.then_some(()).ok_or(format!("{w:?}"))
+    let report = || -> Option<stagevm_report::CpuWeightReport> {
+        let v: stagevm_report::api::StagesView = api.get_json("/api/v1/stages?timeline=0").unwrap();
+        v.sched.cpu_weight
+    };
+    // 50 on v2's scale is 512 of v1's 1024; the threads keep their nice.
+    api.put(BUDGETS, br#"{"host":{"cores":"0-1","cpu_weight":50}}"#)
+        .unwrap();
+    soon("cpu.shares 512", || {
+        let s = shares();
+        (s == "512")
+            .then_some(())
+            .ok_or(format!("{s}; {:?}", report()))
     });
-    assert_eq!(shares(), "1024");
     assert_eq!(vcpu_nice(pid), vec![0, 0]);
+    let w = report().expect("the report's cpu_weight");
+    assert_eq!(
+        (w.weight, w.group_value, w.error),
+        (Some(50), Some(512), None)
+    );
+    assert_eq!(w.by, format!("cgroup v1 {}/cpu.shares", group.0.display()));
+    // Taken back: the value found at start.
+    api.put(BUDGETS, br#"{"host":{"cores":"0-1"}}"#).unwrap();
+    soon("cpu.shares 1024 again", || {
+        let s = shares();
+        (s == "1024").then_some(()).ok_or(s)
+    });
     drop(vm);
     drop(group);
 }

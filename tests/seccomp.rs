@@ -241,7 +241,6 @@ const NOT_IN_EVERY_RUN: &[(&str, &str, &str)] = &[
     ("stage-sched", "sched_setaffinity", "re-pins after a plan or housekeeping change"),
     ("stage-sched", "getpriority", "host.cpu_weight on the vCPU threads (hostd/tests/hostd.rs, tests/cpu_weight.rs)"),
     ("stage-sched", "setpriority", "host.cpu_weight on the vCPU threads (hostd/tests/hostd.rs, tests/cpu_weight.rs)"),
-    ("stage-sched", "getsid", "host.cpu_weight: whether the VMM leads its session's autogroup (tests/cpu_weight.rs)"),
     ("api", "sendto", "replies on --metrics-listen's TCP (tests/metrics_tcp.rs)"),
     ("stage-sched", "timerfd_settime", "the trace's drain interval moving by more than 1/8 with its measured wake-up cost (a short traced run may keep the first interval)"),
     ("io-blk", "pwrite64", "a guest's write to a writable disk"),

@@ -3,20 +3,26 @@
 //!
 //! The scheduler shares a core between task groups first, then between
 //! the threads of a group (Documentation/scheduler/sched-design-CFS.rst
-//! §7, sched-autogroup.rst). VMs in one group — as a test harness or a
-//! shell starts them — compete thread by thread, and there the VMM sets
-//! each vCPU thread's nice to the level whose CFS weight is nearest
-//! weight ÷ vCPUs (a VM's threads together weigh its weight). A VMM alone
-//! in a group of its own — a cgroup with the CPU controller (a systemd
-//! unit's, `stagevm@NAME.service`), or its session's autogroup — competes
-//! by that group's weight, which the VMM cannot write (its threads' seccomp
-//! filters allow no file opened for writing) and does not change: there
-//! [`governor`] names the group, the VM's report says so, and the operator
-//! gives the group its weight (`CPUWeight=` in the unit).
+//! §7, sched-autogroup.rst), so [`governor`] looks where the VMM runs and
+//! [`Governor`] says what decides its share:
 //!
-//! Only the weight's ratio to other VMs' matters; `stagevm-hostd` scales
-//! the weights so the heaviest VM's vCPU threads keep nice 0 (a raised
-//! nice needs no privilege; a lowered one needs `CAP_SYS_NICE`).
+//! * the VMM alone in a cgroup with the CPU controller (a systemd unit's
+//!   cgroup, `stagevm@NAME.service`): the group's weight, cgroup v2
+//!   `cpu.weight` = the weight, or v1 `cpu.shares` = weight × 1024 ÷ 100
+//!   (v1's default 1024 is v2's 100);
+//! * else, in the root group with autogroup on, the VMM leading its own
+//!   session (`setsid`): its autogroup's nice, the level whose CFS weight
+//!   is nearest the weight;
+//! * else (VMs in one group, as a test harness or a shell starts them):
+//!   each vCPU thread's nice, the level nearest weight ÷ vCPUs (a VM's
+//!   threads together weigh its weight).
+//!
+//! A group's file is opened for writing when the VMM starts
+//! ([`GroupKnob::open`]), before its threads' seccomp filters, which open
+//! no file for writing. Only the weight's ratio to other VMs' matters;
+//! `stagevm-hostd` scales the weights so the heaviest VM's vCPU threads
+//! keep nice 0 (a raised nice needs no privilege; a lowered one, and an
+//! autogroup's nice below its current one, need `CAP_SYS_NICE`).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -52,6 +58,12 @@ pub fn nice_for(weight: f64) -> i32 {
 /// CFS load weight of nice level `nice` (clamped to −20..=19).
 pub fn weight_of_nice(nice: i32) -> u32 {
     PRIO_TO_WEIGHT[(nice.clamp(-20, 19) + 20) as usize]
+}
+
+/// cgroup v1 `cpu.shares` for `weight` (v1's 1024 is v2's 100; v1's range
+/// 2..=262144).
+pub fn v1_shares(weight: u32) -> u64 {
+    (u64::from(weight) * 1024 / u64::from(DEFAULT)).clamp(2, 262_144)
 }
 
 /// What decides the VM's share of a core it shares with other VMs.
@@ -155,6 +167,77 @@ pub fn governor() -> Governor {
     }
 }
 
+/// A group's weight file (`cpu.weight`, `cpu.shares`, or
+/// `/proc/self/autogroup`), opened for writing, with the value it held
+/// when opened.
+#[derive(Debug)]
+pub struct GroupKnob {
+    governor: Governor,
+    file: std::fs::File,
+    base: i64,
+}
+
+impl GroupKnob {
+    /// Opens `governor`'s file for writing and reads its value now.
+    /// Errors: [`Governor::Threads`] has none (`Unsupported`); the file
+    /// cannot be read, parsed or opened for writing (not root: EACCES).
+    pub fn open(governor: Governor) -> io::Result<Self> {
+        let path = match &governor {
+            Governor::CgroupV2(d) => d.join("cpu.weight"),
+            Governor::CgroupV1(d) => d.join("cpu.shares"),
+            Governor::Autogroup => PathBuf::from("/proc/self/autogroup"),
+            Governor::Threads => return Err(io::ErrorKind::Unsupported.into()),
+        };
+        let text = std::fs::read_to_string(&path)?;
+        // "/autogroup-94 nice 0" or a number.
+        let word = text.split_whitespace().last().unwrap_or_default();
+        let base = word.parse().map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: '{word}': {e}", path.display()),
+            )
+        })?;
+        let file = std::fs::OpenOptions::new().write(true).open(&path)?;
+        Ok(Self {
+            governor,
+            file,
+            base,
+        })
+    }
+
+    /// What it is.
+    pub fn governor(&self) -> &Governor {
+        &self.governor
+    }
+
+    /// The value the group held when opened.
+    pub fn base(&self) -> i64 {
+        self.base
+    }
+
+    /// The value on this file's scale for VM weight `weight`: the weight
+    /// (v2), [`v1_shares`] (v1), [`nice_for`] (autogroup).
+    pub fn value_for(&self, weight: u32) -> i64 {
+        match self.governor {
+            Governor::CgroupV2(_) => i64::from(weight),
+            Governor::CgroupV1(_) => v1_shares(weight) as i64,
+            Governor::Autogroup | Governor::Threads => i64::from(nice_for(f64::from(weight))),
+        }
+    }
+
+    /// Writes the value for `weight`, or the value found when opened for
+    /// `None`; returns what it wrote. Errors: the write is refused (a
+    /// value out of the file's range, an autogroup nice below its current
+    /// one without `CAP_SYS_NICE`).
+    pub fn set(&self, weight: Option<u32>) -> io::Result<i64> {
+        use std::io::Write;
+        let value = weight.map_or(self.base, |w| self.value_for(w));
+        // One write per value: the kernel parses each write on its own.
+        (&self.file).write_all(format!("{value}\n").as_bytes())?;
+        Ok(value)
+    }
+}
+
 /// Thread `tid`'s nice level (`getpriority(PRIO_PROCESS, tid)`). Errors:
 /// no such thread.
 pub fn thread_nice(tid: i32) -> io::Result<i32> {
@@ -199,6 +282,9 @@ mod tests {
         assert_eq!(weight_of_nice(0), 1024);
         assert_eq!(weight_of_nice(9), 137);
         assert_eq!(weight_of_nice(99), 15);
+        assert_eq!(v1_shares(100), 1024);
+        assert_eq!(v1_shares(1), 10);
+        assert_eq!(v1_shares(10_000), 102_400);
     }
 
     const MOUNTS: &str = "\

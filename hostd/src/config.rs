@@ -11,7 +11,7 @@
 //!
 //! [[vm]]
 //! name = "db"            # the API socket's stem: --api-socket DIR/db.sock
-//! weight = 2             # default 1
+//! weight = 2             # default 1; also its CPU weight on a core it shares with other VMs
 //! min_cores = 1          # default 0
 //! max_cores = 4          # default: all
 //! # cores = "4-5"        # a fixed set instead

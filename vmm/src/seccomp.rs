@@ -40,10 +40,10 @@
 //!   `openat` (not refused here), `getdents64`, `newfstatat`, `statx`
 //!   (adopting threads from `/proc/self/task` every 50 policy periods,
 //!   `Pinner::adopt_threads`),
-//!   `sched_getaffinity`/`sched_setaffinity` (pins), `getpriority`,
-//!   `setpriority` and `getsid` (the VM's CPU weight on shared cores,
-//!   `host.cpu_weight`: its vCPU threads' nice, or its session's
-//!   autogroup; a cgroup's weight is a file);
+//!   `sched_getaffinity`/`sched_setaffinity` (pins), `getpriority` and
+//!   `setpriority` (the VM's CPU weight on shared cores,
+//!   `host.cpu_weight`, as its vCPU threads' nice; a group's weight is a
+//!   file opened at start, written with `write`);
 //! * `io-blk` — `epoll_create1`, `epoll_ctl`, `epoll_wait`, `read`
 //!   (eventfd), `pread64`, `pwrite64`, `fdatasync` (a guest's flush of a
 //!   writable disk);
@@ -227,7 +227,6 @@ fn own(kind: ThreadKind) -> &'static [Syscall] {
             // host.cpu_weight (Pinner::set_cpu_weight).
             SYS_getpriority,
             SYS_setpriority,
-            SYS_getsid,
         ],
         ThreadKind::IoBlk => syscalls![
             SYS_epoll_create1,

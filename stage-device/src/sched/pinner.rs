@@ -5,8 +5,10 @@
 //! before entering the guest (as Cloud Hypervisor's `--cpus affinity`), and
 //! [`Pinner::apply`] re-pins those a new plan moves. Every affinity is read
 //! back with `sched_getaffinity` for the report. The VM's CPU weight on
-//! cores shared with other VMs (`host.cpu_weight`) is applied here too, as
-//! its vCPU threads' nice ([`Pinner::set_cpu_weight`]), and read back.
+//! cores shared with other VMs (`host.cpu_weight`) is applied here too
+//! ([`Pinner::set_cpu_weight`]): to the group the VMM is alone in, whose
+//! file [`Pinner::new`] opens before any seccomp filter, else to its vCPU
+//! threads' nice ([`host_sched::cpuweight`]).
 
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -31,12 +33,18 @@ struct State {
 }
 
 /// The CPU weight applied (`host.cpu_weight`) and what it replaced.
-#[derive(Default)]
 struct Weight {
     /// The weight now; `None`: none asked, or taken back.
     now: Option<u32>,
-    /// What decides the VM's share, found when a weight is first asked.
-    governor: Option<Governor>,
+    /// Whether one was ever asked (the report shows it from then on).
+    asked: bool,
+    /// What decides the VM's share (found at start).
+    governor: Governor,
+    /// The group's file, opened at start (or why it could not be), when
+    /// a group decides.
+    knob: Option<Result<cpuweight::GroupKnob, String>>,
+    /// The group's value last written.
+    group_value: Option<i64>,
     /// Per vCPU, its nice found before the first change.
     thread_base: Vec<Option<i32>>,
     /// The last refusal.
@@ -57,9 +65,16 @@ fn read_back(tid: i32) -> String {
 
 impl Pinner {
     /// A pinner for vCPUs starting on `initial` cores (per vCPU) with helper
-    /// threads on `housekeeping`.
+    /// threads on `housekeeping`. Finds what decides the VM's share of a
+    /// shared core ([`cpuweight::governor`]) and, when it is a group the
+    /// VMM is alone in, opens the group's file for writing now: call it
+    /// before any seccomp filter.
     pub fn new(initial: Vec<CpuSet>, housekeeping: CpuSet) -> Self {
         let n = initial.len();
+        let governor = cpuweight::governor();
+        let knob = (governor != Governor::Threads).then(|| {
+            cpuweight::GroupKnob::open(governor.clone()).map_err(|e| format!("{governor}: {e}"))
+        });
         Self {
             vcpu_tids: (0..n).map(|_| AtomicI32::new(0)).collect(),
             state: Mutex::new(State {
@@ -75,8 +90,13 @@ impl Pinner {
                 repins: 0,
                 repin_ns: 0,
                 weight: Weight {
+                    now: None,
+                    asked: false,
+                    governor,
+                    knob,
+                    group_value: None,
                     thread_base: vec![None; n],
-                    ..Default::default()
+                    error: None,
                 },
             }),
         }
@@ -99,7 +119,7 @@ impl Pinner {
         if let Err(e) = set_thread_affinity(0, &cores) {
             tracing::warn!(vcpu = index, "cannot pin vCPU thread to {cores}: {e}");
         }
-        if st.weight.now.is_some() && st.weight.governor == Some(Governor::Threads) {
+        if st.weight.now.is_some() && st.weight.governor == Governor::Threads {
             let n = self.vcpu_tids.len();
             weigh_thread(&mut st, n, index as usize, tid);
         }
@@ -260,57 +280,53 @@ impl Pinner {
     }
 
     /// Applies the VM's CPU weight `weight` (`host.cpu_weight`; `None`
-    /// takes a weight given before back, restoring the nice found) when it
-    /// differs from the one applied: each started vCPU thread's nice (a
-    /// vCPU that starts later takes it when it starts). When
-    /// [`cpuweight::governor`] finds the VMM alone in a group of its own
-    /// (a cgroup, an autogroup), that group's weight decides and nothing
-    /// is changed: logged once and kept for the report. A refusal is
+    /// takes a weight given before back, restoring what was found) when it
+    /// differs from the one applied: the group's file when a group the
+    /// VMM is alone in decides, else each started vCPU thread's nice (a
+    /// vCPU that starts later takes it when it starts). A refusal is
     /// logged and kept for the report.
     pub fn set_cpu_weight(&self, weight: Option<u32>) {
         let mut st = self.lock();
-        if st.weight.now == weight {
+        if st.weight.now == weight || (!st.weight.asked && weight.is_none()) {
             return;
         }
         st.weight.now = weight;
-        if weight.is_none() && st.weight.governor.is_none() {
-            return;
-        }
-        let first = st.weight.governor.is_none();
-        let gov = st
-            .weight
-            .governor
-            .get_or_insert_with(cpuweight::governor)
-            .clone();
-        if gov != Governor::Threads {
-            if first {
-                let why = format!(
-                    "the VMM is alone in its group, so {gov} decides its share of a shared \
-                     core; stagevm does not change it (give the group the weight, e.g. \
-                     CPUWeight= in its unit)"
-                );
-                tracing::warn!("host.cpu_weight not applied: {why}");
+        st.weight.asked = true;
+        st.weight.error = None;
+        match &st.weight.knob {
+            None => {
+                let n = self.vcpu_tids.len();
+                for (v, t) in self.vcpu_tids.iter().enumerate() {
+                    let tid = t.load(Ordering::Acquire);
+                    if tid != 0 {
+                        weigh_thread(&mut st, n, v, tid);
+                    }
+                }
+            }
+            Some(Ok(knob)) => match knob.set(weight) {
+                Ok(v) => st.weight.group_value = Some(v),
+                Err(e) => {
+                    let why = format!("{}: {e}", knob.governor());
+                    tracing::warn!("host.cpu_weight {weight:?} not applied: {why}");
+                    st.weight.error = Some(why);
+                }
+            },
+            Some(Err(why)) => {
+                let why = format!("cannot open the group's file at start: {why}");
+                tracing::warn!("host.cpu_weight {weight:?} not applied: {why}");
                 st.weight.error = Some(why);
             }
-            return;
         }
-        let n = self.vcpu_tids.len();
-        for (v, t) in self.vcpu_tids.iter().enumerate() {
-            let tid = t.load(Ordering::Acquire);
-            if tid != 0 {
-                weigh_thread(&mut st, n, v, tid);
-            }
-        }
-        tracing::info!("CPU weight {weight:?} on the vCPU threads' nice");
+        tracing::info!("CPU weight {weight:?} by {}", st.weight.governor);
     }
 
     /// The CPU weight for the report, once one was asked.
     pub fn cpu_weight_report(&self) -> Option<CpuWeightReport> {
         let st = self.lock();
-        let gov = st.weight.governor.as_ref()?;
-        Some(CpuWeightReport {
+        st.weight.asked.then(|| CpuWeightReport {
             weight: st.weight.now,
-            by: gov.to_string(),
+            by: st.weight.governor.to_string(),
+            group_value: st.weight.group_value,
             error: st.weight.error.clone(),
         })
     }
