@@ -353,10 +353,19 @@ fn share(pool: &CpuSet, vms: &[VmDemand], floating: &[usize], out: &mut [VmCores
 /// the allocator's weights; so each VM whose set is shared gets a CPU
 /// weight in proportion to its `weight`, scaled so the heaviest per vCPU
 /// gets 100 per vCPU (its vCPU threads keep nice 0: a lower nice needs
-/// privilege, [`crate::cpuweight`]); a VM with cores of its own only gets
-/// `None` (nothing changed). Rounded, within 1..=10000.
+/// privilege, [`crate::cpuweight`]); a VM with cores of its own gets
+/// `None` (nothing changed), and so does every VM when the sharing VMs all
+/// have the same weight and vCPUs (the host's default split is then the
+/// weighted one, whether it shares by thread or by group, and a change
+/// the VMs need not apply is not sent). Rounded, within 1..=10000.
 pub fn cpu_weights(vms: &[(f64, usize, bool)]) -> Vec<Option<u32>> {
     let per_vcpu = |w: f64, v: usize| w / v.max(1) as f64;
+    let mut sharing = vms.iter().filter(|(_, _, shared)| *shared);
+    if let Some(&(w0, v0, _)) = sharing.next() {
+        if sharing.all(|&(w, v, _)| w == w0 && v == v0) {
+            return vec![None; vms.len()];
+        }
+    }
     let top = vms
         .iter()
         .filter(|(_, _, shared)| *shared)

@@ -39,7 +39,7 @@ use crate::policy::{PolicyKind, VisitPolicy};
 use crate::topology::Topology;
 
 /// `[host]`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostSection {
     /// Stage cores as a cpulist.
@@ -60,7 +60,7 @@ pub struct HostSection {
 pub const MAX_CPU_WEIGHT: u32 = 10_000;
 
 /// `[policy]`.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicySection {
     /// Policy name.
@@ -132,7 +132,7 @@ impl Default for PolicySection {
 }
 
 /// One `[[stage]]`.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StageSection {
     /// Stage name (as the guest registers it).
@@ -160,7 +160,7 @@ fn default_weight() -> f64 {
 }
 
 /// The whole file.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// `[host]`.

@@ -341,6 +341,11 @@ fn shared_vms_get_cpu_weights_in_proportion_the_heaviest_at_nice_0() {
         cpu_weights(&[(1.0, 2, false), (1.0, 2, false)]),
         vec![None, None]
     );
+    // Sharers alike: the host's default split is the weighted one.
+    assert_eq!(
+        cpu_weights(&[(2.0, 2, true), (2.0, 2, true), (9.0, 4, false)]),
+        vec![None, None, None]
+    );
     // Extreme ratios stay in range.
     let w = cpu_weights(&[(1e6, 1, true), (1.0, 64, true)]);
     assert_eq!(w, vec![Some(100), Some(1)]);

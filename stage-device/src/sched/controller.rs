@@ -76,6 +76,11 @@ struct Pending {
     config: Config,
     vm: VmPlan,
     what: Vec<String>,
+    /// Whether the configuration differs from the one applied in more
+    /// than `host.cpu_weight` (which the pinner applies and no policy
+    /// reads): only then is the policy rebuilt, its state (EWMA, `auto`'s
+    /// trials) started afresh.
+    replans: bool,
 }
 
 struct Guest {
@@ -169,10 +174,14 @@ impl Controller {
         let vm = replan(&config, &self.topology, self.num_vcpus, names)?;
         let mut all = self.pending.take().map_or_else(Vec::new, |p| p.what);
         all.push(what.clone());
+        let mut unweighted = config.clone();
+        unweighted.host.cpu_weight = self.config.host.cpu_weight;
+        let replans = unweighted != self.config;
         self.pending = Some(Pending {
             config,
             vm,
             what: all,
+            replans,
         });
         Ok(what)
     }
@@ -189,6 +198,13 @@ impl Controller {
     fn apply_pending(&mut self) -> Option<String> {
         let p = self.pending.take()?;
         let what = p.what.join("; ");
+        if !p.replans {
+            // Only the CPU weight: the pinner reads it from `vm`.
+            tracing::info!("operator change applied: {what}");
+            self.vm = p.vm;
+            self.config = p.config;
+            return Some(format!("applied: {what}"));
+        }
         let names = self.guest.as_ref().map(|g| g.names.as_slice());
         let mut policy = match build_policy(&p.vm.resolved, self.num_vcpus, names) {
             Ok(policy) => policy,
@@ -490,3 +506,6 @@ impl Controller {
         r.registrations_coalesced = self.registrations_coalesced;
     }
 }
+
+#[cfg(test)]
+mod tests;
