@@ -1,8 +1,9 @@
 //! The daemon's period: read every VM, share the cores
 //! ([`host_sched::host::allocate`], the one place this is decided, and
 //! [`host_sched::host::cpu_weights`] for the VMs whose cores are shared),
-//! give each VM whose set or CPU weight changed its new one. The VMs need nothing from the
-//! daemon to run: a VM it cannot reach keeps what it has.
+//! give each VM whose set or CPU weight changed its new one. The VMs need
+//! nothing from the daemon to run: a VM it cannot reach keeps what it
+//! has.
 //!
 //! Faults, each counted per VM and logged at most [`BURST`] times per
 //! minute per kind:
@@ -13,7 +14,7 @@
 //! * a refused change: logged, tried again next period.
 //!
 //! The first period after a start adopts the VMs as they are (their sets
-//! become the current ones) and moves no core.
+//! and CPU weights become the current ones) and moves no core.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -44,8 +45,8 @@ struct Known {
     demand: f64,
     vcpus: usize,
     shared: bool,
-    /// The CPU weight last given (`host.cpu_weight`; `None`: none, or
-    /// taken back).
+    /// The CPU weight it applies, as its last read said (`host.cpu_weight`;
+    /// `None`: none, or taken back).
     cpu_weight: Option<u32>,
     moves: u64,
     errors: u64,
@@ -203,6 +204,7 @@ impl Daemon {
                         k.owned = None;
                     }
                     k.cores = r.cores;
+                    k.cpu_weight = r.cpu_weight;
                     k.vcpus = r.vcpus;
                     k.answered = true;
                     if k.demand >= k.cores.len() as f64 + 1.0 {

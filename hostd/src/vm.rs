@@ -25,6 +25,9 @@ pub struct Reading {
     /// the VM measures them: two reads give the mean over the daemon's
     /// period.
     pub utilisation: Option<(u64, f64)>,
+    /// The CPU weight it applies now (`sched.cpu_weight.weight`), if any:
+    /// a restarted daemon adopts it as given.
+    pub cpu_weight: Option<u32>,
 }
 
 /// Why a VM could not be read or changed.
@@ -116,6 +119,7 @@ impl Vm {
                 .cpu
                 .as_ref()
                 .map(|c| (c.periods, c.utilisation * c.periods as f64)),
+            cpu_weight: view.sched.cpu_weight.as_ref().and_then(|w| w.weight),
             vcpus: view.sched.vcpus.len(),
         })
     }

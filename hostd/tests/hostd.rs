@@ -285,6 +285,25 @@ fn weight_decides_who_owns_shared_cores_and_their_cpu() {
         metric(&scrape, "stagevm_host_vm_cpu_weight", "vm=\"light2\""),
         Some(25.0)
     );
+    // The operator's table: the weight column.
+    let remote = stagevm_testkit::Remote::new(workspace_binary("stagevm", "stagevm-remote"), &api);
+    let table = remote.run(&["host"]).unwrap();
+    assert_eq!(table.code(), 0, "{table:?}");
+    let header = table.stdout.lines().find(|l| l.starts_with("vm ")).unwrap();
+    let column = header.split_whitespace().position(|w| w == "cpu_weight");
+    let weight_of = |name: &str| {
+        let line = table.stdout.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace()
+            .nth(column.unwrap())
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        (weight_of("heavy "), weight_of("light1 ")),
+        ("200".into(), "25".into()),
+        "{}",
+        table.stdout
+    );
 
     // It holds for 6 periods, and the CPU follows the weights.
     let moves = |v: &HostView| v.vms.iter().map(|m| m.moves).collect::<Vec<_>>();

@@ -222,12 +222,13 @@ fn print_host(view: &HostView) {
         view.periods
     );
     println!(
-        "{:<16} {:>8} {:>7} {:>5} {:>6} {:>9} {:>6} {:>6} {:>7} {:>7} {:>6}",
+        "{:<16} {:>8} {:>7} {:>5} {:>6} {:>10} {:>9} {:>6} {:>6} {:>7} {:>7} {:>6}",
         "vm",
         "cores",
         "demand",
         "vcpus",
         "weight",
+        "cpu_weight",
         "min..max",
         "moves",
         "errors",
@@ -243,12 +244,13 @@ fn print_host(view: &HostView) {
             format!("{} fixed", vm.cores)
         };
         println!(
-            "{:<16} {:>8} {:>7.2} {:>5} {:>6} {:>9} {:>6} {:>6} {:>7} {:>7} {:>6}",
+            "{:<16} {:>8} {:>7.2} {:>5} {:>6} {:>10} {:>9} {:>6} {:>6} {:>7} {:>7} {:>6}",
             vm.name,
             cores,
             vm.demand,
             vm.vcpus,
             vm.weight,
+            vm.cpu_weight.map_or("-".to_string(), |w| w.to_string()),
             format!("{}..{max}", vm.min_cores),
             vm.moves,
             vm.errors,
