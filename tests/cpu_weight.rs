@@ -16,24 +16,12 @@ use stagevm_testkit::api::Api;
 
 const BUDGETS: &str = "/api/v1/stages.budgets";
 
-/// The nice level of each of VMM `pid`'s vCPU threads (`/proc/…/stat`
-/// field 19).
+/// The nice level of each of VMM `pid`'s vCPU threads, from /proc.
 fn vcpu_nice(pid: u32) -> Vec<i32> {
-    let mut out = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .flatten()
-    {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with("vcpu") {
-            continue;
-        }
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        if let Some((_, after)) = stat.rsplit_once(')') {
-            out.push(after.split_whitespace().nth(16).unwrap().parse().unwrap());
-        }
-    }
-    out
+    stagevm_testkit::machine::vcpu_tids(pid)
+        .into_iter()
+        .filter_map(stagevm_testkit::machine::thread_nice)
+        .collect()
 }
 
 /// Polls `check` for at most 3 s (a few policy periods of 100 ms).

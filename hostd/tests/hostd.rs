@@ -102,29 +102,14 @@ fn vcpu_affinity(vm: &Running) -> String {
 
 /// The VMM's vCPU threads' ids.
 fn vcpu_tids(vm: &Running) -> Vec<i32> {
-    let pid = vm.vmm_pid();
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm"))
-                .unwrap_or_default()
-                .starts_with("vcpu")
-        })
-        .filter_map(|t| t.file_name().to_str()?.parse().ok())
-        .collect()
+    stagevm_testkit::machine::vcpu_tids(vm.vmm_pid().as_raw() as u32)
 }
 
-/// The nice level of each vCPU thread, from `/proc/TID/stat` (field 19).
+/// The nice level of each vCPU thread, from /proc.
 fn vcpu_nice(vm: &Running) -> Vec<i32> {
     vcpu_tids(vm)
-        .iter()
-        .map(|t| {
-            let stat = std::fs::read_to_string(format!("/proc/{t}/stat")).unwrap();
-            // Fields after the command's closing parenthesis start at 3.
-            let after = stat.rsplit_once(')').unwrap().1;
-            after.split_whitespace().nth(16).unwrap().parse().unwrap()
-        })
+        .into_iter()
+        .filter_map(stagevm_testkit::machine::thread_nice)
         .collect()
 }
 

@@ -99,3 +99,28 @@ pub fn vm_lock() -> VmLock {
         _file: file,
     }
 }
+
+/// The thread ids of VMM `pid`'s vCPU threads (its tasks named `vcpu*`),
+/// in /proc's order; empty when the process is gone.
+pub fn vcpu_tids(pid: u32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .unwrap_or_default()
+                .starts_with("vcpu")
+        })
+        .filter_map(|t| t.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Thread `tid`'s nice level, from `/proc/TID/stat` (field 19, the 17th
+/// after the command's closing parenthesis); `None` when it is gone.
+pub fn thread_nice(tid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
+    let (_, after) = stat.rsplit_once(')')?;
+    after.split_whitespace().nth(16)?.parse().ok()
+}
