@@ -10,9 +10,11 @@
 //!   cgroup, `stagevm@NAME.service`): the group's weight, cgroup v2
 //!   `cpu.weight` = the weight, or v1 `cpu.shares` = weight × 1024 ÷ 100
 //!   (v1's default 1024 is v2's 100);
-//! * else, in the root group with autogroup on, the VMM leading its own
-//!   session (`setsid`): its autogroup's nice, the level whose CFS weight
-//!   is nearest the weight;
+//! * else, where no cgroup of its own with the controller decides (the
+//!   root group, or a group without the CPU controller), autogroup on and
+//!   the VMM leading its own session (`setsid`, as systemd starts a
+//!   service): its autogroup's nice, the level whose CFS weight is nearest
+//!   the weight;
 //! * else (VMs in one group, as a test harness or a shell starts them):
 //!   each vCPU thread's nice, the level nearest weight ÷ vCPUs (a VM's
 //!   threads together weigh its weight).
@@ -147,16 +149,21 @@ pub fn governor() -> Governor {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     if let Some((v, dir)) = cgroup_dir(&read("/proc/self/cgroup"), &read("/proc/self/mountinfo")) {
         let knob = if v == 1 { "cpu.shares" } else { "cpu.weight" };
-        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-        if dir.join(knob).exists() && alone(&procs, pid) {
+        // Without the file the CPU controller is off for the group (a v2
+        // group whose parent does not enable it): the group does not
+        // decide, the autogroup rule below may.
+        if dir.join(knob).exists() {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            if !alone(&procs, pid) {
+                // In a group with others: its threads compete inside it.
+                return Governor::Threads;
+            }
             return if v == 1 {
                 Governor::CgroupV1(dir)
             } else {
                 Governor::CgroupV2(dir)
             };
         }
-        // In a group with others: its threads compete inside it.
-        return Governor::Threads;
     }
     let autogroup = read("/proc/sys/kernel/sched_autogroup_enabled").trim() == "1";
     let leader = nix::unistd::getsid(None).is_ok_and(|s| s.as_raw() as u32 == pid);
