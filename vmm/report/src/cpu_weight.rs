@@ -1,0 +1,25 @@
+//! The VM's CPU weight on cores it shares with other VMs, as the report
+//! shows it.
+
+use serde::{Deserialize, Serialize};
+
+/// The VM's CPU weight on cores shared with other VMs (`host.cpu_weight`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CpuWeightReport {
+    /// The weight asked (1..=10000; 100 is an ordinary process), `None`
+    /// after it was taken back (the values found before are restored).
+    pub weight: Option<u32>,
+    /// What carries it: `vCPU threads' nice` (each vCPU's `nice`), or the
+    /// group the VMM is alone in, `cgroup v2 DIR/cpu.weight`, `cgroup v1
+    /// DIR/cpu.shares` or `autogroup nice`.
+    pub by: String,
+    /// The group's value last written (`cpu.weight`, `cpu.shares`, or the
+    /// autogroup's nice); `None` on the threads.
+    #[serde(default)]
+    pub group_value: Option<i64>,
+    /// Why the weight is not in force (the group's file could not be
+    /// opened or written, a lower nice without `CAP_SYS_NICE`), if it is
+    /// not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
