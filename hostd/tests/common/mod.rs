@@ -49,11 +49,7 @@ pub fn setup(extra: &str) -> (PathBuf, PathBuf) {
 /// follow: a staged guest on a core shared with another VM waits on its
 /// own preempted vCPUs at each migration and idles, so its demand shows
 /// less than it would use on a core of its own (docs/design.md, "Several
-/// VMs on one host"); with `off` its guest shows the demand it has. (The
-/// idle VMs keep the default policy: in one run with the idle VM under
-/// `off` too it read 2 cores of demand while held, not explained yet;
-/// held alone, or beside a busy VM on one core, it reads a steady 0.5
-/// utilisation and no work CPU under either policy.)
+/// VMs on one host"); with `off` its guest shows the demand it has.
 pub const OFF: [&str; 2] = ["--policy", "off"];
 
 /// Boots a 2-vCPU test guest with its API socket `dir/NAME.sock`.

@@ -482,9 +482,15 @@ pub(super) fn run_vcpu(
 /// `hold=1`: once every vCPU finished, keeps `vcpu` parked (WAIT, 1 s at a
 /// time; spinning without an active channel) until the VMM ends the VM, so
 /// an operator or a test reads final counters through the operator API
-/// while nothing changes.
+/// while nothing changes. A held vCPU reports itself idle first: the
+/// vCPU that ran a thread's last request ends outside its idle loop, in
+/// "no stage", which the host counts as busy (a held guest of 2 vCPUs read
+/// 0.5 utilisation, and 1.0 when both ended that way).
 pub fn hold(vcpu: u32) -> ! {
     let a = agent();
+    if a.is_active() {
+        let _ = a.vcpu_idle(vcpu);
+    }
     loop {
         if a.is_active() {
             a.set_parked(vcpu, true);
