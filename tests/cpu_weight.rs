@@ -8,32 +8,18 @@ mod common;
 mod harness;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use harness::*;
 use stagevm_testkit::api::Api;
+use stagevm_testkit::machine::vcpu_nice;
 
 const BUDGETS: &str = "/api/v1/stages.budgets";
 
-/// The nice level of each of VMM `pid`'s vCPU threads, from /proc.
-fn vcpu_nice(pid: u32) -> Vec<i32> {
-    stagevm_testkit::machine::vcpu_tids(pid)
-        .into_iter()
-        .filter_map(stagevm_testkit::machine::thread_nice)
-        .collect()
-}
-
 /// Polls `check` for at most 3 s (a few policy periods of 100 ms).
-fn soon(what: &str, mut check: impl FnMut() -> Result<(), String>) {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        match check() {
-            Ok(()) => return,
-            Err(e) if Instant::now() > deadline => panic!("{what}: {e}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(50)),
-        }
-    }
+fn soon(what: &str, check: impl FnMut() -> Result<(), String>) {
+    stagevm_testkit::machine::until(Duration::from_secs(3), what, check);
 }
 
 #[test]

@@ -360,16 +360,17 @@ fn share(pool: &CpuSet, vms: &[VmDemand], floating: &[usize], out: &mut [VmCores
 /// the VMs need not apply is not sent). Rounded, within 1..=10000.
 pub fn cpu_weights(vms: &[(f64, usize, bool)]) -> Vec<Option<u32>> {
     let per_vcpu = |w: f64, v: usize| w / v.max(1) as f64;
-    let mut sharing = vms.iter().filter(|(_, _, shared)| *shared);
-    if let Some(&(w0, v0, _)) = sharing.next() {
-        if sharing.all(|&(w, v, _)| w == w0 && v == v0) {
-            return vec![None; vms.len()];
-        }
-    }
-    let top = vms
+    let sharing: Vec<(f64, usize)> = vms
         .iter()
         .filter(|(_, _, shared)| *shared)
-        .map(|&(w, v, _)| per_vcpu(w, v))
+        .map(|&(w, v, _)| (w, v))
+        .collect();
+    if sharing.windows(2).all(|p| p[0] == p[1]) {
+        return vec![None; vms.len()];
+    }
+    let top = sharing
+        .iter()
+        .map(|&(w, v)| per_vcpu(w, v))
         .fold(0.0f64, f64::max);
     vms.iter()
         .map(|&(w, _, shared)| {

@@ -7,7 +7,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use stagevm_report::api::HostView;
 use stagevm_testkit::api::Api;
@@ -77,22 +77,15 @@ pub fn boot_with(dir: &Path, name: &str, cmdline: &str, args: &[&str]) -> Runnin
 /// `Cpus_allowed_list` of its tasks named `vcpu*` (a staged policy pins
 /// each vCPU to one of the VM's cores, `off` floats them over all).
 pub fn vcpu_affinity(vm: &Running) -> String {
-    let pid = vm.vmm_pid();
     let mut cores = host_sched::cpuset::CpuSet::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .flatten()
-    {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if comm.starts_with("vcpu") {
-            let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
-            if let Some(l) = status
-                .lines()
-                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            {
-                let set = host_sched::cpuset::CpuSet::parse(l.trim()).unwrap();
-                set.iter().for_each(|c| cores.insert(c));
-            }
+    for tid in vcpu_tids(vm) {
+        let status = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap_or_default();
+        if let Some(l) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        {
+            let set = host_sched::cpuset::CpuSet::parse(l.trim()).unwrap();
+            set.iter().for_each(|c| cores.insert(c));
         }
     }
     cores.to_string()
@@ -105,10 +98,7 @@ pub fn vcpu_tids(vm: &Running) -> Vec<i32> {
 
 /// The nice level of each vCPU thread, from /proc.
 pub fn vcpu_nice(vm: &Running) -> Vec<i32> {
-    vcpu_tids(vm)
-        .into_iter()
-        .filter_map(stagevm_testkit::machine::thread_nice)
-        .collect()
+    stagevm_testkit::machine::vcpu_nice(vm.vmm_pid().as_raw() as u32)
 }
 
 /// The CPU time of a VM's vCPU threads so far (ns; `/proc/TID/schedstat`).
@@ -165,17 +155,13 @@ pub fn log_of(daemon: &mut Running) -> Arc<Mutex<String>> {
 /// Polls `check` every 20 ms until it holds, for at most `periods` daemon
 /// periods plus one VM policy period and the reads' slack; panics with
 /// `what` and the last state after.
-pub fn within(periods: u64, what: &str, mut check: impl FnMut() -> Result<(), String>) {
-    let deadline = Instant::now() + Duration::from_millis(periods * PERIOD_MS + 100);
-    loop {
-        match check() {
-            Ok(()) => return,
-            Err(state) if Instant::now() > deadline => {
-                panic!("{what}: not within {periods} periods of {PERIOD_MS} ms: {state}")
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
+pub fn within(periods: u64, what: &str, check: impl FnMut() -> Result<(), String>) {
+    let timeout = Duration::from_millis(periods * PERIOD_MS + 100);
+    stagevm_testkit::machine::until(
+        timeout,
+        &format!("{what} ({periods} periods of {PERIOD_MS} ms)"),
+        check,
+    );
 }
 
 /// `promtool check metrics` on `scrape`: clean (says "skipped" where

@@ -117,6 +117,31 @@ pub fn vcpu_tids(pid: u32) -> Vec<i32> {
         .collect()
 }
 
+/// The nice level of each of VMM `pid`'s vCPU threads ([`vcpu_tids`],
+/// [`thread_nice`]).
+pub fn vcpu_nice(pid: u32) -> Vec<i32> {
+    vcpu_tids(pid).into_iter().filter_map(thread_nice).collect()
+}
+
+/// Polls `check` every 20 ms until it holds, for at most `timeout`; panics
+/// with `what` and the state the last check returned after.
+pub fn until(
+    timeout: std::time::Duration,
+    what: &str,
+    mut check: impl FnMut() -> Result<(), String>,
+) {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match check() {
+            Ok(()) => return,
+            Err(state) if std::time::Instant::now() > deadline => {
+                panic!("{what}: not within {timeout:?}: {state}")
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+}
+
 /// Thread `tid`'s nice level, from `/proc/TID/stat` (field 19, the 17th
 /// after the command's closing parenthesis); `None` when it is gone.
 pub fn thread_nice(tid: i32) -> Option<i32> {
