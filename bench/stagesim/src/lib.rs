@@ -33,7 +33,7 @@ pub mod plot;
 pub mod report;
 pub mod results;
 pub mod sim;
-pub mod stagemap;
+pub use stagemap_file as stagemap;
 pub mod stream;
 pub mod symbols;
 pub mod synth;

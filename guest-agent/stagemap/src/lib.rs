@@ -1,8 +1,9 @@
 //! Stage-map files (version 1): which functions of an unmodified binary
 //! start which stage. `stagesim discover --binary` writes them; the Linux
 //! agent's C parser (`guest-agent/linux/libstage/stagemap_file.[ch]`,
-//! `stagectl --map-file`) reads them, and `stagesim replay --stage-map`
-//! replays a trace re-marked by them. The format is specified in
+//! `stagectl --map-file`) reads them, the preload library
+//! (`guest-agent/preload`) installs a stage point at each symbol's entry, and
+//! `stagesim replay --stage-map` replays a trace re-marked by them. The format is specified in
 //! `stagemap_file.h`; this parser applies the same rules (a test runs both on
 //! the same files).
 
@@ -51,6 +52,20 @@ fn name_ok(s: &str) -> bool {
     (1..=NAME_MAX).contains(&s.len())
         && s.bytes()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
+}
+
+/// The 1-based line of `text` (a stage-map file) that lists `symbol` in a
+/// `stage` or `request` directive, for errors that name a symbol after
+/// parsing (for example one the binary does not define). `None` when no
+/// directive lists it.
+pub fn symbol_line(text: &str, symbol: &str) -> Option<usize> {
+    text.lines().enumerate().find_map(|(i, raw)| {
+        let code = raw.split('#').next().unwrap_or("");
+        let mut t = code.split_whitespace();
+        let directive = t.next()?;
+        let listed = matches!(directive, "stage" | "request") && t.skip(1).any(|s| s == symbol);
+        listed.then_some(i + 1)
+    })
 }
 
 impl StageMapFile {
@@ -239,5 +254,20 @@ mod tests {
                 .why,
             "more than 16 stages"
         );
+    }
+}
+
+#[cfg(test)]
+mod symbol_line_tests {
+    use super::symbol_line;
+
+    #[test]
+    fn symbol_line_finds_the_directive_not_a_comment() {
+        let text = "stagemap 1\n# stage x f\nstage a f g # h\nrequest a h\n";
+        assert_eq!(symbol_line(text, "g"), Some(3));
+        assert_eq!(symbol_line(text, "h"), Some(4));
+        // The stage's name is not one of its symbols.
+        assert_eq!(symbol_line(text, "a"), None);
+        assert_eq!(symbol_line(text, "x"), None);
     }
 }

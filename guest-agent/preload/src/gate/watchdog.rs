@@ -1,0 +1,116 @@
+//! The watchdog: one thread per process, started when the gate first
+//! makes a thread wait, that keeps the wait bound and notices a gate
+//! switched off while every thread waits.
+//!
+//! It sleeps on a futex word of its own, without a timer while nobody
+//! waits, and otherwise until the earliest waiter's deadline (its wait's
+//! start + `max_wait_us`). Then it scans the lanes: each waiter whose
+//! deadline has passed is timed out and woken with the token. A waiter
+//! announces itself by bumping the word (`watch_arrival`); the watchdog
+//! reads the word before it scans and sleeps only while the word still
+//! holds that value, so an arrival during a scan is never missed.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
+use std::sync::Once;
+
+use super::{futex_wait, futex_wake, now_ns, runtime, Runtime, GRANTED};
+use crate::control::mode;
+
+/// The watchdog's state.
+pub(super) struct Watch {
+    /// Bumped by each arrival; the watchdog sleeps on it.
+    word: AtomicU32,
+    /// The watchdog sleeps without a deadline.
+    idle: AtomicBool,
+    started: Once,
+}
+
+impl Default for Watch {
+    fn default() -> Self {
+        Self {
+            word: AtomicU32::new(0),
+            idle: AtomicBool::new(false),
+            started: Once::new(),
+        }
+    }
+}
+
+impl Runtime {
+    /// A thread is about to wait: start the watchdog if needed, and wake it
+    /// if it sleeps without a deadline.
+    pub(super) fn watch_arrival(&self) {
+        let w = &self.watch;
+        w.started.call_once(|| {
+            let spawned = std::thread::Builder::new()
+                .name("stagevm-gate".into())
+                .spawn(|| {
+                    if let Some(rt) = runtime() {
+                        rt.watchdog();
+                    }
+                });
+            if let Err(e) = spawned {
+                eprintln!("stagevm-preload: warning: no watchdog thread ({e}): waits are bounded only by other threads' stage points");
+            }
+        });
+        w.word.fetch_add(1, SeqCst);
+        if w.idle.load(SeqCst) {
+            futex_wake(&w.word);
+        }
+    }
+
+    fn watchdog(&self) -> ! {
+        let w = &self.watch;
+        let c = self.control.get();
+        loop {
+            let seen = w.word.load(SeqCst);
+            if c.mode() == mode::OFF && self.gate_seen_on.load(Relaxed) {
+                self.release_all();
+            }
+            let next = self.expire(now_ns(), c.max_wait_ns());
+            match next {
+                Some(deadline) => {
+                    w.idle.store(false, SeqCst);
+                    let wait = deadline.saturating_sub(now_ns()).max(1_000);
+                    futex_wait(&w.word, seen, Some(wait));
+                }
+                None => {
+                    w.idle.store(true, SeqCst);
+                    futex_wait(&w.word, seen, None);
+                    w.idle.store(false, SeqCst);
+                }
+            }
+        }
+    }
+
+    /// Times out every waiter whose wait began `max_wait_ns` or more
+    /// before `now`; returns the earliest deadline still ahead, if any.
+    fn expire(&self, now: u64, max_wait_ns: u64) -> Option<u64> {
+        let mut next: Option<u64> = None;
+        let mut wake = Vec::new();
+        for (i, lane) in self.lanes.iter().enumerate() {
+            let mut core = lane.core.lock().unwrap_or_else(|e| e.into_inner());
+            let waiting: Vec<_> = core.waiters().collect();
+            for u in waiting {
+                // 0: queued but not yet announced (it bumps the word next).
+                let since = self.since[u as usize].load(Acquire);
+                if since == 0 {
+                    continue;
+                }
+                let deadline = since.saturating_add(max_wait_ns);
+                if deadline <= now {
+                    if core.timeout(u, now) {
+                        self.words[u as usize].store(GRANTED, Release);
+                        wake.push(u);
+                    }
+                } else {
+                    next = Some(next.map_or(deadline, |n| n.min(deadline)));
+                }
+            }
+            self.publish(i, &core);
+        }
+        for u in wake {
+            futex_wake(&self.words[u as usize]);
+        }
+        next
+    }
+}
