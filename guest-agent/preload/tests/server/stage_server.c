@@ -7,7 +7,8 @@
  *   --mutex       hold one global mutex from parse to exec (across a stage point)
  *   --sleep-ms N  thread 0 sleeps N ms inside plan on its first request
  *   --idle-us N   each request first waits N us for its client (in req_wait)
- * Prints "done THREADS REQUESTS CHECKSUM MAX_REQUEST_US ELAPSED_MS" and exits 0. */
+ * Prints "thread ID FINISH_MS MAX_REQUEST_US" per thread, then
+ * "done THREADS REQUESTS CHECKSUM MAX_REQUEST_US ELAPSED_MS", and exits 0. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -21,6 +22,8 @@ static int nthreads, nrequests, work, use_mutex, sleep_ms, idle_us;
 static pthread_mutex_t big = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t checksum[1024];
 static uint64_t max_req_ns[1024];
+static uint64_t finish_ns[1024];
+static uint64_t start_ns;
 
 static uint64_t now_ns(void)
 {
@@ -87,6 +90,7 @@ static void *worker(void *arg)
 			max_req_ns[id] = d;
 	}
 	checksum[id] = x;
+	finish_ns[id] = now_ns() - start_ns;
 	return NULL;
 }
 
@@ -117,6 +121,7 @@ int main(int argc, char **argv)
 	}
 	pthread_t th[1024];
 	uint64_t t0 = now_ns();
+	start_ns = t0;
 	for (int i = 0; i < nthreads; i++)
 		pthread_create(&th[i], NULL, worker, (void *)(intptr_t)i);
 	uint64_t sum = 0, maxd = 0;
@@ -126,6 +131,9 @@ int main(int argc, char **argv)
 		if (max_req_ns[i] > maxd)
 			maxd = max_req_ns[i];
 	}
+	for (int i = 0; i < nthreads; i++)
+		printf("thread %d %llu %llu\n", i, (unsigned long long)(finish_ns[i] / 1000000),
+		       (unsigned long long)(max_req_ns[i] / 1000));
 	printf("done %d %d %llu %llu %llu\n", nthreads, nrequests, (unsigned long long)sum,
 	       (unsigned long long)(maxd / 1000), (unsigned long long)((now_ns() - t0) / 1000000));
 	return 0;

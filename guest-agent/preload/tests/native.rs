@@ -1,0 +1,335 @@
+//! The preload library on a real multi-threaded program, natively: a small
+//! C server (`tests/server/stage_server.c`, built here with `cc`) runs with
+//! `LD_PRELOAD=libstagevm_preload.so`; the tests read the control page the
+//! library writes, the threads' CPU masks from `/proc`, and the server's
+//! own answers (its checksum must not change under any setting).
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use stagevm_preload::control::{mode, Mapping};
+
+const MAP: &str = "stagemap 1
+stage parse stage_parse
+stage plan stage_plan tight_loop
+stage exec stage_exec
+request exec req_wait
+";
+
+/// A temporary folder with the built server and a map.
+struct Fixture {
+    dir: PathBuf,
+    server: PathBuf,
+}
+
+impl Fixture {
+    /// `None` (the test prints why it is skipped) without a C compiler.
+    fn new(name: &str) -> Option<Self> {
+        let dir = std::env::temp_dir().join(format!("stagevm-preload-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let server = dir.join("stage_server");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/server/stage_server.c");
+        let cc = Command::new("cc")
+            .args(["-O2", "-pthread", "-o"])
+            .arg(&server)
+            .arg(&src)
+            .output();
+        match cc {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => panic!("cc failed: {}", String::from_utf8_lossy(&o.stderr)),
+            Err(e) => {
+                eprintln!("skipped: no C compiler (cc: {e})");
+                return None;
+            }
+        }
+        std::fs::write(dir.join("map"), MAP).unwrap();
+        Some(Self { dir, server })
+    }
+
+    fn library() -> PathBuf {
+        // target/<profile>/deps/native-HASH → target/<profile>/libstagevm_preload.so
+        let exe = std::env::current_exe().unwrap();
+        let lib = exe.parent().unwrap().parent().unwrap().join("libstagevm_preload.so");
+        assert!(lib.exists(), "{} not built (cargo builds it with the crate)", lib.display());
+        lib
+    }
+
+    /// The server with the library, `map` and `env`, started.
+    fn spawn(&self, map: &str, args: &[&str], env: &[(&str, String)]) -> Child {
+        let map_path = self.dir.join("map.run");
+        std::fs::write(&map_path, map).unwrap();
+        let mut cmd = Command::new(&self.server);
+        cmd.args(args)
+            .env("LD_PRELOAD", Self::library())
+            .env("STAGEVM_STAGEMAP", &map_path)
+            .env("STAGEVM_CONTROL", self.control())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let _ = std::fs::remove_file(self.control());
+        cmd.spawn().unwrap()
+    }
+
+    fn run(&self, map: &str, args: &[&str], env: &[(&str, String)]) -> (Output, String) {
+        let child = self.spawn(map, args, env);
+        let out = wait_bounded(child, Duration::from_secs(120));
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "server failed: {stderr}");
+        (out, stderr)
+    }
+
+    fn control(&self) -> PathBuf {
+        self.dir.join("control")
+    }
+
+    fn page(&self) -> Mapping {
+        Mapping::open(&self.control(), |_| panic!("the library did not lay the page out")).unwrap()
+    }
+
+    /// The server alone (no library): its answer.
+    fn reference(&self, args: &[&str]) -> String {
+        let out = Command::new(&self.server).args(args).output().unwrap();
+        checksum(&out)
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn wait_bounded(mut child: Child, limit: Duration) -> Output {
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > limit {
+            child.kill().unwrap();
+            panic!("the server did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    child.stdout.take().unwrap().read_to_end(&mut stdout).unwrap();
+    child.stderr.take().unwrap().read_to_end(&mut stderr).unwrap();
+    Output {
+        status: child.wait().unwrap(),
+        stdout,
+        stderr,
+    }
+}
+
+/// The server's checksum (the third field of its `done` line).
+fn checksum(out: &Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let done = text.lines().find(|l| l.starts_with("done ")).expect("no done line");
+    done.split_whitespace().nth(3).unwrap().to_string()
+}
+
+/// `thread ID FINISH_MS MAX_US` lines: (finish ms, max request µs) by id.
+fn threads(out: &Output) -> Vec<(u64, u64)> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("thread "))
+        .map(|l| {
+            let f: Vec<u64> = l.split_whitespace().map(|x| x.parse().unwrap()).collect();
+            (f[1], f[2])
+        })
+        .collect()
+}
+
+/// A CPU this process may run on (the lane of the gated tests).
+fn a_cpu() -> usize {
+    *stagevm_preload::own_cpus().last().unwrap()
+}
+
+/// The CPU lists (`Cpus_allowed_list`) of the process's threads other than
+/// its main thread, from /proc.
+fn worker_masks(pid: u32) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|t| {
+            let t = t.ok()?;
+            if t.file_name().to_str()? == pid.to_string() {
+                return None;
+            }
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            if comm.trim() == "stagevm-gate" {
+                return None;
+            }
+            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(|s| s.trim().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn the_gate_off_counts_every_visit_and_an_unpatchable_function_is_left_alone() {
+    let Some(f) = Fixture::new("off") else { return };
+    let args = ["4", "500", "50"];
+    let (out, stderr) = f.run(MAP, &args, &[]);
+    assert_eq!(checksum(&out), f.reference(&args));
+    assert_eq!(
+        stderr.matches("left tight_loop alone").count(),
+        1,
+        "one warning naming it: {stderr}"
+    );
+    assert!(stderr.contains("branches to +0x1"), "{stderr}");
+    let page = f.page();
+    let c = page.get();
+    assert_eq!(c.header.hooks_installed.load(Relaxed), 4);
+    assert_eq!(c.header.hooks_skipped.load(Relaxed), 1);
+    assert_eq!(c.stage_visits()[..3], [2000, 2000, 2000]);
+    assert_eq!(c.requests(), 2000);
+    assert_eq!(c.lanes[0].visits.load(Relaxed), 0, "no gate, no lane");
+}
+
+#[test]
+fn a_bad_map_is_refused_naming_its_line_and_symbol_and_the_server_runs() {
+    let Some(f) = Fixture::new("bad") else { return };
+    let args = ["2", "100", "10"];
+    let missing = "stagemap 1\nstage a stage_parse\n# a comment\nstage b stage_plan no_such_function\n";
+    let (out, stderr) = f.run(missing, &args, &[]);
+    assert_eq!(checksum(&out), f.reference(&args));
+    assert!(
+        stderr.contains("line 4: symbol no_such_function is not a function of"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("no stage points installed"), "{stderr}");
+    let malformed = "stagemap 1\nstage a stage_parse\nstage a stage_plan\n";
+    let (_, stderr) = f.run(malformed, &args, &[]);
+    assert!(stderr.contains("line 3: stage defined twice"), "{stderr}");
+    // A map for another binary leaves this one alone.
+    let other = "stagemap 1\nbinary /usr/bin/true\nstage a stage_parse\n";
+    let (_, stderr) = f.run(other, &args, &[]);
+    assert!(stderr.contains("is for /usr/bin/true"), "{stderr}");
+    // Bad settings are named, and the defaults used.
+    let env = [("STAGEVM_MAX_WAIT_US", "0".to_string()), ("STAGEVM_GATE", "on".to_string())];
+    let (_, stderr) = f.run(MAP, &args, &env);
+    assert!(stderr.contains("STAGEVM_MAX_WAIT_US='0'"), "{stderr}");
+    assert!(stderr.contains("STAGEVM_GATE='on'"), "{stderr}");
+}
+
+#[test]
+fn the_temporal_gate_binds_threads_serves_cohorts_and_releases_them_when_switched_off() {
+    let Some(f) = Fixture::new("gate") else { return };
+    let cpu = a_cpu();
+    let args = ["8", "400000", "300"];
+    let env = [
+        ("STAGEVM_GATE", "temporal".to_string()),
+        ("STAGEVM_LANES", cpu.to_string()),
+        ("STAGEVM_MAX_WAIT_US", "2000".to_string()),
+    ];
+    let child = f.spawn(MAP, &args, &env);
+    let pid = child.id();
+    // Every worker thread is bound to the lane's CPU (read from /proc).
+    let t0 = Instant::now();
+    loop {
+        let masks = worker_masks(pid);
+        if masks.len() == 8 && masks.iter().all(|m| *m == cpu.to_string()) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "workers not bound: {masks:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let page = f.page();
+    let c = page.get();
+    let lane = &c.lanes[0];
+    let (cohorts, served) = (lane.cohorts.load(Relaxed), lane.cohort_threads.load(Relaxed));
+    assert!(cohorts > 0 && served > 2 * cohorts, "cohorts of more than 2 threads: {served} in {cohorts}");
+    assert!(lane.handoffs.load(Relaxed) > 0);
+    // Switched off mid-run: every waiter released, every thread unbound
+    // and back on its own CPUs.
+    let switched = Instant::now();
+    c.header.mode.store(mode::OFF, Relaxed);
+    loop {
+        let masks = worker_masks(pid);
+        let unbound = lane.threads.load(Relaxed) == 0 && c.header.releases.load(Relaxed) == 1;
+        if unbound && masks.iter().all(|m| *m != cpu.to_string()) {
+            break;
+        }
+        assert!(switched.elapsed() < Duration::from_secs(2), "not released: {masks:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    eprintln!("released and unbound {:?} after the switch", switched.elapsed());
+    let out = wait_bounded(child, Duration::from_secs(120));
+    assert_eq!(checksum(&out), f.reference(&args));
+    assert_eq!(c.stage_visits()[..3], [3_200_000; 3]);
+}
+
+#[test]
+fn a_thread_sleeping_inside_a_stage_or_a_mutex_across_a_stage_point_stalls_no_one_past_the_bound() {
+    let Some(f) = Fixture::new("sleep") else { return };
+    let env = [
+        ("STAGEVM_GATE", "temporal".to_string()),
+        ("STAGEVM_LANES", a_cpu().to_string()),
+        ("STAGEVM_MAX_WAIT_US", "1000".to_string()),
+    ];
+    // Thread 0 sleeps 400 ms inside `plan` holding the token; the others
+    // finish their requests meanwhile.
+    let args = ["4", "300", "100", "--sleep-ms", "400"];
+    let (out, _) = f.run(MAP, &args, &env);
+    assert_eq!(checksum(&out), f.reference(&args));
+    let t = threads(&out);
+    assert!(t[0].0 >= 400, "thread 0 slept: {t:?}");
+    for (id, (finish_ms, _)) in t.iter().enumerate().skip(1) {
+        assert!(*finish_ms < 350, "thread {id} waited for the sleeper: {t:?}");
+    }
+    assert!(f.page().get().lanes[0].timeouts.load(Relaxed) >= 1);
+    // One mutex held from `parse` to `exec`, across two stage points.
+    let args = ["8", "300", "100", "--mutex"];
+    let (out, _) = f.run(MAP, &args, &env);
+    assert_eq!(checksum(&out), f.reference(&args));
+}
+
+#[test]
+fn a_thread_stopped_by_a_tracer_stalls_no_other_past_the_bound() {
+    use nix::sys::ptrace;
+    use nix::unistd::Pid;
+    let Some(f) = Fixture::new("stop") else { return };
+    let env = [
+        ("STAGEVM_GATE", "temporal".to_string()),
+        ("STAGEVM_LANES", a_cpu().to_string()),
+        ("STAGEVM_MAX_WAIT_US", "1000".to_string()),
+    ];
+    let child = f.spawn(MAP, &["4", "2000000", "300"], &env);
+    let pid = child.id();
+    std::thread::sleep(Duration::from_millis(300));
+    let page = f.page();
+    let c = page.get();
+    // Stop one worker thread (a tracer's interrupt stops that thread only;
+    // SIGSTOP would stop the whole process).
+    let tid = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| t.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|t| *t as u32 != pid)
+        .unwrap();
+    let tid = Pid::from_raw(tid);
+    ptrace::seize(tid, ptrace::Options::empty()).unwrap();
+    ptrace::interrupt(tid).unwrap();
+    nix::sys::wait::waitpid(tid, Some(nix::sys::wait::WaitPidFlag::__WALL)).unwrap();
+    let before = c.requests();
+    std::thread::sleep(Duration::from_millis(500));
+    let during = c.requests() - before;
+    ptrace::detach(tid, None).unwrap();
+    c.header.mode.store(mode::OFF, Relaxed);
+    let mut child = child;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Three threads at ~1–10 µs per request run thousands in 500 ms; a
+    // stall until the stopped thread came back would give ~0.
+    assert!(during > 1000, "{during} requests in 500 ms while one thread was stopped");
+    eprintln!("{during} requests in 500 ms with one of 4 threads stopped");
+}
