@@ -6,14 +6,29 @@
 //! that checks a function's body is `iced-x86`, the one `retour` itself
 //! uses. Nothing here decodes x86 by hand.
 //!
-//! The stubs ([`MAX_HOOKS`] of them, 16 bytes each) load their index into
-//! `r11` (a scratch register no argument uses in the SysV ABI) and jump to
-//! one common stub that saves every argument register (`rdi`, `rsi`,
-//! `rdx`, `rcx`, `r8`, `r9`, `rax` for variadic calls, `xmm0`–`xmm7`),
-//! calls `hit(index)`, which runs the stage point and returns the
-//! trampoline's address, restores them and jumps there. The stack is
-//! 16-byte aligned at the call: at a function's entry `rsp` ≡ 8 (mod 16),
-//! seven pushes and 128 bytes of vector registers make it ≡ 0.
+//! The stubs ([`MAX_HOOKS`] of them, 16 bytes each) push their index and
+//! jump to one common stub (the index's stack slot later holds the
+//! trampoline's address). A hooked function may be called by
+//! code that assumes more than the ABI: with interprocedural register
+//! allocation (GCC's `-fipa-ra`, on at `-O2`) a caller in the same unit
+//! keeps values in call-clobbered registers across the call when it knows
+//! the callee leaves them alone, and calls without aligning the stack when
+//! the callee needs no alignment (both seen here: `point_bench.c`'s loop
+//! keeps its counter in `rcx`/`rdx` and calls with `rsp` ≡ 0 (mod 16)).
+//! So the common stub preserves every register and aligns the stack
+//! itself:
+//! * it changes no register before saving it: it saves `rbx`, `rax`,
+//!   `rcx`, `rdx`, `rsi`, `rdi`, `r8`–`r11` and
+//!   `xmm0`–`xmm15` on a 64-byte-aligned frame, and calls `hit_fast`
+//!   (Rust built for baseline x86-64: SSE only, so the upper halves of the
+//!   vector registers are untouched), which counts the visit;
+//! * only when the gate must act (`gate::point_fast` says so) it saves the
+//!   whole extended state with `XSAVE` (AVX, AVX-512: what a libc call
+//!   with `vzeroupper` would destroy) and calls `hit_slow`, then `XRSTOR`;
+//! * it restores everything and jumps to the trampoline (the address in a
+//!   stack slot above the frame, read from the red zone after `rsp` is
+//!   back: the kernel never writes the red zone when it delivers a
+//!   signal).
 //!
 //! A function is left alone, with one warning naming it, when:
 //! * its symbol has no size (its body cannot be checked);
@@ -62,14 +77,15 @@ const EMPTY: Hook = Hook {
 };
 static HOOKS: [Hook; MAX_HOOKS] = [EMPTY; MAX_HOOKS];
 
-/// The function the common stub calls: runs hook `index`'s stage point and
-/// returns the address to continue at.
-type HitFn = extern "C" fn(u32) -> usize;
-
 extern "C" {
     /// The first of the [`MAX_HOOKS`] 16-byte stubs.
     fn stagevm_preload_stubs();
 }
+
+/// Bytes of the `XSAVE` area the slow path reserves on the stack; set at
+/// start from CPUID leaf 0xD (rounded up to 64), 0 until then (the slow
+/// path then never runs: [`init_xsave`]).
+static XSAVE_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 std::arch::global_asm!(
     ".pushsection .text.stagevm_preload_stubs,\"ax\",@progbits",
@@ -79,54 +95,120 @@ std::arch::global_asm!(
     "stagevm_preload_stubs:",
     ".set stagevm_i, 0",
     ".rept {n}",
-    "    mov r11d, stagevm_i",
+    "    push stagevm_i",
     "    jmp 2f",
     "    .balign 16, 0xcc",
     "    .set stagevm_i, stagevm_i + 1",
     ".endr",
     "2:",
-    "    push rdi",
-    "    push rsi",
-    "    push rdx",
+    // [rbp + 8]: the hook's index, then the trampoline's address;
+    // [rbp + 16]: the return address.
+    "    push rbp",
+    "    mov rbp, rsp",
+    "    push rbx",
+    "    push rax",
     "    push rcx",
+    "    push rdx",
+    "    push rsi",
+    "    push rdi",
     "    push r8",
     "    push r9",
-    "    push rax",
-    "    sub rsp, 128",
-    "    movdqu [rsp], xmm0",
-    "    movdqu [rsp + 16], xmm1",
-    "    movdqu [rsp + 32], xmm2",
-    "    movdqu [rsp + 48], xmm3",
-    "    movdqu [rsp + 64], xmm4",
-    "    movdqu [rsp + 80], xmm5",
-    "    movdqu [rsp + 96], xmm6",
-    "    movdqu [rsp + 112], xmm7",
-    "    mov edi, r11d",
-    "    call {hit}",
-    "    mov r11, rax",
-    "    movdqu xmm0, [rsp]",
-    "    movdqu xmm1, [rsp + 16]",
-    "    movdqu xmm2, [rsp + 32]",
-    "    movdqu xmm3, [rsp + 48]",
-    "    movdqu xmm4, [rsp + 64]",
-    "    movdqu xmm5, [rsp + 80]",
-    "    movdqu xmm6, [rsp + 96]",
-    "    movdqu xmm7, [rsp + 112]",
-    "    add rsp, 128",
-    "    pop rax",
+    "    push r10",
+    "    push r11",
+    "    and rsp, -64",
+    "    sub rsp, 320",
+    "    mov rbx, rsp",
+    "    movaps [rbx], xmm0",
+    "    movaps [rbx + 16], xmm1",
+    "    movaps [rbx + 32], xmm2",
+    "    movaps [rbx + 48], xmm3",
+    "    movaps [rbx + 64], xmm4",
+    "    movaps [rbx + 80], xmm5",
+    "    movaps [rbx + 96], xmm6",
+    "    movaps [rbx + 112], xmm7",
+    "    movaps [rbx + 128], xmm8",
+    "    movaps [rbx + 144], xmm9",
+    "    movaps [rbx + 160], xmm10",
+    "    movaps [rbx + 176], xmm11",
+    "    movaps [rbx + 192], xmm12",
+    "    movaps [rbx + 208], xmm13",
+    "    movaps [rbx + 224], xmm14",
+    "    movaps [rbx + 240], xmm15",
+    "    mov edi, [rbp + 8]",
+    "    call {fast}",
+    "    mov [rbx + 256], rax",
+    "    test rdx, rdx",
+    "    jz 3f",
+    "    mov rcx, [rip + {xs}]",
+    "    test rcx, rcx",
+    "    jz 3f",
+    "    sub rsp, rcx",
+    // The XSAVE header (bytes 512..576) must hold zeros in its reserved part.
+    "    xor eax, eax",
+    "    mov [rsp + 512], rax",
+    "    mov [rsp + 520], rax",
+    "    mov [rsp + 528], rax",
+    "    mov [rsp + 536], rax",
+    "    mov [rsp + 544], rax",
+    "    mov [rsp + 552], rax",
+    "    mov [rsp + 560], rax",
+    "    mov [rsp + 568], rax",
+    "    mov eax, -1",
+    "    mov edx, -1",
+    "    xsave64 [rsp]",
+    "    mov edi, [rbp + 8]",
+    "    call {slow}",
+    "    mov eax, -1",
+    "    mov edx, -1",
+    "    xrstor64 [rsp]",
+    "3:",
+    "    mov rax, [rbx + 256]",
+    "    mov [rbp + 8], rax",
+    "    movaps xmm0, [rbx]",
+    "    movaps xmm1, [rbx + 16]",
+    "    movaps xmm2, [rbx + 32]",
+    "    movaps xmm3, [rbx + 48]",
+    "    movaps xmm4, [rbx + 64]",
+    "    movaps xmm5, [rbx + 80]",
+    "    movaps xmm6, [rbx + 96]",
+    "    movaps xmm7, [rbx + 112]",
+    "    movaps xmm8, [rbx + 128]",
+    "    movaps xmm9, [rbx + 144]",
+    "    movaps xmm10, [rbx + 160]",
+    "    movaps xmm11, [rbx + 176]",
+    "    movaps xmm12, [rbx + 192]",
+    "    movaps xmm13, [rbx + 208]",
+    "    movaps xmm14, [rbx + 224]",
+    "    movaps xmm15, [rbx + 240]",
+    "    lea rsp, [rbp - 80]",
+    "    pop r11",
+    "    pop r10",
     "    pop r9",
     "    pop r8",
-    "    pop rcx",
-    "    pop rdx",
-    "    pop rsi",
     "    pop rdi",
-    "    jmp r11",
+    "    pop rsi",
+    "    pop rdx",
+    "    pop rcx",
+    "    pop rax",
+    "    pop rbx",
+    "    pop rbp",
+    "    lea rsp, [rsp + 8]",
+    "    jmp qword ptr [rsp - 8]",
     ".popsection",
     n = const MAX_HOOKS,
-    hit = sym hit,
+    fast = sym hit_fast,
+    slow = sym hit_slow,
+    xs = sym XSAVE_BYTES,
 );
 
-extern "C" fn hit(index: u32) -> usize {
+/// What `hit_fast` returns (in `rax`:`rdx`, the SysV ABI's pair return).
+#[repr(C)]
+struct FastReturn {
+    trampoline: usize,
+    slow: usize,
+}
+
+fn point_of(index: u32) -> (&'static Hook, PointKind) {
     let h = &HOOKS[index as usize % MAX_HOOKS];
     let packed = h.point.load(Relaxed);
     let point = if packed & 0x100 != 0 {
@@ -134,12 +216,42 @@ extern "C" fn hit(index: u32) -> usize {
     } else {
         PointKind::Stage(packed as u8)
     };
-    crate::gate::on_point(point);
-    h.trampoline.load(Relaxed)
+    (h, point)
 }
 
-// Keeps the type of `hit` checked against what the stub expects.
-const _: HitFn = hit;
+extern "C" fn hit_fast(index: u32) -> FastReturn {
+    let (h, point) = point_of(index);
+    let slow = crate::gate::point_fast(point);
+    FastReturn {
+        trampoline: h.trampoline.load(Relaxed),
+        slow: usize::from(slow),
+    }
+}
+
+extern "C" fn hit_slow(index: u32) {
+    let (_, point) = point_of(index);
+    crate::gate::point_slow(point);
+}
+
+/// Sizes the slow path's `XSAVE` area from CPUID (leaf 1: XSAVE and
+/// OSXSAVE; leaf 0xD: the bytes the enabled features need). Returns the
+/// size, or `None` when the CPU or the OS has no XSAVE (no hook is then
+/// installed: the slow path could not keep the caller's vector state).
+pub fn init_xsave() -> Option<usize> {
+    let leaf1 = std::arch::x86_64::__cpuid(1);
+    let (xsave, osxsave) = (leaf1.ecx & (1 << 26) != 0, leaf1.ecx & (1 << 27) != 0);
+    if !(xsave && osxsave) {
+        return None;
+    }
+    // Leaf 0xD exists when XSAVE does.
+    let size = std::arch::x86_64::__cpuid_count(0xd, 0).ebx as usize;
+    let size = size.checked_add(63)? & !63;
+    (576..=1 << 16).contains(&size).then(|| {
+        XSAVE_BYTES.store(size, Relaxed);
+        size
+    })
+}
+
 
 /// Why a function was left alone.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -169,6 +169,10 @@ pub fn start() -> Option<()> {
             return None;
         }
     }
+    if hooks::init_xsave().is_none() {
+        refuse(&path, "this CPU or kernel has no XSAVE, which stage points need to keep the caller's vector registers");
+        return None;
+    }
     // Every symbol resolves, or the map is refused (line and symbol named).
     let mut points = Vec::new();
     let request = map.request.iter().flat_map(|(s, syms)| {

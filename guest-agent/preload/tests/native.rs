@@ -2,7 +2,11 @@
 //! C server (`tests/server/stage_server.c`, built here with `cc`) runs with
 //! `LD_PRELOAD=libstagevm_preload.so`; the tests read the control page the
 //! library writes, the threads' CPU masks from `/proc`, and the server's
-//! own answers (its checksum must not change under any setting).
+//! own answers (its checksum must not change under any setting). With
+//! `--check-regs` each worker first calls a stage point from assembly that
+//! keeps values in call-clobbered registers (as GCC's interprocedural
+//! register allocation may) and misaligns the stack; the server exits 3 if
+//! any changed.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -15,7 +19,7 @@ use stagevm_preload::control::{mode, Mapping};
 const MAP: &str = "stagemap 1
 stage parse stage_parse
 stage plan stage_plan tight_loop
-stage exec stage_exec
+stage exec stage_exec reg_probe
 request exec req_wait
 ";
 
@@ -51,9 +55,12 @@ impl Fixture {
     }
 
     fn library() -> PathBuf {
-        // target/<profile>/deps/native-HASH → target/<profile>/libstagevm_preload.so
+        // `cargo test` builds the cdylib beside the test binary
+        // (target/<profile>/deps/), and does not copy it up to
+        // target/<profile>/ as `cargo build` does: the one in deps/ is the
+        // one built from this source.
         let exe = std::env::current_exe().unwrap();
-        let lib = exe.parent().unwrap().parent().unwrap().join("libstagevm_preload.so");
+        let lib = exe.parent().unwrap().join("libstagevm_preload.so");
         assert!(lib.exists(), "{} not built (cargo builds it with the crate)", lib.display());
         lib
     }
@@ -177,7 +184,7 @@ fn worker_masks(pid: u32) -> Vec<String> {
 #[test]
 fn the_gate_off_counts_every_visit_and_an_unpatchable_function_is_left_alone() {
     let Some(f) = Fixture::new("off") else { return };
-    let args = ["4", "500", "50"];
+    let args = ["4", "500", "50", "--check-regs"];
     let (out, stderr) = f.run(MAP, &args, &[]);
     assert_eq!(checksum(&out), f.reference(&args));
     assert_eq!(
@@ -188,9 +195,11 @@ fn the_gate_off_counts_every_visit_and_an_unpatchable_function_is_left_alone() {
     assert!(stderr.contains("branches to +0x1"), "{stderr}");
     let page = f.page();
     let c = page.get();
-    assert_eq!(c.header.hooks_installed.load(Relaxed), 4);
+    assert_eq!(c.header.hooks_installed.load(Relaxed), 5);
     assert_eq!(c.header.hooks_skipped.load(Relaxed), 1);
-    assert_eq!(c.stage_visits()[..3], [2000, 2000, 2000]);
+    // Each thread's 3 calls of reg_probe (in `exec`) before its first
+    // request are one switch into `exec`: 4 more.
+    assert_eq!(c.stage_visits()[..3], [2000, 2000, 2004]);
     assert_eq!(c.requests(), 2000);
     assert_eq!(c.lanes[0].visits.load(Relaxed), 0, "no gate, no lane");
 }
@@ -225,7 +234,7 @@ fn a_bad_map_is_refused_naming_its_line_and_symbol_and_the_server_runs() {
 fn the_temporal_gate_binds_threads_serves_cohorts_and_releases_them_when_switched_off() {
     let Some(f) = Fixture::new("gate") else { return };
     let cpu = a_cpu();
-    let args = ["8", "400000", "300"];
+    let args = ["8", "400000", "300", "--check-regs"];
     let env = [
         ("STAGEVM_GATE", "temporal".to_string()),
         ("STAGEVM_LANES", cpu.to_string()),
@@ -266,7 +275,7 @@ fn the_temporal_gate_binds_threads_serves_cohorts_and_releases_them_when_switche
     eprintln!("released and unbound {:?} after the switch", switched.elapsed());
     let out = wait_bounded(child, Duration::from_secs(120));
     assert_eq!(checksum(&out), f.reference(&args));
-    assert_eq!(c.stage_visits()[..3], [3_200_000; 3]);
+    assert_eq!(c.stage_visits()[..3], [3_200_000, 3_200_000, 3_200_008]);
 }
 
 #[test]

@@ -104,8 +104,8 @@ fn runtime() -> Option<&'static Runtime> {
     unsafe { RUNTIME.load(Acquire).as_ref() }
 }
 
-/// A thread's state; its `Drop` (thread exit) leaves the lane and frees
-/// the slot.
+/// A thread's state (plain data: reading it registers no destructor, so
+/// the fast path never calls into libc).
 struct ThreadState {
     slot: Cell<u32>,
     /// The stage entered last (`NO_STAGE`: none yet).
@@ -122,17 +122,23 @@ struct ThreadState {
     gated: Cell<bool>,
 }
 
-impl Drop for ThreadState {
+/// Registered (slow path) when a thread takes a slot: at thread exit it
+/// leaves the lane and frees the slot.
+struct ExitGuard;
+
+impl Drop for ExitGuard {
     fn drop(&mut self) {
         let Some(rt) = runtime() else { return };
-        if self.lane.get() != NONE {
-            rt.unbind(self);
-        }
-        let slot = self.slot.get();
-        if slot != NONE {
-            rt.control.get().slots[slot as usize].lane.store(NONE, Relaxed);
-            rt.free.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
-        }
+        let _ = THREAD.try_with(|t| {
+            if t.lane.get() != NONE {
+                rt.unbind(t);
+            }
+            let slot = t.slot.replace(NONE);
+            if slot != NONE {
+                rt.control.get().slots[slot as usize].lane.store(NONE, Relaxed);
+                rt.free.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
+            }
+        });
     }
 }
 
@@ -148,6 +154,7 @@ thread_local! {
             gated: Cell::new(false),
         }
     };
+    static EXIT: ExitGuard = const { ExitGuard };
 }
 
 /// Monotonic time, ns.
@@ -161,27 +168,36 @@ pub fn now_ns() -> u64 {
     (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
 }
 
-/// The stage point (called by every hook; see the module docs).
+/// The stage point's fast path (called by every hook with the caller's
+/// registers saved, but not its vector state beyond `xmm0`–`xmm15`): counts
+/// the visit or request. Returns true when the slow path ([`point_slow`])
+/// must run: the thread has no slot yet, or the gate must act. Touches no
+/// libc function and no vector register beyond SSE.
 #[inline]
-pub fn on_point(point: PointKind) {
+pub fn point_fast(point: PointKind) -> bool {
+    let Some(rt) = runtime() else { return false };
+    THREAD.try_with(|t| rt.fast(t, point)).unwrap_or(false)
+}
+
+/// The stage point's slow path: a slot for a new thread, and the gate
+/// (binding, queues, futexes). Called with the whole extended state saved
+/// (XSAVE), so it may call anything.
+pub fn point_slow(point: PointKind) {
     let Some(rt) = runtime() else { return };
-    // A thread past its TLS destructor runs on unaccounted.
-    let _ = THREAD.try_with(|t| rt.point(t, point));
+    let _ = THREAD.try_with(|t| rt.slow(t, point));
 }
 
 impl Runtime {
+    /// Counts; true when the gate must act (see [`point_fast`]).
     #[inline]
-    fn point(&self, t: &ThreadState, point: PointKind) {
+    fn fast(&self, t: &ThreadState, point: PointKind) -> bool {
         let c = self.control.get();
-        let mut slot = t.slot.get();
+        let slot = t.slot.get();
         if slot == NONE {
-            slot = self.take_slot(t);
-            if slot == NONE {
-                c.header.unslotted.fetch_add(1, Relaxed);
-                return;
-            }
+            return true;
         }
         let block = &c.slots[slot as usize];
+        let off = c.mode() == mode::OFF;
         match point {
             PointKind::Stage(s) => {
                 t.after_marker.set(false);
@@ -191,27 +207,56 @@ impl Runtime {
                     let v = &block.visits[usize::from(s) % block.visits.len()];
                     v.store(v.load(Relaxed).wrapping_add(1), Relaxed);
                 }
-                if c.mode() == mode::OFF {
-                    self.gate_off(t);
-                } else if switch || !t.gated.get() {
-                    self.gate_on();
-                    self.arrive(t, slot, s);
+                if off {
+                    self.gate_seen_on.load(Relaxed) || t.lane.get() != NONE
+                } else {
+                    switch || !t.gated.get()
                 }
             }
             PointKind::Request(s) => {
                 if t.after_marker.replace(true) {
-                    return;
+                    return false;
                 }
                 block
                     .requests
                     .store(block.requests.load(Relaxed).wrapping_add(1), Relaxed);
                 t.stage.set(s);
-                if c.mode() == mode::OFF {
-                    self.gate_off(t);
-                } else if t.gated.get() {
+                if off {
+                    self.gate_seen_on.load(Relaxed) || t.lane.get() != NONE
+                } else {
+                    t.gated.get()
+                }
+            }
+        }
+    }
+
+    /// The gate's part of a stage point (see [`point_slow`]).
+    fn slow(&self, t: &ThreadState, point: PointKind) {
+        let c = self.control.get();
+        let mut slot = t.slot.get();
+        if slot == NONE {
+            slot = self.take_slot(t);
+            if slot == NONE {
+                c.header.unslotted.fetch_add(1, Relaxed);
+                return;
+            }
+            let _ = EXIT.try_with(|_| ());
+            if !self.fast(t, point) {
+                return;
+            }
+        }
+        let off = c.mode() == mode::OFF;
+        match point {
+            PointKind::Stage(s) if !off => {
+                self.gate_on();
+                self.arrive(t, slot, s);
+            }
+            PointKind::Request(_) if !off => {
+                if t.gated.get() {
                     self.leave(t, slot);
                 }
             }
+            _ => self.gate_off(t),
         }
     }
 

@@ -7,6 +7,11 @@
  *   --mutex       hold one global mutex from parse to exec (across a stage point)
  *   --sleep-ms N  thread 0 sleeps N ms inside plan on its first request
  *   --idle-us N   each request first waits N us for its client (in req_wait)
+ *   --check-regs  each worker first calls reg_probe (a stage point) from
+ *                 assembly that keeps values in call-clobbered registers
+ *                 (as GCC's interprocedural register allocation may) and
+ *                 calls it with the stack misaligned; exits 3 when a
+ *                 register changed
  * Prints "thread ID FINISH_MS MAX_REQUEST_US" per thread, then
  * "done THREADS REQUESTS CHECKSUM MAX_REQUEST_US ELAPSED_MS", and exits 0. */
 #define _GNU_SOURCE
@@ -18,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int nthreads, nrequests, work, use_mutex, sleep_ms, idle_us;
+static int nthreads, nrequests, work, use_mutex, sleep_ms, idle_us, check_regs;
 static pthread_mutex_t big = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t checksum[1024];
 static uint64_t max_req_ns[1024];
@@ -74,10 +79,48 @@ __asm__(".text\n.globl tight_loop\n.type tight_loop,@function\ntight_loop:\n"
 	".size tight_loop, .-tight_loop\n");
 int tight_loop(int n);
 
+/* A stage point that is fine to patch: 6 bytes (mov, add, ret). */
+__asm__(".text\n.globl reg_probe\n.type reg_probe,@function\nreg_probe:\n"
+	"  mov %edi, %eax\n  add $1, %eax\n  ret\n.size reg_probe, .-reg_probe\n");
+
+/* Calls reg_probe with values in rcx, rdx, rsi, r8-r11, xmm8, xmm15 and
+ * (with AVX) the upper half of ymm9, and with rsp misaligned by 8; returns
+ * 1 when all of them survived. */
+__asm__(".text\n.globl regs_survive\n.type regs_survive,@function\nregs_survive:\n"
+	"  push %rbx\n"
+	"  mov %edi, %ebx\n"
+	"  mov $0x1111, %rcx\n  mov $0x2222, %rdx\n  mov $0x3333, %rsi\n"
+	"  mov $0x4444, %r8\n  mov $0x5555, %r9\n  mov $0x6666, %r10\n  mov $0x7777, %r11\n"
+	"  mov $0x8888, %rax\n  movq %rax, %xmm8\n  mov $0x9999, %rax\n  movq %rax, %xmm15\n"
+	"  test %ebx, %ebx\n  jz 1f\n  vcmptrueps %ymm9, %ymm9, %ymm9\n1:\n"
+	"  mov $5, %edi\n  sub $8, %rsp\n  push %rbx\n" /* rsp = 0 mod 16 at the call: misaligned */
+	"  call reg_probe\n"
+	"  pop %rbx\n  add $8, %rsp\n"
+	"  cmp $6, %eax\n  jne 9f\n"
+	"  cmp $0x1111, %rcx\n  jne 9f\n  cmp $0x2222, %rdx\n  jne 9f\n  cmp $0x3333, %rsi\n  jne 9f\n"
+	"  cmp $0x4444, %r8\n  jne 9f\n  cmp $0x5555, %r9\n  jne 9f\n  cmp $0x6666, %r10\n  jne 9f\n"
+	"  cmp $0x7777, %r11\n  jne 9f\n"
+	"  movq %xmm8, %rax\n  cmp $0x8888, %rax\n  jne 9f\n  movq %xmm15, %rax\n  cmp $0x9999, %rax\n  jne 9f\n"
+	"  test %ebx, %ebx\n  jz 2f\n  vextractf128 $1, %ymm9, %xmm0\n  movq %xmm0, %rax\n  vzeroupper\n"
+	"  cmp $-1, %rax\n  jne 9f\n"
+	"2:\n  mov $1, %eax\n  pop %rbx\n  ret\n"
+	"9:\n  xor %eax, %eax\n  pop %rbx\n  ret\n"
+	".size regs_survive, .-regs_survive\n");
+int regs_survive(int with_avx);
+
 static void *worker(void *arg)
 {
 	int id = (int)(intptr_t)arg;
 	uint64_t x = (uint64_t)id;
+	if (check_regs) {
+		int avx = __builtin_cpu_supports("avx");
+		for (int k = 0; k < 3; k++)
+			if (!regs_survive(avx)) {
+				printf("regs clobbered (thread %d, call %d)\n", id, k);
+				fflush(stdout);
+				_exit(3);
+			}
+	}
 	for (int r = 0; r < nrequests; r++) {
 		req_wait(id);
 		uint64_t t0 = now_ns();
@@ -108,6 +151,8 @@ int main(int argc, char **argv)
 			use_mutex = 1;
 		else if (!strcmp(argv[i], "--sleep-ms") && i + 1 < argc)
 			sleep_ms = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--check-regs"))
+			check_regs = 1;
 		else if (!strcmp(argv[i], "--idle-us") && i + 1 < argc)
 			idle_us = atoi(argv[++i]);
 		else {
