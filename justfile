@@ -165,6 +165,27 @@ bench-host *ARGS: build
     cargo build --release -q -p stagevm-hostd
     cargo run --release -q -p stagevm-bench --bin host-bench -- --stagevm {{stagevm}} --kernel {{guest}} {{ARGS}}
 
+# A real server staged natively (issue 48): Debian's mariadbd on the host with the preload library
+# (guest-agent/preload) against unpatched, sysbench on loopback; cells unpatched / hooks (gate off) / srpt /
+# cohort, interleaved rounds; the mechanism's costs (stage point, uprobe hit, gate and futex handoffs) in the same
+# run; stagesim's prediction beside each cell (traces captured once by capture.sh); N1/N2 met / not met
+# (bench/native/bench_native_server.py --help; defaults: 3 workloads x 16,32 connections x split,shared, 5 rounds
+# of 30 s: ~3 h; run alone). Needs root for tracefs (the uprobe cell is skipped without it).
+bench-native-server *ARGS: setup
+    #!/usr/bin/env bash
+    set -euo pipefail
+    need=()
+    command -v mariadbd >/dev/null || need+=(mariadb-server)
+    command -v sysbench >/dev/null || need+=(sysbench)
+    if [ ${#need[@]} -gt 0 ]; then
+        apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}"
+    fi
+    cargo build --release -q -p stagevm-preload -p stagesim -p stagevm-discover
+    for wl in oltp_read_only oltp_read_write; do
+        test -s "target/traces/mariadb-$wl.strace.zst" || bench/capture/capture.sh --workloads "$wl" --no-validate
+    done
+    python3 bench/native/bench_native_server.py {{ARGS}}
+
 # Interrupt delivery vs MMIO exit into a ring-3 guest (raw KVM probe).
 bench-irq:
     cargo run --release -q -p stagevm-bench --bin irq-probe

@@ -38,6 +38,9 @@ pub struct CaptureSpec {
     pub server: Vec<OsString>,
     /// The basename of the binary the table's addresses refer to (`--exe`).
     pub exe_name: String,
+    /// That binary's path, links resolved: once the server is ready, a
+    /// server that has not mapped it is named in a warning.
+    pub binary: PathBuf,
     /// The tool's stage table (`HEXADDR STAGE FLAGS NAME` lines).
     pub table: String,
     /// Shell command retried every 0.5 s until it succeeds: the server is
@@ -328,6 +331,32 @@ fn server_output(spec: &CaptureSpec) -> String {
     )
 }
 
+/// `None` when process `pid` (the server under Valgrind) maps `binary`;
+/// else the files it maps executable, other than shared libraries and
+/// Valgrind's own (empty when its maps cannot be read).
+fn other_executables(pid: u32, binary: &Path) -> Option<Vec<String>> {
+    let maps = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.maps())
+        .ok()?;
+    let mut files: Vec<String> = Vec::new();
+    for m in maps {
+        if let procfs::process::MMapPath::Path(p) = &m.pathname {
+            if p == binary {
+                return None;
+            }
+            let name = p.to_string_lossy();
+            let library = name.contains(".so") || name.contains("valgrind");
+            if m.perms.contains(procfs::process::MMPermissions::EXECUTE)
+                && !library
+                && !files.iter().any(|f| *f == name)
+            {
+                files.push(name.into_owned());
+            }
+        }
+    }
+    Some(files)
+}
+
 /// Whether process `pid` has a listening TCP socket (IPv4 or IPv6).
 fn listens(pid: u32) -> bool {
     let Ok(p) = procfs::process::Process::new(pid as i32) else {
@@ -490,6 +519,18 @@ fn drive(
         "server ready after {:.1} s",
         t0.elapsed().as_secs_f64()
     ));
+    if let Some(mapped) = other_executables(ch.server.as_ref().map_or(0, Child::id), &spec.binary) {
+        progress(&format!(
+            "warning: the server has not mapped {} (--binary): its executable mappings are {}; \
+             nothing will be traced unless --binary names the file the server runs",
+            spec.binary.display(),
+            if mapped.is_empty() {
+                "none".to_string()
+            } else {
+                mapped.join(", ")
+            }
+        ));
+    }
     if let Some(c) = &spec.warmup {
         progress("warm-up (not traced)");
         run_step(ch, "warm-up", c, &w.join("warmup.out"), spec)?;

@@ -146,7 +146,11 @@ fn run(a: Args) -> anyhow::Result<()> {
     };
     let program = which(Path::new(&a.server[0]))
         .with_context(|| format!("{}: not found in PATH", a.server[0].to_string_lossy()))?;
-    let binary = a.binary.clone().unwrap_or_else(|| program.clone());
+    let given = a.binary.clone().unwrap_or_else(|| program.clone());
+    // A link (Debian's /usr/bin/redis-server → redis-check-rdb) is traced
+    // as the file it names: the tool matches the mapped file's name.
+    let binary =
+        std::fs::canonicalize(&given).with_context(|| format!("--binary {}", given.display()))?;
     let bin = ServerBinary::open(&binary)?;
     let (request, table, marker_names) = match &a.table {
         Some(t) => {
@@ -199,6 +203,13 @@ fn run(a: Args) -> anyhow::Result<()> {
             tmp.path().to_path_buf()
         }
     };
+    if binary != given {
+        say(&format!(
+            "{} is a link to {}: tracing that file",
+            given.display(),
+            binary.display()
+        ));
+    }
     say(&format!(
         "{}: {} function symbols; request marker {request}; work folder {}",
         binary.display(),
@@ -209,6 +220,7 @@ fn run(a: Args) -> anyhow::Result<()> {
     let spec = CaptureSpec {
         server: a.server.clone(),
         exe_name,
+        binary: binary.clone(),
         table,
         ready: a.ready.clone(),
         warmup: a.warmup.clone(),

@@ -29,7 +29,7 @@ pub const VERSION: u32 = 1;
 /// Lanes (CPUs) the page has blocks for.
 pub const MAX_LANES: usize = 64;
 /// Threads the page has slots for; a thread past them runs with its stage
-/// points counted in [`Control::unslotted`] and never gated.
+/// points counted in [`Header::unslotted`] and never gated.
 pub const MAX_SLOTS: usize = 1024;
 /// The range the wait bound is clamped to, µs.
 pub const MAX_WAIT_US_RANGE: std::ops::RangeInclusive<u32> = 10..=1_000_000;
@@ -223,7 +223,9 @@ impl Mapping {
             ptr: NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?,
         };
         let c = m.get();
-        if fresh || c.header.magic.load(Relaxed) != MAGIC || c.header.version.load(Relaxed) != VERSION
+        if fresh
+            || c.header.magic.load(Relaxed) != MAGIC
+            || c.header.version.load(Relaxed) != VERSION
         {
             Self::lay_out(c);
             init(c);

@@ -44,8 +44,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use retour::RawDetour;
 use iced_x86::{Decoder, DecoderOptions};
+use retour::RawDetour;
 
 /// Most stage points (one per map symbol; the map format's limit).
 pub const MAX_HOOKS: usize = 4096;
@@ -252,7 +252,6 @@ pub fn init_xsave() -> Option<usize> {
     })
 }
 
-
 /// Why a function was left alone.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum HookError {
@@ -278,7 +277,8 @@ pub enum HookError {
 }
 
 /// Checks that no relative branch in the `size`-byte function at `addr`
-/// lands inside its first instructions (those covering [`PATCH_BYTES`]),
+/// lands inside its first instructions (those covering the 5 bytes of the
+/// detour's `jmp rel32`),
 /// decoding it with `iced-x86`.
 ///
 /// # Safety

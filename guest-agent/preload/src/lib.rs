@@ -14,7 +14,7 @@
 //! symbol), and a function that cannot be patched safely is left alone
 //! (one line names it).
 //!
-//! Each stage point ([`gate::on_point`]) counts a visit; with the gate on
+//! Each stage point ([`gate::point_fast`]) counts a visit; with the gate on
 //! it also runs the temporal gate (`lane`, `gate`): threads bound to CPUs,
 //! a queue per stage on each CPU, the visit order of the guest runtime's
 //! rules (`guest_agent::visit`, seed 002 ch. 3).
@@ -80,7 +80,9 @@ pub fn own_cpus() -> Vec<usize> {
         return vec![0];
     }
     // SAFETY: CPU_ISSET reads our set for CPUs below CPU_SETSIZE.
-    (0..1024).filter(|c| unsafe { libc::CPU_ISSET(*c, &set) }).collect()
+    (0..1024)
+        .filter(|c| unsafe { libc::CPU_ISSET(*c, &set) })
+        .collect()
 }
 
 fn say(quiet: bool, msg: &str) {
@@ -101,7 +103,9 @@ fn init_page(c: &Control) {
         match v.as_str() {
             "off" => h.mode.store(control::mode::OFF, Relaxed),
             "temporal" => h.mode.store(control::mode::TEMPORAL, Relaxed),
-            _ => warn(&format!("STAGEVM_GATE='{v}' is not 'off' or 'temporal'; the gate starts off")),
+            _ => warn(&format!(
+                "STAGEVM_GATE='{v}' is not 'off' or 'temporal'; the gate starts off"
+            )),
         }
     }
     if let Ok(v) = std::env::var("STAGEVM_VISIT") {
@@ -113,7 +117,11 @@ fn init_page(c: &Control) {
         }
     }
     if let Ok(v) = std::env::var("STAGEVM_MAX_WAIT_US") {
-        match v.parse::<u32>().ok().filter(|n| MAX_WAIT_US_RANGE.contains(n)) {
+        match v
+            .parse::<u32>()
+            .ok()
+            .filter(|n| MAX_WAIT_US_RANGE.contains(n))
+        {
             Some(n) => h.max_wait_us.store(n, Relaxed),
             None => warn(&format!(
                 "STAGEVM_MAX_WAIT_US='{v}' is not a number of µs in {}..={}; using {}",
@@ -180,7 +188,9 @@ pub fn start() -> Option<()> {
             .map(move |sym| (sym, PointKind::Request(*s as u8)))
     });
     let stages = map.stages.iter().enumerate().flat_map(|(i, st)| {
-        st.symbols.iter().map(move |sym| (sym, PointKind::Stage(i as u8)))
+        st.symbols
+            .iter()
+            .map(move |sym| (sym, PointKind::Stage(i as u8)))
     });
     for (sym, kind) in stages.chain(request) {
         match program.find(sym) {
@@ -250,6 +260,7 @@ pub fn start() -> Option<()> {
     Some(())
 }
 
+#[cfg(not(test))]
 extern "C" fn preload_init() {
     // A panic must not cross into the program's start-up code.
     let _ = std::panic::catch_unwind(start);

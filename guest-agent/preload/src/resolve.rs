@@ -138,7 +138,7 @@ mod tests {
     fn the_test_binary_finds_its_own_function_at_its_run_time_address() {
         let p = Program::current().unwrap();
         let f = p.find("stagevm_preload_resolve_probe").unwrap();
-        assert_eq!(f.addr, stagevm_preload_resolve_probe as usize);
+        assert_eq!(f.addr, stagevm_preload_resolve_probe as *const () as usize);
         assert!(f.size > 0);
         assert_eq!(p.find("no_such_function_anywhere"), None);
     }

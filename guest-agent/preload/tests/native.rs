@@ -32,7 +32,8 @@ struct Fixture {
 impl Fixture {
     /// `None` (the test prints why it is skipped) without a C compiler.
     fn new(name: &str) -> Option<Self> {
-        let dir = std::env::temp_dir().join(format!("stagevm-preload-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("stagevm-preload-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let server = dir.join("stage_server");
@@ -61,7 +62,11 @@ impl Fixture {
         // one built from this source.
         let exe = std::env::current_exe().unwrap();
         let lib = exe.parent().unwrap().join("libstagevm_preload.so");
-        assert!(lib.exists(), "{} not built (cargo builds it with the crate)", lib.display());
+        assert!(
+            lib.exists(),
+            "{} not built (cargo builds it with the crate)",
+            lib.display()
+        );
         lib
     }
 
@@ -96,7 +101,10 @@ impl Fixture {
     }
 
     fn page(&self) -> Mapping {
-        Mapping::open(&self.control(), |_| panic!("the library did not lay the page out")).unwrap()
+        Mapping::open(&self.control(), |_| {
+            panic!("the library did not lay the page out")
+        })
+        .unwrap()
     }
 
     /// The server alone (no library): its answer.
@@ -123,8 +131,18 @@ fn wait_bounded(mut child: Child, limit: Duration) -> Output {
     }
     let mut stdout = Vec::new();
     let mut stderr = Vec::new();
-    child.stdout.take().unwrap().read_to_end(&mut stdout).unwrap();
-    child.stderr.take().unwrap().read_to_end(&mut stderr).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut stderr)
+        .unwrap();
     Output {
         status: child.wait().unwrap(),
         stdout,
@@ -135,7 +153,10 @@ fn wait_bounded(mut child: Child, limit: Duration) -> Output {
 /// The server's checksum (the third field of its `done` line).
 fn checksum(out: &Output) -> String {
     let text = String::from_utf8_lossy(&out.stdout);
-    let done = text.lines().find(|l| l.starts_with("done ")).expect("no done line");
+    let done = text
+        .lines()
+        .find(|l| l.starts_with("done "))
+        .expect("no done line");
     done.split_whitespace().nth(3).unwrap().to_string()
 }
 
@@ -208,7 +229,8 @@ fn the_gate_off_counts_every_visit_and_an_unpatchable_function_is_left_alone() {
 fn a_bad_map_is_refused_naming_its_line_and_symbol_and_the_server_runs() {
     let Some(f) = Fixture::new("bad") else { return };
     let args = ["2", "100", "10"];
-    let missing = "stagemap 1\nstage a stage_parse\n# a comment\nstage b stage_plan no_such_function\n";
+    let missing =
+        "stagemap 1\nstage a stage_parse\n# a comment\nstage b stage_plan no_such_function\n";
     let (out, stderr) = f.run(missing, &args, &[]);
     assert_eq!(checksum(&out), f.reference(&args));
     assert!(
@@ -224,7 +246,10 @@ fn a_bad_map_is_refused_naming_its_line_and_symbol_and_the_server_runs() {
     let (_, stderr) = f.run(other, &args, &[]);
     assert!(stderr.contains("is for /usr/bin/true"), "{stderr}");
     // Bad settings are named, and the defaults used.
-    let env = [("STAGEVM_MAX_WAIT_US", "0".to_string()), ("STAGEVM_GATE", "on".to_string())];
+    let env = [
+        ("STAGEVM_MAX_WAIT_US", "0".to_string()),
+        ("STAGEVM_GATE", "on".to_string()),
+    ];
     let (_, stderr) = f.run(MAP, &args, &env);
     assert!(stderr.contains("STAGEVM_MAX_WAIT_US='0'"), "{stderr}");
     assert!(stderr.contains("STAGEVM_GATE='on'"), "{stderr}");
@@ -232,7 +257,9 @@ fn a_bad_map_is_refused_naming_its_line_and_symbol_and_the_server_runs() {
 
 #[test]
 fn the_temporal_gate_binds_threads_serves_cohorts_and_releases_them_when_switched_off() {
-    let Some(f) = Fixture::new("gate") else { return };
+    let Some(f) = Fixture::new("gate") else {
+        return;
+    };
     let cpu = a_cpu();
     let args = ["8", "400000", "300", "--check-regs"];
     let env = [
@@ -249,15 +276,24 @@ fn the_temporal_gate_binds_threads_serves_cohorts_and_releases_them_when_switche
         if masks.len() == 8 && masks.iter().all(|m| *m == cpu.to_string()) {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "workers not bound: {masks:?}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "workers not bound: {masks:?}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     std::thread::sleep(Duration::from_millis(300));
     let page = f.page();
     let c = page.get();
     let lane = &c.lanes[0];
-    let (cohorts, served) = (lane.cohorts.load(Relaxed), lane.cohort_threads.load(Relaxed));
-    assert!(cohorts > 0 && served > 2 * cohorts, "cohorts of more than 2 threads: {served} in {cohorts}");
+    let (cohorts, served) = (
+        lane.cohorts.load(Relaxed),
+        lane.cohort_threads.load(Relaxed),
+    );
+    assert!(
+        cohorts > 0 && served > 2 * cohorts,
+        "cohorts of more than 2 threads: {served} in {cohorts}"
+    );
     assert!(lane.handoffs.load(Relaxed) > 0);
     // Switched off mid-run: every waiter released, every thread unbound
     // and back on its own CPUs.
@@ -269,10 +305,16 @@ fn the_temporal_gate_binds_threads_serves_cohorts_and_releases_them_when_switche
         if unbound && masks.iter().all(|m| *m != cpu.to_string()) {
             break;
         }
-        assert!(switched.elapsed() < Duration::from_secs(2), "not released: {masks:?}");
+        assert!(
+            switched.elapsed() < Duration::from_secs(2),
+            "not released: {masks:?}"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
-    eprintln!("released and unbound {:?} after the switch", switched.elapsed());
+    eprintln!(
+        "released and unbound {:?} after the switch",
+        switched.elapsed()
+    );
     let out = wait_bounded(child, Duration::from_secs(120));
     assert_eq!(checksum(&out), f.reference(&args));
     assert_eq!(c.stage_visits()[..3], [3_200_000, 3_200_000, 3_200_008]);
@@ -280,7 +322,9 @@ fn the_temporal_gate_binds_threads_serves_cohorts_and_releases_them_when_switche
 
 #[test]
 fn a_thread_sleeping_inside_a_stage_or_a_mutex_across_a_stage_point_stalls_no_one_past_the_bound() {
-    let Some(f) = Fixture::new("sleep") else { return };
+    let Some(f) = Fixture::new("sleep") else {
+        return;
+    };
     let env = [
         ("STAGEVM_GATE", "temporal".to_string()),
         ("STAGEVM_LANES", a_cpu().to_string()),
@@ -294,7 +338,10 @@ fn a_thread_sleeping_inside_a_stage_or_a_mutex_across_a_stage_point_stalls_no_on
     let t = threads(&out);
     assert!(t[0].0 >= 400, "thread 0 slept: {t:?}");
     for (id, (finish_ms, _)) in t.iter().enumerate().skip(1) {
-        assert!(*finish_ms < 350, "thread {id} waited for the sleeper: {t:?}");
+        assert!(
+            *finish_ms < 350,
+            "thread {id} waited for the sleeper: {t:?}"
+        );
     }
     assert!(f.page().get().lanes[0].timeouts.load(Relaxed) >= 1);
     // One mutex held from `parse` to `exec`, across two stage points.
@@ -307,7 +354,9 @@ fn a_thread_sleeping_inside_a_stage_or_a_mutex_across_a_stage_point_stalls_no_on
 fn a_thread_stopped_by_a_tracer_stalls_no_other_past_the_bound() {
     use nix::sys::ptrace;
     use nix::unistd::Pid;
-    let Some(f) = Fixture::new("stop") else { return };
+    let Some(f) = Fixture::new("stop") else {
+        return;
+    };
     let env = [
         ("STAGEVM_GATE", "temporal".to_string()),
         ("STAGEVM_LANES", a_cpu().to_string()),
@@ -339,6 +388,9 @@ fn a_thread_stopped_by_a_tracer_stalls_no_other_past_the_bound() {
     child.wait().unwrap();
     // Three threads at ~1–10 µs per request run thousands in 500 ms; a
     // stall until the stopped thread came back would give ~0.
-    assert!(during > 1000, "{during} requests in 500 ms while one thread was stopped");
+    assert!(
+        during > 1000,
+        "{during} requests in 500 ms while one thread was stopped"
+    );
     eprintln!("{during} requests in 500 ms with one of 4 threads stopped");
 }

@@ -1,7 +1,7 @@
 //! The stage point at run time and the temporal gate's mechanism: thread
 //! slots, lanes bound to CPUs, the futexes threads block on.
 //!
-//! A stage point ([`on_point`]) with the gate off costs a thread-local read,
+//! A stage point ([`point_fast`]) with the gate off costs a thread-local read,
 //! a compare, one counter store and one load of the control page's mode.
 //! With the gate on ([`crate::control::mode::TEMPORAL`]) a thread is bound
 //! to a lane (the lane with the fewest threads; `sched_setaffinity` to its
@@ -18,9 +18,9 @@
 //! released at once, and each thread restores its own CPU mask at its next
 //! stage point.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Mutex;
-use std::cell::Cell;
 
 use hypercall_abi::stage::VisitPolicy;
 
@@ -135,7 +135,9 @@ impl Drop for ExitGuard {
             }
             let slot = t.slot.replace(NONE);
             if slot != NONE {
-                rt.control.get().slots[slot as usize].lane.store(NONE, Relaxed);
+                rt.control.get().slots[slot as usize]
+                    .lane
+                    .store(NONE, Relaxed);
                 rt.free.lock().unwrap_or_else(|e| e.into_inner()).push(slot);
             }
         });
@@ -165,7 +167,9 @@ pub fn now_ns() -> u64 {
     };
     // SAFETY: writes one timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
 }
 
 /// The stage point's fast path (called by every hook with the caller's
@@ -277,7 +281,9 @@ impl Runtime {
             t.slot.set(slot);
             // SAFETY: gettid has no preconditions.
             let tid = unsafe { libc::gettid() } as u32;
-            self.control.get().slots[slot as usize].tid.store(tid, Relaxed);
+            self.control.get().slots[slot as usize]
+                .tid
+                .store(tid, Relaxed);
         }
         slot
     }
@@ -413,7 +419,9 @@ impl Runtime {
             },
             i => i as usize,
         };
-        let Some(lane) = self.lanes.get(i) else { return };
+        let Some(lane) = self.lanes.get(i) else {
+            return;
+        };
         let c = self.control.get();
         let start = now_ns();
         let mut core = lane.core.lock().unwrap_or_else(|e| e.into_inner());

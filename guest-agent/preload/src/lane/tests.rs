@@ -177,7 +177,7 @@ proptest! {
         let mut waiting: BTreeMap<Slot, u64> = BTreeMap::new();
         let (mut arrivals, mut grants) = (0u64, 0u64);
         let mut now = 0u64;
-        let mut woken = |lane: &LaneCore, waiting: &mut BTreeMap<Slot, u64>, u: Slot| {
+        let woken = |lane: &LaneCore, waiting: &mut BTreeMap<Slot, u64>, u: Slot| {
             prop_assert!(waiting.remove(&u).is_some(), "woke {u}, which was not waiting");
             prop_assert_eq!(lane.holder(), Some(u));
             Ok(())
