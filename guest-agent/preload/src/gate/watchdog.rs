@@ -6,9 +6,11 @@
 //! waits, and otherwise until the earliest waiter's deadline (its wait's
 //! start + `max_wait_us`). Then it scans the lanes: each waiter whose
 //! deadline has passed is timed out and woken with the token. A waiter
-//! announces itself by bumping the word (`watch_arrival`); the watchdog
-//! reads the word before it scans and sleeps only while the word still
-//! holds that value, so an arrival during a scan is never missed.
+//! announces itself by bumping the word (`watch_arrival`), and wakes the
+//! watchdog only when it sleeps without a timer; the watchdog reads the
+//! word before it scans and sleeps without a timer only while the word
+//! still holds that value, so a first waiter arriving during a scan is
+//! never missed. With a deadline it ignores arrivals: theirs are later.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 use std::sync::Once;
@@ -66,14 +68,19 @@ impl Runtime {
             if c.mode() == mode::OFF && self.gate_seen_on.load(Relaxed) {
                 self.release_all();
             }
-            let next = self.expire(now_ns(), c.max_wait_ns());
-            match next {
+            match self.expire(now_ns(), c.max_wait_ns()) {
                 Some(deadline) => {
-                    w.idle.store(false, SeqCst);
+                    // Threads that began to wait since the scan have later
+                    // deadlines than this one: no need to wake for them, so
+                    // sleep on the word as it is now (comparing with the
+                    // value before the scan would turn every arrival during
+                    // a scan into another scan: a busy loop at high rates).
                     let wait = deadline.saturating_sub(now_ns()).max(1_000);
-                    futex_wait(&w.word, seen, Some(wait));
+                    futex_wait(&w.word, w.word.load(SeqCst), Some(wait));
                 }
                 None => {
+                    // Nobody waited at the scan: sleep without a timer unless
+                    // a thread began to wait since (then the word moved).
                     w.idle.store(true, SeqCst);
                     futex_wait(&w.word, seen, None);
                     w.idle.store(false, SeqCst);
