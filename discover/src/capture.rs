@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::server_proc::{listens, other_executables};
+
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 
@@ -329,53 +331,6 @@ fn server_output(spec: &CaptureSpec) -> String {
         tail(&spec.work.join("server.out"), TAIL_LINES),
         tail(&spec.work.join("valgrind.log"), 8)
     )
-}
-
-/// `None` when process `pid` (the server under Valgrind) maps `binary`;
-/// else the files it maps executable, other than shared libraries and
-/// Valgrind's own (empty when its maps cannot be read).
-fn other_executables(pid: u32, binary: &Path) -> Option<Vec<String>> {
-    let maps = procfs::process::Process::new(pid as i32)
-        .and_then(|p| p.maps())
-        .ok()?;
-    let mut files: Vec<String> = Vec::new();
-    for m in maps {
-        if let procfs::process::MMapPath::Path(p) = &m.pathname {
-            if p == binary {
-                return None;
-            }
-            let name = p.to_string_lossy();
-            let library = name.contains(".so") || name.contains("valgrind");
-            if m.perms.contains(procfs::process::MMPermissions::EXECUTE)
-                && !library
-                && !files.iter().any(|f| *f == name)
-            {
-                files.push(name.into_owned());
-            }
-        }
-    }
-    Some(files)
-}
-
-/// Whether process `pid` has a listening TCP socket (IPv4 or IPv6).
-fn listens(pid: u32) -> bool {
-    let Ok(p) = procfs::process::Process::new(pid as i32) else {
-        return false;
-    };
-    let Ok(fds) = p.fd() else { return false };
-    let inodes: std::collections::HashSet<u64> = fds
-        .filter_map(Result::ok)
-        .filter_map(|f| match f.target {
-            procfs::process::FDTarget::Socket(i) => Some(i),
-            _ => None,
-        })
-        .collect();
-    let listening = |v: procfs::ProcResult<Vec<procfs::net::TcpNetEntry>>| {
-        v.unwrap_or_default()
-            .iter()
-            .any(|e| e.state == procfs::net::TcpState::Listen && inodes.contains(&e.inode))
-    };
-    !inodes.is_empty() && (listening(p.tcp()) || listening(p.tcp6()))
 }
 
 /// Reads the FIFO into a zstd file until the writer closes it.

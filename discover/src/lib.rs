@@ -10,6 +10,7 @@
 //! * [`elf`] — the binary's function symbols and its request marker,
 //! * [`tools`] — finding Valgrind's stgtrace tool and `stagesim`,
 //! * [`capture`] — the server under the tool, the load, the window, the stop,
+//! * [`server_proc`] — its readiness and mapped binary, from `/proc`,
 //! * [`model`] — this host's L2 and cores, the mechanism, the `stagesim` runs,
 //! * [`report`] — the report an operator reads.
 
@@ -17,4 +18,5 @@ pub mod capture;
 pub mod elf;
 pub mod model;
 pub mod report;
+pub mod server_proc;
 pub mod tools;
