@@ -204,24 +204,7 @@ impl Mapping {
         if fresh {
             file.set_len(CONTROL_BYTES as u64)?;
         }
-        // SAFETY: a new shared mapping of a file we sized to the page; the
-        // kernel picks the address. The file may be closed afterwards.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                CONTROL_BYTES,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let m = Self {
-            ptr: NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?,
-        };
+        let m = Self::map(libc::MAP_SHARED, file.as_raw_fd())?;
         let c = m.get();
         if fresh
             || c.header.magic.load(Relaxed) != MAGIC
@@ -236,28 +219,35 @@ impl Mapping {
 
     /// An anonymous page (no controller): laid out and set by `init`.
     pub fn anonymous(init: impl FnOnce(&Control)) -> io::Result<Self> {
-        // SAFETY: a new private anonymous mapping; the kernel picks the
-        // address and zeroes it.
+        let m = Self::map(libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1)?;
+        Self::lay_out(m.get());
+        init(m.get());
+        m.get().header.magic.store(MAGIC, Relaxed);
+        Ok(m)
+    }
+
+    /// Maps [`CONTROL_BYTES`] read-write with `flags` from `fd` (-1 for an
+    /// anonymous mapping, which the kernel zeroes).
+    fn map(flags: libc::c_int, fd: libc::c_int) -> io::Result<Self> {
+        // SAFETY: a new mapping at an address the kernel picks; for a file,
+        // the caller sized it to the page first. The fd may be closed
+        // afterwards.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 CONTROL_BYTES,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
+                flags,
+                fd,
                 0,
             )
         };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let m = Self {
+        Ok(Self {
             ptr: NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?,
-        };
-        Self::lay_out(m.get());
-        init(m.get());
-        m.get().header.magic.store(MAGIC, Relaxed);
-        Ok(m)
+        })
     }
 
     fn lay_out(c: &Control) {

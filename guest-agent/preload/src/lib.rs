@@ -43,46 +43,33 @@ use std::sync::atomic::Ordering::Relaxed;
 use hypercall_abi::stage::VisitPolicy;
 use stagemap_file::{symbol_line, StageMapFile};
 
+use host_sched::cpuset::CpuSet;
+use host_sched::topology::thread_affinity;
+
 use control::{Control, Mapping, MAX_WAIT_US_RANGE};
 use hooks::PointKind;
 
-/// Parses a CPU list (`1`, `0-3`, `0,2-3`) into CPU numbers (each below
-/// 1024, `CPU_SETSIZE`). Errors name the bad item.
-pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>, String> {
-    let mut out = Vec::new();
-    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let bad = || format!("'{item}' is not a CPU or a range of CPUs (below 1024)");
-        let (a, b) = match item.split_once('-') {
-            Some((a, b)) => (a.parse::<usize>(), b.parse::<usize>()),
-            None => (item.parse::<usize>(), item.parse::<usize>()),
-        };
-        let (a, b) = (a.map_err(|_| bad())?, b.map_err(|_| bad())?);
-        if a > b || b >= 1024 {
-            return Err(bad());
+/// The lanes' CPUs: `STAGEVM_LANES` (the kernel's cpulist format, parsed
+/// by host-sched's `CpuSet`), else this thread's mask at load. A bad or
+/// empty list is named in a warning and the mask used.
+fn lane_cpus() -> Vec<usize> {
+    let own = || thread_affinity(0).map_or_else(|_| vec![0], |set| set.iter().collect());
+    let Ok(v) = std::env::var("STAGEVM_LANES") else {
+        return own();
+    };
+    match CpuSet::parse(&v) {
+        Ok(set) if !set.is_empty() => set.iter().collect(),
+        Ok(_) => {
+            warn(&format!(
+                "STAGEVM_LANES='{v}' names no CPU; using this process's CPUs"
+            ));
+            own()
         }
-        out.extend(a..=b);
+        Err(e) => {
+            warn(&format!("STAGEVM_LANES: {e}; using this process's CPUs"));
+            own()
+        }
     }
-    if out.is_empty() {
-        return Err(format!("'{s}' names no CPU"));
-    }
-    out.sort_unstable();
-    out.dedup();
-    Ok(out)
-}
-
-/// The CPUs in this thread's mask.
-pub fn own_cpus() -> Vec<usize> {
-    // SAFETY: cpu_set_t is plain data; the call writes ours.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0
-    {
-        return vec![0];
-    }
-    // SAFETY: CPU_ISSET reads our set for CPUs below CPU_SETSIZE.
-    (0..1024)
-        .filter(|c| unsafe { libc::CPU_ISSET(*c, &set) })
-        .collect()
 }
 
 fn say(quiet: bool, msg: &str) {
@@ -219,13 +206,7 @@ pub fn start() -> Option<()> {
             return None;
         }
     };
-    let cpus = match std::env::var("STAGEVM_LANES") {
-        Ok(v) => parse_cpu_list(&v).unwrap_or_else(|e| {
-            warn(&format!("STAGEVM_LANES: {e}; using this process's CPUs"));
-            own_cpus()
-        }),
-        Err(_) => own_cpus(),
-    };
+    let cpus = lane_cpus();
     let h = &control.get().header;
     // SAFETY: getpid has no preconditions.
     h.pid.store(unsafe { libc::getpid() } as u32, Relaxed);

@@ -174,7 +174,11 @@ fn threads(out: &Output) -> Vec<(u64, u64)> {
 
 /// A CPU this process may run on (the lane of the gated tests).
 fn a_cpu() -> usize {
-    *stagevm_preload::own_cpus().last().unwrap()
+    host_sched::topology::thread_affinity(0)
+        .unwrap()
+        .iter()
+        .last()
+        .unwrap()
 }
 
 /// The CPU lists (`Cpus_allowed_list`) of the process's threads other than

@@ -22,8 +22,6 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
-use hypercall_abi::stage::VisitPolicy;
-
 use crate::control::{mode, Control, Mapping, MAX_SLOTS};
 use crate::hooks::PointKind;
 use crate::lane::{Arrival, LaneCore, Slot};
@@ -494,11 +492,6 @@ impl Runtime {
 /// The control page, for the library's start-up report.
 pub fn control() -> Option<&'static Control> {
     runtime().map(|rt| rt.control.get())
-}
-
-/// The policy the lanes start with (for the start-up line).
-pub fn policy() -> Option<VisitPolicy> {
-    control().map(Control::policy)
 }
 
 /// Sets this thread's scheduling policy (`SCHED_BATCH` or `SCHED_OTHER`,
