@@ -8,7 +8,9 @@
 //! by [`AutoParams::decisive`] with a full epoch measured in each, or by
 //! twice that with one measured period in each. A mode other than unstaged
 //! that a decided pair puts behind any other mode is dropped from the rest
-//! of the trial (its epochs are skipped, its running epoch ends at once).
+//! of the trial (its epochs are skipped, its running epoch ends at once),
+//! unless that other mode is one the verdict would refuse (over the
+//! latency bound, behind the arrivals): a refused mode drops no other.
 //! The trial ends early when no mode is left besides unstaged, or only one
 //! that unstaged is decided behind (and whose latency is known, when the
 //! guest times requests); otherwise when every mode left has
@@ -18,11 +20,18 @@
 //! the margin, among those the latency bound allows (p99 within
 //! [`LatencyBound::limit_ns`] of unstaged's) and, under the CPU objective,
 //! that kept up with the arrivals (a rate within the margin of
-//! unstaged's); else unstaged.
+//! unstaged's, or below it by no more than the periods' own noise); else
+//! unstaged.
 
 use super::measure::{LatencyBound, Measured, ModeSummary, Objective, TrialSummary};
 use super::{AutoParams, Mode, Modes};
 use crate::policy::Observation;
+
+/// Standard errors by which a mode's rate must fall below unstaged's to
+/// count as behind the arrivals: one-sided, a mode that keeps up is
+/// called behind by noise alone in 0.13 % of verdicts (normal
+/// approximation of the mean of a trial's periods).
+const BEHIND_Z: f64 = 3.0;
 
 /// A running trial.
 #[derive(Debug)]
@@ -142,6 +151,36 @@ impl Trial {
             .filter(|m| self.live[m.index()])
     }
 
+    /// The highest p99 (ns) a mode may keep: the latency bound applied to
+    /// unstaged's p99, once enough of its requests were timed.
+    fn p99_limit(&self, p: &AutoParams, bound: &LatencyBound) -> Option<f64> {
+        self.unstaged()
+            .p99_ns(p.min_latency_samples)
+            .map(|pu| bound.limit_ns(pu))
+    }
+
+    /// True when `m`'s p99 is known and beyond `limit` (ns).
+    fn over_bound(&self, p: &AutoParams, limit: Option<f64>, m: Mode) -> bool {
+        limit
+            .zip(self.of(m).p99_ns(p.min_latency_samples))
+            .is_some_and(|(l, pm)| pm > l)
+    }
+
+    /// True when, under the CPU objective, `m` did not keep up with the
+    /// arrivals: its rate is below unstaged's by the margin and by more
+    /// than the periods' own noise ([`BEHIND_Z`] standard errors of the
+    /// difference). Open-loop arrivals make each period's rate vary by
+    /// itself; a mode that serves every arrival is not behind because its
+    /// periods happened to see fewer.
+    fn behind_arrivals(&self, p: &AutoParams, objective: Objective, m: Mode) -> bool {
+        let (u, x) = (self.unstaged(), self.of(m));
+        let (Some(ur), Some(r)) = (u.rate(), x.rate()) else {
+            return false;
+        };
+        let se = x.rate_se().unwrap_or(0.0).hypot(u.rate_se().unwrap_or(0.0));
+        objective == Objective::CpuPerRequest && r < ur * (1.0 - p.margin) && ur - r > BEHIND_Z * se
+    }
+
     /// Drops the modes decidedly behind another, and those whose p99 is
     /// beyond twice the latency bound's limit already (a trial exposes the
     /// server's requests to every mode it runs: a mode with such a tail is
@@ -149,10 +188,7 @@ impl Trial {
     /// when nothing).
     pub fn cut(&mut self, p: &AutoParams, bound: &LatencyBound) -> String {
         let objective = self.objective(p);
-        let limit = self
-            .unstaged()
-            .p99_ns(p.min_latency_samples)
-            .map(|pu| bound.limit_ns(pu));
+        let limit = self.p99_limit(p, bound);
         let mut what = Vec::new();
         if let Some(limit) = limit {
             let tails: Vec<(Mode, f64)> = self
@@ -178,6 +214,11 @@ impl Trial {
                 Mode::ALL
                     .iter()
                     .filter(|m| self.live[m.index()] && **m != c)
+                    // A leader the verdict would refuse (over the latency
+                    // bound, behind the arrivals) drops no other mode.
+                    .filter(|m| {
+                        !self.over_bound(p, limit, **m) && !self.behind_arrivals(p, objective, **m)
+                    })
                     .find_map(|m| self.lead(p, objective, *m, c).map(|gap| (c, *m, gap)))
             })
             .collect();
@@ -260,23 +301,9 @@ impl Trial {
         if !decided && !done {
             return None;
         }
-        let limit = self
-            .unstaged()
-            .p99_ns(p.min_latency_samples)
-            .map(|pu| bound.limit_ns(pu));
-        let over = |m: Mode| {
-            limit
-                .zip(self.of(m).p99_ns(p.min_latency_samples))
-                .is_some_and(|(l, pm)| pm > l)
-        };
-        let unstaged_rate = self.unstaged().rate().unwrap_or(0.0);
-        let behind = |m: Mode| {
-            objective == Objective::CpuPerRequest
-                && self
-                    .of(m)
-                    .rate()
-                    .is_some_and(|r| r < unstaged_rate * (1.0 - p.margin))
-        };
+        let limit = self.p99_limit(p, bound);
+        let over = |m: Mode| self.over_bound(p, limit, m);
+        let behind = |m: Mode| self.behind_arrivals(p, objective, m);
         // The best mode left by the objective, with and without the
         // latency bound; on a tie the simpler (earlier in ALL).
         let best = |allowed: &dyn Fn(Mode) -> bool| {
