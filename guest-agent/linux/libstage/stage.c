@@ -536,7 +536,15 @@ int stage_map(struct stage_map_view *out)
 	out->owned = owned & G.all_mask;
 	out->minor = minor;
 	out->trace_every = __atomic_load_n(&map_at()->trace_every, __ATOMIC_RELAXED);
+	out->visit = minor >= 3 ? __atomic_load_n(&map_at()->visit, __ATOMIC_RELAXED) : STAGEVM_VISIT_FIFO;
 	return 0;
+}
+
+uint64_t stage_map_epoch(void)
+{
+	if (!G.ready || !G.registered)
+		return 0;
+	return __atomic_load_n(&map_at()->epoch, __ATOMIC_ACQUIRE) & ~1ull;
 }
 
 const char *stage_get_name(unsigned id)

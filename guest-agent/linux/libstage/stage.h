@@ -151,8 +151,15 @@ struct stage_map_view {
 	uint64_t owned;       /* minor 1: vCPUs alone on their host core */
 	uint64_t minor;       /* the host's ABI minor (0: v1.0 host) */
 	uint64_t trace_every; /* minor 2: 0 no trace, N every Nth event traced */
+	uint64_t visit;       /* minor 3: the stage-visit policy, STAGEVM_VISIT_*
+	                       * (FIFO from an older host) */
 };
 int stage_map(struct stage_map_view *out);
+
+/* The stage map's epoch now (one load; 0 before registration or before the
+ * host published a map): a caller that acts on the map (a temporal gate
+ * following its visit policy) calls stage_map() only when this changed. */
+uint64_t stage_map_epoch(void);
 
 /* Name of stage `id` as registered, or NULL. */
 const char *stage_get_name(unsigned id);

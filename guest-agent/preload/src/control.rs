@@ -25,7 +25,7 @@ use hypercall_abi::stage::{VisitPolicy, MAX_STAGES};
 /// `"SVGC"`, the page's magic.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SVGC");
 /// Layout version.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Lanes (CPUs) the page has blocks for.
 pub const MAX_LANES: usize = 64;
 /// Threads the page has slots for; a thread past them runs with its stage
@@ -113,6 +113,19 @@ pub struct Header {
     pub unslotted: AtomicU64,
     /// Library: times the gate was switched off with threads bound.
     pub releases: AtomicU64,
+    /// Library: 1 when stage points report through the stage channel (in
+    /// a stagevm guest: `channel`), which then also sets `mode` and
+    /// `policy` from the VMM's map.
+    pub channel: AtomicU32,
+    /// Padding (keeps the 64-bit fields aligned).
+    _pad0: AtomicU32,
+    /// Library: the epoch of the VMM's map the mode last followed.
+    pub map_epoch: AtomicU64,
+    /// Library: maps followed.
+    pub map_changes: AtomicU64,
+    /// Library: switches libstage did not report (counted by it as
+    /// dropped too).
+    pub channel_drops: AtomicU64,
 }
 
 /// The whole page.

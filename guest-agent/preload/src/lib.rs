@@ -30,7 +30,14 @@
 //! | `STAGEVM_MAX_WAIT_US` | the wait bound, µs, when the page is new | 500 |
 //! | `STAGEVM_LANES` | the lanes' CPUs (`1`, `0-3`, `0,2`) | the process's CPU mask at load |
 //! | `STAGEVM_PRELOAD_QUIET` | `1`: only warnings and errors | unset |
+//! | `STAGEVM_CHANNEL` | `auto`, `on` or `off`: report through the stage channel (a stagevm guest, `channel`) | `auto`: when the device (or `STAGEVM_FD`) is there |
+//!
+//! In a stagevm guest (`channel`) the stage points also report through
+//! the stage channel (libstage), and the VMM's stage map sets the gate's
+//! mode and visit policy; `STAGEVM_GATE` and `STAGEVM_VISIT` then only
+//! hold until the host's first map.
 
+pub mod channel;
 pub mod control;
 pub mod gate;
 pub mod hooks;
@@ -211,6 +218,24 @@ pub fn start() -> Option<()> {
     // SAFETY: getpid has no preconditions.
     h.pid.store(unsafe { libc::getpid() } as u32, Relaxed);
     h.stages.store(map.stages.len() as u32, Relaxed);
+    let names: Vec<String> = map.stages.iter().map(|st| st.name.clone()).collect();
+    let channel = match channel::wanted() {
+        Ok(false) => None,
+        Ok(true) => match channel::open(&names) {
+            Ok(how) => Some(how),
+            Err(e) => {
+                warn(&format!(
+                    "the stage channel: {e}; stage points stay in this process"
+                ));
+                None
+            }
+        },
+        Err(e) => {
+            warn(&format!("{e}; the stage channel is not used"));
+            None
+        }
+    };
+    h.channel.store(u32::from(channel.is_some()), Relaxed);
     gate::install_runtime(control, &cpus, map.stages.len());
     let (mut installed, mut skipped) = (0u32, 0u32);
     for (sym, kind, f) in points {
@@ -231,11 +256,15 @@ pub fn start() -> Option<()> {
     say(
         quiet,
         &format!(
-            "{}: {installed} stage points for {} stages ({skipped} functions left alone); gate {}, {}, lanes on CPUs {cpus:?}",
+            "{}: {installed} stage points for {} stages ({skipped} functions left alone); gate {}, {}, lanes on CPUs {cpus:?}; {}",
             program.path.display(),
             map.stages.len(),
             if c.mode() == control::mode::TEMPORAL { "temporal" } else { "off" },
             c.policy().name(),
+            match &channel {
+                Some(how) => format!("stage channel open (reporting: {how}), the VMM's map sets the gate"),
+                None => "no stage channel".into(),
+            },
         ),
     );
     Some(())

@@ -24,7 +24,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Changes the gate's settings; the library reads them at its next
-    /// stage point (or a waiter at its wait bound).
+    /// stage point (or a waiter at its wait bound). With the stage channel
+    /// open (a stagevm guest), each new map of the VMM sets the gate and
+    /// the visit policy again.
     Set {
         /// `off` or `temporal`.
         #[arg(long)]
@@ -75,6 +77,10 @@ fn json(c: &Control) -> serde_json::Value {
         "requests": c.requests(),
         "unslotted": h.unslotted.load(Relaxed),
         "releases": h.releases.load(Relaxed),
+        "channel": h.channel.load(Relaxed) == 1,
+        "map_epoch": h.map_epoch.load(Relaxed),
+        "maps_followed": h.map_changes.load(Relaxed),
+        "channel_drops": h.channel_drops.load(Relaxed),
         "lanes": lanes,
     })
 }

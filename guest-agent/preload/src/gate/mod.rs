@@ -22,6 +22,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
+use crate::channel;
 use crate::control::{mode, Control, Mapping, MAX_SLOTS};
 use crate::hooks::PointKind;
 use crate::lane::{Arrival, LaneCore, Slot};
@@ -37,6 +38,10 @@ pub const RELEASED: u32 = 2;
 
 const NONE: u32 = u32::MAX;
 const NO_STAGE: u8 = u8::MAX;
+/// `ThreadState::report`: nothing for the channel.
+const REPORT_NONE: u16 = u16::MAX;
+/// `ThreadState::report`: the request is done (`stage_exit`).
+const REPORT_EXIT: u16 = 0x100;
 
 /// One lane: a CPU, its state and how many threads are bound to it.
 struct Lane {
@@ -118,6 +123,15 @@ struct ThreadState {
     after_marker: Cell<bool>,
     /// The lane counts it in a request (holder, or running past a wait).
     gated: Cell<bool>,
+    /// The fast path found work for the gate (the slow path's gate part
+    /// runs only then).
+    gate_due: Cell<bool>,
+    /// The stage the channel last got (`NO_STAGE`: none, or the request
+    /// ended).
+    ch_stage: Cell<u8>,
+    /// What the slow path reports to the channel: a stage, `REPORT_EXIT`
+    /// or `REPORT_NONE`.
+    report: Cell<u16>,
 }
 
 /// Registered (slow path) when a thread takes a slot: at thread exit it
@@ -152,6 +166,9 @@ thread_local! {
             policy: Cell::new(0),
             after_marker: Cell::new(false),
             gated: Cell::new(false),
+            gate_due: Cell::new(false),
+            ch_stage: Cell::new(NO_STAGE),
+            report: Cell::new(REPORT_NONE),
         }
     };
     static EXIT: ExitGuard = const { ExitGuard };
@@ -190,7 +207,8 @@ pub fn point_slow(point: PointKind) {
 }
 
 impl Runtime {
-    /// Counts; true when the gate must act (see [`point_fast`]).
+    /// Counts; true when the gate or the channel must act (see
+    /// [`point_fast`]).
     #[inline]
     fn fast(&self, t: &ThreadState, point: PointKind) -> bool {
         let c = self.control.get();
@@ -200,7 +218,8 @@ impl Runtime {
         }
         let block = &c.slots[slot as usize];
         let off = c.mode() == mode::OFF;
-        match point {
+        let ch = channel::active() && (Self::channel_due(t, point) | channel::map_changed());
+        let gate = match point {
             PointKind::Stage(s) => {
                 t.after_marker.set(false);
                 let switch = t.stage.get() != s;
@@ -215,10 +234,8 @@ impl Runtime {
                     switch || !t.gated.get()
                 }
             }
+            PointKind::Request(_) if t.after_marker.replace(true) => false,
             PointKind::Request(s) => {
-                if t.after_marker.replace(true) {
-                    return false;
-                }
                 block
                     .requests
                     .store(block.requests.load(Relaxed).wrapping_add(1), Relaxed);
@@ -229,6 +246,44 @@ impl Runtime {
                     t.gated.get()
                 }
             }
+        };
+        t.gate_due.set(gate);
+        gate || ch
+    }
+
+    /// Whether the channel must hear of this point; sets what to report.
+    /// A stage point reports a switch into its stage when the channel's
+    /// stage differs (after a request marker it is none, so the first
+    /// stage of the next request is reported even when the gate's stage
+    /// did not change); a request marker reports the request's end once.
+    #[inline]
+    fn channel_due(t: &ThreadState, point: PointKind) -> bool {
+        let (stage, report) = match point {
+            PointKind::Stage(s) => (s, u16::from(s)),
+            PointKind::Request(_) => (NO_STAGE, REPORT_EXIT),
+        };
+        if t.ch_stage.replace(stage) == stage {
+            return false;
+        }
+        t.report.set(report);
+        true
+    }
+
+    /// The channel's part of a stage point: reports the switch or the
+    /// request's end through libstage, and follows a new map.
+    #[cold]
+    fn channel(&self, t: &ThreadState) {
+        let c = self.control.get();
+        let ok = match t.report.replace(REPORT_NONE) {
+            REPORT_NONE => true,
+            REPORT_EXIT => channel::exit(),
+            s => channel::enter(s as u8),
+        };
+        if !ok {
+            c.header.channel_drops.fetch_add(1, Relaxed);
+        }
+        if channel::map_changed() {
+            channel::follow(c);
         }
     }
 
@@ -246,6 +301,12 @@ impl Runtime {
             if !self.fast(t, point) {
                 return;
             }
+        }
+        if channel::active() {
+            self.channel(t);
+        }
+        if !t.gate_due.replace(false) {
+            return;
         }
         let off = c.mode() == mode::OFF;
         match point {

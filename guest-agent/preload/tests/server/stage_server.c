@@ -7,6 +7,8 @@
  *   --mutex       hold one global mutex from parse to exec (across a stage point)
  *   --sleep-ms N  thread 0 sleeps N ms inside plan on its first request
  *   --idle-us N   each request first waits N us for its client (in req_wait)
+ *   --start-delay-ms N  main waits N ms before starting the workers (a test
+ *                 host registers the stage channel's area meanwhile)
  *   --check-regs  each worker first calls reg_probe (a stage point) from
  *                 assembly that keeps values in call-clobbered registers
  *                 (as GCC's interprocedural register allocation may) and
@@ -23,7 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int nthreads, nrequests, work, use_mutex, sleep_ms, idle_us, check_regs;
+static int nthreads, nrequests, work, use_mutex, sleep_ms, idle_us, check_regs, start_delay_ms;
 static pthread_mutex_t big = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t checksum[1024];
 static uint64_t max_req_ns[1024];
@@ -140,7 +142,7 @@ static void *worker(void *arg)
 int main(int argc, char **argv)
 {
 	if (argc < 4) {
-		fprintf(stderr, "usage: %s THREADS REQUESTS WORK [--mutex] [--sleep-ms N] [--idle-us N]\n", argv[0]);
+		fprintf(stderr, "usage: %s THREADS REQUESTS WORK [--mutex] [--sleep-ms N] [--idle-us N] [--start-delay-ms N]\n", argv[0]);
 		return 2;
 	}
 	nthreads = atoi(argv[1]);
@@ -155,6 +157,8 @@ int main(int argc, char **argv)
 			check_regs = 1;
 		else if (!strcmp(argv[i], "--idle-us") && i + 1 < argc)
 			idle_us = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--start-delay-ms") && i + 1 < argc)
+			start_delay_ms = atoi(argv[++i]);
 		else {
 			fprintf(stderr, "stage_server: unknown option %s\n", argv[i]);
 			return 2;
@@ -165,6 +169,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	pthread_t th[1024];
+	if (start_delay_ms > 0)
+		usleep((useconds_t)start_delay_ms * 1000);
 	uint64_t t0 = now_ns();
 	start_ns = t0;
 	for (int i = 0; i < nthreads; i++)
