@@ -84,6 +84,12 @@ pub enum StagesConfigError {
         /// Its value.
         value: String,
     },
+    /// No such `auto` mode in `policy.auto_modes`.
+    #[error("policy.auto_modes: '{value}' is not a mode auto trials (temporal, spatial, both; unstaged always is)")]
+    UnknownAutoMode {
+        /// The value.
+        value: String,
+    },
     /// No such stage-visit policy.
     #[error("{key} = '{value}': unknown visit policy (fifo, cohort, srpt, dbr, mg1, color)")]
     UnknownVisit {

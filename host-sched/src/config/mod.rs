@@ -90,6 +90,12 @@ pub struct PolicySection {
     /// place of `max_p99_increase`; absent or 0: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_slo_us: Option<f64>,
+    /// `auto`: the modes it trials against unstaged (which it always
+    /// runs): `temporal`, `spatial`, `both`; absent: all three. A guest
+    /// staged through the preload library, whose spatial route costs a
+    /// migration per stage switch, lists `["temporal"]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_modes: Option<Vec<String>>,
 }
 
 fn default_max_p99_increase() -> f64 {
@@ -128,6 +134,7 @@ impl Default for PolicySection {
             visit: default_visit(),
             max_p99_increase: default_max_p99_increase(),
             latency_slo_us: None,
+            auto_modes: None,
         }
     }
 }
@@ -249,6 +256,8 @@ pub struct Resolved {
     pub visit: VisitPolicy,
     /// `auto`'s bound on tail latency.
     pub latency: crate::policy::LatencyBound,
+    /// The modes `auto` trials (`policy.auto_modes`; unstaged always).
+    pub auto_modes: crate::policy::auto::Modes,
     /// `host.cpu_weight`: the VM's CPU weight on cores it shares with
     /// other VMs (1..=[`MAX_CPU_WEIGHT`]); `None`: no thread's weight is
     /// changed.
@@ -322,6 +331,7 @@ pub fn resolve(
         resolve_housekeeping(config, overrides, topo, cores_key, &stage_cores)?;
     let policy = resolve_policy(config, overrides)?;
     let visit = resolve_visit(config, overrides)?;
+    let auto_modes = resolve_auto_modes(config)?;
     let budgets = resolve_budgets(config, cores_key, &stage_cores)?;
     if let Some(w) = config.host.cpu_weight {
         if !(1..=MAX_CPU_WEIGHT).contains(&w) {
@@ -351,7 +361,27 @@ pub fn resolve(
                 .map(|us| us * 1000.0),
         },
         cpu_weight: config.host.cpu_weight,
+        auto_modes,
     })
+}
+
+/// `policy.auto_modes` as a set (unstaged always in it); every mode when
+/// absent. Errors: a name that is not `unstaged`, `temporal`, `spatial` or
+/// `both`, named.
+fn resolve_auto_modes(config: &Config) -> Result<crate::policy::auto::Modes, StagesConfigError> {
+    use crate::policy::auto::{Mode, Modes};
+    let Some(names) = &config.policy.auto_modes else {
+        return Ok(Modes::ALL);
+    };
+    let mut modes = vec![Mode::Unstaged];
+    for n in names {
+        let m = Mode::ALL
+            .into_iter()
+            .find(|m| m.name() == n)
+            .ok_or_else(|| StagesConfigError::UnknownAutoMode { value: n.clone() })?;
+        modes.push(m);
+    }
+    Ok(Modes::of(&modes))
 }
 
 /// The stage-visit policy: `--visit`, else `policy.visit`.

@@ -14,6 +14,7 @@ impl Resolved {
             hysteresis: self.hysteresis,
             visit: self.visit,
             latency: self.latency,
+            auto_modes: self.auto_modes,
         }
     }
 

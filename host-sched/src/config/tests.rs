@@ -297,3 +297,30 @@ fn api_changes_are_validated_like_the_file() {
     assert!(serde_json::from_str::<PolicyUpdate>(r#"{"name":"off","speed":1}"#).is_err());
     assert!(serde_json::from_str::<BudgetsUpdate>(r#"{"policy":{}}"#).is_err());
 }
+
+/// Whether `auto` built from `text` plans a spatial map within 200
+/// periods of equal rates (a 4-core VM, 2 stages).
+fn auto_plans_spatial(text: &str) -> bool {
+    let r = resolve_text(text).unwrap();
+    let ctx = r.context(4, r.budgets_for(&["a".into(), "b".into()]).unwrap());
+    let mut p = crate::policy::build(PolicyKind::Auto, ctx);
+    (0..200).any(|i| {
+        p.observe(&crate::policy::Observation::rate(1000.0 + f64::from(i % 7)));
+        p.plan(&[0.5, 0.5]).stage_vcpus.iter().any(|v| *v != 0b1111)
+    })
+}
+
+#[test]
+fn auto_modes_choose_what_auto_trials_and_a_bad_one_is_named() {
+    use crate::policy::auto::{Mode, Modes};
+    assert_eq!(resolve_text("").unwrap().auto_modes, Modes::ALL);
+    let only = "[policy]\nname = \"auto\"\nauto_modes = [\"temporal\"]";
+    let r = resolve_text(only).unwrap();
+    assert_eq!(r.auto_modes, Modes::of(&[Mode::Unstaged, Mode::Temporal]));
+    // The policy built from it never plans spatial staging; by default it
+    // trials it.
+    assert!(!auto_plans_spatial(only));
+    assert!(auto_plans_spatial("[policy]\nname = \"auto\""));
+    let e = resolve_text("[policy]\nauto_modes = [\"temporal\", \"fast\"]").unwrap_err();
+    assert!(e.to_string().contains("'fast' is not a mode auto trials"), "{e}");
+}

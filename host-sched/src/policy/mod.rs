@@ -124,6 +124,8 @@ pub struct Context {
     /// The operator's bound on tail latency (`[policy] max_p99_increase`,
     /// `latency_slo_us`): `auto` keeps no mode beyond it.
     pub latency: LatencyBound,
+    /// The modes `auto` trials (`[policy] auto_modes`; unstaged always).
+    pub auto_modes: auto::Modes,
 }
 
 /// What the VMM measured over the policy period that just ended, given to
@@ -202,7 +204,13 @@ pub trait Policy: Send {
 /// Builds a policy.
 pub fn build(kind: PolicyKind, ctx: Context) -> Box<dyn Policy> {
     match kind {
-        PolicyKind::Auto => Box::new(auto::Auto::new(ctx, auto::AutoParams::default())),
+        PolicyKind::Auto => {
+            let params = auto::AutoParams {
+                candidates: ctx.auto_modes,
+                ..Default::default()
+            };
+            Box::new(auto::Auto::new(ctx, params))
+        }
         PolicyKind::Off | PolicyKind::Pinned => Box::new(Unstaged { kind, ctx }),
         PolicyKind::Static => {
             let weights: Vec<f64> = ctx.budgets.iter().map(|b| b.weight).collect();

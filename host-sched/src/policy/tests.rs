@@ -19,6 +19,7 @@ pub(crate) fn ctx(cores: usize, vcpus: u32, stages: usize) -> Context {
         hysteresis: 0.1,
         visit: VisitPolicy::Fifo,
         latency: LatencyBound::default(),
+        auto_modes: auto::Modes::ALL,
     }
 }
 

@@ -106,6 +106,7 @@ impl Plans {
             visit: cfg.visit,
             // The replay times no request: the bound never judges.
             latency: policy::LatencyBound::default(),
+            auto_modes: policy::auto::Modes::ALL,
         };
         // With a temporal visit policy (issue 40) `auto` trials all four
         // modes, the temporal ones with that policy; without one, unstaged
