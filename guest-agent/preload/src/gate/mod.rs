@@ -270,20 +270,20 @@ impl Runtime {
     }
 
     /// The channel's part of a stage point: reports the switch or the
-    /// request's end through libstage, and follows a new map.
+    /// request's end through libstage.
     #[cold]
-    fn channel(&self, t: &ThreadState) {
-        let c = self.control.get();
+    fn report(&self, t: &ThreadState) {
         let ok = match t.report.replace(REPORT_NONE) {
             REPORT_NONE => true,
             REPORT_EXIT => channel::exit(),
             s => channel::enter(s as u8),
         };
         if !ok {
-            c.header.channel_drops.fetch_add(1, Relaxed);
-        }
-        if channel::map_changed() {
-            channel::follow(c);
+            self.control
+                .get()
+                .header
+                .channel_drops
+                .fetch_add(1, Relaxed);
         }
     }
 
@@ -302,24 +302,29 @@ impl Runtime {
                 return;
             }
         }
-        if channel::active() {
-            self.channel(t);
+        // A new map first (it may switch the gate), then the gate, then
+        // the report: a switch is reported when the thread runs its visit,
+        // on the CPU it runs it on.
+        if channel::map_changed() {
+            channel::follow(c);
         }
-        if !t.gate_due.replace(false) {
-            return;
-        }
-        let off = c.mode() == mode::OFF;
-        match point {
-            PointKind::Stage(s) if !off => {
-                self.gate_on();
-                self.arrive(t, slot, s);
-            }
-            PointKind::Request(_) if !off => {
-                if t.gated.get() {
-                    self.leave(t, slot);
+        if t.gate_due.replace(false) {
+            let off = c.mode() == mode::OFF;
+            match point {
+                PointKind::Stage(s) if !off => {
+                    self.gate_on();
+                    self.arrive(t, slot, s);
                 }
+                PointKind::Request(_) if !off => {
+                    if t.gated.get() {
+                        self.leave(t, slot);
+                    }
+                }
+                _ => self.gate_off(t),
             }
-            _ => self.gate_off(t),
+        }
+        if channel::active() {
+            self.report(t);
         }
     }
 
