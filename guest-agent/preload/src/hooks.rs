@@ -25,6 +25,9 @@
 //! * only when the gate must act (`gate::point_fast` says so) it saves the
 //!   whole extended state with `XSAVE` (AVX, AVX-512: what a libc call
 //!   with `vzeroupper` would destroy) and calls `hit_slow`, then `XRSTOR`;
+//!   where the OS did not enable XSAVE (a kernel booted `noxsave`, as this
+//!   project's guests on the software KVM are) no AVX state can exist, and
+//!   `FXSAVE`/`FXRSTOR` keep all there is (x87, MMX, SSE);
 //! * it restores everything and jumps to the trampoline (the address in a
 //!   stack slot above the frame, read from the red zone after `rsp` is
 //!   back: the kernel never writes the red zone when it delivers a
@@ -86,6 +89,9 @@ extern "C" {
 /// start from CPUID leaf 0xD (rounded up to 64), 0 until then (the slow
 /// path then never runs: [`init_xsave`]).
 static XSAVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// 1: the slow path saves with `FXSAVE` (512 bytes) instead of `XSAVE`
+/// ([`init_xsave`]).
+static FXSAVE_ONLY: AtomicUsize = AtomicUsize::new(0);
 
 std::arch::global_asm!(
     ".pushsection .text.stagevm_preload_stubs,\"ax\",@progbits",
@@ -143,6 +149,8 @@ std::arch::global_asm!(
     "    test rcx, rcx",
     "    jz 3f",
     "    sub rsp, rcx",
+    "    cmp qword ptr [rip + {fx}], 0",
+    "    jne 4f",
     // The XSAVE header (bytes 512..576) must hold zeros in its reserved part.
     "    xor eax, eax",
     "    mov [rsp + 512], rax",
@@ -161,6 +169,12 @@ std::arch::global_asm!(
     "    mov eax, -1",
     "    mov edx, -1",
     "    xrstor64 [rsp]",
+    "    jmp 3f",
+    "4:",
+    "    fxsave64 [rsp]",
+    "    mov edi, [rbp + 8]",
+    "    call {slow}",
+    "    fxrstor64 [rsp]",
     "3:",
     "    mov rax, [rbx + 256]",
     "    mov [rbp + 8], rax",
@@ -199,6 +213,7 @@ std::arch::global_asm!(
     fast = sym hit_fast,
     slow = sym hit_slow,
     xs = sym XSAVE_BYTES,
+    fx = sym FXSAVE_ONLY,
 );
 
 /// What `hit_fast` returns (in `rax`:`rdx`, the SysV ABI's pair return).
@@ -233,22 +248,42 @@ extern "C" fn hit_slow(index: u32) {
     crate::gate::point_slow(point);
 }
 
-/// Sizes the slow path's `XSAVE` area from CPUID (leaf 1: XSAVE and
-/// OSXSAVE; leaf 0xD: the bytes the enabled features need). Returns the
-/// size, or `None` when the CPU or the OS has no XSAVE (no hook is then
-/// installed: the slow path could not keep the caller's vector state).
-pub fn init_xsave() -> Option<usize> {
+/// How the slow path saves the caller's extended state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateSave {
+    /// `XSAVE` of every feature the OS enabled, this many bytes.
+    Xsave(usize),
+    /// `FXSAVE` (512 bytes): the OS did not enable XSAVE, so x87, MMX and
+    /// SSE are all the extended state there is.
+    Fxsave,
+}
+
+/// Chooses and sizes the slow path's save area from CPUID (leaf 1: XSAVE,
+/// OSXSAVE and FXSR; leaf 0xD: the bytes the enabled features need):
+/// XSAVE when the OS enabled it, else FXSAVE. `force_fxsave` takes FXSAVE
+/// even where the OS enabled XSAVE: for tests of that path only
+/// (`STAGEVM_PRELOAD_SAVE=fxsave`), as the upper halves of a caller's AVX
+/// registers are then not kept across the slow path. Returns `None` when
+/// neither is there (no hook is then installed: the slow path could not
+/// keep the caller's vector state).
+pub fn init_xsave(force_fxsave: bool) -> Option<StateSave> {
     let leaf1 = std::arch::x86_64::__cpuid(1);
     let (xsave, osxsave) = (leaf1.ecx & (1 << 26) != 0, leaf1.ecx & (1 << 27) != 0);
-    if !(xsave && osxsave) {
-        return None;
+    let fxsr = leaf1.edx & (1 << 24) != 0;
+    if !(xsave && osxsave) || force_fxsave {
+        if !fxsr {
+            return None;
+        }
+        FXSAVE_ONLY.store(1, Relaxed);
+        XSAVE_BYTES.store(512, Relaxed);
+        return Some(StateSave::Fxsave);
     }
     // Leaf 0xD exists when XSAVE does.
     let size = std::arch::x86_64::__cpuid_count(0xd, 0).ebx as usize;
     let size = size.checked_add(63)? & !63;
     (576..=1 << 16).contains(&size).then(|| {
         XSAVE_BYTES.store(size, Relaxed);
-        size
+        StateSave::Xsave(size)
     })
 }
 

@@ -30,6 +30,7 @@
 //! | `STAGEVM_MAX_WAIT_US` | the wait bound, µs, when the page is new | 500 |
 //! | `STAGEVM_LANES` | the lanes' CPUs (`1`, `0-3`, `0,2`) | the process's CPU mask at load |
 //! | `STAGEVM_PRELOAD_QUIET` | `1`: only warnings and errors | unset |
+//! | `STAGEVM_PRELOAD_SAVE` | `fxsave`: the slow path saves with FXSAVE even where XSAVE is enabled (tests only: AVX upper halves are then not kept) | XSAVE where enabled, else FXSAVE |
 //! | `STAGEVM_CHANNEL` | `auto`, `on` or `off`: report through the stage channel (a stagevm guest, `channel`) | `auto`: when the device (or `STAGEVM_FD`) is there |
 //!
 //! In a stagevm guest (`channel`) the stage points also report through
@@ -171,10 +172,11 @@ pub fn start() -> Option<()> {
             return None;
         }
     }
-    if hooks::init_xsave().is_none() {
-        refuse(&path, "this CPU or kernel has no XSAVE, which stage points need to keep the caller's vector registers");
+    let force_fxsave = std::env::var("STAGEVM_PRELOAD_SAVE").is_ok_and(|v| v == "fxsave");
+    let Some(save) = hooks::init_xsave(force_fxsave) else {
+        refuse(&path, "this CPU has neither XSAVE nor FXSAVE, which stage points need to keep the caller's vector registers");
         return None;
-    }
+    };
     // Every symbol resolves, or the map is refused (line and symbol named).
     let mut points = Vec::new();
     let request = map.request.iter().flat_map(|(s, syms)| {
@@ -256,11 +258,15 @@ pub fn start() -> Option<()> {
     say(
         quiet,
         &format!(
-            "{}: {installed} stage points for {} stages ({skipped} functions left alone); gate {}, {}, lanes on CPUs {cpus:?}; {}",
+            "{}: {installed} stage points for {} stages ({skipped} functions left alone); gate {}, {}, lanes on CPUs {cpus:?}; slow path {}; {}",
             program.path.display(),
             map.stages.len(),
             if c.mode() == control::mode::TEMPORAL { "temporal" } else { "off" },
             c.policy().name(),
+            match save {
+                hooks::StateSave::Xsave(n) => format!("XSAVE ({n} bytes)"),
+                hooks::StateSave::Fxsave => "FXSAVE (512 bytes)".to_string(),
+            },
             match &channel {
                 Some(how) => format!("stage channel open (reporting: {how}), the VMM's map sets the gate"),
                 None => "no stage channel".into(),

@@ -208,3 +208,26 @@ fn a_thread_stopped_by_a_tracer_stalls_no_other_past_the_bound() {
     );
     eprintln!("{during} requests in 500 ms with one of 4 threads stopped");
 }
+
+#[test]
+fn with_fxsave_in_place_of_xsave_the_gate_runs_and_the_answer_is_unchanged() {
+    // What a guest booted `noxsave` gets (no XSAVE enabled: x87, MMX and
+    // SSE are all the extended state), forced here on a host that has it;
+    // no AVX register check, as forcing it gives up AVX upper halves.
+    let Some(f) = Fixture::new("fxsave") else {
+        return;
+    };
+    let args = ["4", "50000", "300"];
+    let env = [
+        ("STAGEVM_GATE", "temporal".to_string()),
+        ("STAGEVM_LANES", a_cpu().to_string()),
+        ("STAGEVM_PRELOAD_SAVE", "fxsave".to_string()),
+    ];
+    let (out, stderr) = f.run(MAP, &args, &env);
+    assert!(stderr.contains("slow path FXSAVE"), "{stderr}");
+    assert_eq!(checksum(&out), f.reference(&args));
+    let page = f.page();
+    let c = page.get();
+    assert!(c.lanes[0].visits.load(Relaxed) > 0, "the gate never ran");
+    assert_eq!(c.stage_visits()[..3], [200_000; 3]);
+}
