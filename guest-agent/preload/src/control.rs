@@ -81,7 +81,9 @@ pub struct SlotBlock {
     pub lane: AtomicU32,
     /// Requests begun (request-marker entries).
     pub requests: AtomicU64,
-    /// Stage switches into each stage.
+    /// Visits of each stage: switches into it, and the first stage point
+    /// of each request (after a request marker) — the entries the stage
+    /// channel reports.
     pub visits: [AtomicU64; MAX_STAGES],
 }
 

@@ -221,9 +221,11 @@ impl Runtime {
         let ch = channel::active() && (Self::channel_due(t, point) | channel::map_changed());
         let gate = match point {
             PointKind::Stage(s) => {
-                t.after_marker.set(false);
+                // A visit: a switch, or the first stage point of a request
+                // (after a request marker), as the channel reports them.
+                let new_request = t.after_marker.replace(false);
                 let switch = t.stage.get() != s;
-                if switch {
+                if switch || new_request {
                     t.stage.set(s);
                     let v = &block.visits[usize::from(s) % block.visits.len()];
                     v.store(v.load(Relaxed).wrapping_add(1), Relaxed);
