@@ -322,5 +322,8 @@ fn auto_modes_choose_what_auto_trials_and_a_bad_one_is_named() {
     assert!(!auto_plans_spatial(only));
     assert!(auto_plans_spatial("[policy]\nname = \"auto\""));
     let e = resolve_text("[policy]\nauto_modes = [\"temporal\", \"fast\"]").unwrap_err();
-    assert!(e.to_string().contains("'fast' is not a mode auto trials"), "{e}");
+    assert!(
+        e.to_string().contains("'fast' is not a mode auto trials"),
+        "{e}"
+    );
 }
