@@ -95,7 +95,8 @@ mariadb-image: setup
     images/linux/mariadb/build.sh
 
 # MariaDB in a stagevm guest, staged through uprobes: attach the stage map to the unmodified mariadbd, query it
-# over virtio-net from a namespace of the test's own under static, off and auto, refused maps, detach, rmmod
+# over virtio-net from a namespace of the test's own under static, off and auto, refused maps, detach, rmmod;
+# then a second boot staged through the preload library (its gate set by the VMM's map: temporal, off, auto)
 # (images/linux/mariadb/test.py; QUERIES per phase, default 200).
 test-mariadb QUERIES="200": mariadb-image
     cargo build --release -q -p stagevm --bins

@@ -5,7 +5,8 @@
 #                  sockets, epoll, uprobes, ...; cached by kernel.sh)
 #   initramfs.cpio the test image's /init and tools (images/linux/build.sh,
 #                  against this kernel), which mounts the root disk and starts
-#                  mariadbd from it (stagevm.test=mariadb, mariadb.c)
+#                  mariadbd from it (stagevm.test=mariadb, mariadb.c), and the
+#                  preload library with stagevm-gatectl (the preload path)
 #   root.ext4      the root disk: Debian's own mariadb-server-core package and
 #                  the library packages it depends on (apt-get download,
 #                  dpkg-deb -x; no hand-built server), my.cnf, and a data
@@ -48,6 +49,17 @@ if [ -z "${ROOT_ONLY:-}" ]; then
         KERNEL_OUT="$repo/target/linux-kernel-mariadb" "$repo/images/linux/build.sh"
     cp "$out/initrd/vmlinux" "$out/vmlinux"
     cp "$out/initrd/initramfs.cpio" "$out/initramfs.cpio"
+    # The preload path (stagevm.mariadb=preload, mariadb.c): the preload
+    # library and stagevm-gatectl in a second cpio archive appended to the
+    # first (the kernel unpacks concatenated archives), under
+    # /lib/stagevm/preload; mariadb.c copies them into the chroot's /run.
+    (cd "$repo" && cargo build --release -q -p stagevm-preload)
+    pre="$out/preload-cpio"
+    rm -rf "$pre" && mkdir -p "$pre/lib/stagevm/preload"
+    install -m 644 "$repo/target/release/libstagevm_preload.so" "$pre/lib/stagevm/preload/"
+    install -m 755 "$repo/target/release/stagevm-gatectl" "$pre/lib/stagevm/preload/"
+    strip --strip-unneeded "$pre"/lib/stagevm/preload/* 2>/dev/null || true
+    (cd "$pre" && find lib/stagevm/preload | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) >> "$out/initramfs.cpio"
 fi
 t1=$(date +%s)
 
