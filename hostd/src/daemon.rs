@@ -34,6 +34,46 @@ pub const BURST: u32 = 5;
 /// the directory could add sockets.
 pub const MAX_VMS: usize = 256;
 
+/// VMs read at once. A period's reads take at most
+/// `⌈VMs ÷ PARALLEL_READS⌉` timeouts: with [`MAX_VMS`] peers that accept
+/// and never answer, 4 × 500 ms (the default `timeout_ms`), where one
+/// after another they took 256 × 500 ms, past systemd's stop timeout
+/// (issue 50, S7).
+pub const PARALLEL_READS: usize = 64;
+
+/// Reads every VM in `vms` within `timeout`, [`PARALLEL_READS`] at a time
+/// on scoped threads (a VM whose thread cannot be started is read on this
+/// one). Returns each VM's reading by name.
+fn read_all(
+    vms: &BTreeMap<String, Known>,
+    timeout: std::time::Duration,
+) -> BTreeMap<String, Result<vm::Reading, VmError>> {
+    let list: Vec<(&String, &Vm)> = vms.iter().map(|(n, k)| (n, &k.vm)).collect();
+    let mut out = BTreeMap::new();
+    for chunk in list.chunks(PARALLEL_READS) {
+        std::thread::scope(|s| {
+            let running: Vec<_> = chunk
+                .iter()
+                .map(|(name, vm)| {
+                    let spawned = std::thread::Builder::new()
+                        .name("hostd-read".into())
+                        .spawn_scoped(s, move || vm.read(timeout));
+                    (*name, *vm, spawned)
+                })
+                .collect();
+            for (name, vm, spawned) in running {
+                let got = match spawned {
+                    // A panic is a bug: fail-stop, as on the thread itself.
+                    Ok(h) => h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
+                    Err(_) => vm.read(timeout),
+                };
+                out.insert(name.clone(), got);
+            }
+        });
+    }
+    out
+}
+
 /// What the daemon knows of one VM.
 struct Known {
     vm: Vm,
@@ -181,8 +221,12 @@ impl Daemon {
         }
         let mut gone = Vec::new();
         let mut lines = Vec::new();
+        let mut readings = read_all(&self.vms, timeout);
         for (name, k) in &mut self.vms {
-            match k.vm.read(timeout) {
+            let Some(reading) = readings.remove(name) else {
+                continue;
+            };
+            match reading {
                 Ok(r) => {
                     // Work CPU over the daemon's own period, in cores.
                     let now = Instant::now();
@@ -382,5 +426,42 @@ impl Daemon {
                 })
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hung_peers_are_read_side_by_side_not_one_after_another() {
+        let dir = std::env::temp_dir().join(format!("stagevm-hostd-hung-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // 128 peers that accept (the kernel's backlog) and never answer.
+        let n = 128;
+        let _peers: Vec<_> = (0..n)
+            .map(|i| {
+                std::os::unix::net::UnixListener::bind(dir.join(format!("vm{i:03}.sock"))).unwrap()
+            })
+            .collect();
+        let cpus = CpuSet::parse("0-1").unwrap();
+        let topology = host_sched::topology::Topology {
+            allowed: cpus.clone(),
+            online: cpus,
+            isolated: CpuSet::new(),
+        };
+        let config =
+            HostConfig::parse("[host]\ntimeout_ms = 200\n", "host.toml", &topology).unwrap();
+        let mut d = Daemon::new(config, &dir, None);
+        let t0 = Instant::now();
+        d.period().unwrap();
+        let took = t0.elapsed();
+        // One after another: 128 × 200 ms = 25.6 s; side by side: 2 × 200 ms.
+        assert!(took < std::time::Duration::from_secs(3), "{took:?}");
+        let v = d.view();
+        assert_eq!(v.vms.len(), n);
+        assert!(v.vms.iter().all(|vm| vm.skipped == 1), "{v:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
