@@ -25,9 +25,11 @@
 //! * only when the gate must act (`gate::point_fast` says so) it saves the
 //!   whole extended state with `XSAVE` (AVX, AVX-512: what a libc call
 //!   with `vzeroupper` would destroy) and calls `hit_slow`, then `XRSTOR`;
-//!   where the OS did not enable XSAVE (a kernel booted `noxsave`, as this
-//!   project's guests on the software KVM are) no AVX state can exist, and
-//!   `FXSAVE`/`FXRSTOR` keep all there is (x87, MMX, SSE);
+//!   where the OS did not enable XSAVE (CPUID's OSXSAVE clear: a kernel
+//!   booted `noxsave` on hardware KVM) no AVX state can exist, and
+//!   `FXSAVE`/`FXRSTOR` keep all there is (x87, MMX, SSE). (This machine's
+//!   software KVM runs guest user code natively, so its `noxsave` guests
+//!   still see OSXSAVE and get `XSAVE`: images/linux/README.md.)
 //! * it restores everything and jumps to the trampoline (the address in a
 //!   stack slot above the frame, read from the red zone after `rsp` is
 //!   back: the kernel never writes the red zone when it delivers a
