@@ -185,6 +185,19 @@ def kernel_log_clean(got: "tuple[int, re.Match[str]] | None") -> Check:
     )
 
 
+def exit_vm(con: MariadbConsole, proc: "subprocess.Popen[str]", checks: Checks) -> None:
+    """`exit` on the console (mariadbd stopped, the kernel log's oops/BUG/
+    WARNING lines counted), then stagevm's end: both checked."""
+    con.type("exit")
+    checks.record(kernel_log_clean(con.wait_for(r"kernel log: (-?\d+) oops", 300)))
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        proc.wait()
+    checks.check(proc.returncode == 0, f"stagevm exit status {proc.returncode}")
+
+
 def auto_decisions(report: dict[str, Any]) -> Check:
     """After the switch to auto through the API, auto's own decisions."""
     timeline = (report.get("sched") or {}).get("timeline", [])

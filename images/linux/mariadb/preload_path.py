@@ -5,7 +5,6 @@ maps, read with `stagevm-gatectl` through the console."""
 import argparse
 import json
 import os
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -17,7 +16,7 @@ from mariadb_guest import (
     api,
     auto_decisions,
     boot_until_ready,
-    kernel_log_clean,
+    exit_vm,
     log,
     queries,
 )
@@ -127,14 +126,7 @@ def preload_path(opts: argparse.Namespace, expected: dict[int, str], stage_names
     ok, detail = parallel_queries(max(2 * opts.queries, 100), expected, 13)
     checks.check(ok, f"preload, auto: {detail}")
     final = gate(con)
-    con.type("exit")
-    checks.record(kernel_log_clean(con.wait_for(r"kernel log: (-?\d+) oops", 300)))
-    try:
-        proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        proc.wait()
-    checks.check(proc.returncode == 0, f"stagevm exit status {proc.returncode}")
+    exit_vm(con, proc, checks)
     report = read_json(report_path)
     channel = report.get("stage_channel") or {}
     host = {s["name"]: s["events"] for s in channel.get("stages", [])}

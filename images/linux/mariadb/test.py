@@ -49,7 +49,6 @@ namespace it says "skipped" and why, and exits 0.
 import argparse
 import os
 import re
-import subprocess
 import sys
 import time
 from typing import Any
@@ -68,7 +67,7 @@ from mariadb_guest import (
     api,
     auto_decisions,
     boot_until_ready,
-    kernel_log_clean,
+    exit_vm,
     log,
     mariadbd_crash,
     queries,
@@ -230,14 +229,7 @@ def uprobe_path(opts: argparse.Namespace, expected: dict[int, str], stage_names:
     checks.check(rc == 0, f"rmmod stagevm_agent: exit {rc}")
     ok, detail = queries(opts.queries, expected, 5)
     checks.check(ok, f"after detach and rmmod: {detail}")
-    con.type("exit")
-    checks.record(kernel_log_clean(con.wait_for(r"kernel log: (-?\d+) oops", 300)))
-    try:
-        proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        proc.wait()
-    checks.check(proc.returncode == 0, f"stagevm exit status {proc.returncode}")
+    exit_vm(con, proc, checks)
 
     report = read_json(report_path)
     host = {s["name"]: s["events"] for s in (report.get("stage_channel") or {}).get("stages", [])}
