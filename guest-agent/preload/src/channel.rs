@@ -159,7 +159,8 @@ pub fn exit() -> bool {
 }
 
 /// The gate's mode for a map: `(mode, policy)` (see the module docs).
-/// `all` is the mask of the map's vCPUs; `stages` the stages in use.
+/// `vcpus` is the map's vCPU mask per stage in use, `all` the mask of
+/// every vCPU of the map.
 pub fn mode_for(visit: u64, vcpus: &[u64], all: u64) -> (u32, Option<VisitPolicy>) {
     let shared = vcpus.iter().all(|v| *v & all == all);
     match VisitPolicy::from_code(visit).filter(|p| p.is_temporal()) {
@@ -169,9 +170,12 @@ pub fn mode_for(visit: u64, vcpus: &[u64], all: u64) -> (u32, Option<VisitPolicy
 }
 
 /// Follows the VMM's current map (see the module docs): sets the control
-/// page's mode and policy from it. One caller wins each new epoch; the
-/// others return at once.
+/// page's mode and policy from it. Followers take turns (a lock: two maps
+/// published close together must not leave the older one's mode written
+/// last); one that finds the epoch followed already returns at once.
 pub fn follow(c: &Control) {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let seen = FOLLOWED.load(Relaxed);
     let mut view = std::mem::MaybeUninit::<MapView>::zeroed();
     // SAFETY: libstage fills the view it is given (a zeroed, sized struct).
@@ -180,13 +184,10 @@ pub fn follow(c: &Control) {
     }
     // SAFETY: zero-initialised and filled by libstage.
     let view = unsafe { view.assume_init() };
-    if view.epoch == seen
-        || FOLLOWED
-            .compare_exchange(seen, view.epoch, AcqRel, Relaxed)
-            .is_err()
-    {
+    if view.epoch == seen {
         return;
     }
+    FOLLOWED.store(view.epoch, Relaxed);
     let n = (view.num_stages as usize).min(MAX_STAGES);
     let all = match view.num_vcpus {
         0 => 0,
