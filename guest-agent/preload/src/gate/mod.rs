@@ -27,6 +27,7 @@ use crate::control::{mode, Control, Mapping, MAX_SLOTS};
 use crate::hooks::PointKind;
 use crate::lane::{Arrival, LaneCore, Slot};
 
+mod report;
 mod watchdog;
 
 /// Futex word: waiting.
@@ -251,42 +252,6 @@ impl Runtime {
         };
         t.gate_due.set(gate);
         gate || ch
-    }
-
-    /// Whether the channel must hear of this point; sets what to report.
-    /// A stage point reports a switch into its stage when the channel's
-    /// stage differs (after a request marker it is none, so the first
-    /// stage of the next request is reported even when the gate's stage
-    /// did not change); a request marker reports the request's end once.
-    #[inline]
-    fn channel_due(t: &ThreadState, point: PointKind) -> bool {
-        let (stage, report) = match point {
-            PointKind::Stage(s) => (s, u16::from(s)),
-            PointKind::Request(_) => (NO_STAGE, REPORT_EXIT),
-        };
-        if t.ch_stage.replace(stage) == stage {
-            return false;
-        }
-        t.report.set(report);
-        true
-    }
-
-    /// The channel's part of a stage point: reports the switch or the
-    /// request's end through libstage.
-    #[cold]
-    fn report(&self, t: &ThreadState) {
-        let ok = match t.report.replace(REPORT_NONE) {
-            REPORT_NONE => true,
-            REPORT_EXIT => channel::exit(),
-            s => channel::enter(s as u8),
-        };
-        if !ok {
-            self.control
-                .get()
-                .header
-                .channel_drops
-                .fetch_add(1, Relaxed);
-        }
     }
 
     /// The gate's part of a stage point (see [`point_slow`]).
