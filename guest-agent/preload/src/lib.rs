@@ -40,6 +40,7 @@
 
 pub mod channel;
 pub mod control;
+pub mod costs;
 pub mod gate;
 pub mod hooks;
 pub mod lane;

@@ -1,6 +1,7 @@
 //! `stagevm-gatectl`: sets and reads the control page of a server running
 //! with the preload library (`STAGEVM_CONTROL=PATH`): the gate's mode,
-//! visit policy and wait bound, and the library's counters.
+//! visit policy and wait bound, and the library's counters; and measures
+//! the mechanism's costs on this host (`measure`, `stagevm_preload::costs`).
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
@@ -14,9 +15,9 @@ use stagevm_preload::control::{mode, Control, Mapping, MAX_WAIT_US_RANGE};
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
-    /// The control page's file (the server's STAGEVM_CONTROL).
+    /// The control page's file (the server's STAGEVM_CONTROL); for set and show.
     #[arg(long, value_name = "PATH")]
-    control: PathBuf,
+    control: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -44,6 +45,58 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Times this host's stage point (gate off, gate on) and gate handoff
+    /// with the library's own detours and gate, in this process (~1 s;
+    /// run it alone: anything else on the CPU is in the figures).
+    Measure {
+        /// The lane's CPU (default: the last CPU this process may use).
+        #[arg(long)]
+        cpu: Option<usize>,
+        /// Rounds; each figure is their median.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Iterations (two stage points each) per round alone; a twentieth per thread in the
+        /// handoff rounds.
+        #[arg(long, default_value_t = 200_000)]
+        calls: u64,
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `stagevm-gatectl measure`.
+fn measure(cpu: Option<usize>, rounds: usize, calls: u64, as_json: bool) -> anyhow::Result<()> {
+    let cpu = match cpu {
+        Some(c) => c,
+        None => host_sched::topology::thread_affinity(0)?
+            .iter()
+            .last()
+            .context("this process may use no CPU")?,
+    };
+    let k = stagevm_preload::costs::measure(cpu, rounds, calls)
+        .with_context(|| format!("measuring on CPU {cpu}"))?;
+    if as_json {
+        println!("{}", serde_json::to_string(&k)?);
+        return Ok(());
+    }
+    let f = |x: stagevm_preload::costs::Figure| {
+        format!("{:8.1} ns  (spread {:.1})", x.median_ns, x.spread_ns)
+    };
+    println!(
+        "mechanism costs on CPU {cpu}, median of {} rounds:",
+        k.rounds
+    );
+    println!("  call, unhooked:           {}", f(k.call));
+    println!("  stage point, gate off:    {}", f(k.point_off));
+    println!("  stage point, gate alone:  {}", f(k.point_on));
+    println!(
+        "  switch with a handoff:    {}  ({} handoffs, {} threads)",
+        f(k.handoff),
+        k.handoffs,
+        stagevm_preload::costs::HANDOFF_THREADS
+    );
+    Ok(())
 }
 
 fn json(c: &Control) -> serde_json::Value {
@@ -87,8 +140,20 @@ fn json(c: &Control) -> serde_json::Value {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let page = Mapping::open(&cli.control, |_| {})
-        .with_context(|| format!("mapping {}", cli.control.display()))?;
+    if let Cmd::Measure {
+        cpu,
+        rounds,
+        calls,
+        json,
+    } = cli.cmd
+    {
+        return measure(cpu, rounds, calls, json);
+    }
+    let Some(control) = &cli.control else {
+        bail!("--control PATH is needed to set or show a page");
+    };
+    let page =
+        Mapping::open(control, |_| {}).with_context(|| format!("mapping {}", control.display()))?;
     let c = page.get();
     match cli.cmd {
         Cmd::Set {
@@ -125,6 +190,7 @@ fn main() -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&j)?);
             }
         }
+        Cmd::Measure { .. } => unreachable!("measured above"),
     }
     Ok(())
 }
