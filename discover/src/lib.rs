@@ -11,7 +11,9 @@
 //! * [`tools`] — finding Valgrind's stgtrace tool and `stagesim`,
 //! * [`capture`] — the server under the tool, the load, the window, the stop,
 //! * [`server_proc`] — its readiness and mapped binary, from `/proc`,
-//! * [`model`] — this host's L2 and cores, the mechanism, the `stagesim` runs,
+//! * [`model`] — this host's L2 and cores, the mechanism and its cost (for
+//!   temporal staging, the default, the preload library's gate handoff
+//!   measured on this host: `stagevm_preload::costs`), the `stagesim` runs,
 //! * [`report`] — the report an operator reads.
 
 pub mod capture;

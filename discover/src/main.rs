@@ -12,7 +12,7 @@ use clap::Parser;
 use stagevm_discover::capture::{self, CaptureSpec};
 use stagevm_discover::elf::{self, ServerBinary};
 use stagevm_discover::model::{
-    self, Mechanism, Prediction, L2, MIN_PRESENT_PCT, SLICE, TRANSFER_CYCLES,
+    self, Mechanism, Prediction, Route, L2, MIN_PRESENT_PCT, SLICE, TRANSFER_CYCLES,
 };
 use stagevm_discover::{report, tools};
 
@@ -45,9 +45,14 @@ struct Args {
     /// Cores to model (default: this host's online CPUs).
     #[arg(long)]
     cores: Option<usize>,
-    /// How a thread reaches its next stage's vCPU in the model.
-    #[arg(long, value_enum, default_value = "linux")]
+    /// How a thread reaches its next stage in the model: temporal (the preload library's gate,
+    /// its switch cost measured on this host), linux or unikernel (spatial, a vCPU's migration).
+    #[arg(long, value_enum, default_value = "temporal")]
     mechanism: Mechanism,
+    /// With temporal: the CPU a stage switch costs, ns, instead of measuring the gate's handoff
+    /// on this host once the capture ends (~3 s; `stagevm-gatectl measure` prints the same figures).
+    #[arg(long, value_name = "NS")]
+    switch_ns: Option<f64>,
     /// The load: a shell command that drives the server (it runs inside the traced window).
     #[arg(long, value_name = "CMD")]
     load: String,
@@ -136,6 +141,48 @@ fn main() {
     }
 }
 
+/// The temporal route: the switch cost given (`--switch-ns`), or the
+/// preload library's gate handoff measured on this host now, on the last CPU
+/// this process may use; cycles at this host's clock (/proc/cpuinfo).
+fn temporal_route(given: Option<f64>, say: &mut dyn FnMut(&str)) -> anyhow::Result<Route> {
+    let (mhz, clock) = match model::host_mhz() {
+        Some(m) => (m, format!("{m:.0} MHz")),
+        None => (
+            2500.0,
+            "2500 MHz assumed: /proc/cpuinfo gives no clock".to_string(),
+        ),
+    };
+    if let Some(ns) = given {
+        return Ok(Route::temporal(
+            ns,
+            mhz,
+            format!("--switch-ns {ns}, at {clock}"),
+        ));
+    }
+    let cpu = host_sched::topology::thread_affinity(0)?
+        .iter()
+        .last()
+        .context("this process may use no CPU")?;
+    say(&format!(
+        "measuring the stage point and the gate's handoff on CPU {cpu} (~3 s; \
+         anything else running there is in the figure)"
+    ));
+    let k = stagevm_preload::costs::measure(cpu, 5, 200_000).with_context(|| {
+        format!("measuring the gate on CPU {cpu} (give the switch cost with --switch-ns NS)")
+    })?;
+    let src = format!(
+        "the gate's handoff measured here: {:.2} µs (spread {:.2}) with {} threads on CPU {cpu}; \
+         a stage point {:.1} ns with the gate off, {:.0} ns through it alone; at {clock}",
+        k.handoff.median_ns / 1000.0,
+        k.handoff.spread_ns / 1000.0,
+        stagevm_preload::costs::HANDOFF_THREADS,
+        k.point_off.median_ns,
+        k.point_on.median_ns
+    );
+    say(&src);
+    Ok(Route::temporal(k.handoff.median_ns, mhz, src))
+}
+
 fn run(a: Args) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let mut say = |m: &str| {
@@ -181,6 +228,17 @@ fn run(a: Args) -> anyhow::Result<()> {
     stagesim::cache::Geometry::kib(l2.kib, l2.ways, 64)
         .validate("L2")
         .with_context(|| format!("--l2: {} KiB {}-way cannot be modelled", l2.kib, l2.ways))?;
+    if let Some(ns) = a.switch_ns {
+        if a.mechanism != Mechanism::Temporal {
+            bail!(
+                "--switch-ns is the temporal mechanism's cost; --mechanism is {:?}",
+                a.mechanism
+            );
+        }
+        if !(ns.is_finite() && (0.0..=1e6).contains(&ns)) {
+            bail!("--switch-ns {ns}: must be 0..=1000000 ns");
+        }
+    }
     let exe_name = binary
         .file_name()
         .context("--binary: no file name")?
@@ -264,6 +322,11 @@ fn run(a: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     let sim = sim.expect("stagesim found unless --trace-only");
+    // Measured once the server is stopped, so it is not in the figure.
+    let route = match a.mechanism {
+        Mechanism::Temporal => temporal_route(a.switch_ns, &mut say)?,
+        m => Route::spatial(m),
+    };
     let sidecar = stagesim::trace::Sidecar {
         stages: vec![stagesim::trace::StageEntry {
             id: 0,
@@ -297,7 +360,7 @@ fn run(a: Args) -> anyhow::Result<()> {
         "--static-weights".into(),
         "equal".into(),
     ];
-    common.extend(a.mechanism.args());
+    common.extend(route.cost_args());
     let prefix = work.join("points");
     let djson = work.join("discover.json");
     say(&format!(
@@ -309,6 +372,7 @@ fn run(a: Args) -> anyhow::Result<()> {
         work.join("discover.log").display()
     ));
     let mut dargs = common.clone();
+    dargs.extend(route.discover_args());
     dargs.extend([
         "--max-parts".into(),
         a.stages.1.max(2).to_string(),
@@ -349,16 +413,15 @@ fn run(a: Args) -> anyhow::Result<()> {
     let rjson = work.join("replay.json");
     let mut args = vec!["replay".to_string()];
     args.extend(common);
+    args.extend(route.replay_args());
     args.extend([
-        "--policy".into(),
-        "baseline,pinned,static".into(),
         "--stage-map".into(),
         out.display().to_string(),
         "--json".into(),
         rjson.display().to_string(),
     ]);
     model::stagesim(&sim, "replay", &args, &work.join("replay.log"), &mut say)?;
-    let p = Prediction::read(&rjson)?;
+    let p = Prediction::read(&rjson, route.mechanism)?;
     let facts = report::Facts {
         binary: &binary,
         request: &request,
@@ -367,7 +430,7 @@ fn run(a: Args) -> anyhow::Result<()> {
         load_seconds: cap.load_seconds,
         cores,
         l2,
-        mechanism: a.mechanism,
+        route: &route,
         map: &out,
     };
     print!("{}", report::render(&facts, &d, &p));

@@ -29,43 +29,148 @@ pub const SLICE: u64 = 100_000;
 /// bench/RESULTS.md "Verdict").
 pub const PAYS_AT: f64 = 1.02;
 
-/// How a thread reaches its next stage's vCPU.
+/// How a thread reaches its next stage in the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mechanism {
-    /// A Linux guest with the agent: a `sched_setaffinity`-class
-    /// migration, 25 000 cycles (10 µs) of the source's CPU (seeds 000 and
-    /// 004: 9–14 µs; bench/stagesim/src/results/verdict.rs).
+    /// Temporal staging by the preload library's gate (issue 48): threads
+    /// stay on their cores, each core serves its threads' visits by stage
+    /// (SRPT), and a stage switch costs the gate's handoff, measured on
+    /// this host (`stagevm_preload::costs`) unless `--switch-ns` gives it.
+    Temporal,
+    /// Spatial staging in a Linux guest with the agent: a
+    /// `sched_setaffinity`-class migration, 25 000 cycles (10 µs) of the
+    /// source's CPU (seeds 000 and 004: 9–14 µs;
+    /// bench/stagesim/src/results/verdict.rs).
     Linux,
-    /// The test unikernel's measured migration: 500 + 500 cycles CPU
-    /// (source + target) and 1 700 cycles (677 ns) latency (`just
-    /// bench-migration`; verdict.rs).
+    /// Spatial staging in the test unikernel, its measured migration: 500 +
+    /// 500 cycles CPU (source + target) and 1 700 cycles (677 ns) latency
+    /// (`just bench-migration`; verdict.rs).
     Unikernel,
 }
 
-impl Mechanism {
-    /// The `stagesim` arguments of this mechanism.
-    pub fn args(self) -> [String; 6] {
-        let (cpu, target, latency) = match self {
-            Self::Linux => (25_000, 0, 0),
-            Self::Unikernel => (500, 500, 1_700),
+/// The mechanism the model charges, with its cost.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Route {
+    /// The mechanism.
+    pub mechanism: Mechanism,
+    /// [`Mechanism::Temporal`]: the CPU a stage switch costs its core,
+    /// cycles (stagesim's `--switch-cycles`); 0 otherwise.
+    pub switch_cycles: u64,
+    /// Where the switch cost comes from (said in the report).
+    pub source: String,
+}
+
+impl Route {
+    /// Spatial staging by `mechanism`'s migration (not [`Mechanism::Temporal`]).
+    pub fn spatial(mechanism: Mechanism) -> Self {
+        Self {
+            mechanism,
+            switch_cycles: 0,
+            source: String::new(),
+        }
+    }
+
+    /// Temporal staging at a switch cost of `switch_ns` ns on a `mhz` MHz
+    /// clock, found as `source` says.
+    pub fn temporal(switch_ns: f64, mhz: f64, source: String) -> Self {
+        Self {
+            mechanism: Mechanism::Temporal,
+            switch_cycles: (switch_ns * mhz / 1000.0).round().max(0.0) as u64,
+            source,
+        }
+    }
+
+    /// The `stagesim` arguments of the cost, for both `discover` and `replay`.
+    pub fn cost_args(&self) -> Vec<String> {
+        let (cpu, target, latency) = match self.mechanism {
+            Mechanism::Temporal => {
+                return vec!["--switch-cycles".into(), self.switch_cycles.to_string()]
+            }
+            Mechanism::Linux => (25_000, 0, 0),
+            Mechanism::Unikernel => (500, 500, 1_700),
         };
         [
-            "--migration-cycles".into(),
-            cpu.to_string(),
-            "--migration-target-cycles".into(),
-            target.to_string(),
-            "--migration-latency".into(),
-            latency.to_string(),
+            "--migration-cycles",
+            &cpu.to_string(),
+            "--migration-target-cycles",
+            &target.to_string(),
+            "--migration-latency",
+            &latency.to_string(),
         ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    /// `stagesim discover`'s policy: temporal candidates are scored by the
+    /// temporal replay (`pinned` with the SRPT visit order, issue 40),
+    /// spatial ones by `static` (its default).
+    pub fn discover_args(&self) -> Vec<String> {
+        match self.mechanism {
+            Mechanism::Temporal => ["--policy", "pinned", "--visit", "srpt"]
+                .map(String::from)
+                .to_vec(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// `stagesim replay`'s models: the OS-like baseline, `pinned`, and the
+    /// staged one ([`Prediction::read`] finds them).
+    pub fn replay_args(&self) -> Vec<String> {
+        match self.mechanism {
+            // Idle cores steal, as the gate is work-conserving
+            // (bench/native/native_model.py runs the same).
+            Mechanism::Temporal => [
+                "--policy",
+                "baseline,pinned",
+                "--visit",
+                "fifo,srpt",
+                "--steal",
+                "on",
+            ]
+            .map(String::from)
+            .to_vec(),
+            _ => ["--policy", "baseline,pinned,static"]
+                .map(String::from)
+                .to_vec(),
+        }
     }
 
     /// How the report names it.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Self::Linux => "a Linux guest's migration, 10 µs",
-            Self::Unikernel => "the test unikernel's migration, 0.4 µs CPU + 0.7 µs latency",
+    pub fn describe(&self) -> String {
+        match self.mechanism {
+            Mechanism::Temporal => format!(
+                "temporal staging by the preload library's gate (SRPT), a switch {} cycles ({})",
+                self.switch_cycles, self.source
+            ),
+            Mechanism::Linux => "spatial staging in a Linux guest, a migration 10 µs".to_string(),
+            Mechanism::Unikernel => "spatial staging in the test unikernel, a migration \
+                                     0.4 µs CPU + 0.7 µs latency"
+                .to_string(),
         }
     }
+
+    /// The mechanism in a few words, for the verdict.
+    pub fn short(&self) -> &'static str {
+        match self.mechanism {
+            Mechanism::Temporal => "temporal staging (the preload library's gate)",
+            Mechanism::Linux => "spatial staging (a Linux guest's migrations)",
+            Mechanism::Unikernel => "spatial staging (the test unikernel's migrations)",
+        }
+    }
+}
+
+/// This host's CPU clock, MHz: the median of /proc/cpuinfo's `cpu MHz`
+/// lines, if it has any.
+pub fn host_mhz() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mut v: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with("cpu MHz"))
+        .filter_map(|l| l.split(':').nth(1)?.trim().parse().ok())
+        .filter(|m: &f64| m.is_finite() && *m > 0.0)
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
 }
 
 /// A per-core L2 cache: size and associativity.
@@ -272,38 +377,51 @@ pub fn read_discovery(path: &Path, min_parts: usize) -> Result<Discovery, ModelE
     })
 }
 
-/// The replays of the chosen map: the OS-like baseline, `pinned` and
-/// `static` (`stagesim replay --json`).
+/// The replays of the chosen map: the OS-like baseline, `pinned`, and the
+/// staged model (`stagesim replay --json`).
 #[derive(Clone, Debug)]
 pub struct Prediction {
     /// The OS-like model.
     pub baseline: SimResult,
     /// Threads pinned to cores, unstaged.
     pub pinned: SimResult,
-    /// Staged by the map (host-sched `static`, equal weights, as the VMM runs it without budgets).
+    /// Staged by the map: temporal, `pinned` with the SRPT visit order;
+    /// spatial, host-sched `static` with equal weights, as the VMM runs it
+    /// without budgets.
     pub staged: SimResult,
 }
 
 impl Prediction {
-    /// Reads `stagesim replay --json`'s file.
+    /// Reads `stagesim replay --json`'s file of [`Route::replay_args`]'s
+    /// models for `mechanism`.
     ///
     /// Errors: [`ModelError::Json`] when a model is missing.
-    pub fn read(path: &Path) -> Result<Self, ModelError> {
+    pub fn read(path: &Path, mechanism: Mechanism) -> Result<Self, ModelError> {
         let v = read_json(path)?;
         let results: Vec<SimResult> = serde_json::from_value(v["results"].clone())
             .map_err(|e| json_err(path, format!("results: {e}")))?;
-        let get = |p: &str| {
+        let get = |p: &str, visit: &str| {
             results
                 .iter()
-                .find(|r| r.policy == p)
+                .find(|r| r.policy == p && (r.visit == visit || p == "baseline"))
                 .cloned()
-                .ok_or_else(|| json_err(path, format!("no '{p}' replay")))
+                .ok_or_else(|| json_err(path, format!("no '{p}' replay with visit {visit}")))
         };
         Ok(Self {
-            baseline: get("baseline")?,
-            pinned: get("pinned")?,
-            staged: get("static")?,
+            baseline: get("baseline", "fifo")?,
+            pinned: get("pinned", "fifo")?,
+            staged: match mechanism {
+                Mechanism::Temporal => get("pinned", "srpt")?,
+                _ => get("static", "fifo")?,
+            },
         })
+    }
+
+    /// The staged model's stage switches (temporal) or migrations
+    /// (spatial) per 1000 instructions.
+    pub fn moves_pki(&self) -> f64 {
+        let c = &self.staged.total.counters;
+        (c.switches + c.migrations) as f64 * 1000.0 / c.instrs.max(1) as f64
     }
 
     /// The better unstaged model by throughput, and its name.

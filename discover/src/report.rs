@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::model::{Discovery, Mechanism, Prediction, L2, MIN_PRESENT_PCT, PAYS_AT};
+use crate::model::{Discovery, Mechanism, Prediction, Route, L2, MIN_PRESENT_PCT, PAYS_AT};
 
 /// What the report is about.
 #[derive(Clone, Debug)]
@@ -24,28 +24,30 @@ pub struct Facts<'a> {
     pub cores: usize,
     /// The modelled L2.
     pub l2: L2,
-    /// The mechanism modelled.
-    pub mechanism: Mechanism,
+    /// The mechanism modelled and its cost.
+    pub route: &'a Route,
     /// The stage-map file written.
     pub map: &'a Path,
 }
 
-/// The verdict line for a throughput ratio `tput` (staged ÷ the better unstaged model).
-pub fn verdict(tput: f64) -> String {
+/// The verdict line for a throughput ratio `tput` (staged ÷ the better
+/// unstaged model) of staging by `how` (the mechanism in a few words,
+/// [`Route::short`]).
+pub fn verdict(tput: f64, how: &str) -> String {
     if tput >= PAYS_AT {
         format!(
-            "the model expects staging to pay on this host: {:+.1} % throughput",
+            "the model expects {how} to pay on this host: {:+.1} % throughput",
             (tput - 1.0) * 100.0
         )
     } else if tput > 1.0 / PAYS_AT {
         format!(
-            "the model expects staging to break even on this host ({:+.1} % throughput): \
-             not worth its cores; `auto` would keep it unstaged",
+            "the model expects {how} to break even on this host ({:+.1} % throughput): \
+             not worth it; `auto` would keep it unstaged",
             (tput - 1.0) * 100.0
         )
     } else {
         format!(
-            "the model does NOT expect staging to pay on this host: {:.1} % less throughput; \
+            "the model does NOT expect {how} to pay on this host: {:.1} % less throughput; \
              `auto` would keep it unstaged",
             (1.0 - tput) * 100.0
         )
@@ -91,7 +93,7 @@ pub fn render(f: &Facts<'_>, d: &Discovery, p: &Prediction) -> String {
         f.cores,
         f.l2.kib,
         f.l2.ways,
-        f.mechanism.describe()
+        f.route.describe()
     );
     let _ = writeln!(
         o,
@@ -100,10 +102,16 @@ pub fn render(f: &Facts<'_>, d: &Discovery, p: &Prediction) -> String {
         p.staged.total.l2i_mpki,
         p.l2i_ratio()
     );
+    let moves = match f.route.mechanism {
+        Mechanism::Temporal => "stage switches",
+        _ => "migrations",
+    };
     let _ = writeln!(
         o,
-        "                L1i misses {:.2} → {:.2} per 1000 instructions; migrations {:.3} per 1000",
-        p.baseline.total.l1i_mpki, p.staged.total.l1i_mpki, p.staged.total.migrations_pki
+        "                L1i misses {:.2} → {:.2} per 1000 instructions; {moves} {:.3} per 1000",
+        p.baseline.total.l1i_mpki,
+        p.staged.total.l1i_mpki,
+        p.moves_pki()
     );
     let _ = writeln!(
         o,
@@ -111,17 +119,32 @@ pub fn render(f: &Facts<'_>, d: &Discovery, p: &Prediction) -> String {
         p.throughput_ratio(),
         better.policy
     );
-    let _ = writeln!(o, "  verdict:     {}", verdict(p.throughput_ratio()));
     let _ = writeln!(
         o,
-        "  wrote {}: check it with `stagectl --map-file`, attach it in the guest with \
-         `stagectl attach --map {} --binary {}`, and watch `auto` on the host",
-        f.map.display(),
-        f.map
-            .file_name()
-            .map_or("MAP".into(), |n| n.to_string_lossy()),
-        f.binary.display()
+        "  verdict:     {}",
+        verdict(p.throughput_ratio(), f.route.short())
     );
+    let file = f
+        .map
+        .file_name()
+        .map_or("MAP".into(), |n| n.to_string_lossy());
+    let _ = match f.route.mechanism {
+        Mechanism::Temporal => writeln!(
+            o,
+            "  wrote {}: check it with `stagectl --map-file`; run the server under it with \
+             LD_PRELOAD=libstagevm_preload.so STAGEVM_STAGEMAP={file} STAGEVM_GATE=temporal \
+             (guest-agent/preload/README.md), or in a stagevm guest with the same library, \
+             where the host's `auto` turns the gate on or off",
+            f.map.display(),
+        ),
+        _ => writeln!(
+            o,
+            "  wrote {}: check it with `stagectl --map-file`, attach it in the guest with \
+             `stagectl attach --map {file} --binary {}`, and watch `auto` on the host",
+            f.map.display(),
+            f.binary.display()
+        ),
+    };
     o
 }
 
@@ -131,9 +154,11 @@ mod tests {
 
     #[test]
     fn the_verdict_says_plainly_when_staging_does_not_pay() {
-        assert!(verdict(1.10).contains("expects staging to pay"));
-        assert!(verdict(1.00).contains("break even"));
-        assert!(verdict(0.50).contains("does NOT expect"));
-        assert!(verdict(0.50).contains("50.0 % less"));
+        let how = "temporal staging (the preload library's gate)";
+        assert!(verdict(1.10, how)
+            .contains("expects temporal staging (the preload library's gate) to pay"));
+        assert!(verdict(1.00, how).contains("break even"));
+        assert!(verdict(0.50, how).contains("does NOT expect temporal staging"));
+        assert!(verdict(0.50, how).contains("50.0 % less"));
     }
 }

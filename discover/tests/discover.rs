@@ -156,8 +156,6 @@ fn a_small_server_is_traced_and_discovered_and_stagectl_accepts_its_map() {
             "2",
             "--l2",
             "256K",
-            "--mechanism",
-            "unikernel",
             "--load",
             &load,
             "--out",
@@ -172,6 +170,7 @@ fn a_small_server_is_traced_and_discovered_and_stagectl_accepts_its_map() {
     );
     let (out, err) = text(&o);
     assert!(o.status.success(), "stagevm-discover failed:\n{out}\n{err}");
+    eprintln!("{out}");
     // The report: 400 requests (4 clients × 100), the marker found by
     // default, the points among the stage entries, a verdict.
     let traced = out
@@ -189,6 +188,21 @@ fn a_small_server_is_traced_and_discovered_and_stagectl_accepts_its_map() {
         out.contains("verdict:") && out.contains("throughput"),
         "{out}"
     );
+    // By default the model is temporal staging, its switch cost the gate's
+    // handoff measured on this host, and the verdict names the mechanism.
+    assert!(
+        err.contains("measuring the stage point and the gate's handoff")
+            && out.contains("temporal staging by the preload library's gate (SRPT), a switch")
+            && out.contains("the gate's handoff measured here")
+            && out.contains("stage switches"),
+        "{out}\n{err}"
+    );
+    let verdict = out.lines().find(|l| l.contains("verdict:")).unwrap();
+    assert!(
+        verdict.contains("temporal staging (the preload library's gate)"),
+        "{verdict}"
+    );
+    assert!(out.contains("LD_PRELOAD=libstagevm_preload.so"), "{out}");
     // The map: 2 or 3 stages, each starting at a function a request calls once.
     let text = std::fs::read_to_string(&map).unwrap();
     let m = stagesim::stagemap::StageMapFile::parse(&text).unwrap();
@@ -308,6 +322,11 @@ fn bad_inputs_get_errors_that_say_what_is_wrong_and_what_to_do() {
     assert!(e.contains("'2G'"), "{e}");
     let e = run(&k.server, &load, &["--cores", "0"], &serve);
     assert!(e.contains("--cores 0"), "{e}");
+    let e = run(&k.server, &load, &["--switch-ns", "2e6"], &serve);
+    assert!(e.contains("--switch-ns 2000000: must be"), "{e}");
+    let spatial = ["--mechanism", "linux", "--switch-ns", "3000"];
+    let e = run(&k.server, &load, &spatial, &serve);
+    assert!(e.contains("--switch-ns is the temporal"), "{e}");
 }
 
 #[test]

@@ -46,7 +46,7 @@ enum Cmd {
         json: bool,
     },
     /// Times this host's stage point (gate off, gate on) and gate handoff
-    /// with the library's own detours and gate, in this process (~1 s;
+    /// with the library's own detours and gate, in this process (~3 s;
     /// run it alone: anything else on the CPU is in the figures).
     Measure {
         /// The lane's CPU (default: the last CPU this process may use).
@@ -55,7 +55,7 @@ enum Cmd {
         /// Rounds; each figure is their median.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
-        /// Iterations (two stage points each) per round alone; a twentieth per thread in the
+        /// Iterations (two stage points each) per round alone; a tenth per thread in the
         /// handoff rounds.
         #[arg(long, default_value_t = 200_000)]
         calls: u64,
