@@ -51,7 +51,7 @@ test: guest linux-agent
 packages: build linux-agent
     #!/usr/bin/env bash
     set -euo pipefail
-    cargo build --release -q -p stagevm-hostd -p stagevm-discover -p stagesim
+    cargo build --release -q -p stagevm-hostd -p stagevm-discover -p stagesim -p stagevm-preload
     bench/capture/build_tool.sh >/dev/null
     command -v cargo-deb >/dev/null || cargo install cargo-deb --locked --version 3.7.0
     packaging/deb/build.sh

@@ -10,11 +10,15 @@
 #                        for every kernel with headers and on kernel updates
 #   stagevm-guest-tools  guest: stagectl
 #   libstage-dev         guest: stage.h, libstage.a, libstage.pc
+#   stagevm-preload      host or guest: libstagevm_preload.so (in the
+#                        multiarch library folder, so LD_PRELOAD finds it by
+#                        name) and stagevm-gatectl
 # The guest packages are laid out here and packed with dpkg-deb (Debian's
 # own tool; they hold C, not a cargo crate).
 # Needs: target/release/{stagevm,stagevm-remote,stagevm-hostd,stagevm-discover,stagesim},
 # target/capture-build/stgtrace-amd64-linux,
-# target/linux-agent/{libstage/libstage.a,stagectl/stagectl}, cargo-deb.
+# target/linux-agent/{libstage/libstage.a,stagectl/stagectl},
+# target/release/{libstagevm_preload.so,stagevm-gatectl}, cargo-deb.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -26,7 +30,8 @@ stage=$root/target/debian/staging
 maintainer="stagevm developers <stagevm@localhost>"
 for f in target/release/stagevm target/release/stagevm-remote target/release/stagevm-hostd \
     target/release/stagevm-discover target/release/stagesim target/capture-build/stgtrace-amd64-linux \
-    target/linux-agent/libstage/libstage.a target/linux-agent/stagectl/stagectl; do
+    target/linux-agent/libstage/libstage.a target/linux-agent/stagectl/stagectl \
+    target/release/libstagevm_preload.so target/release/stagevm-gatectl; do
     [ -f "$f" ] || { echo "packaging: $f is missing (just packages builds it)" >&2; exit 1; }
 done
 command -v cargo-deb >/dev/null || { echo "packaging: cargo-deb is missing (cargo install cargo-deb)" >&2; exit 1; }
@@ -93,6 +98,14 @@ sed -e "s/@VERSION@/$version/" -e "s|@MULTIARCH@|$multiarch|" packaging/deb/libs
 control "$stage/dev" libstage-dev "$arch" "libc6-dev" \
     "stagevm guest library libstage: stage_enter/stage_exit for servers (static, headers)"
 pack "$stage/dev" libstage-dev "$arch"
+
+# --- stagevm-preload: the preload library and its control tool ---
+mkdir -p "$stage/preload/usr/lib/$multiarch" "$stage/preload/usr/bin"
+install -m 644 target/release/libstagevm_preload.so "$stage/preload/usr/lib/$multiarch/"
+install -m 755 target/release/stagevm-gatectl "$stage/preload/usr/bin/"
+control "$stage/preload" stagevm-preload "$arch" "libc6" \
+    "stagevm preload library: stage points and a temporal gate for unmodified servers"
+pack "$stage/preload" stagevm-preload "$arch"
 
 # --- stagevm: the host package, by cargo-deb ---
 cargo deb -p stagevm --no-build --output "$out/stagevm_${version}_$arch.deb" >/dev/null

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The packages, end to end on this machine (root; `just test-packages`):
-# installs the four packages of target/debian/ with apt (which brings DKMS),
+# installs the five packages of target/debian/ with apt (which brings DKMS),
 # checks each one does its job, and purges them, checking nothing is left.
 #   stagevm              --version; the units pass systemd-analyze verify;
 #                        the default /etc/stagevm/budgets.toml boots the
@@ -11,6 +11,9 @@
 #                        Debian cloud kernel headers `just setup` installs
 #   libstage-dev         pkg-config --cflags --libs libstage links a program
 #   stagevm-guest-tools  stagectl --map-file accepts a stage-map file
+#   stagevm-preload      stagevm-gatectl measures the gate; the test server
+#                        runs its discovered map under LD_PRELOAD (by name)
+#                        with the gate on, and gatectl reads its counters
 # Prints "N passed, 0 failed" at the end; exits non-zero at the first check
 # that fails, after purging.
 set -euo pipefail
@@ -19,8 +22,9 @@ root=$PWD
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 arch=$(dpkg --print-architecture)
 debs=(stagevm_"$version"_"$arch".deb stagevm-agent-dkms_"$version"_all.deb
-    stagevm-guest-tools_"$version"_"$arch".deb libstage-dev_"$version"_"$arch".deb)
-packages=(stagevm stagevm-agent-dkms stagevm-guest-tools libstage-dev)
+    stagevm-guest-tools_"$version"_"$arch".deb libstage-dev_"$version"_"$arch".deb
+    stagevm-preload_"$version"_"$arch".deb)
+packages=(stagevm stagevm-agent-dkms stagevm-guest-tools libstage-dev stagevm-preload)
 if [ "$(id -u)" != 0 ]; then
     echo "skipped: the package test installs packages and needs root" >&2
     exit 0
@@ -53,7 +57,7 @@ for p in "${paths[@]}"; do
     echo "package: $(basename "$p") $(du -k "$p" | cut -f1) KiB"
 done
 apt-get update -q >/dev/null
-check "the four packages install (apt resolves dkms)" \
+check "the five packages install (apt resolves dkms)" \
     env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${paths[@]}"
 
 # stagevm
@@ -98,6 +102,30 @@ request parse handle_client
 EOF
 check "stagectl --map-file accepts a stage-map file" stagectl --map-file "$work/server.stagemap"
 
+# stagevm-preload
+check "stagevm-gatectl measures the stage point and the gate's handoff" sh -c \
+    "stagevm-gatectl measure --rounds 1 --calls 50000 | tee /dev/stderr | grep -q 'switch with a handoff'"
+
+# The test server under its discovered map and the installed preload
+# library (found by name), the gate on; gatectl reads the counters.
+preload_run() {
+    local port pid
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    LD_PRELOAD=libstagevm_preload.so STAGEVM_STAGEMAP="$work/stageserver.stagemap" \
+        STAGEVM_CONTROL="$work/gate" STAGEVM_GATE=temporal "$work/stageserver" serve "$port" 2>"$work/serve.log" &
+    pid=$!
+    sleep 1
+    "$work/stageserver" load "$port" 2 50 >/dev/null || { kill "$pid"; return 1; }
+    kill "$pid"
+    wait "$pid" || true
+    cat "$work/serve.log"
+    grep -q 'stage points for 2 stages' "$work/serve.log" || return 1
+    stagevm-gatectl --control "$work/gate" show --json | tee "$work/gate.json"
+    python3 -c 'import json, sys; j = json.load(open(sys.argv[1]))
+sys.exit(not (j["gate"] == "temporal" and j["requests"] >= 100 and sum(x["visits"] for x in j["lanes"]) > 0))' \
+        "$work/gate.json"
+}
+
 # stagevm-discover, installed, on the test server (loopback; needs valgrind)
 if command -v valgrind >/dev/null; then
     cc -O1 -pthread -o "$work/stageserver" discover/tests/server/stageserver.c
@@ -106,6 +134,7 @@ if command -v valgrind >/dev/null; then
         cd '$work' && stagevm-discover --stages 2..2 --cores 2 \
             --load '$work/stageserver load $port 2 50' -- '$work/stageserver' serve $port | grep 'verdict:' &&
         stagectl --map-file '$work/stageserver.stagemap'"
+    check "the test server runs its map under the installed preload library, the gate on" preload_run
 else
     echo "skipped: stagevm-discover on the test server (valgrind is not installed; just setup installs it)"
 fi
@@ -113,7 +142,8 @@ fi
 # Purge: nothing left behind.
 check "the packages purge" env DEBIAN_FRONTEND=noninteractive apt-get purge -y -q "${packages[@]}"
 check "nothing is left (binaries, units, /etc/stagevm, DKMS source, module)" sh -c "
-    ! command -v stagevm && ! command -v stagectl && [ ! -e /usr/lib/stagevm ] &&
+    ! command -v stagevm && ! command -v stagectl && ! command -v stagevm-gatectl && [ ! -e /usr/lib/stagevm ] &&
+    ! ls /usr/lib/*/libstagevm_preload.so 2>/dev/null &&
     [ ! -e /lib/systemd/system/stagevm@.service ] && [ ! -e /etc/stagevm ] &&
     [ ! -e /usr/src/stagevm-agent-$version ] && [ ! -e /usr/include/stagevm ] &&
     ! dkms status -m stagevm-agent | grep -q . &&
