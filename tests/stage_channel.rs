@@ -121,6 +121,51 @@ fn a_full_trace_ring_drops_and_counts_without_waiting() {
     assert_eq!(ch.dropped, 0);
 }
 
+/// A complete trace shows the cohorts each vCPU served: under `pinned`
+/// with the `cohort` visit policy the test guest's threads of a stage run
+/// together, so a stage's cohorts hold more than one thread on average;
+/// under FIFO the same guest's cohorts are smaller. Every traced entry is
+/// in a cohort (no drop on a ring this size), shown in the summary line.
+#[test]
+fn a_complete_trace_shows_the_cohorts_each_vcpu_served() {
+    let cohorts = |visit: &str| {
+        let (run, json) = boot_staged(
+            &[
+                "--stage-trace",
+                "on",
+                "--policy",
+                "pinned",
+                "--visit",
+                visit,
+            ],
+            "iters=1000 threads=4 requests=150 ring=4096",
+        );
+        let ch = channel(&json).clone();
+        assert_eq!(ch.trace_dropped, 0, "{}", run.stdout);
+        for st in &ch.stages {
+            assert_eq!(st.cohort_entries, st.events, "{st:?}");
+            assert!(st.cohorts > 0 && st.cohorts <= st.events, "{st:?}");
+        }
+        assert!(
+            run.stderr.contains("stagevm: cohorts (threads per visit"),
+            "{}",
+            run.stderr
+        );
+        let (entries, n) = ch
+            .stages
+            .iter()
+            .fold((0, 0), |(e, n), st| (e + st.cohort_entries, n + st.cohorts));
+        entries as f64 / n as f64
+    };
+    let (cohort, fifo) = (cohorts("cohort"), cohorts("fifo"));
+    eprintln!("threads per cohort: {cohort:.2} (cohort), {fifo:.2} (fifo)");
+    assert!(
+        cohort > 1.5,
+        "{cohort:.2} threads per cohort under the cohort policy"
+    );
+    assert!(cohort > fifo, "{cohort:.2} (cohort) vs {fifo:.2} (fifo)");
+}
+
 /// A trace of every 10th event of each kind per vCPU.
 #[test]
 fn a_sampled_trace_keeps_one_event_in_n() {

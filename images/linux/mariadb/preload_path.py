@@ -69,6 +69,19 @@ def cohorts(before: dict[str, Any], after: dict[str, Any]) -> tuple[int, int]:
     )
 
 
+def vmm_cohorts(sock: str) -> tuple[int, int]:
+    """The cohorts and the entries they held, summed over the stages, in the
+    VMM's live view (`stagevm-remote stages --json`); (0, 0) when it does
+    not answer."""
+    code, text = api(sock, "stages", "--json")
+    try:
+        view = json.loads(text) if code == 0 else {}
+    except json.JSONDecodeError:
+        view = {}
+    stages = (view.get("stage_channel") or {}).get("stages", [])
+    return sum(int(s.get("cohorts", 0)) for s in stages), sum(int(s.get("cohort_entries", 0)) for s in stages)
+
+
 def preload_path(opts: argparse.Namespace, expected: dict[int, str], stage_names: list[str], checks: Checks) -> bool:
     """The preload path: mariadbd started with the preload library
     (stagevm.mariadb=preload), which registers its stages with the stage
@@ -96,10 +109,21 @@ def preload_path(opts: argparse.Namespace, expected: dict[int, str], stage_names
         "preload: the library installed its stage points and opened the stage channel: "
         + "; ".join(line.split("stagevm-preload: ")[-1] for line in said)[:300],
     )
+    # Every event traced, so the VMM counts the cohorts each vCPU served.
+    code, text = api(sock, "trace", "on")
+    checks.check(code == 0, f"stagevm-remote trace on: exit {code} {text[:120]}")
+    v0 = vmm_cohorts(sock)
     g0 = gate(con)
     ok, detail = parallel_queries(opts.queries, expected, 11)
     g1 = gate(con)
+    v1 = vmm_cohorts(sock)
     checks.check(ok, f"preload, temporal (the VMM's first map): {detail}")
+    vn, ventries = v1[0] - v0[0], v1[1] - v0[1]
+    checks.check(
+        vn > 0 and ventries > vn,
+        f"the VMM's report shows cohorts of more than one thread: {ventries} entries in {vn} cohorts "
+        f"({ventries / max(vn, 1):.2f} per cohort, from the trace)",
+    )
     n, served = cohorts(g0, g1)
     checks.check(
         g1.get("channel") is True and g1.get("gate") == "temporal" and g1.get("visit") == "cohort",

@@ -14,6 +14,7 @@ use host_sched::latency::Histogram;
 use hypercall_abi::stage::{stage_code, CODE_IDLE, CODE_NONE, IDLE_THREAD, STAGE_NONE};
 use stagevm_report::{ChannelReport, LatencyBucket, LatencyReport, StageStats};
 
+use super::cohorts::Cohorts;
 use super::counter_reader::CounterReader;
 use super::latency::LatencyReader;
 use crate::stage::{Blocks, Drained};
@@ -93,6 +94,8 @@ pub struct Accounting {
     total_latency: Histogram,
     /// Trace events drained from a counters guest's rings.
     traced: u64,
+    /// The cohorts each vCPU served (events, or a complete trace).
+    cohorts: Cohorts,
 }
 
 impl Accounting {
@@ -112,6 +115,7 @@ impl Accounting {
                 .collect(),
             current: vec![None; num_vcpus as usize],
             window_ns: vec![0; names.len()],
+            cohorts: Cohorts::new(names.len(), num_vcpus as usize),
             ..Default::default()
         }
     }
@@ -228,7 +232,14 @@ impl Accounting {
     /// (`--log-level stagevm::stage_trace=trace`), one line each.
     pub fn ingest(&mut self, drained: &Drained) {
         self.traced = self.traced.saturating_add(drained.trace.len() as u64);
+        for v in &drained.resynced {
+            self.cohorts.forget(*v);
+        }
+        let complete = drained.trace_every == 1;
         for ev in &drained.trace {
+            if complete {
+                self.cohorts.observe(ev);
+            }
             tracing::trace!(
                 target: "stagevm::stage_trace",
                 vcpu = ev.vcpu,
@@ -249,6 +260,7 @@ impl Accounting {
             }
         }
         for ev in &drained.events {
+            self.cohorts.observe(ev);
             let v = ev.vcpu as usize;
             if v >= self.current.len() {
                 continue;
@@ -358,6 +370,7 @@ impl Accounting {
     /// `counter_clamps` and `traced_events`.
     pub fn fill_report(&self, r: &mut ChannelReport) {
         r.stages = self.stages.clone();
+        self.cohorts.fill(&mut r.stages);
         r.untracked_threads = self.untracked;
         let span = match &self.counters {
             Some(reader) => {

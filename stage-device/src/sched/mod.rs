@@ -15,6 +15,7 @@
 //! * [`stage_sched`] — the wiring, the REGISTER hand-off and the
 //!   `stage-sched` loop's pace,
 //! * [`accounting`] — per-stage counters and the load window,
+//! * [`cohorts`] — the cohorts each vCPU served, from the event stream,
 //! * [`counter_reader`] — a counters guest's per-vCPU blocks (ABI minor 2) turned
 //!   into deltas under the untrusted-guest rules,
 //! * [`latency`] — its request-latency histograms (minor 4), likewise,
@@ -25,6 +26,7 @@
 //! * [`pinner`] — thread ids and affinities.
 
 pub mod accounting;
+pub mod cohorts;
 pub mod controller;
 pub mod counter_reader;
 pub mod cpu;

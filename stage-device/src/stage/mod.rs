@@ -420,6 +420,7 @@ impl<M: GuestMemoryBackend> StageDevice<M> {
             return;
         };
         inner.report.drains += 1;
+        drained.trace_every = self.trace_every();
         let first_new = drained.events.len();
         // A counters guest's rings hold only its trace.
         let out = if area.layout.counters {

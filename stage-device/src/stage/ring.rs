@@ -40,6 +40,9 @@ pub struct Drained {
     /// vCPUs whose ring was resynchronised (events skipped): the controller
     /// forgets what the vCPU was doing.
     pub resynced: Vec<u32>,
+    /// The trace asked of the guest when drained (`trace_every`: 1 = every
+    /// event, so `trace` is complete; N > 1 sampled; 0 off).
+    pub trace_every: u64,
 }
 
 /// Whether and why the rings need draining ([`StageDevice::drain_need`](super::StageDevice::drain_need)).

@@ -57,6 +57,16 @@ pub struct StageStats {
     pub migrations_in: u64,
     /// Threads that left this stage for another stage on a different vCPU.
     pub migrations_out: u64,
+    /// Cohorts of this stage: runs of consecutive entries into it on one
+    /// vCPU by different threads, from the event stream (a rings guest's
+    /// events, or a counters guest's complete trace: `trace_every` 1); 0
+    /// without one.
+    #[serde(default)]
+    pub cohorts: u64,
+    /// Entries those cohorts held: ÷ `cohorts` = the mean cohort size
+    /// (threads per visit of the stage).
+    #[serde(default)]
+    pub cohort_entries: u64,
 }
 
 /// Per-vCPU ring counters.

@@ -62,6 +62,9 @@ pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport, disks: &[BlockReport
                 place.map_or("-", |p| p.cores.as_str()),
             );
         }
+        if let Some(line) = cohorts_line(c) {
+            let _ = writeln!(s, "{line}");
+        }
     }
     for v in &sc.vcpus {
         let _ = writeln!(
@@ -116,6 +119,36 @@ pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport, disks: &[BlockReport
         }
     }
     s
+}
+
+/// `stagevm: cohorts (threads per visit of a stage on a vCPU): parse 2.41
+/// (1200 cohorts), …`, when the event stream showed any
+/// ([`crate::StageStats::cohorts`]).
+fn cohorts_line(c: &ChannelReport) -> Option<String> {
+    let parts: Vec<String> = c
+        .stages
+        .iter()
+        .filter(|st| st.cohorts > 0)
+        .map(|st| {
+            format!(
+                "{} {:.2} ({} cohorts)",
+                escape(&st.name),
+                st.cohort_entries as f64 / st.cohorts as f64,
+                st.cohorts
+            )
+        })
+        .collect();
+    (!parts.is_empty()).then(|| {
+        format!(
+            "stagevm: cohorts (threads per visit of a stage on a vCPU, from the {}): {}",
+            if c.mode == "counters" {
+                "trace"
+            } else {
+                "events"
+            },
+            parts.join(", ")
+        )
+    })
 }
 
 /// `stagevm: requests: latency p50 … µs, p99 … µs, p99.9 … µs (N timed),

@@ -8,6 +8,7 @@
 //! | `stagevm_stage_events_total` | counter | `stage` | `stages[].events` |
 //! | `stagevm_stage_migrations_total` | counter | `stage` | `stages[].migrations_in` |
 //! | `stagevm_stage_occupancy_seconds_total` | counter | `stage` | `stages[].occupancy_ns` / 1e9 |
+//! | `stagevm_stage_cohorts_total`, `stagevm_stage_cohort_entries_total` | counter | `stage` | `stages[].cohorts`, `stages[].cohort_entries` (÷: the mean cohort size) |
 //! | `stagevm_stage_occupancy_ratio` | gauge | `stage` | `occupancy_ns` / (`busy_ns` × vCPUs) |
 //! | `stagevm_stage_vcpus` | gauge | `stage` | `sched.stages[].vcpus` (count) |
 //! | `stagevm_vcpu_core_info` | gauge (1) | `vcpu`, `core` | `sched.vcpus[].affinity` |
@@ -388,11 +389,25 @@ fn stage_metrics(b: &Builder, view: &StagesView) -> prometheus::Result<()> {
         "vCPUs serving the stage in the current stage map",
         &["stage"],
     )?;
+    let cohorts = b.counter_vec(
+        "stagevm_stage_cohorts_total",
+        "Cohorts of the stage: runs of consecutive entries into it on one vCPU by different threads",
+        "stage",
+    )?;
+    let cohort_entries = b.counter_vec(
+        "stagevm_stage_cohort_entries_total",
+        "Entries the stage's cohorts held (divided by stagevm_stage_cohorts_total: the mean cohort size)",
+        "stage",
+    )?;
     let vcpu_time = ch.busy_ns as f64 * view.sched.vcpus.len().max(1) as f64;
     for st in &ch.stages {
         let l = [st.name.as_str()];
         events.with_label_values(&l).inc_by(st.events);
         migrations.with_label_values(&l).inc_by(st.migrations_in);
+        cohorts.with_label_values(&l).inc_by(st.cohorts);
+        cohort_entries
+            .with_label_values(&l)
+            .inc_by(st.cohort_entries);
         seconds
             .with_label_values(&l)
             .inc_by(st.occupancy_ns as f64 / 1e9);
