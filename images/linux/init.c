@@ -387,10 +387,18 @@ int init_main(void)
 		fail("insmod stagevm_agent.ko");
 	if (fd >= 0)
 		close(fd);
-	if (access("/dev/stagevm", F_OK) == 0)
-		say("/dev/stagevm present");
-	else
+	if (access("/dev/stagevm", F_OK) != 0)
 		fail("no /dev/stagevm");
+	else if (chown("/dev/stagevm", 0, STAGEVM_DEVICE_GID) < 0)
+		fail("chgrp /dev/stagevm");
+	else {
+		struct stat st;
+
+		if (stat("/dev/stagevm", &st) == 0 && (st.st_mode & 07777) == 0660)
+			say("/dev/stagevm present (mode 0660, group %u)", (unsigned)st.st_gid);
+		else
+			fail("/dev/stagevm is not mode 0660");
+	}
 
 	if (run("hostile", hostile_entry, (char *const[]){ "hostile", NULL }) != 0)
 		fail("hostile sequence");

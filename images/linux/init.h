@@ -5,6 +5,11 @@
 
 #include <stddef.h>
 
+/* The group of /dev/stagevm in the test image: init sets it after loading
+ * the agent, as the agent package's udev rule sets the `stagevm` group
+ * (packaging/udev/60-stagevm.rules); the node is mode 0660. */
+#define STAGEVM_DEVICE_GID 990
+
 /* The exit status init ends the VM with: 0 while every step held. */
 extern int status;
 /* "stagevm-linux: MESSAGE (uptime S s)" on the console. */

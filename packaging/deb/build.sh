@@ -7,7 +7,9 @@
 #                        units, /etc/stagevm/{host,budgets}.toml
 #                        (cargo-deb, from vmm/Cargo.toml's [package.metadata.deb])
 #   stagevm-agent-dkms   guest: the agent module's source under DKMS, built
-#                        for every kernel with headers and on kernel updates
+#                        for every kernel with headers and on kernel updates;
+#                        the udev rule that gives /dev/stagevm the group
+#                        `stagevm` (mode 0660), which its postinst creates
 #   stagevm-guest-tools  guest: stagectl
 #   libstage-dev         guest: stage.h, libstage.a, libstage.pc
 #   stagevm-preload      host or guest: libstagevm_preload.so (in the
@@ -71,11 +73,13 @@ cp guest-agent/linux/module/compat/*.h "$src/module/compat/"
 cp guest-agent/linux/include/*.h "$src/include/"
 cp hypercall-abi/include/stagevm_abi.h "$src/abi/"
 sed "s/@VERSION@/$version/" packaging/dkms/dkms.conf.in > "$src/dkms.conf"
+mkdir -p "$stage/dkms/usr/lib/udev/rules.d"
+install -m 644 packaging/udev/60-stagevm.rules "$stage/dkms/usr/lib/udev/rules.d/"
 mkdir -p "$stage/dkms/DEBIAN"
 sed "s/@VERSION@/$version/" packaging/deb/agent-dkms.postinst > "$stage/dkms/DEBIAN/postinst"
 sed "s/@VERSION@/$version/" packaging/deb/agent-dkms.prerm > "$stage/dkms/DEBIAN/prerm"
 chmod 755 "$stage/dkms/DEBIAN/postinst" "$stage/dkms/DEBIAN/prerm"
-control "$stage/dkms" stagevm-agent-dkms all "dkms (>= 2.1.0.0), make, gcc" \
+control "$stage/dkms" stagevm-agent-dkms all "dkms (>= 2.1.0.0), make, gcc, passwd" \
     "stagevm guest agent kernel module (DKMS source)"
 pack "$stage/dkms" stagevm-agent-dkms all
 

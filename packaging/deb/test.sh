@@ -8,7 +8,8 @@
 #                        stgtrace tool from /usr/lib/stagevm) maps the test
 #                        server (discover/tests/server), stagectl accepts it
 #   stagevm-agent-dkms   DKMS built and installed stagevm_agent.ko for the
-#                        Debian cloud kernel headers `just setup` installs
+#                        Debian cloud kernel headers `just setup` installs;
+#                        the stagevm group and the udev rule for /dev/stagevm
 #   libstage-dev         pkg-config --cflags --libs libstage links a program
 #   stagevm-guest-tools  stagectl --map-file accepts a stage-map file
 #   stagevm-preload      stagevm-gatectl measures the gate; the test server
@@ -77,6 +78,8 @@ check "dkms installed stagevm-agent/$version for $kernel" sh -c \
     "dkms status -m stagevm-agent -v $version -k $kernel | grep -q installed"
 check "stagevm_agent.ko is in $kernel's module tree and names the agent" sh -c \
     "modinfo -k $kernel stagevm_agent | grep -q '^filename:.*updates/dkms/stagevm_agent.ko'"
+check "the stagevm group exists and the udev rule gives /dev/stagevm to it, mode 0660" sh -c \
+    "getent group stagevm && grep -q 'KERNEL==\"stagevm\".*GROUP=\"stagevm\", MODE=\"0660\"' /usr/lib/udev/rules.d/60-stagevm.rules"
 
 # libstage-dev
 cat >"$work/user.c" <<'EOF'
@@ -146,6 +149,7 @@ check "nothing is left (binaries, units, /etc/stagevm, DKMS source, module)" sh 
     ! ls /usr/lib/*/libstagevm_preload.so 2>/dev/null &&
     [ ! -e /lib/systemd/system/stagevm@.service ] && [ ! -e /etc/stagevm ] &&
     [ ! -e /usr/src/stagevm-agent-$version ] && [ ! -e /usr/include/stagevm ] &&
+    [ ! -e /usr/lib/udev/rules.d/60-stagevm.rules ] &&
     ! dkms status -m stagevm-agent | grep -q . &&
     ! ls /lib/modules/$kernel/updates/dkms/stagevm_agent.ko* 2>/dev/null"
 echo "$passed passed, 0 failed"

@@ -18,6 +18,7 @@
 #include <linux/atomic.h>
 #include <linux/capability.h>
 #include <linux/cpumask.h>
+#include <linux/cred.h>
 #include <linux/fs.h>
 #include <linux/gfp.h>
 #include <linux/io.h>
@@ -63,6 +64,7 @@ static struct {
 	u32 num_stages;
 	struct stagevm_layout layout; /* as registered */
 	bool registered;
+	kuid_t owner; /* the euid that registered (UNREGISTER is its own) */
 	u32 last_status;
 	u64 registrations;
 	u64 register_failures;
@@ -157,6 +159,7 @@ static long do_register(struct stagevm_ioc_register __user *uarg)
 				    sv.size, (u64)PFN_PHYS(pfn), stagevm_status_name(status), status);
 	} else {
 		sv.registered = true;
+		sv.owner = current_euid();
 		sv.num_stages = req.num_stages;
 		sv.layout = l;
 		sv.registrations++;
@@ -230,6 +233,14 @@ static long stagevm_ioctl(struct file *file, unsigned int cmd, unsigned long arg
 			pr_warn_ratelimited("UNREGISTER by pid %d refused: a stage map is attached (detaching it needs CAP_SYS_ADMIN)\n",
 					    task_pid_nr(current));
 			ret = -EBUSY;
+		} else if (sv.registered && !uid_eq(current_euid(), sv.owner) && !capable(CAP_SYS_ADMIN)) {
+			/* A registration is undone by the user who made it (or
+			 * root): another member of the device's group cannot
+			 * take a server's stages away (issue 50 S8). */
+			pr_warn_ratelimited("UNREGISTER by pid %d (uid %u) refused: uid %u registered\n",
+					    task_pid_nr(current), from_kuid(&init_user_ns, current_euid()),
+					    from_kuid(&init_user_ns, sv.owner));
+			ret = -EPERM;
 		} else {
 			ret = do_unregister();
 		}
@@ -260,7 +271,7 @@ static long stagevm_ioctl(struct file *file, unsigned int cmd, unsigned long arg
 	case STAGEVM_IOC_ATTACH_MAP: {
 		struct stagevm_agent_area area;
 
-		/* /dev/stagevm is open to every user (libstage), but a stage map
+		/* /dev/stagevm is open to its group (libstage programs), but a stage map
 		 * probes every process running the binary and moves its threads:
 		 * root's, like `perf probe`. */
 		if (!capable(CAP_SYS_ADMIN))
@@ -334,7 +345,13 @@ static struct miscdevice stagevm_misc = {
 	.minor = MISC_DYNAMIC_MINOR,
 	.name = "stagevm",
 	.fops = &stagevm_fops,
-	.mode = 0666,
+	/* Read-write for root and the device's group only: a member can
+	 * register stages and write its vCPUs' counters (what the host
+	 * schedules by), so the group is the guest's trusted servers. The
+	 * kernel creates the node root:root; the agent's package sets the
+	 * group `stagevm` with a udev rule (60-stagevm.rules), as /dev/kvm's
+	 * `kvm` group is set (issue 50 S8). */
+	.mode = 0660,
 };
 
 static int __init stagevm_init(void)

@@ -20,14 +20,17 @@ STAGES = ["parse", "plan", "execute"]
 # Seconds the VM keeps running after a kernel panic (its last lines).
 PANIC_GRACE_S = 2
 # The hostile sequence's cases on stage maps (images/linux/hostile_agent.c;
-# issue 36, items 7-10), each of which must print "ok": the item, the case.
+# issue 36, items 7-10; issue 50 S8: the device's group and the owner's
+# UNREGISTER), each of which must print "ok": the item, the case.
 HOSTILE_AGENT_CASES = [
     (10, "a binary with 16384 SHT_SYMTAB headers over one table is refused within 1 s"),
     (8, "attach probes the file it resolved though the path is swapped in between"),
+    (50, "nobody outside the device's group cannot open /dev/stagevm"),
     (7, "nobody's UNREGISTER while root's map is attached"),
     (7, "nobody's DETACH_MAP of root's map"),
     (7, "root's map stays attached after nobody's attempts"),
-    (7, "nobody's UNREGISTER with no map attached"),
+    (50, "nobody's UNREGISTER of root's registration"),
+    (50, "root unregisters its own registration"),
     (9, "a failed attach gives the thread its probes moved its affinity back"),
     (9, "a failed attach leaves no thread reference in the module"),
 ]
@@ -337,9 +340,10 @@ def hostile_sequence(run: StagedRun) -> Check:
 def hostile_agent_case(run: StagedRun, item: int, case: str) -> Check:
     """One of HOSTILE_AGENT_CASES."""
     m = re.search(rf"^hostile: {re.escape(case)}: (ok|FAILED) \((.*)\)\r?$", run.serial, re.M)
+    source = "issue 50 S8" if item == 50 else f"issue 36 item {item}"
     return Check(
         m is not None and m.group(1) == "ok",
-        f"hostile, stage maps (issue 36 item {item}): {case} ({m.group(2) if m else 'not reported'})",
+        f"hostile, stage maps ({source}): {case} ({m.group(2) if m else 'not reported'})",
     )
 
 
