@@ -16,6 +16,8 @@ use stagevm_testkit::api::Api;
 use stagevm_testkit::machine::vcpu_nice;
 
 const BUDGETS: &str = "/api/v1/stages.budgets";
+/// The capability's bit (linux/capability.h).
+const CAP_SYS_NICE: u32 = 23;
 
 /// Polls `check` for at most 3 s (a few policy periods of 100 ms).
 fn soon(what: &str, check: impl FnMut() -> Result<(), String>) {
@@ -152,4 +154,68 @@ fn a_vm_alone_in_its_cgroup_weighs_through_the_groups_cpu_shares() {
     });
     drop(vm);
     drop(group);
+}
+
+/// Without `CAP_SYS_NICE` (dropped from the bounding set by `setpriv`, so
+/// root has it no more): a raised nice needs no privilege, and lowering it
+/// again works only within the `RLIMIT_NICE` the supervisor gives (`prlimit`
+/// here, `LimitNICE=+0` in `stagevm@.service`). With that limit the weight
+/// taken back brings both vCPU threads to nice 0; without it they stay at
+/// nice 9, and the report says so — the weight in force and why — instead
+/// of "no weight".
+#[test]
+fn unprivileged_weights_come_back_to_nice_0_within_the_supervisors_limit() {
+    // Raising RLIMIT_NICE needs CAP_SYS_RESOURCE, which this sandbox may not give root.
+    let can_limit = std::process::Command::new("prlimit")
+        .args(["--nice=20", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    for limit in [true, false] {
+        if limit && !can_limit {
+            eprintln!(
+                "skipped: the half with RLIMIT_NICE 20 (prlimit cannot raise it here: no CAP_SYS_RESOURCE)"
+            );
+            continue;
+        }
+        let mut wrapper = vec!["setpriv", "--bounding-set=-sys_nice", "--"];
+        if limit {
+            wrapper.splice(0..0, ["prlimit", "--nice=20"]);
+        }
+        let vm = Vm::boot_wrapped("iters=1000 threads=2 requests=100 work=100", &wrapper);
+        let pid = vm.pid();
+        let caps = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let eff = caps
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+            .unwrap();
+        assert_eq!(
+            eff & (1 << CAP_SYS_NICE),
+            0,
+            "CAP_SYS_NICE still in {eff:#x}"
+        );
+        vm.put(BUDGETS, r#"{"host":{"cores":"0-1","cpu_weight":25}}"#);
+        soon("nice 9 on both vCPU threads", || {
+            let n = vcpu_nice(pid);
+            (n == [9, 9]).then_some(()).ok_or(format!("{n:?}"))
+        });
+        vm.put(BUDGETS, r#"{"host":{"cores":"0-1"}}"#);
+        let want = if limit { [0, 0] } else { [9, 9] };
+        soon("the weight taken back", || {
+            let w = vm.stages().sched.cpu_weight.unwrap();
+            (w.weight.is_none()).then_some(()).ok_or(format!("{w:?}"))
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(vcpu_nice(pid), want, "limit {limit}");
+        let w = vm.stages().sched.cpu_weight.unwrap();
+        eprintln!("limit {limit}: {w:?}");
+        if limit {
+            assert_eq!((w.in_force, w.error.as_deref()), (Some(200), None));
+        } else {
+            // 2 threads at nice 9: 2 × 137 × 100 ÷ 1024.
+            assert_eq!(w.in_force, Some(26), "{w:?}");
+            let e = w.error.unwrap_or_default();
+            assert!(e.contains("nice 0") && e.contains("LimitNICE"), "{e}");
+        }
+    }
 }

@@ -47,8 +47,18 @@ impl Vm {
         Self::boot_config(CONFIG, cmdline, extra)
     }
 
+    /// As [`Vm::boot`], started through `wrapper` (a program and its
+    /// arguments that exec the VMM: `setpriv …`, `prlimit …`).
+    pub(crate) fn boot_wrapped(cmdline: &str, wrapper: &[&str]) -> Self {
+        Self::launch(CONFIG, cmdline, &[], wrapper)
+    }
+
     /// As [`Vm::boot_with`], with the `--stages` file's text `config`.
     pub(crate) fn boot_config(config_text: &str, cmdline: &str, extra: &[&str]) -> Self {
+        Self::launch(config_text, cmdline, extra, &[])
+    }
+
+    fn launch(config_text: &str, cmdline: &str, extra: &[&str], wrapper: &[&str]) -> Self {
         let lock = vm_lock();
         let config = report_path("api-config").with_extension("toml");
         std::fs::write(&config, config_text).unwrap();
@@ -67,7 +77,14 @@ impl Vm {
         ];
         args.extend_from_slice(extra);
         let args = guest_args_with_report(&report, &args);
-        let child = spawn(&args);
+        let child = match wrapper.split_first() {
+            None => spawn(&args),
+            Some((program, wargs)) => stagevm()
+                .wrap(program, wargs)
+                .args(&args)
+                .spawn()
+                .expect("spawn the wrapped stagevm"),
+        };
         let api = Api::wait_ready(&socket, Duration::from_secs(10))
             .unwrap_or_else(|e| panic!("{e}: the API socket never answered"));
         Self {

@@ -323,11 +323,21 @@ impl Pinner {
     /// The CPU weight for the report, once one was asked.
     pub fn cpu_weight_report(&self) -> Option<CpuWeightReport> {
         let st = self.lock();
+        let in_force = (st.weight.governor == Governor::Threads).then(|| {
+            let sum: u64 = st
+                .vcpus
+                .iter()
+                .filter_map(|t| t.nice)
+                .map(|n| u64::from(cpuweight::weight_of_nice(n)))
+                .sum();
+            (sum * u64::from(cpuweight::DEFAULT) / 1024) as u32
+        });
         st.weight.asked.then(|| CpuWeightReport {
             weight: st.weight.now,
             by: st.weight.governor.to_string(),
             group_value: st.weight.group_value,
             error: st.weight.error.clone(),
+            in_force,
         })
     }
 
@@ -363,8 +373,22 @@ fn weigh_thread(st: &mut State, n: usize, v: usize, tid: i32) {
         None => base,
     };
     if let Err(e) = cpuweight::set_thread_nice(tid, nice) {
-        tracing::warn!(vcpu = v, "cannot set the vCPU thread's nice to {nice}: {e}");
-        st.weight.error = Some(format!("vCPU {v}: nice {nice}: {e}"));
+        // Lowering a nice needs CAP_SYS_NICE or a RLIMIT_NICE that allows
+        // it, which the VMM never sets itself (its supervisor does:
+        // LimitNICE=+0 in stagevm@.service); the report's `in_force` says
+        // what the threads' nice carries meanwhile.
+        let hint = if e.raw_os_error() == Some(libc::EACCES)
+            || e.raw_os_error() == Some(libc::EPERM)
+        {
+            " (lowering a nice needs CAP_SYS_NICE or a RLIMIT_NICE that allows it: LimitNICE=+0)"
+        } else {
+            ""
+        };
+        tracing::warn!(
+            vcpu = v,
+            "cannot set the vCPU thread's nice to {nice}: {e}{hint}"
+        );
+        st.weight.error = Some(format!("vCPU {v}: nice {nice}: {e}{hint}"));
     }
     if let Some(t) = st.vcpus.get_mut(v) {
         t.nice = cpuweight::thread_nice(tid).ok();

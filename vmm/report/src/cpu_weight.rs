@@ -22,4 +22,12 @@ pub struct CpuWeightReport {
     /// not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// On the threads: the weight their nice levels carry now, read back
+    /// (Σ the CFS weight of each vCPU thread's nice × 100 ÷ 1024, so 100 per
+    /// thread at nice 0) — what is in force, also when a nice could not
+    /// come back down (lowering one needs `CAP_SYS_NICE`, or a
+    /// `RLIMIT_NICE` its supervisor gives: `LimitNICE=+0` in
+    /// `stagevm@.service`). `None` for a group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_force: Option<u32>,
 }
