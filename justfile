@@ -182,7 +182,7 @@ bench-native-server *ARGS: setup
         apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need[@]}"
     fi
     cargo build --release -q -p stagevm-preload -p stagesim -p stagevm-discover
-    for wl in oltp_read_only oltp_read_write; do
+    for wl in oltp_read_only oltp_read_write tpcc; do
         test -s "target/traces/mariadb-$wl.strace.zst" || bench/capture/capture.sh --workloads "$wl" --no-validate
     done
     python3 bench/native/bench_native_server.py {{ARGS}}

@@ -92,6 +92,11 @@ struct Known {
     errors: u64,
     skipped: u64,
     waited: u64,
+    /// The cores the daemon gave it, or found it on at its first period
+    /// (adopted as they were); `None` for a VM found later that it has not
+    /// given any yet. What a VM claims beyond this is never believed: a
+    /// VM that stops answering keeps at most these (issue 50, S3).
+    given: Option<CpuSet>,
     /// Whether the last read answered.
     answered: bool,
     /// The last read's work CPU (ns) and when it was taken.
@@ -209,6 +214,7 @@ impl Daemon {
                                 errors: 0,
                                 skipped: 0,
                                 waited: 0,
+                                given: None,
                                 answered: false,
                                 work: None,
                                 utilisation: None,
@@ -279,6 +285,9 @@ impl Daemon {
         }
         self.periods += 1;
         if self.periods == 1 {
+            for k in self.vms.values_mut().filter(|k| k.answered) {
+                k.given = Some(k.cores.clone());
+            }
             tracing::info!(
                 "adopted {} VM(s) as they are: {}",
                 self.vms.len(),
@@ -294,48 +303,54 @@ impl Daemon {
         Ok(())
     }
 
-    /// Allocates and gives every changed set.
-    fn share(&mut self) {
-        // A VM not reached this period keeps its cores: they are fixed for
-        // this allocation, unless they meet a set fixed already (two hung
-        // VMs on the same cores), when it is left out and others may share
-        // its cores. A VM never reached holds nothing the daemon knows of.
+    /// The allocation of this period — the one place it is decided, from
+    /// what the daemon knows (no I/O): per VM taking part, its name, its
+    /// cores and its CPU weight on shared cores.
+    ///
+    /// A VM not reached this period keeps the cores the daemon gave it
+    /// ([`Known::given`]) that it still holds: they are fixed for this
+    /// allocation, unless they meet a set fixed already (two hung VMs on
+    /// the same cores), when it is left out and others may share its
+    /// cores; a VM the daemon never gave cores to holds none it knows of,
+    /// whatever it claimed; and an unlisted VM (no `[[vm]]` entry, so no
+    /// `max_cores`) keeps at most the pool ÷ the VMs. A VM that answers
+    /// claims nothing either: its current cores, which hysteresis keeps,
+    /// are those it was given. So a peer that claims every core but one
+    /// and then hangs holds nothing or its share (issue 50, S3).
+    ///
+    /// Errors: the allocator's, as text (a stale set can meet a fixed one).
+    fn plan(&self) -> Result<Vec<(String, host_sched::host::VmCores, Option<u32>)>, String> {
         let mut fixed: CpuSet = self
             .config
             .vms
             .values()
             .filter_map(|b| b.cores.clone())
             .fold(CpuSet::new(), |acc, c| union(&acc, &c));
+        let share = (self.config.cores.len() / self.vms.len().max(1)).max(1);
         let mut names = Vec::new();
         let mut demands = Vec::new();
         for (n, k) in &self.vms {
             let mut budget = self.config.budget(n);
+            let given = k.given.clone().unwrap_or_default();
+            let held = k.cores.intersection(&given);
             if !k.answered {
-                let stale = k.cores.intersection(&self.config.cores);
+                let mut stale = held.intersection(&self.config.cores);
+                if !self.config.vms.contains_key(n) {
+                    stale = stale.iter().take(share).collect();
+                }
                 if stale.is_empty() || !stale.intersection(&fixed).is_empty() {
                     continue;
                 }
                 fixed = union(&fixed, &stale);
                 budget.cores = Some(stale);
             }
-            let mut d = self.config.demand_of(n, &budget, k.demand, k.cores.clone());
+            let mut d = self.config.demand_of(n, &budget, k.demand, held);
             d.owned = k.owned.clone();
             names.push(n.clone());
             demands.push(d);
         }
-        let out = match host_sched::host::allocate(
-            &self.config.cores,
-            &demands,
-            self.config.hysteresis,
-        ) {
-            Ok(out) => out,
-            Err(e) => {
-                // A stale set of a VM not reached can meet a fixed one.
-                self.warn(1, &format!("no allocation this period: {e}"));
-                return;
-            }
-        };
-        let (timeout, hk) = (self.config.timeout, self.config.housekeeping.clone());
+        let out = host_sched::host::allocate(&self.config.cores, &demands, self.config.hysteresis)
+            .map_err(|e| e.to_string())?;
         let weights = host_sched::host::cpu_weights(
             &demands
                 .iter()
@@ -344,15 +359,34 @@ impl Daemon {
                 .map(|((d, o), n)| (d.weight, self.vms[n].vcpus, o.shared))
                 .collect::<Vec<_>>(),
         );
+        Ok(names
+            .into_iter()
+            .zip(out)
+            .zip(weights)
+            .map(|((n, o), w)| (n, o, w))
+            .collect())
+    }
+
+    /// Allocates ([`Daemon::plan`]) and gives every changed set.
+    fn share(&mut self) {
+        let plan = match self.plan() {
+            Ok(p) => p,
+            Err(e) => {
+                self.warn(1, &format!("no allocation this period: {e}"));
+                return;
+            }
+        };
+        let (timeout, hk) = (self.config.timeout, self.config.housekeeping.clone());
         let mut lines = Vec::new();
-        for ((name, new), weight) in names.iter().zip(out).zip(weights) {
-            let k = self.vms.get_mut(name).expect("named above");
+        for (name, new, weight) in plan {
+            let k = self.vms.get_mut(&name).expect("planned from self.vms");
             k.shared = new.shared;
             if !k.answered {
                 continue;
             }
             if new.cores == k.cores && weight == k.cpu_weight {
                 k.owned = Some(new.owned);
+                k.given = Some(new.cores);
                 continue;
             }
             match k.vm.give(&new.cores, hk.as_ref(), weight, timeout) {
@@ -366,6 +400,7 @@ impl Daemon {
                         weight.map_or("-".into(), |w| w.to_string())
                     );
                     k.moves += added;
+                    k.given = Some(new.cores.clone());
                     k.cores = new.cores;
                     k.owned = Some(new.owned);
                     k.cpu_weight = weight;
@@ -432,6 +467,81 @@ impl Daemon {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn known(dir: &Path, name: &str, cores: &str, given: Option<&str>, answered: bool) -> Known {
+        Known {
+            vm: Vm::new(name, &dir.join(format!("{name}.sock"))).unwrap(),
+            cores: CpuSet::parse(cores).unwrap(),
+            owned: None,
+            demand: 1.0,
+            vcpus: 2,
+            shared: false,
+            cpu_weight: None,
+            moves: 0,
+            errors: 0,
+            skipped: 0,
+            waited: 0,
+            given: given.map(|g| CpuSet::parse(g).unwrap()),
+            answered,
+            work: None,
+            utilisation: None,
+        }
+    }
+
+    fn daemon(dir: &Path) -> Daemon {
+        let cpus = CpuSet::parse("0-3").unwrap();
+        let topology = host_sched::topology::Topology {
+            allowed: cpus.clone(),
+            online: cpus,
+            isolated: CpuSet::new(),
+        };
+        let config =
+            HostConfig::parse("[host]\ncores = \"0-3\"\n", "host.toml", &topology).unwrap();
+        Daemon::new(config, dir, None)
+    }
+
+    /// The cores of `name` in `plan`.
+    fn cores_of(plan: &[(String, host_sched::host::VmCores, Option<u32>)], name: &str) -> String {
+        plan.iter()
+            .find(|(n, ..)| n == name)
+            .map_or("-".into(), |(_, c, _)| c.cores.to_string())
+    }
+
+    /// A peer that answered once claiming every core but one, then hangs:
+    /// found after the first period, it was never given cores, so it holds
+    /// none; adopted at the first period with them (a daemon restarted
+    /// beside it), it keeps at most its share of the pool; either way the
+    /// two honest VMs get cores of their own. Before the fix its claim was
+    /// fixed and both honest VMs were put on the one core left.
+    #[test]
+    fn a_peer_that_claims_every_core_but_one_then_hangs_holds_no_more_than_its_share() {
+        let dir = std::env::temp_dir().join(format!("stagevm-hostd-liar-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for adopted in [None, Some("1-3")] {
+            let mut d = daemon(&dir);
+            d.vms
+                .insert("a".into(), known(&dir, "a", "0", Some("0"), true));
+            d.vms
+                .insert("b".into(), known(&dir, "b", "0", Some("0"), true));
+            d.vms
+                .insert("liar".into(), known(&dir, "liar", "1-3", adopted, false));
+            let plan = d.plan().unwrap();
+            let (a, b) = (
+                CpuSet::parse(&cores_of(&plan, "a")).unwrap(),
+                CpuSet::parse(&cores_of(&plan, "b")).unwrap(),
+            );
+            let liar = cores_of(&plan, "liar");
+            assert!(
+                !a.is_empty() && !b.is_empty() && a.intersection(&b).is_empty(),
+                "adopted {adopted:?}: a {a}, b {b}, liar {liar}"
+            );
+            match adopted {
+                None => assert_eq!(liar, "-", "a claim it was never given"),
+                Some(_) => assert_eq!(CpuSet::parse(&liar).unwrap().len(), 1, "{liar}"),
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn hung_peers_are_read_side_by_side_not_one_after_another() {
