@@ -106,6 +106,29 @@ struct Known {
     utilisation: Option<(u64, f64)>,
 }
 
+impl Known {
+    /// A VM just found: nothing read, nothing given.
+    fn new(vm: Vm) -> Self {
+        Self {
+            vm,
+            cores: CpuSet::new(),
+            owned: None,
+            demand: 0.0,
+            vcpus: 0,
+            shared: false,
+            cpu_weight: None,
+            moves: 0,
+            errors: 0,
+            skipped: 0,
+            waited: 0,
+            given: None,
+            answered: false,
+            work: None,
+            utilisation: None,
+        }
+    }
+}
+
 /// `a ∪ b`.
 fn union(a: &CpuSet, b: &CpuSet) -> CpuSet {
     let mut u = a.clone();
@@ -200,26 +223,7 @@ impl Daemon {
                 match Vm::new(name, socket) {
                     Ok(vm) => {
                         tracing::info!("VM '{name}' found at {}", socket.display());
-                        self.vms.insert(
-                            name.clone(),
-                            Known {
-                                vm,
-                                cores: CpuSet::new(),
-                                owned: None,
-                                demand: 0.0,
-                                vcpus: 0,
-                                shared: false,
-                                cpu_weight: None,
-                                moves: 0,
-                                errors: 0,
-                                skipped: 0,
-                                waited: 0,
-                                given: None,
-                                answered: false,
-                                work: None,
-                                utilisation: None,
-                            },
-                        );
+                        self.vms.insert(name.clone(), Known::new(vm));
                     }
                     Err(e) => self.warn(2, &e.to_string()),
                 }
@@ -470,33 +474,24 @@ mod tests {
 
     fn known(dir: &Path, name: &str, cores: &str, given: Option<&str>, answered: bool) -> Known {
         Known {
-            vm: Vm::new(name, &dir.join(format!("{name}.sock"))).unwrap(),
             cores: CpuSet::parse(cores).unwrap(),
-            owned: None,
             demand: 1.0,
             vcpus: 2,
-            shared: false,
-            cpu_weight: None,
-            moves: 0,
-            errors: 0,
-            skipped: 0,
-            waited: 0,
             given: given.map(|g| CpuSet::parse(g).unwrap()),
             answered,
-            work: None,
-            utilisation: None,
+            ..Known::new(Vm::new(name, &dir.join(format!("{name}.sock"))).unwrap())
         }
     }
 
-    fn daemon(dir: &Path) -> Daemon {
-        let cpus = CpuSet::parse("0-3").unwrap();
+    /// A daemon for `dir` on a host of CPUs `cpus` with host.toml `text`.
+    fn daemon(dir: &Path, cpus: &str, text: &str) -> Daemon {
+        let cpus = CpuSet::parse(cpus).unwrap();
         let topology = host_sched::topology::Topology {
             allowed: cpus.clone(),
             online: cpus,
             isolated: CpuSet::new(),
         };
-        let config =
-            HostConfig::parse("[host]\ncores = \"0-3\"\n", "host.toml", &topology).unwrap();
+        let config = HostConfig::parse(text, "host.toml", &topology).unwrap();
         Daemon::new(config, dir, None)
     }
 
@@ -518,7 +513,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("stagevm-hostd-liar-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         for adopted in [None, Some("1-3")] {
-            let mut d = daemon(&dir);
+            let mut d = daemon(&dir, "0-3", "[host]\ncores = \"0-3\"\n");
             d.vms
                 .insert("a".into(), known(&dir, "a", "0", Some("0"), true));
             d.vms
@@ -555,15 +550,7 @@ mod tests {
                 std::os::unix::net::UnixListener::bind(dir.join(format!("vm{i:03}.sock"))).unwrap()
             })
             .collect();
-        let cpus = CpuSet::parse("0-1").unwrap();
-        let topology = host_sched::topology::Topology {
-            allowed: cpus.clone(),
-            online: cpus,
-            isolated: CpuSet::new(),
-        };
-        let config =
-            HostConfig::parse("[host]\ntimeout_ms = 200\n", "host.toml", &topology).unwrap();
-        let mut d = Daemon::new(config, &dir, None);
+        let mut d = daemon(&dir, "0-1", "[host]\ntimeout_ms = 200\n");
         let t0 = Instant::now();
         d.period().unwrap();
         let took = t0.elapsed();
