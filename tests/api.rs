@@ -329,7 +329,8 @@ fn visit_policy_is_shown_and_changed_live() {
     assert_eq!(info.visit, "srpt");
     let text = metrics();
     assert!(
-        text.contains("stagevm_visit_policy_info{policy=\"srpt\"} 1") && !text.contains("cohort"),
+        text.contains("stagevm_visit_policy_info{policy=\"srpt\"} 1")
+            && !text.contains("policy=\"cohort\""),
         "{text}"
     );
 
