@@ -276,7 +276,7 @@ pub fn measure(cpu: usize, rounds: usize, calls: u64) -> Result<Costs, CostError
             let gated = threads_on(cpu, Pair::Hooked, n);
             c.header.mode.store(mode::OFF, Relaxed);
             let gated = gated?;
-            handoffs = c.lanes[0].handoffs.load(Relaxed) - before;
+            handoffs = c.lanes[0].handoffs.load(Relaxed).saturating_sub(before);
             tries += 1;
             if handoffs > 0 {
                 break (base, gated);
