@@ -267,8 +267,10 @@ pub fn measure(cpu: usize, rounds: usize, calls: u64) -> Result<Costs, CostError
         calls_once();
         // A round in which the gate handed off nothing (the threads ran
         // one after another: another process on the CPU can make the
-        // scheduler run them so) is tried again, a few times.
+        // scheduler run them so) is tried again, a few times, each with
+        // twice the calls (longer than a time slice, so they interleave).
         let mut tries = 0;
+        let mut n = n;
         let (base, gated) = loop {
             let base = threads_on(cpu, Pair::Plain, n)?;
             let before = c.lanes[0].handoffs.load(Relaxed);
@@ -281,6 +283,7 @@ pub fn measure(cpu: usize, rounds: usize, calls: u64) -> Result<Costs, CostError
             if handoffs > 0 {
                 break (base, gated);
             }
+            n = n.saturating_mul(2);
             if tries == RETRIES {
                 let l = &c.lanes[0];
                 return Err(CostError::NoHandoff(
