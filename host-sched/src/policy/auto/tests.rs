@@ -619,41 +619,11 @@ fn a_mode_behind_the_arrivals_drops_no_other_mode() {
     );
 }
 
-#[test]
-fn a_saturated_guest_keeps_unstaged_when_a_mode_leads_only_by_noise() {
-    // What CI met (sched.rs, auto_steps_aside…): saturated, so judged by
-    // rate; every period's rate varies by ±10 % (a busy host), and temporal
-    // is in truth no faster than unstaged. Kept by noise alone in at most
-    // ~2.3 % of trials (KEEP_Z); 200 seeds may show a few, never many.
-    let kept_temporal = (1..=200u64)
-        .filter(|s| {
-            let mut seed = s.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            let mut p = auto_now(Default::default());
-            let (_, decisions) = drive_observed(
-                &mut p,
-                40,
-                |_| [1.0, 1.0],
-                |m, _| {
-                    let noise = poisson_rate(&mut seed, 10_000.0) / 10_000.0;
-                    let rate = 100_000.0 * (1.0 + (noise - 1.0) * 1.41);
-                    let rate = if m == Mode::Spatial || m == Mode::Both {
-                        rate * 0.5
-                    } else {
-                        rate
-                    };
-                    period(rate, 10.0, 1.0, 100.0)
-                },
-            );
-            let v = verdicts(&decisions);
-            v[0].summary.as_ref().unwrap().kept == "temporal"
-        })
-        .count();
-    assert!(
-        kept_temporal <= 10,
-        "temporal kept by noise in {kept_temporal} of 200 trials"
-    );
-    // A real lead of 20 % over the same noise is kept.
-    let mut seed = 7u64;
+/// The mode `auto` keeps after one trial of a saturated guest (judged by
+/// rate) whose periods run at 100,000 requests/s ± 10 % (a busy host),
+/// each mode's rate × `factor[mode]`; the noise drawn from `seed`.
+fn kept_under_noise(seed: u64, factor: [f64; 4]) -> &'static str {
+    let mut seed = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let mut p = auto_now(Default::default());
     let (_, decisions) = drive_observed(
         &mut p,
@@ -661,20 +631,27 @@ fn a_saturated_guest_keeps_unstaged_when_a_mode_leads_only_by_noise() {
         |_| [1.0, 1.0],
         |m, _| {
             let noise = poisson_rate(&mut seed, 10_000.0) / 10_000.0;
-            let rate = 100_000.0 * (1.0 + (noise - 1.0) * 1.41);
-            let rate = match m {
-                Mode::Temporal => rate * 1.2,
-                Mode::Unstaged => rate,
-                _ => rate * 0.5,
-            };
+            let rate = 100_000.0 * (1.0 + (noise - 1.0) * 1.41) * factor[m.index()];
             period(rate, 10.0, 1.0, 100.0)
         },
     );
-    let v = verdicts(&decisions);
-    assert_eq!(
-        v[0].summary.as_ref().unwrap().kept,
-        "temporal",
-        "{}",
-        v[0].what
+    verdicts(&decisions)[0].summary.as_ref().unwrap().kept
+}
+
+#[test]
+fn a_saturated_guest_keeps_unstaged_when_a_mode_leads_only_by_noise() {
+    // What CI met (sched.rs, auto_steps_aside…): saturated, so judged by
+    // rate; every period's rate varies by ±10 %, and temporal is in truth
+    // no faster than unstaged. Kept by noise alone in at most ~2.3 % of
+    // trials (KEEP_Z); 200 seeds may show a few, never many (25 without
+    // the noise test).
+    let kept_temporal = (1..=200u64)
+        .filter(|s| kept_under_noise(*s, [1.0, 1.0, 0.5, 0.5]) == "temporal")
+        .count();
+    assert!(
+        kept_temporal <= 10,
+        "temporal kept by noise in {kept_temporal} of 200 trials"
     );
+    // A real lead of 20 % over the same noise is kept.
+    assert_eq!(kept_under_noise(7, [1.0, 1.2, 0.5, 0.5]), "temporal");
 }
