@@ -159,10 +159,7 @@ fn temporal_route(given: Option<f64>, say: &mut dyn FnMut(&str)) -> anyhow::Resu
             format!("--switch-ns {ns}, at {clock}"),
         ));
     }
-    let cpu = host_sched::topology::thread_affinity(0)?
-        .iter()
-        .last()
-        .context("this process may use no CPU")?;
+    let cpu = stagevm_preload::costs::default_cpu()?;
     say(&format!(
         "measuring the stage point and the gate's handoff on CPU {cpu} (~3 s; \
          anything else running there is in the figure)"

@@ -219,6 +219,17 @@ pub enum CostError {
     NoHandoff(usize, String),
 }
 
+/// The last CPU the calling thread may use: the lane [`measure`]'s callers
+/// default to (`stagevm-gatectl measure`, `stagevm-discover`).
+///
+/// Errors: the thread's affinity cannot be read, or it holds no CPU.
+pub fn default_cpu() -> std::io::Result<usize> {
+    host_sched::topology::thread_affinity(0)?
+        .iter()
+        .last()
+        .ok_or_else(|| std::io::Error::other("this thread may use no CPU"))
+}
+
 /// Measures the costs with the gate's lane on `cpu`: `rounds` rounds
 /// (at least 1) of `calls` iterations alone (2 × `calls` stage points per
 /// figure) and `calls / 10` per thread in the handoff rounds. About 3 s

@@ -24,11 +24,7 @@ fn my_cpus() -> String {
 #[test]
 fn costs_are_measured_with_the_real_gate_and_leave_it_off() {
     let mask = my_cpus();
-    let cpu = host_sched::topology::thread_affinity(0)
-        .unwrap()
-        .iter()
-        .last()
-        .unwrap();
+    let cpu = stagevm_preload::costs::default_cpu().unwrap();
     let k = measure(cpu, 2, 200_000).unwrap();
     eprintln!("{k:?}");
     assert_eq!((k.cpu, k.rounds), (cpu, 2));

@@ -69,10 +69,7 @@ enum Cmd {
 fn measure(cpu: Option<usize>, rounds: usize, calls: u64, as_json: bool) -> anyhow::Result<()> {
     let cpu = match cpu {
         Some(c) => c,
-        None => host_sched::topology::thread_affinity(0)?
-            .iter()
-            .last()
-            .context("this process may use no CPU")?,
+        None => stagevm_preload::costs::default_cpu()?,
     };
     let k = stagevm_preload::costs::measure(cpu, rounds, calls)
         .with_context(|| format!("measuring on CPU {cpu}"))?;

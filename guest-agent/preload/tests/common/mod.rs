@@ -174,11 +174,7 @@ pub fn threads(out: &Output) -> Vec<(u64, u64)> {
 
 /// A CPU this process may run on (the lane of the gated tests).
 pub fn a_cpu() -> usize {
-    host_sched::topology::thread_affinity(0)
-        .unwrap()
-        .iter()
-        .last()
-        .unwrap()
+    stagevm_preload::costs::default_cpu().unwrap()
 }
 
 /// The CPU lists (`Cpus_allowed_list`) of the process's threads other than
