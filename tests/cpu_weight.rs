@@ -1,6 +1,6 @@
 //! End-to-end: `host.cpu_weight` (the VM's CPU weight on cores it shares
 //! with other VMs, as `stagevm-hostd` gives it) applied to the vCPU
-//! threads' nice, or to the cgroup the VMM is alone in, read back from
+//! threads' nice (never to a cgroup: the VMM opens none), read back from
 //! /proc and the group's own file, and taken back.
 
 mod common;
@@ -83,11 +83,13 @@ impl Drop for Group {
 }
 
 /// A VMM started alone in a cgroup of its own (as a systemd unit's)
-/// competes by the group's weight: the weight goes to the group's
-/// `cpu.shares` (its file opened at start, before the seccomp filters)
-/// and back, and the vCPU threads' nice stays.
+/// opens no group file (issue 50, S2): its group's weight is
+/// `stagevm-hostd`'s to set (hostd/tests/weight.rs), and a weight sent to
+/// the VMM goes to its vCPU threads' nice while the group's `cpu.shares`
+/// stays. Before, the VMM held the group's `cpu.shares` open for writing
+/// for its whole life and wrote the weight there.
 #[test]
-fn a_vm_alone_in_its_cgroup_weighs_through_the_groups_cpu_shares() {
+fn a_vm_alone_in_its_cgroup_opens_no_group_file_and_weighs_through_its_threads() {
     let root = Path::new("/sys/fs/cgroup/cpu");
     if !root.join("cpu.shares").exists() {
         eprintln!("skipped: no cgroup v1 cpu hierarchy at {}", root.display());
@@ -125,33 +127,34 @@ fn a_vm_alone_in_its_cgroup_weighs_through_the_groups_cpu_shares() {
             .trim()
             .to_string()
     };
-    assert_eq!(shares(), "1024");
-    let report = || -> Option<stagevm_report::CpuWeightReport> {
-        let v: stagevm_report::api::StagesView = api.get_json("/api/v1/stages?timeline=0").unwrap();
-        v.sched.cpu_weight
+    let group_files = || -> Vec<String> {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read_link(e.path()).ok())
+            .map(|l| l.display().to_string())
+            .filter(|l| l.contains("/sys/fs/cgroup") || l.contains("autogroup"))
+            .collect()
     };
-    // 50 on v2's scale is 512 of v1's 1024; the threads keep their nice.
-    api.put(BUDGETS, br#"{"host":{"cores":"0-1","cpu_weight":50}}"#)
+    assert_eq!(group_files(), Vec::<String>::new());
+    api.put(BUDGETS, br#"{"host":{"cores":"0-1","cpu_weight":25}}"#)
         .unwrap();
-    soon("cpu.shares 512", || {
-        let s = shares();
-        (s == "512")
-            .then_some(())
-            .ok_or(format!("{s}; {:?}", report()))
+    soon("nice 9 on both vCPU threads", || {
+        let n = vcpu_nice(pid);
+        (n == [9, 9]).then_some(()).ok_or(format!("{n:?}"))
     });
-    assert_eq!(vcpu_nice(pid), vec![0, 0]);
-    let w = report().expect("the report's cpu_weight");
+    let v: stagevm_report::api::StagesView = api.get_json("/api/v1/stages?timeline=0").unwrap();
+    let w = v.sched.cpu_weight.expect("the report's cpu_weight");
     assert_eq!(
-        (w.weight, w.group_value, w.error),
-        (Some(50), Some(512), None)
+        (w.weight, w.by.as_str(), w.group_value),
+        (Some(25), "vCPU threads' nice", None)
     );
-    assert_eq!(w.by, format!("cgroup v1 {}/cpu.shares", group.0.display()));
-    // Taken back: the value found at start.
-    api.put(BUDGETS, br#"{"host":{"cores":"0-1"}}"#).unwrap();
-    soon("cpu.shares 1024 again", || {
-        let s = shares();
-        (s == "1024").then_some(()).ok_or(s)
-    });
+    assert_eq!(
+        shares(),
+        "1024",
+        "the group's weight is not the VMM's to set"
+    );
+    assert_eq!(group_files(), Vec::<String>::new());
     drop(vm);
     drop(group);
 }

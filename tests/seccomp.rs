@@ -111,6 +111,21 @@ fn a_forbidden_syscall_ends_the_vmm_with_a_message() {
     forbidden_syscall_in("api", &api);
 }
 
+/// Issue 50, S2: `stage-sched` may read and set the nice only of the VM's
+/// vCPU threads (`PRIO_PROCESS` with one of their ids): another process's
+/// nice or a whole user's is SIGSYS, there and in the vCPU thread.
+#[test]
+fn setpriority_beyond_the_vms_vcpu_threads_ends_the_vmm() {
+    let long = ["--cpus", "boot=2", "--cmdline", "iters=1000000000000"];
+    assert_eq!(libc::SYS_setpriority, 141);
+    for kind in ["stage-sched", "vcpu"] {
+        for what in ["renice-parent", "renice-user"] {
+            let hook = format!("{kind}-{what}");
+            forbidden_syscall_ends_the_vmm(&hook, kind, libc::SYS_setpriority, &long);
+        }
+    }
+}
+
 /// Issue 22: the api thread may make no `ioctl` at all (it could reach the
 /// VM's KVM descriptors), and a vCPU thread only its KVM requests.
 #[test]

@@ -8,6 +8,9 @@
 //! hysteresis = 0.25      # cores × weight a VM's unmet demand must beat a holder's by
 //! timeout_ms = 500       # a VM's socket that has not answered by then is skipped
 //! lend_when_idle = false # every VM's default for the key below
+//! vmm = ["/usr/bin/stagevm"] # the VMM executables believed (default: the stagevm beside stagevm-hostd)
+//! cgroups = true         # put each VM in a cgroup of its own and set its CPU weight and set there
+//! only_listed = false    # serve only VMs with a [[vm]] entry (others are refused)
 //!
 //! [[vm]]
 //! name = "db"            # the API socket's stem: --api-socket DIR/db.sock
@@ -101,6 +104,9 @@ struct HostFile {
     hysteresis: Option<f64>,
     timeout_ms: Option<u64>,
     lend_when_idle: Option<bool>,
+    vmm: Option<Vec<std::path::PathBuf>>,
+    cgroups: Option<bool>,
+    only_listed: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -159,6 +165,18 @@ pub struct HostConfig {
     pub lend_when_idle: bool,
     /// `[[vm]]` entries by name.
     pub vms: std::collections::BTreeMap<String, VmBudget>,
+    /// The VMM executables whose sockets are believed (`[host] vmm`;
+    /// empty: the `stagevm` beside the daemon's binary,
+    /// [`crate::peer::Trust::new`]).
+    pub vmm: Vec<std::path::PathBuf>,
+    /// Whether the daemon puts each VM in a cgroup of its own and sets its
+    /// CPU weight and CPU set there ([`crate::cgroup`]; default true).
+    pub cgroups: bool,
+    /// Serve only the VMs with a `[[vm]]` entry (an allowlist): a socket
+    /// of another name is refused and gets no cores (default false: an
+    /// unlisted VM gets the defaults, and at most the pool ÷ the VMs while
+    /// it does not answer).
+    pub only_listed: bool,
 }
 
 impl HostConfig {
@@ -288,6 +306,9 @@ impl HostConfig {
             timeout: std::time::Duration::from_millis(timeout_ms),
             lend_when_idle,
             vms,
+            vmm: file.host.vmm.clone().unwrap_or_default(),
+            cgroups: file.host.cgroups.unwrap_or(true),
+            only_listed: file.host.only_listed.unwrap_or(false),
         };
         // The entries against the cores, as the allocator will see them.
         let entries: Vec<_> = config

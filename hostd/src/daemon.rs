@@ -13,6 +13,14 @@
 //!   (taken out of the pool, as a fixed set, for this period);
 //! * a refused change: logged, tried again next period.
 //!
+//! * a socket served by a process the daemon does not trust (another
+//!   uid, another executable: [`crate::peer`]): nothing it says is
+//!   believed and it gets no cores, counted as `refused`.
+//!
+//! Each VM's VMM is put in a cgroup of its own, where the daemon writes its
+//! CPU weight and CPU set ([`crate::cgroup`], `[host] cgroups`); where it
+//! cannot, the weight goes to the VMM, which sets its vCPU threads' nice.
+//!
 //! The first period after a start adopts the VMs as they are (their sets
 //! and CPU weights become the current ones) and moves no core.
 
@@ -23,7 +31,9 @@ use std::time::Instant;
 use host_sched::cpuset::CpuSet;
 use stagevm_report::api::{HostView, HostVm};
 
+use crate::cgroup::{Hierarchy, VmGroup};
 use crate::config::HostConfig;
+use crate::peer::Trust;
 use crate::vm::{self, Vm, VmError};
 
 /// Log lines per kind of fault per minute.
@@ -46,6 +56,7 @@ pub const PARALLEL_READS: usize = 64;
 /// one). Returns each VM's reading by name.
 fn read_all(
     vms: &BTreeMap<String, Known>,
+    trust: &Trust,
     timeout: std::time::Duration,
 ) -> BTreeMap<String, Result<vm::Reading, VmError>> {
     let list: Vec<(&String, &Vm)> = vms.iter().map(|(n, k)| (n, &k.vm)).collect();
@@ -57,7 +68,7 @@ fn read_all(
                 .map(|(name, vm)| {
                     let spawned = std::thread::Builder::new()
                         .name("hostd-read".into())
-                        .spawn_scoped(s, move || vm.read(timeout));
+                        .spawn_scoped(s, move || vm.read(trust, timeout));
                     (*name, *vm, spawned)
                 })
                 .collect();
@@ -65,7 +76,7 @@ fn read_all(
                 let got = match spawned {
                     // A panic is a bug: fail-stop, as on the thread itself.
                     Ok(h) => h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
-                    Err(_) => vm.read(timeout),
+                    Err(_) => vm.read(trust, timeout),
                 };
                 out.insert(name.clone(), got);
             }
@@ -104,6 +115,22 @@ struct Known {
     /// The last read's periods and summed utilisation
     /// ([`vm::Reading::utilisation`]).
     utilisation: Option<(u64, f64)>,
+    /// The last read's measured vCPU CPU (ns, [`vm::Reading::measured`])
+    /// and when it was taken.
+    measured: Option<(u64, Instant)>,
+    /// Reads refused: its peer is not trusted.
+    refused: u64,
+    /// Whether the last read was of a trusted peer.
+    trusted: bool,
+    /// Its VMM's pid, once read.
+    pid: Option<u32>,
+    /// The cgroup the daemon put it in, or why there is none; `None`
+    /// before its pid was known (or with `[host] cgroups = false`).
+    group: Option<Result<VmGroup, String>>,
+    /// The CPU weight and CPU set last written in its group.
+    group_state: Option<(Option<u32>, CpuSet)>,
+    /// The CPU weight in force for it (in its group or by its VMM).
+    weight: Option<u32>,
 }
 
 impl Known {
@@ -125,7 +152,19 @@ impl Known {
             answered: false,
             work: None,
             utilisation: None,
+            measured: None,
+            refused: 0,
+            trusted: false,
+            pid: None,
+            group: None,
+            group_state: None,
+            weight: None,
         }
+    }
+
+    /// Whether the daemon writes its group.
+    fn grouped(&self) -> Option<&VmGroup> {
+        self.group.as_ref().and_then(|g| g.as_ref().ok())
     }
 }
 
@@ -134,6 +173,29 @@ fn union(a: &CpuSet, b: &CpuSet) -> CpuSet {
     let mut u = a.clone();
     b.iter().for_each(|c| u.insert(c));
     u
+}
+
+/// Writes `weight` and `cpus` in group `g` where they differ from `state`
+/// (what was written last), and records them. Errors: a refused write
+/// (the file named).
+fn enforce(
+    g: &VmGroup,
+    state: &mut Option<(Option<u32>, CpuSet)>,
+    weight: Option<u32>,
+    cpus: &CpuSet,
+) -> std::io::Result<()> {
+    let (w0, c0) = state
+        .clone()
+        .map_or((None, None), |(w, c)| (Some(w), Some(c)));
+    if w0 != Some(weight) {
+        g.set_weight(weight)?;
+    }
+    *state = Some((weight, c0.clone().unwrap_or_default()));
+    if c0.as_ref() != Some(cpus) && !cpus.is_empty() {
+        g.set_cpus(cpus)?;
+        *state = Some((weight, cpus.clone()));
+    }
+    Ok(())
 }
 
 /// Rate-limits one kind of log line.
@@ -163,6 +225,13 @@ pub struct Daemon {
     dead: BTreeMap<String, Option<std::time::SystemTime>>,
     periods: u64,
     limits: [Limit; 3],
+    trust: Trust,
+    hierarchy: Hierarchy,
+    /// The CPUs a VM's group may use beyond its stage cores: the
+    /// housekeeping cores, or the allowed CPUs outside the pool.
+    rest: CpuSet,
+    /// Sockets not served (`only_listed`), logged once.
+    unlisted: std::collections::BTreeSet<String>,
 }
 
 impl Daemon {
@@ -173,7 +242,21 @@ impl Daemon {
             since: Instant::now(),
             lines: 0,
         };
+        let rest = match &config.housekeeping {
+            Some(h) => h.clone(),
+            None => host_sched::topology::Topology::detect()
+                .map(|t| t.allowed.difference(&config.cores))
+                .unwrap_or_default(),
+        };
         Self {
+            trust: Trust::new(&config.vmm),
+            hierarchy: if config.cgroups {
+                Hierarchy::detect()
+            } else {
+                Hierarchy::default()
+            },
+            rest,
+            unlisted: Default::default(),
             config,
             dir: dir.to_path_buf(),
             own_socket: own_socket.map(Path::to_path_buf),
@@ -219,6 +302,15 @@ impl Daemon {
                 continue;
             }
             self.dead.remove(name);
+            if self.config.only_listed && !self.config.vms.contains_key(name) {
+                if self.unlisted.insert(name.clone()) {
+                    tracing::warn!(
+                        "VM '{name}' at {}: not served (only_listed, and it has no [[vm]] entry)",
+                        socket.display()
+                    );
+                }
+                continue;
+            }
             if !self.vms.contains_key(name) {
                 match Vm::new(name, socket) {
                     Ok(vm) => {
@@ -231,18 +323,40 @@ impl Daemon {
         }
         let mut gone = Vec::new();
         let mut lines = Vec::new();
-        let mut readings = read_all(&self.vms, timeout);
+        let mut readings = read_all(&self.vms, &self.trust, timeout);
+        let hierarchy = self.hierarchy.clone();
+        let cgroups = self.config.cgroups;
         for (name, k) in &mut self.vms {
             let Some(reading) = readings.remove(name) else {
                 continue;
             };
             match reading {
                 Ok(r) => {
-                    // Work CPU over the daemon's own period, in cores.
+                    // Work CPU over the daemon's own period, in cores: what
+                    // its vCPU threads got by /proc, or less where the VM
+                    // reports less work (a guest's idle spinning is none).
                     let now = Instant::now();
-                    if let (Some(w), Some((w0, t0))) = (r.work_ns, k.work) {
-                        let used = w.saturating_sub(w0) as f64
-                            / now.duration_since(t0).as_nanos().max(1) as f64;
+                    let span = |t0: Instant| now.duration_since(t0).as_nanos().max(1) as f64;
+                    let reported = match (r.work_ns, k.work) {
+                        (Some(w), Some((w0, t0))) => Some(w.saturating_sub(w0) as f64 / span(t0)),
+                        _ => None,
+                    };
+                    let measured = match (r.measured, k.measured) {
+                        (Some((m, _)), Some((m0, t0))) => {
+                            Some(m.saturating_sub(m0) as f64 / span(t0))
+                        }
+                        _ => None,
+                    };
+                    let used = match (measured, reported) {
+                        (Some(m), Some(r)) => Some(m.min(r)),
+                        (m, r) => m.or(r),
+                    };
+                    // Never more vCPUs than it has vCPU threads.
+                    let vcpus = match r.measured {
+                        Some((_, n)) => r.vcpus.min(n.max(1)),
+                        None => r.vcpus,
+                    };
+                    if let Some(used) = used {
                         // Mean utilisation over the same span.
                         let busy = match (r.utilisation, k.utilisation) {
                             (Some((p1, s1)), Some((p0, s0))) if p1 > p0 => {
@@ -250,22 +364,54 @@ impl Daemon {
                             }
                             _ => None,
                         };
-                        k.demand = host_sched::host::demand(used, r.cores.len(), r.vcpus, busy);
+                        k.demand = host_sched::host::demand(used, r.cores.len(), vcpus, busy);
                     }
                     k.work = r.work_ns.map(|w| (w, now));
+                    k.measured = r.measured.map(|(m, _)| (m, now));
+                    k.trusted = true;
+                    if cgroups && k.pid != Some(r.peer.pid) {
+                        k.pid = Some(r.peer.pid);
+                        k.group_state = None;
+                        let joined = hierarchy.join(name, r.peer.pid);
+                        match &joined {
+                            Ok(g) => tracing::info!(
+                                "VM '{name}' (pid {}) in its own group: {}",
+                                r.peer.pid,
+                                g.describe()
+                            ),
+                            Err(e) => lines.push((
+                                1,
+                                format!(
+                                    "VM '{name}' (pid {}): no group of its own ({e}); its CPU weight goes to its VMM",
+                                    r.peer.pid
+                                ),
+                            )),
+                        }
+                        k.group = Some(joined.map_err(|e| e.to_string()));
+                    }
+                    k.pid = Some(r.peer.pid);
                     k.utilisation = r.utilisation;
                     if r.cores != k.cores {
                         k.owned = None;
                     }
                     k.cores = r.cores;
                     k.cpu_weight = r.cpu_weight;
-                    k.vcpus = r.vcpus;
+                    if k.grouped().is_none() {
+                        k.weight = r.cpu_weight;
+                    }
+                    k.vcpus = vcpus;
                     k.answered = true;
                     if k.demand >= k.cores.len() as f64 + 1.0 {
                         k.waited += 1;
                     }
                 }
                 Err(VmError::Gone(..)) => gone.push(name.clone()),
+                Err(e @ VmError::Untrusted(..)) => {
+                    k.refused += 1;
+                    k.answered = false;
+                    k.trusted = false;
+                    lines.push((1, e.to_string()));
+                }
                 Err(e @ VmError::Hung(..)) => {
                     k.skipped += 1;
                     k.answered = false;
@@ -281,6 +427,9 @@ impl Daemon {
         for name in gone {
             tracing::info!("VM '{name}' ended: its cores are free");
             if let Some(k) = self.vms.remove(&name) {
+                if let Some(g) = k.grouped() {
+                    g.remove();
+                }
                 self.dead.insert(name, modified(k.vm.socket()));
             }
         }
@@ -334,6 +483,10 @@ impl Daemon {
         let mut names = Vec::new();
         let mut demands = Vec::new();
         for (n, k) in &self.vms {
+            if !k.trusted && k.refused > 0 {
+                // Nothing it says is believed: no cores, no fixed set.
+                continue;
+            }
             let mut budget = self.config.budget(n);
             let given = k.given.clone().unwrap_or_default();
             let held = k.cores.intersection(&given);
@@ -381,6 +534,7 @@ impl Daemon {
             }
         };
         let (timeout, hk) = (self.config.timeout, self.config.housekeeping.clone());
+        let rest = self.rest.clone();
         let mut lines = Vec::new();
         for (name, new, weight) in plan {
             let k = self.vms.get_mut(&name).expect("planned from self.vms");
@@ -388,32 +542,45 @@ impl Daemon {
             if !k.answered {
                 continue;
             }
-            if new.cores == k.cores && weight == k.cpu_weight {
-                k.owned = Some(new.owned);
-                k.given = Some(new.cores);
-                continue;
-            }
-            match k.vm.give(&new.cores, hk.as_ref(), weight, timeout) {
-                Ok(()) => {
-                    let added = new.cores.difference(&k.cores).len() as u64;
-                    tracing::info!(
-                        "VM '{name}': cores {} -> {} (demand {:.2}), CPU weight {}",
-                        k.cores,
-                        new.cores,
-                        k.demand,
-                        weight.map_or("-".into(), |w| w.to_string())
-                    );
-                    k.moves += added;
-                    k.given = Some(new.cores.clone());
-                    k.cores = new.cores;
-                    k.owned = Some(new.owned);
-                    k.cpu_weight = weight;
+            // In its group the daemon sets the weight; the VMM gets none.
+            let vm_weight = if k.grouped().is_some() { None } else { weight };
+            // Its group first widened to the old and new cores, so the
+            // VMM can move its threads; narrowed to the new ones once it
+            // took them.
+            if let Some(Ok(g)) = &k.group {
+                let wide = union(&union(&k.cores, &new.cores), &rest);
+                if let Err(e) = enforce(g, &mut k.group_state, weight, &wide) {
+                    lines.push(format!("VM '{name}': {e}"));
                 }
-                Err(e) => {
+            }
+            if new.cores != k.cores || vm_weight != k.cpu_weight {
+                if let Err(e) = k.vm.give(&new.cores, hk.as_ref(), vm_weight, timeout) {
                     k.errors += 1;
                     lines.push(e.to_string());
+                    continue;
+                }
+                let added = new.cores.difference(&k.cores).len() as u64;
+                tracing::info!(
+                    "VM '{name}': cores {} -> {} (demand {:.2}), CPU weight {}{}",
+                    k.cores,
+                    new.cores,
+                    k.demand,
+                    weight.map_or("-".into(), |w| w.to_string()),
+                    k.grouped()
+                        .map_or(String::new(), |g| format!(" in {}", g.describe()))
+                );
+                k.moves += added;
+                k.cores = new.cores.clone();
+                k.cpu_weight = vm_weight;
+            }
+            if let Some(Ok(g)) = &k.group {
+                if let Err(e) = enforce(g, &mut k.group_state, weight, &union(&new.cores, &rest)) {
+                    lines.push(format!("VM '{name}': {e}"));
                 }
             }
+            k.weight = weight;
+            k.given = Some(new.cores);
+            k.owned = Some(new.owned);
         }
         for line in lines {
             self.warn(1, &line);
@@ -452,7 +619,17 @@ impl Daemon {
                         skipped: k.skipped,
                         waited: k.waited,
                         lend_when_idle: b.lend_when_idle,
-                        cpu_weight: k.cpu_weight,
+                        cpu_weight: k.weight,
+                        enforced_by: match &k.group {
+                            Some(Ok(g)) => g.describe(),
+                            Some(Err(e)) => format!("the VMM (vCPU threads' nice): {e}"),
+                            None if k.pid.is_some() => {
+                                "the VMM (vCPU threads' nice): [host] cgroups = false".into()
+                            }
+                            None => String::new(),
+                        },
+                        pid: k.pid.unwrap_or(0),
+                        refused: k.refused,
                         lent: b.lend_when_idle
                             && k.shared
                             && k.owned.as_ref().is_some_and(CpuSet::is_empty),
@@ -550,7 +727,15 @@ mod tests {
                 std::os::unix::net::UnixListener::bind(dir.join(format!("vm{i:03}.sock"))).unwrap()
             })
             .collect();
-        let mut d = daemon(&dir, "0-1", "[host]\ntimeout_ms = 200\n");
+        let me = std::env::current_exe().unwrap();
+        let mut d = daemon(
+            &dir,
+            "0-1",
+            &format!(
+                "[host]\ntimeout_ms = 200\nvmm = [{:?}]\n",
+                me.display().to_string()
+            ),
+        );
         let t0 = Instant::now();
         d.period().unwrap();
         let took = t0.elapsed();
@@ -559,6 +744,38 @@ mod tests {
         let v = d.view();
         assert_eq!(v.vms.len(), n);
         assert!(v.vms.iter().all(|vm| vm.skipped == 1), "{v:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A socket served by a process that is not a trusted VMM (this test's
+    /// binary, not the `stagevm` beside it): refused, counted, no cores —
+    /// before the fix it was read and believed.
+    #[test]
+    fn a_peer_that_is_not_a_trusted_vmm_is_refused() {
+        let dir =
+            std::env::temp_dir().join(format!("stagevm-hostd-untrusted-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let _peer = std::os::unix::net::UnixListener::bind(dir.join("impostor.sock")).unwrap();
+        let mut d = daemon(&dir, "0-1", "[host]\ntimeout_ms = 200\n");
+        let t0 = Instant::now();
+        for _ in 0..2 {
+            d.period().unwrap();
+        }
+        // Refused at once: no request was sent, so no timeout was waited.
+        assert!(
+            t0.elapsed() < std::time::Duration::from_millis(200),
+            "{:?}",
+            t0.elapsed()
+        );
+        let v = d.view();
+        let vm = &v.vms[0];
+        assert_eq!(
+            (vm.refused, vm.skipped, vm.cores.as_str()),
+            (2, 0, ""),
+            "{v:?}"
+        );
+        assert_eq!(d.plan().unwrap().len(), 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

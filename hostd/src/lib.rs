@@ -14,7 +14,9 @@
 //! * [`lock`] — one daemon per directory.
 
 pub mod api;
+pub mod cgroup;
 pub mod config;
 pub mod daemon;
 pub mod lock;
+pub mod peer;
 pub mod vm;

@@ -36,6 +36,18 @@ pub enum LockError {
         /// What is wrong with it.
         why: String,
     },
+    /// The directory may be written by others (group or world, without
+    /// the sticky bit's protection for the group case): anyone who can
+    /// write it can plant sockets the daemon would read and give cores to.
+    #[error(
+        "--vm-dir {dir}: mode {mode:04o} lets others write it; refusing to use it (chmod go-w)"
+    )]
+    Writable {
+        /// The directory.
+        dir: String,
+        /// Its permission bits.
+        mode: u32,
+    },
     /// The lock file cannot be opened or written.
     #[error("--vm-dir {dir}: {source}")]
     Io {
@@ -58,6 +70,10 @@ pub fn take(dir: &Path) -> Result<DirLock, LockError> {
         source,
     };
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let mode = std::fs::metadata(dir).map_err(io)?.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(LockError::Writable { dir: name, mode });
+    }
     let path = dir.join(LOCK_FILE);
     let unsafe_file = |why: String| LockError::Unsafe {
         dir: name.clone(),
@@ -159,6 +175,26 @@ mod tests {
             .mode();
         assert_eq!(mode & 0o777, 0o600);
         drop(lock);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_directory_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = dir("writable");
+        for mode in [0o777, 0o1777, 0o775] {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode)).unwrap();
+            let e = take(&d)
+                .err()
+                .expect("a directory others can write was used");
+            assert!(
+                e.to_string().contains("lets others write it"),
+                "{mode:o}: {e}"
+            );
+            assert!(!d.join(LOCK_FILE).exists());
+        }
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(take(&d).is_ok());
         let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -1,6 +1,8 @@
-//! One VM as the daemon reaches it: its API socket, what a period reads
-//! from it (`GET /api/v1/stages`) and the cores it is given (`PUT
-//! /api/v1/stages.budgets` with `[host]` only, so its stage budgets stay).
+//! One VM as the daemon reaches it: its API socket, who serves it
+//! ([`crate::peer`]: checked before anything it says is believed), what a
+//! period reads from it (`GET /api/v1/stages`, and its vCPU threads' CPU
+//! from `/proc`) and the cores it is given (`PUT /api/v1/stages.budgets`
+//! with `[host]` only, so its stage budgets stay).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -10,15 +12,22 @@ use host_sched::cpuset::CpuSet;
 use stagevm::api::client::{Client, ClientError};
 use stagevm_report::api::StagesView;
 
+use crate::peer::{self, Peer, PeerError, Trust};
+
 /// What one read of a VM found.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Reading {
+    /// Who serves its socket (trusted).
+    pub peer: Peer,
+    /// Its vCPU threads' CPU time so far (ns) and their count, measured
+    /// from `/proc` ([`peer::vcpu_cpu`]), if readable.
+    pub measured: Option<(u64, usize)>,
     /// Its stage cores now.
     pub cores: CpuSet,
     /// Its vCPUs' work CPU so far (ns; `sched.cpu.work_ns`), if the VM
     /// measures it.
     pub work_ns: Option<u64>,
-    /// Its vCPU count.
+    /// Its vCPU count, as it reports it.
     pub vcpus: usize,
     /// Policy periods with CPU figures so far, and the sum of their
     /// utilisations (`sched.cpu.periods` × `sched.cpu.utilisation`), if
@@ -39,6 +48,9 @@ pub enum VmError {
     /// The socket did not answer within the timeout.
     #[error("{0}: no answer within {1:?}")]
     Hung(String, Duration),
+    /// The socket's peer is not trusted ([`Trust::check`]).
+    #[error("{0}: not believed: {1}")]
+    Untrusted(String, PeerError),
     /// Any other failure: a refused change, a bad answer.
     #[error("{0}: {1}")]
     Failed(String, String),
@@ -91,9 +103,24 @@ impl Vm {
         }
     }
 
-    /// Reads its stage cores, vCPUs and work CPU within `timeout`.
-    /// Errors: [`VmError`].
-    pub fn read(&self, timeout: Duration) -> Result<Reading, VmError> {
+    /// Who serves its socket, checked against `trust`. Errors: gone, a
+    /// full backlog ([`VmError::Hung`]), untrusted.
+    pub fn identify(&self, trust: &Trust, timeout: Duration) -> Result<Peer, VmError> {
+        let name = || self.name.clone();
+        let p = peer::identify(&self.socket).map_err(|e| match e {
+            PeerError::Gone(errno) => VmError::Gone(name(), std::io::Error::from(errno)),
+            PeerError::Busy => VmError::Hung(name(), timeout),
+            e => VmError::Failed(name(), e.to_string()),
+        })?;
+        trust.check(&p).map_err(|e| VmError::Untrusted(name(), e))?;
+        Ok(p)
+    }
+
+    /// Checks who serves it ([`Vm::identify`]), then reads its stage
+    /// cores, vCPUs and work CPU within `timeout`, and measures its vCPU
+    /// threads' CPU. Errors: [`VmError`].
+    pub fn read(&self, trust: &Trust, timeout: Duration) -> Result<Reading, VmError> {
+        let peer = self.identify(trust, timeout)?;
         let (status, body) = self.request(
             "GET",
             "/api/v1/stages?timeline=0&decisions=0",
@@ -112,6 +139,8 @@ impl Vm {
         let cores = CpuSet::parse(&view.sched.stage_cores)
             .map_err(|e| failed(format!("stage cores '{}': {e}", view.sched.stage_cores)))?;
         Ok(Reading {
+            measured: peer::vcpu_cpu(peer.pid),
+            peer,
             cores,
             work_ns: view.sched.cpu.as_ref().map(|c| c.work_ns),
             utilisation: view

@@ -44,7 +44,12 @@ pub fn run(
         (timer.as_raw_fd(), TOKEN_TIMER),
         (registered_fd.as_raw_fd(), TOKEN_REGISTERED),
     ])?;
-    crate::seccomp::install(ThreadKind::StageSched, seccomp).map_err(std::io::Error::other)?;
+    // The vCPU threads whose nice this thread may set (host.cpu_weight):
+    // their ids go into its filter's priority rules.
+    sched.pinner().wait_vcpus_started(Duration::from_secs(5));
+    let renice = sched.pinner().seal_renice();
+    crate::seccomp::install_with(ThreadKind::StageSched, seccomp, &renice)
+        .map_err(std::io::Error::other)?;
     loop {
         let mut registered = false;
         for token in poller.wait()? {

@@ -41,9 +41,11 @@
 //!   (adopting threads from `/proc/self/task` every 50 policy periods,
 //!   `Pinner::adopt_threads`),
 //!   `sched_getaffinity`/`sched_setaffinity` (pins), `getpriority` and
-//!   `setpriority` (the VM's CPU weight on shared cores,
-//!   `host.cpu_weight`, as its vCPU threads' nice; a group's weight is a
-//!   file opened at start, written with `write`);
+//!   `setpriority` only as `(PRIO_PROCESS, tid)` with the tid of one of the
+//!   VM's vCPU threads (the VM's CPU weight on shared cores,
+//!   `host.cpu_weight`, as its vCPU threads' nice, when `stagevm-hostd`
+//!   cannot set the VM's group's weight; the VMM opens no group file): not
+//!   `PRIO_USER`, `PRIO_PGRP`, another process or a helper thread;
 //! * `io-blk` — `epoll_create1`, `epoll_ctl`, `epoll_wait`, `read`
 //!   (eventfd), `pread64`, `pwrite64`, `fdatasync` (a guest's flush of a
 //!   writable disk);
@@ -224,7 +226,8 @@ fn own(kind: ThreadKind) -> &'static [Syscall] {
             SYS_statx,
             SYS_sched_getaffinity,
             SYS_sched_setaffinity,
-            // host.cpu_weight (Pinner::set_cpu_weight).
+            // host.cpu_weight (Pinner::set_cpu_weight): only PRIO_PROCESS
+            // on the VM's vCPU threads (`priority_rules`).
             SYS_getpriority,
             SYS_setpriority,
         ],
@@ -373,9 +376,35 @@ fn arg_rules(kind: ThreadKind, arg: u8, values: &[u64]) -> Result<Vec<SeccompRul
         .collect()
 }
 
+/// `getpriority`/`setpriority(which, who, …)` rules: `which` =
+/// `PRIO_PROCESS` and `who` = one of `tids` (one rule per thread id). No
+/// thread id gives no rule, and the caller drops the syscall (an empty
+/// rule list would allow every argument).
+fn priority_rules(kind: ThreadKind, tids: &[i32]) -> Result<Vec<SeccompRule>, SeccompError> {
+    let eq = |arg: u8, v: u64| {
+        SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)
+            .map_err(|source| SeccompError::Build { kind, source })
+    };
+    tids.iter()
+        .map(|tid| {
+            SeccompRule::new(vec![
+                eq(0, libc::PRIO_PROCESS as u64)?,
+                eq(1, *tid as u32 as u64)?,
+            ])
+            .map_err(|source| SeccompError::Build { kind, source })
+        })
+        .collect()
+}
+
 /// The BPF program of `kind` under `mode` (`None` for [`SeccompMode::Off`]).
-/// Errors: seccompiler refused the filter (a bug, reported as text).
-pub fn program(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>, SeccompError> {
+/// `renice` (stage-sched only): the vCPU threads whose nice it may read
+/// and set ([`priority_rules`]). Errors: seccompiler refused the filter (a
+/// bug, reported as text).
+pub fn program(
+    kind: ThreadKind,
+    mode: SeccompMode,
+    renice: &[i32],
+) -> Result<Option<BpfProgram>, SeccompError> {
     let mismatch = match mode {
         SeccompMode::Off => return Ok(None),
         SeccompMode::Trap => SeccompAction::Trap,
@@ -391,6 +420,14 @@ pub fn program(kind: ThreadKind, mode: SeccompMode) -> Result<Option<BpfProgram>
     if let Some(ioctl) = rules.get_mut(&libc::SYS_ioctl) {
         let requests: Vec<u64> = allowed_ioctls(kind).iter().map(|(_, nr)| *nr).collect();
         *ioctl = arg_rules(kind, 1, &requests)?;
+    }
+    for sys in [libc::SYS_getpriority, libc::SYS_setpriority] {
+        if let Some(rule) = rules.get_mut(&sys) {
+            *rule = priority_rules(kind, renice)?;
+            if rule.is_empty() {
+                rules.remove(&sys);
+            }
+        }
     }
     let filter = SeccompFilter::new(rules, mismatch, SeccompAction::Allow, TargetArch::x86_64)
         .map_err(|source| SeccompError::Build { kind, source })?;
@@ -460,8 +497,21 @@ fn deny_program(kind: ThreadKind) -> Result<BpfProgram, SeccompError> {
 /// Installs the filter of `kind` on the calling thread (no-op for
 /// [`SeccompMode::Off`]). Errors: the filter cannot be built or applied.
 pub fn install(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> {
+    install_with(kind, mode, &[])
+}
+
+/// [`install`], with the vCPU thread ids whose nice the thread may read
+/// and set (`stage-sched`: [`stage_device::sched::Pinner::seal_renice`]).
+/// Errors: the filter cannot be built or applied.
+pub fn install_with(
+    kind: ThreadKind,
+    mode: SeccompMode,
+    renice: &[i32],
+) -> Result<(), SeccompError> {
     KIND.with(|k| k.set(kind_name(kind)));
-    if let Some(prog) = program(kind, mode)? {
+    // The test hook's target, read while getppid is still allowed.
+    let parent = std::os::unix::process::parent_id();
+    if let Some(prog) = program(kind, mode, renice)? {
         // The deny filter first: the main one forbids the `prctl` and
         // `seccomp` calls that installing a filter makes.
         seccompiler::apply_filter(&deny_program(kind)?)
@@ -469,7 +519,7 @@ pub fn install(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> 
         seccompiler::apply_filter(&prog)
             .map_err(|source| SeccompError::Install { kind, source })?;
     }
-    test_forbidden_syscall_hook(kind);
+    test_forbidden_syscall_hook(kind, parent);
     Ok(())
 }
 
@@ -479,10 +529,13 @@ pub fn install(kind: ThreadKind, mode: SeccompMode) -> Result<(), SeccompError> 
 /// it, so tests can check that the filter ends the VMM; with `<kind>-ioctl`
 /// (`api-ioctl`, `vcpu-ioctl`, …) it makes an `ioctl` its filter refuses
 /// (`FIONREAD` on stderr: harmless, and not one of a vCPU's KVM requests);
+/// with `<kind>-renice-parent` it calls `setpriority(PRIO_PROCESS,
+/// parent, 19)` (`parent`: the VMM's parent pid, read before the filter) and with `<kind>-renice-user` `setpriority(PRIO_USER, 0,
+/// 19)` (issue 50, S2: both SIGSYS, on every thread);
 /// with `<kind>-openat` the thread tries to open the file glibc's malloc
 /// opens and prints the outcome; with `<kind>-openat-write` it tries to
 /// open `/proc/self/comm` for appending.
-fn test_forbidden_syscall_hook(kind: ThreadKind) {
+fn test_forbidden_syscall_hook(kind: ThreadKind, parent: u32) {
     let name = std::str::from_utf8(kind_name(kind)).unwrap_or("?");
     if !cfg!(debug_assertions) {
         return;
@@ -499,6 +552,18 @@ fn test_forbidden_syscall_hook(kind: ThreadKind) {
         // fails with ENOTTY and changes nothing.
         let r = unsafe { libc::ioctl(libc::STDERR_FILENO, libc::FIONREAD, &mut pending) };
         eprintln!("stagevm: test hook: ioctl in {name} returned {r}");
+    }
+    if test.strip_suffix("-renice-parent") == Some(name) {
+        // Another process's nice: SIGSYS.
+        // SAFETY: setpriority reads no memory of ours.
+        let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, parent, 19) };
+        eprintln!("stagevm: test hook: setpriority of the parent in {name} returned {r}");
+    }
+    if test.strip_suffix("-renice-user") == Some(name) {
+        // Every process of this user: SIGSYS.
+        // SAFETY: setpriority reads no memory of ours.
+        let r = unsafe { libc::setpriority(libc::PRIO_USER, 0, 19) };
+        eprintln!("stagevm: test hook: setpriority of the user in {name} returned {r}");
     }
     if test.strip_suffix("-openat") == Some(name) {
         // What glibc's malloc meets: openat fails, the thread goes on.

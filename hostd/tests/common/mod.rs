@@ -35,10 +35,16 @@ pub fn setup(extra: &str) -> (PathBuf, PathBuf) {
     let dir = stagevm_testkit::temp_path("hostd-vms", "d");
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.with_extension("toml");
+    // The VMM and this test's binary (whose fake peers, hung or flooding,
+    // the daemon must read to show how it copes) are believed.
+    let vmm = workspace_binary("stagevm", "stagevm");
+    let me = std::env::current_exe().unwrap();
     std::fs::write(
         &config,
         format!(
-            "[host]\ncores = \"0-1\"\nperiod_ms = {PERIOD_MS}\ntimeout_ms = 100\nhysteresis = 0.25\n{extra}"
+            "[host]\ncores = \"0-1\"\nperiod_ms = {PERIOD_MS}\ntimeout_ms = 100\nhysteresis = 0.25\nvmm = [{:?}, {:?}]\n{extra}",
+            vmm.display().to_string(),
+            me.display().to_string()
         ),
     )
     .unwrap();
@@ -190,4 +196,25 @@ pub fn find_vm<'a>(v: &'a HostView, name: &str) -> Result<&'a stagevm_report::ap
 
 pub fn vm<'a>(v: &'a HostView, name: &str) -> &'a stagevm_report::api::HostVm {
     find_vm(v, name).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The file `file` of the cgroup v1 `cpu` or `cpuset` group (`hierarchy`)
+/// VMM `vm` is in (from `/proc/PID/cgroup`; mounts at
+/// `/sys/fs/cgroup/HIERARCHY`), trimmed; `None` when not found.
+pub fn group_file(vm: &Running, hierarchy: &str, file: &str) -> Option<String> {
+    let pid = vm.vmm_pid().as_raw();
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = text.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, c, p) = (f.next()?, f.next()?, f.next()?);
+        c.split(',')
+            .any(|x| x == hierarchy)
+            .then_some(p.to_string())
+    })?;
+    let dir = Path::new("/sys/fs/cgroup")
+        .join(hierarchy)
+        .join(path.trim_start_matches('/'));
+    std::fs::read_to_string(dir.join(file))
+        .ok()
+        .map(|s| s.trim().to_string())
 }

@@ -5,17 +5,19 @@
 //! before entering the guest (as Cloud Hypervisor's `--cpus affinity`), and
 //! [`Pinner::apply`] re-pins those a new plan moves. Every affinity is read
 //! back with `sched_getaffinity` for the report. The VM's CPU weight on
-//! cores shared with other VMs (`host.cpu_weight`) is applied here too
-//! ([`Pinner::set_cpu_weight`]): to the group the VMM is alone in, whose
-//! file [`Pinner::new`] opens before any seccomp filter, else to its vCPU
-//! threads' nice ([`host_sched::cpuweight`]).
+//! cores shared with other VMs (`host.cpu_weight`), when the host daemon
+//! sends one, is applied here too ([`Pinner::set_cpu_weight`]) as its vCPU
+//! threads' nice ([`host_sched::cpuweight`]). The VMM opens no cgroup or
+//! autogroup file: a group's weight is set by `stagevm-hostd`, which owns
+//! the VMs' cgroups (issue 50, S2), and sends a weight to the VMM only
+//! where it cannot write the group.
 
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use host_sched::cpuset::CpuSet;
-use host_sched::cpuweight::{self, Governor};
+use host_sched::cpuweight;
 use host_sched::policy::Plan;
 use host_sched::topology::{gettid, set_thread_affinity, thread_affinity};
 use stagevm_report::{CpuWeightReport, HelperThread, VcpuThread};
@@ -38,13 +40,10 @@ struct Weight {
     now: Option<u32>,
     /// Whether one was ever asked (the report shows it from then on).
     asked: bool,
-    /// What decides the VM's share (found at start).
-    governor: Governor,
-    /// The group's file, opened at start (or why it could not be), when
-    /// a group decides.
-    knob: Option<Result<cpuweight::GroupKnob, String>>,
-    /// The group's value last written.
-    group_value: Option<i64>,
+    /// The vCPU threads whose nice the calling thread may set, once
+    /// [`Pinner::seal_renice`] fixed them for its seccomp filter; `None`
+    /// before (every started vCPU).
+    sealed: Option<Vec<i32>>,
     /// Per vCPU, its nice found before the first change.
     thread_base: Vec<Option<i32>>,
     /// The last refusal.
@@ -65,16 +64,9 @@ fn read_back(tid: i32) -> String {
 
 impl Pinner {
     /// A pinner for vCPUs starting on `initial` cores (per vCPU) with helper
-    /// threads on `housekeeping`. Finds what decides the VM's share of a
-    /// shared core ([`cpuweight::governor`]) and, when it is a group the
-    /// VMM is alone in, opens the group's file for writing now: call it
-    /// before any seccomp filter.
+    /// threads on `housekeeping`.
     pub fn new(initial: Vec<CpuSet>, housekeeping: CpuSet) -> Self {
         let n = initial.len();
-        let governor = cpuweight::governor();
-        let knob = (governor != Governor::Threads).then(|| {
-            cpuweight::GroupKnob::open(governor.clone()).map_err(|e| format!("{governor}: {e}"))
-        });
         Self {
             vcpu_tids: (0..n).map(|_| AtomicI32::new(0)).collect(),
             state: Mutex::new(State {
@@ -92,9 +84,7 @@ impl Pinner {
                 weight: Weight {
                     now: None,
                     asked: false,
-                    governor,
-                    knob,
-                    group_value: None,
+                    sealed: None,
                     thread_base: vec![None; n],
                     error: None,
                 },
@@ -119,7 +109,7 @@ impl Pinner {
         if let Err(e) = set_thread_affinity(0, &cores) {
             tracing::warn!(vcpu = index, "cannot pin vCPU thread to {cores}: {e}");
         }
-        if st.weight.now.is_some() && st.weight.governor == Governor::Threads {
+        if st.weight.now.is_some() {
             let n = self.vcpu_tids.len();
             weigh_thread(&mut st, n, index as usize, tid);
         }
@@ -279,12 +269,24 @@ impl Pinner {
         });
     }
 
-    /// Applies the VM's CPU weight `weight` (`host.cpu_weight`; `None`
-    /// takes a weight given before back, restoring what was found) when it
-    /// differs from the one applied: the group's file when a group the
-    /// VMM is alone in decides, else each started vCPU thread's nice (a
-    /// vCPU that starts later takes it when it starts). A refusal is
-    /// logged and kept for the report.
+    /// Fixes the vCPU threads whose nice [`Pinner::set_cpu_weight`] may
+    /// set from now on, and returns them: those started now (all, once
+    /// [`Pinner::wait_vcpus_started`] returned). The `stage-sched` thread
+    /// calls it before its seccomp filter, which allows `setpriority` and
+    /// `getpriority` with `PRIO_PROCESS` on exactly these thread ids; a
+    /// vCPU that starts later sets its own nice when it starts.
+    pub fn seal_renice(&self) -> Vec<i32> {
+        let tids: Vec<i32> = self.vcpu_tids().into_iter().filter(|t| *t != 0).collect();
+        self.lock().weight.sealed = Some(tids.clone());
+        tids
+    }
+
+    /// Applies the VM's CPU weight `weight` (`host.cpu_weight`, sent by
+    /// `stagevm-hostd` where it cannot set the VM's group's weight itself;
+    /// `None` takes a weight given before back, restoring each thread's
+    /// nice found before) when it differs from the one applied, as each
+    /// started vCPU thread's nice (a vCPU that starts later takes it when
+    /// it starts). A refusal is logged and kept for the report.
     pub fn set_cpu_weight(&self, weight: Option<u32>) {
         let mut st = self.lock();
         if st.weight.now == weight || (!st.weight.asked && weight.is_none()) {
@@ -293,51 +295,33 @@ impl Pinner {
         st.weight.now = weight;
         st.weight.asked = true;
         st.weight.error = None;
-        match &st.weight.knob {
-            None => {
-                let n = self.vcpu_tids.len();
-                for (v, t) in self.vcpu_tids.iter().enumerate() {
-                    let tid = t.load(Ordering::Acquire);
-                    if tid != 0 {
-                        weigh_thread(&mut st, n, v, tid);
-                    }
-                }
-            }
-            Some(Ok(knob)) => match knob.set(weight) {
-                Ok(v) => st.weight.group_value = Some(v),
-                Err(e) => {
-                    let why = format!("{}: {e}", knob.governor());
-                    tracing::warn!("host.cpu_weight {weight:?} not applied: {why}");
-                    st.weight.error = Some(why);
-                }
-            },
-            Some(Err(why)) => {
-                let why = format!("cannot open the group's file at start: {why}");
-                tracing::warn!("host.cpu_weight {weight:?} not applied: {why}");
-                st.weight.error = Some(why);
+        let n = self.vcpu_tids.len();
+        for (v, t) in self.vcpu_tids.iter().enumerate() {
+            let tid = t.load(Ordering::Acquire);
+            let allowed = st.weight.sealed.as_ref().is_none_or(|s| s.contains(&tid));
+            if tid != 0 && allowed {
+                weigh_thread(&mut st, n, v, tid);
             }
         }
-        tracing::info!("CPU weight {weight:?} by {}", st.weight.governor);
+        tracing::info!("CPU weight {weight:?} by the vCPU threads' nice");
     }
 
     /// The CPU weight for the report, once one was asked.
     pub fn cpu_weight_report(&self) -> Option<CpuWeightReport> {
         let st = self.lock();
-        let in_force = (st.weight.governor == Governor::Threads).then(|| {
-            let sum: u64 = st
-                .vcpus
-                .iter()
-                .filter_map(|t| t.nice)
-                .map(|n| u64::from(cpuweight::weight_of_nice(n)))
-                .sum();
-            (sum * u64::from(cpuweight::DEFAULT) / 1024) as u32
-        });
+        let sum: u64 = st
+            .vcpus
+            .iter()
+            .filter_map(|t| t.nice)
+            .map(|n| u64::from(cpuweight::weight_of_nice(n)))
+            .sum();
+        let in_force = (sum * u64::from(cpuweight::DEFAULT) / 1024) as u32;
         st.weight.asked.then(|| CpuWeightReport {
             weight: st.weight.now,
-            by: st.weight.governor.to_string(),
-            group_value: st.weight.group_value,
+            by: "vCPU threads' nice".into(),
+            group_value: None,
             error: st.weight.error.clone(),
-            in_force,
+            in_force: Some(in_force),
         })
     }
 

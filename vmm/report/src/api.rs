@@ -182,4 +182,18 @@ pub struct HostVm {
     /// (`host.cpu_weight`; `None` while its cores are its own).
     #[serde(default)]
     pub cpu_weight: Option<u32>,
+    /// What enforces its CPU weight and CPU set: the group the daemon put
+    /// its VMM in (`cgroup v1 /sys/fs/cgroup/cpu/stagevm-db/cpu.shares`),
+    /// or, where the daemon cannot write one, `the VMM (vCPU threads'
+    /// nice): WHY`. Empty before the daemon knew its process.
+    #[serde(default)]
+    pub enforced_by: String,
+    /// The VMM's pid, from the socket's `SO_PEERCRED` (0: not known).
+    #[serde(default)]
+    pub pid: u32,
+    /// Reads refused because the socket's peer is not trusted (another
+    /// uid, or an executable that is not a trusted VMM): nothing it says
+    /// is believed, and it gets no cores.
+    #[serde(default)]
+    pub refused: u64,
 }

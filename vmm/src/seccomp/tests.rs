@@ -17,8 +17,8 @@ const KINDS: [ThreadKind; 8] = [
 #[test]
 fn every_thread_kind_has_a_filter_and_modes_parse() {
     for kind in KINDS {
-        assert!(program(kind, SeccompMode::Trap).unwrap().is_some());
-        assert!(program(kind, SeccompMode::Off).unwrap().is_none());
+        assert!(program(kind, SeccompMode::Trap, &[]).unwrap().is_some());
+        assert!(program(kind, SeccompMode::Off, &[7]).unwrap().is_none());
         let numbers: Vec<i64> = allowed(kind).iter().map(|s| s.0).collect();
         assert!(!numbers.contains(&libc::SYS_execve));
         // No entry twice (in its own list or the common one).
@@ -78,7 +78,13 @@ fn vcpu_ioctl_numbers_are_the_kernels() {
 /// Runs `call` in a forked child under `kind`'s filter (SIGSYS without
 /// a handler: the child dies of it) and returns the child's wait status.
 fn under_filter(kind: ThreadKind, call: fn() -> i32) -> i32 {
-    let prog = program(kind, SeccompMode::Trap).unwrap().unwrap();
+    under_filter_with(kind, &[], call)
+}
+
+/// [`under_filter`] with the vCPU thread ids `renice` for `stage-sched`'s
+/// priority rules.
+fn under_filter_with(kind: ThreadKind, renice: &[i32], call: fn() -> i32) -> i32 {
+    let prog = program(kind, SeccompMode::Trap, renice).unwrap().unwrap();
     // SAFETY: the child makes only async-signal-safe calls (prctl,
     // seccomp, the call under test, _exit) and never returns.
     let pid = unsafe { libc::fork() };
@@ -127,4 +133,51 @@ fn the_vcpu_filter_checks_the_ioctl_request() {
         0
     });
     assert!(libc::WIFSIGNALED(api) && libc::WTERMSIG(api) == libc::SIGSYS);
+}
+
+/// A thread id no process has (above the kernel's `pid_max` limit of
+/// 2^22), so a `getpriority` on it that the filter lets through fails with
+/// `ESRCH` and touches no one.
+const NO_THREAD: i32 = (1 << 22) + 7;
+
+#[test]
+fn stage_sched_reads_and_sets_the_nice_of_the_vcpu_threads_only() {
+    let sigsys = |s: i32| libc::WIFSIGNALED(s) && libc::WTERMSIG(s) == libc::SIGSYS;
+    // One of the listed threads, PRIO_PROCESS: allowed (no such thread).
+    let listed = under_filter_with(ThreadKind::StageSched, &[NO_THREAD], || {
+        // SAFETY: getpriority reads no memory of ours.
+        let r = unsafe { libc::getpriority(libc::PRIO_PROCESS, NO_THREAD as libc::id_t) };
+        i32::from(r == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH))
+    });
+    assert!(
+        libc::WIFEXITED(listed) && libc::WEXITSTATUS(listed) == 1,
+        "status {listed:#x}"
+    );
+    // Another process (the parent), a whole user, a thread not listed: SIGSYS.
+    let parent = under_filter_with(ThreadKind::StageSched, &[NO_THREAD], || {
+        // SAFETY: setpriority reads no memory of ours; the filter stops it.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::getppid() as libc::id_t, 19) };
+        0
+    });
+    assert!(sigsys(parent), "status {parent:#x}");
+    let user = under_filter_with(ThreadKind::StageSched, &[NO_THREAD], || {
+        // SAFETY: as above.
+        unsafe { libc::setpriority(libc::PRIO_USER, 0, 19) };
+        0
+    });
+    assert!(sigsys(user), "status {user:#x}");
+    let unlisted = under_filter_with(ThreadKind::StageSched, &[NO_THREAD], || {
+        // SAFETY: as above.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, (NO_THREAD + 1) as libc::id_t) };
+        0
+    });
+    assert!(sigsys(unlisted), "status {unlisted:#x}");
+    // No vCPU thread listed: no priority call at all (an empty rule list
+    // would have allowed every argument).
+    let none = under_filter_with(ThreadKind::StageSched, &[], || {
+        // SAFETY: as above.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, NO_THREAD as libc::id_t) };
+        0
+    });
+    assert!(sigsys(none), "status {none:#x}");
 }
