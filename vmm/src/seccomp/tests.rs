@@ -181,3 +181,57 @@ fn stage_sched_reads_and_sets_the_nice_of_the_vcpu_threads_only() {
     });
     assert!(sigsys(none), "status {none:#x}");
 }
+
+/// SECURITY.md's seccomp table agrees with the filters (issue 50, S9): per
+/// row, the syscall names in backticks (`name` or `name(…)`) are exactly
+/// the common set (with `fcntl`) or, common ones aside, that thread kind's
+/// own list.
+#[test]
+fn the_security_md_table_lists_what_the_filters_allow() {
+    let doc = include_str!("../../../SECURITY.md");
+    let rows: Vec<(&str, ThreadKind)> = vec![
+        ("`vcpu<N>`", ThreadKind::Vcpu),
+        ("`stage-sched`", ThreadKind::StageSched),
+        ("`io-blk<N>`", ThreadKind::IoBlk),
+        ("`io-net<N>`", ThreadKind::IoNet),
+        ("`serial-in`", ThreadKind::SerialIn),
+        ("`serial-out`", ThreadKind::SerialOut),
+        ("`vmm-main`", ThreadKind::Main),
+        ("`api`", ThreadKind::Api),
+    ];
+    let names_in = |row: &str| -> std::collections::BTreeSet<String> {
+        row.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(|span| span.split('(').next().unwrap_or_default().to_string())
+            .filter(|n| {
+                !n.is_empty()
+                    && n.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            })
+            .collect()
+    };
+    let row_of = |head: &str| -> &str {
+        let line = doc
+            .lines()
+            .find(|l| l.starts_with(&format!("| {head} |")))
+            .unwrap_or_else(|| panic!("SECURITY.md has no seccomp table row for {head}"));
+        // The second cell: what the thread may call.
+        line.splitn(3, " | ").nth(1).unwrap_or_default()
+    };
+    let mut common: std::collections::BTreeSet<String> =
+        COMMON.iter().map(|s| s.name().to_string()).collect();
+    common.insert("fcntl".into());
+    assert_eq!(names_in(row_of("common")), common, "the common row");
+    for (head, kind) in rows {
+        // (`fcntl` beyond F_GETFD, serial-in's, is a common name.)
+        let own: std::collections::BTreeSet<String> =
+            own(kind).iter().map(|s| s.name().to_string()).collect();
+        // A row may name a common call where it says how the thread uses it.
+        let named: std::collections::BTreeSet<String> = names_in(row_of(head))
+            .difference(&common)
+            .cloned()
+            .collect();
+        assert_eq!(named, own, "the row of {head} ({kind:?})");
+    }
+}
