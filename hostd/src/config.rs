@@ -9,6 +9,7 @@
 //! timeout_ms = 500       # a VM's socket that has not answered by then is skipped
 //! lend_when_idle = false # every VM's default for the key below
 //! vmm = ["/usr/bin/stagevm"] # the VMM executables believed (default: the stagevm beside stagevm-hostd)
+//! hold_periods = 3       # after a move of any VM's cores, no core moves for this many periods
 //! cgroups = true         # put each VM in a cgroup of its own and set its CPU weight and set there
 //! only_listed = false    # serve only VMs with a [[vm]] entry (others are refused)
 //!
@@ -105,6 +106,7 @@ struct HostFile {
     timeout_ms: Option<u64>,
     lend_when_idle: Option<bool>,
     vmm: Option<Vec<std::path::PathBuf>>,
+    hold_periods: Option<u64>,
     cgroups: Option<bool>,
     only_listed: Option<bool>,
 }
@@ -169,6 +171,11 @@ pub struct HostConfig {
     /// empty: the `stagevm` beside the daemon's binary,
     /// [`crate::peer::Trust::new`]).
     pub vmm: Vec<std::path::PathBuf>,
+    /// Periods the allocation holds after a move of any VM's cores
+    /// (`[host] hold_periods`, 0..=100, default 3): a guest whose demand
+    /// swings every period (its idle counters are its own to set) moves
+    /// another VM's cores at most once per hold (issue 50, S5).
+    pub hold_periods: u64,
     /// Whether the daemon puts each VM in a cgroup of its own and sets its
     /// CPU weight and CPU set there ([`crate::cgroup`]; default true).
     pub cgroups: bool,
@@ -257,6 +264,22 @@ impl HostConfig {
             ));
         }
         let lend_when_idle = file.host.lend_when_idle.unwrap_or(false);
+        let hold_periods = file.host.hold_periods.unwrap_or(3);
+        if hold_periods > 100 {
+            return Err(value(
+                "[host] hold_periods",
+                hold_periods.to_string(),
+                "not within 0..=100".into(),
+            ));
+        }
+        let vmm = file.host.vmm.clone().unwrap_or_default();
+        if let Some(bad) = vmm.iter().find(|p| !p.is_absolute()) {
+            return Err(value(
+                "[host] vmm",
+                format!("'{}'", bad.display()),
+                "not an absolute path".into(),
+            ));
+        }
         let mut vms = std::collections::BTreeMap::new();
         for vm in &file.vms {
             let key = |k: &str| format!("[[vm]] '{}' {k}", vm.name);
@@ -306,7 +329,8 @@ impl HostConfig {
             timeout: std::time::Duration::from_millis(timeout_ms),
             lend_when_idle,
             vms,
-            vmm: file.host.vmm.clone().unwrap_or_default(),
+            vmm,
+            hold_periods,
             cgroups: file.host.cgroups.unwrap_or(true),
             only_listed: file.host.only_listed.unwrap_or(false),
         };

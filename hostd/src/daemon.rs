@@ -232,6 +232,9 @@ pub struct Daemon {
     rest: CpuSet,
     /// Sockets not served (`only_listed`), logged once.
     unlisted: std::collections::BTreeSet<String>,
+    /// The period of the last change of any VM's cores: the allocation
+    /// holds for `hold_periods` from then ([`Daemon::plan`]).
+    last_move: Option<u64>,
 }
 
 impl Daemon {
@@ -257,6 +260,7 @@ impl Daemon {
             },
             rest,
             unlisted: Default::default(),
+            last_move: None,
             config,
             dir: dir.to_path_buf(),
             own_socket: own_socket.map(Path::to_path_buf),
@@ -471,8 +475,33 @@ impl Daemon {
     /// are those it was given. So a peer that claims every core but one
     /// and then hangs holds nothing or its share (issue 50, S3).
     ///
+    /// For `hold_periods` after a period that moved any VM's cores, the
+    /// allocation holds: a guest whose demand swings every period (its idle
+    /// counters are its own to set) moves other VMs' cores at most once
+    /// per hold (issue 50, S5).
+    ///
     /// Errors: the allocator's, as text (a stale set can meet a fixed one).
     fn plan(&self) -> Result<Vec<(String, host_sched::host::VmCores, Option<u32>)>, String> {
+        if self
+            .last_move
+            .is_some_and(|p| self.periods < p + self.config.hold_periods)
+        {
+            // Within the hold after a move: every VM keeps what it has (a
+            // VM with none, found meanwhile, waits for the hold's end).
+            return Ok(self
+                .vms
+                .iter()
+                .filter(|(_, k)| k.answered && !k.cores.is_empty())
+                .map(|(n, k)| {
+                    let cores = host_sched::host::VmCores {
+                        cores: k.cores.clone(),
+                        owned: k.owned.clone().unwrap_or_else(|| k.cores.clone()),
+                        shared: k.shared,
+                    };
+                    (n.clone(), cores, k.weight)
+                })
+                .collect());
+        }
         let mut fixed: CpuSet = self
             .config
             .vms
@@ -536,6 +565,7 @@ impl Daemon {
         let (timeout, hk) = (self.config.timeout, self.config.housekeeping.clone());
         let rest = self.rest.clone();
         let mut lines = Vec::new();
+        let mut moved = false;
         for (name, new, weight) in plan {
             let k = self.vms.get_mut(&name).expect("planned from self.vms");
             k.shared = new.shared;
@@ -570,6 +600,9 @@ impl Daemon {
                         .map_or(String::new(), |g| format!(" in {}", g.describe()))
                 );
                 k.moves += added;
+                if new.cores != k.cores {
+                    moved = true;
+                }
                 k.cores = new.cores.clone();
                 k.cpu_weight = vm_weight;
             }
@@ -581,6 +614,9 @@ impl Daemon {
             k.weight = weight;
             k.given = Some(new.cores);
             k.owned = Some(new.owned);
+        }
+        if moved {
+            self.last_move = Some(self.periods);
         }
         for line in lines {
             self.warn(1, &line);
@@ -776,6 +812,35 @@ mod tests {
             "{v:?}"
         );
         assert_eq!(d.plan().unwrap().len(), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// After a move the allocation holds for the hold, whatever the
+    /// demands say meanwhile; after it, cores may move again (issue 50,
+    /// S5: a guest that swings its demand every period moves another VM's
+    /// cores at most once per hold).
+    #[test]
+    fn cores_just_moved_are_held_for_hold_periods() {
+        let dir = std::env::temp_dir().join(format!("stagevm-hostd-hold-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut d = daemon(&dir, "0-1", "[host]\ncores = \"0-1\"\nhold_periods = 3\n");
+        d.periods = 10;
+        d.last_move = Some(10);
+        let mut a = known(&dir, "a", "0-1", Some("0-1"), true);
+        a.demand = 0.0;
+        let mut b = known(&dir, "b", "", Some(""), true);
+        b.demand = 2.0;
+        d.vms.insert("a".into(), a);
+        d.vms.insert("b".into(), b);
+        for (period, a_keeps) in [(10, true), (12, true), (13, false)] {
+            d.periods = period;
+            let plan = d.plan().unwrap();
+            let (ca, cb) = (cores_of(&plan, "a"), cores_of(&plan, "b"));
+            assert_eq!(ca == "0-1", a_keeps, "period {period}: a {ca}, b {cb}");
+            if !a_keeps {
+                assert_ne!(cb, "", "period {period}: b still has no core");
+            }
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -9,6 +9,7 @@
 //! that core, so each vCPU runs only on a core of the stages it serves.
 
 pub mod auto;
+pub mod relabel;
 
 use crate::config::Budget;
 use crate::cpuset::CpuSet;
@@ -63,7 +64,7 @@ impl PolicyKind {
 }
 
 /// A stage map and a pinning plan.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     /// Per stage (guest stage id), the mask of vCPUs serving it.
     pub stage_vcpus: Vec<u64>,

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use host_sched::config::{BudgetsUpdate, Config, PolicyUpdate, StagesConfigError};
 use host_sched::cpuset::CpuSet;
+use host_sched::policy::relabel::Relabel;
 use host_sched::policy::{Observation, Plan, Policy};
 use host_sched::topology::Topology;
 use host_sched::vm::{build_policy, replan, Setup, VmPlan};
@@ -60,6 +61,12 @@ pub struct Controller {
     pending: Option<Pending>,
     /// The periods' measurements for the policy and the run's CPU totals.
     observer: Observer,
+    /// The policy's cores → the VM's now, after changes of the stage
+    /// cores that kept their number (identity when the policy was built
+    /// for the cores now).
+    relabel: Relabel,
+    /// Changes of the stage cores that kept the policy.
+    relabels: u64,
 }
 
 /// A change the operator asks for while the VM runs (the operator API).
@@ -81,6 +88,10 @@ struct Pending {
     /// reads): only then is the policy rebuilt, its state (EWMA, `auto`'s
     /// trials) started afresh.
     replans: bool,
+    /// Whether it differs only in `[host]` (the host daemon's cores,
+    /// housekeeping, weight): then, with as many stage cores as before,
+    /// the policy is kept and its cores renamed ([`Relabel`]).
+    host_only: bool,
 }
 
 struct Guest {
@@ -154,6 +165,8 @@ impl Controller {
             topology: setup.topology.clone(),
             pending: None,
             observer: Observer::default(),
+            relabel: Relabel::default(),
+            relabels: 0,
         }
     }
 
@@ -177,11 +190,15 @@ impl Controller {
         let mut unweighted = config.clone();
         unweighted.host.cpu_weight = self.config.host.cpu_weight;
         let replans = unweighted != self.config;
+        let mut same_host = config.clone();
+        same_host.host = self.config.host.clone();
+        let host_only = same_host == self.config;
         self.pending = Some(Pending {
             config,
             vm,
             what: all,
             replans,
+            host_only,
         });
         Ok(what)
     }
@@ -205,6 +222,20 @@ impl Controller {
             self.config = p.config;
             return Some(format!("applied: {what}"));
         }
+        let (old, new) = (&self.vm.resolved.stage_cores, &p.vm.resolved.stage_cores);
+        if let Some(relabel) = p.host_only.then(|| self.relabel.then(old, new)).flatten() {
+            // As many stage cores as before: the policy and what it learnt
+            // stay; its plans get the new cores' names.
+            tracing::info!("operator change applied, policy kept ({old} -> {new}): {what}");
+            if let Some(step) = Relabel::default().then(old, new) {
+                self.plan = step.apply(std::mem::take(&mut self.plan));
+            }
+            self.relabel = relabel;
+            self.relabels += 1;
+            self.vm = p.vm;
+            self.config = p.config;
+            return Some(format!("applied: {what} (policy kept)"));
+        }
         let names = self.guest.as_ref().map(|g| g.names.as_slice());
         let mut policy = match build_policy(&p.vm.resolved, self.num_vcpus, names) {
             Ok(policy) => policy,
@@ -218,6 +249,7 @@ impl Controller {
             Some(g) => g.policy = policy,
             None => self.plan = policy.plan(&[]),
         }
+        self.relabel = Relabel::default();
         self.vm = p.vm;
         self.config = p.config;
         Some(format!("applied: {what}"))
@@ -268,6 +300,8 @@ impl Controller {
         let policy = match self.guest.take() {
             Some(g) if g.names == names => g.policy,
             _ => {
+                // Built for the cores the VM has now.
+                self.relabel = Relabel::default();
                 let (policy, warnings) =
                     host_sched::vm::guest_policy(&self.vm.resolved, self.num_vcpus, names);
                 // A guest may REGISTER in a loop: rate-limited.
@@ -279,7 +313,7 @@ impl Controller {
             }
         };
         let mut policy = policy;
-        self.plan = policy.plan(&vec![0.0; names.len()]);
+        self.plan = self.relabel.apply(policy.plan(&vec![0.0; names.len()]));
         self.guest = Some(Guest {
             names: names.to_vec(),
             accounting: Guest::accounting(registered, self.num_vcpus, self.tsc_khz),
@@ -380,7 +414,7 @@ impl Controller {
             self.observer
                 .period(&mut window, period_ns, requests, requests_per_s, cpu, cores);
         g.policy.observe(&observation);
-        let plan = g.policy.plan(&load);
+        let plan = self.relabel.apply(g.policy.plan(&load));
         let decision = g.policy.decision();
         if let Some(d) = &decision {
             tracing::info!(mode = d.mode.name(), "auto: {}", d.what);
@@ -483,6 +517,11 @@ impl Controller {
     /// policies and before the guest registered).
     pub fn auto_stats(&self) -> Option<host_sched::policy::auto::AutoStats> {
         self.guest.as_ref()?.policy.auto_stats()
+    }
+
+    /// Changes of the stage cores that kept the policy ([`Relabel`]).
+    pub fn policy_kept(&self) -> u64 {
+        self.relabels
     }
 
     /// Stage-map changes (the first map at REGISTER included) and the

@@ -115,6 +115,7 @@ impl<M: vm_memory::GuestMemoryBackend + Send + Sync> StageSched<M> {
             vcpus,
             helpers,
             map_changes,
+            policy_kept: c.policy_kept(),
             repins,
             repin_mean_us,
             timeline_dropped: timeline.dropped(),

@@ -325,6 +325,10 @@ pub struct SchedReport {
     pub helpers: Vec<HelperThread>,
     /// Stage-map changes the policy made (the first map included).
     pub map_changes: u64,
+    /// Changes of the stage cores that kept their number, and so the
+    /// policy and what it learnt (its plans' cores renamed).
+    #[serde(default)]
+    pub policy_kept: u64,
     /// vCPU thread re-pins after start.
     pub repins: u64,
     /// Mean `sched_setaffinity` latency of those re-pins (µs).

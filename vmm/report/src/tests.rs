@@ -26,6 +26,7 @@ fn guest_names_cannot_forge_terminal_output() {
         vcpus: vec![],
         helpers: vec![],
         map_changes: 0,
+        policy_kept: 0,
         repins: 0,
         repin_mean_us: 0.0,
         timeline: vec![],

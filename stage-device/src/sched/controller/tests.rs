@@ -6,13 +6,19 @@ use host_sched::vm::Setup;
 use super::*;
 
 fn controller() -> Controller {
-    let cpus = CpuSet::parse("0-1").unwrap();
+    controller_on("0-1", "0-1")
+}
+
+/// A 2-vCPU controller on a host of CPUs `cpus` with stage cores `cores`.
+fn controller_on(cpus: &str, cores: &str) -> Controller {
+    let cpus = CpuSet::parse(cpus).unwrap();
     let topology = Topology {
         allowed: cpus.clone(),
         online: cpus,
         isolated: CpuSet::new(),
     };
-    let config = Config::from_toml("[host]\ncores = \"0-1\"\n", "test").unwrap();
+    let text = format!("[host]\ncores = \"{cores}\"\n[policy]\nname = \"static\"\n");
+    let config = Config::from_toml(&text, "test").unwrap();
     let setup = Setup::new(config, &Overrides::default(), topology).unwrap();
     Controller::new(&setup, 2, 0)
 }
@@ -51,4 +57,35 @@ fn a_cpu_weight_alone_keeps_the_policy_and_any_other_change_rebuilds_it() {
     c.propose(&budgets("0-1", Some(50))).unwrap();
     c.propose(&budgets("0-1", Some(70))).unwrap();
     assert!(c.pending.as_ref().unwrap().replans);
+}
+
+/// Issue 50, S5: the host daemon moving the VM to as many other cores
+/// keeps its policy (and what `auto` learnt); only the plans' cores are
+/// renamed. Another number of cores rebuilds it.
+#[test]
+fn a_move_to_as_many_cores_keeps_the_policy_and_renames_its_cores() {
+    let mut c = controller_on("0-3", "0-1");
+    let cores_of = |c: &Controller| {
+        c.plan()
+            .vcpu_cores
+            .iter()
+            .flat_map(|s| s.iter())
+            .collect::<CpuSet>()
+            .to_string()
+    };
+    assert_eq!(cores_of(&c), "0-1");
+    c.propose(&budgets("2-3", None)).unwrap();
+    let p = c.pending.as_ref().unwrap();
+    assert!(p.replans && p.host_only);
+    assert!(c.apply_pending().unwrap().ends_with("(policy kept)"));
+    assert_eq!((cores_of(&c), c.policy_kept()), ("2-3".into(), 1));
+    // Twice: the renaming composes.
+    c.propose(&budgets("1,3", None)).unwrap();
+    c.apply_pending();
+    assert_eq!((cores_of(&c), c.policy_kept()), ("1,3".into(), 2));
+    // One core: rebuilt, for the core it has.
+    c.propose(&budgets("3", None)).unwrap();
+    assert!(!c.apply_pending().unwrap().contains("policy kept"));
+    assert_eq!((cores_of(&c), c.policy_kept()), ("3".into(), 2));
+    assert!(c.relabel.is_identity());
 }

@@ -1,0 +1,76 @@
+//! End-to-end: the host daemon moving a VM's stage cores to as many other
+//! cores keeps the VM's policy and what `auto` learnt (issue 50, S5): a
+//! neighbour whose demand swings may move this VM's cores at every hold,
+//! and `auto` must not start over at each move.
+
+mod common;
+#[path = "api/harness.rs"]
+mod harness;
+
+use std::time::Duration;
+
+use harness::*;
+
+const BUDGETS: &str = "/api/v1/stages.budgets";
+
+/// An `auto` VM on one stage core, moved between the two cores of this
+/// machine six times as the daemon would (`[host] cores` only): each move
+/// re-pins the vCPU threads to the new core, and the policy is the same
+/// object throughout — its period count only grows (a rebuilt policy
+/// starts at 0, as it did before the fix), its trials are not started
+/// over, and the report counts every move as `policy_kept`.
+#[test]
+fn moving_a_vm_to_as_many_other_cores_keeps_autos_state() {
+    let config = "[host]\ncores = \"0\"\n[policy]\nname = \"auto\"\nperiod_ms = 100\n";
+    let vm = Vm::boot_config(
+        config,
+        "iters=1000 threads=4 requests=1000000000 work=200",
+        &[],
+    );
+    let auto = |vm: &Vm| vm.stages().sched.auto.expect("auto's figures");
+    // The guest registered and auto planned a few periods.
+    let t0 = std::time::Instant::now();
+    while vm.stages().sched.auto.is_none_or(|a| a.periods < 5) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "auto never planned");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let first = auto(&vm);
+    let mut last = first.periods;
+    for (i, core) in ["1", "0", "1", "0", "1", "0"].into_iter().enumerate() {
+        vm.put(BUDGETS, &format!(r#"{{"host":{{"cores":"{core}"}}}}"#));
+        let t = std::time::Instant::now();
+        loop {
+            let v = vm.stages();
+            let moved = v.sched.stage_cores == core
+                && v.sched.policy_kept == i as u64 + 1
+                && v.sched.vcpus.iter().all(|t| t.affinity == core);
+            if moved {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(3),
+                "move {i} to {core}: {:?}",
+                v.sched
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(3 * PERIOD_MS));
+        let now = auto(&vm);
+        assert!(
+            now.periods > last,
+            "move {i}: auto's periods went from {last} to {} (a new policy)",
+            now.periods
+        );
+        assert!(now.trials >= first.trials, "{now:?}");
+        last = now.periods;
+    }
+    let end = auto(&vm);
+    // Six moves, no trial started for them (its own hold-overs aside, at
+    // most one per ~second of holding).
+    assert!(
+        end.trials <= first.trials + 2,
+        "trials {} -> {}",
+        first.trials,
+        end.trials
+    );
+}
