@@ -398,7 +398,7 @@ fn priority_rules(kind: ThreadKind, tids: &[i32]) -> Result<Vec<SeccompRule>, Se
 
 /// The BPF program of `kind` under `mode` (`None` for [`SeccompMode::Off`]).
 /// `renice` (stage-sched only): the vCPU threads whose nice it may read
-/// and set ([`priority_rules`]). Errors: seccompiler refused the filter (a
+/// and set (`PRIO_PROCESS` on exactly those thread ids). Errors: seccompiler refused the filter (a
 /// bug, reported as text).
 pub fn program(
     kind: ThreadKind,
