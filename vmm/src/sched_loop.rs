@@ -45,8 +45,10 @@ pub fn run(
         (registered_fd.as_raw_fd(), TOKEN_REGISTERED),
     ])?;
     // The vCPU threads whose nice this thread may set (host.cpu_weight):
-    // their ids go into its filter's priority rules.
-    sched.pinner().wait_vcpus_started(Duration::from_secs(5));
+    // their ids go into its filter's priority rules. The VMM waited for
+    // them to start before it started this thread (a vCPU later than that
+    // sets its own nice when it starts); an embedder without vCPU threads
+    // (tests/libstage.rs) gets no priority call at all.
     let renice = sched.pinner().seal_renice();
     crate::seccomp::install_with(ThreadKind::StageSched, seccomp, &renice)
         .map_err(std::io::Error::other)?;
