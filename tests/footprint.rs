@@ -167,9 +167,11 @@ fn every_visit_policy_computes_the_host_checksums() {
             assert_eq!(threads, 2 * total, "{what}");
             if visit != "color" {
                 // Cohorts form: more than one thread per visit on average
-                // (3 threads per vCPU, 2 stages).
+                // (3 threads per vCPU, 2 stages; one per visit without
+                // them). Not more: under `./dev test`'s other tests dbr
+                // once served 1.50 per visit, where it serves ~2 alone.
                 assert!(
-                    threads > visits * 3 / 2,
+                    threads > visits,
                     "{what}: {visits} visits, {threads} threads"
                 );
             }
