@@ -13,6 +13,7 @@
 //! * [`devices`] — the I/O bus, legacy devices, virtio-mmio block,
 //! * [`sched_loop`] — the `stage-sched` thread's loop,
 //! * [`seccomp`] — one seccomp filter per thread kind.
+//! * [`sandbox`] — Landlock once the VM is built.
 //!
 //! Data flows one way: guest counters ([`stage::StageDevice::read_counters`],
 //! once per policy period) or rings ([`stage::StageDevice::drain`], an
@@ -34,6 +35,7 @@ pub mod devices;
 pub mod error;
 pub mod exit;
 pub mod poll;
+pub mod sandbox;
 pub mod sched_loop;
 pub mod seccomp;
 pub mod vmm;

@@ -113,6 +113,12 @@ struct Cli {
     #[arg(long, value_name = "true|false|log", default_value = "true")]
     seccomp: stagevm::seccomp::SeccompMode,
 
+    /// Landlock once the VM is built: true (the VMM can then reach only
+    /// /proc/self and its API socket's directory in the file system, and
+    /// no TCP port; best effort on older kernels, said in the log) or false.
+    #[arg(long, value_name = "true|false", default_value = "true")]
+    landlock: stagevm::sandbox::LandlockMode,
+
     /// Stage configuration (TOML: host cores, policy, stage budgets); without it
     /// the embedded default (vmm/default-stages.toml) is used.
     #[arg(long, value_name = "PATH")]
@@ -363,6 +369,14 @@ fn main() -> ExitCode {
             metrics,
         };
         vmm.serve_api(listeners, facts);
+        // Before the first thread starts: every thread inherits it.
+        if cli.landlock == stagevm::sandbox::LandlockMode::On {
+            match stagevm::sandbox::restrict(cli.api_socket.as_deref()) {
+                Ok(line) if line.contains("fully") => tracing::info!("{line}"),
+                Ok(line) => tracing::warn!("{line}"),
+                Err(e) => tracing::warn!("landlock: not applied: {e}"),
+            }
+        }
         vmm.run()
     });
     // The socket's path goes as soon as the VM ended.

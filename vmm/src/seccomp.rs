@@ -532,6 +532,8 @@ pub fn install_with(
 /// with `<kind>-renice-parent` it calls `setpriority(PRIO_PROCESS,
 /// parent, 19)` (`parent`: the VMM's parent pid, read before the filter) and with `<kind>-renice-user` `setpriority(PRIO_USER, 0,
 /// 19)` (issue 50, S2: both SIGSYS, on every thread);
+/// with `<kind>-open-etc` it opens `/etc/passwd` for reading and
+/// prints the outcome (Landlock's refusal, [`crate::sandbox`]);
 /// with `<kind>-openat` the thread tries to open the file glibc's malloc
 /// opens and prints the outcome; with `<kind>-openat-write` it tries to
 /// open `/proc/self/comm` for appending.
@@ -564,6 +566,12 @@ fn test_forbidden_syscall_hook(kind: ThreadKind, parent: u32) {
         // SAFETY: setpriority reads no memory of ours.
         let r = unsafe { libc::setpriority(libc::PRIO_USER, 0, 19) };
         eprintln!("stagevm: test hook: setpriority of the user in {name} returned {r}");
+    }
+    if test.strip_suffix("-open-etc") == Some(name) {
+        // A file outside what Landlock leaves the VMM.
+        let r = std::fs::File::open("/etc/passwd");
+        let outcome = r.map_or_else(|e| e.to_string(), |_| "opened".into());
+        eprintln!("stagevm: test hook: open /etc/passwd in {name}: {outcome}");
     }
     if test.strip_suffix("-openat") == Some(name) {
         // What glibc's malloc meets: openat fails, the thread goes on.
