@@ -35,6 +35,7 @@ use crate::cgroup::{Hierarchy, VmGroup};
 use crate::config::HostConfig;
 use crate::peer::Trust;
 use crate::vm::{self, Vm, VmError};
+use known::Known;
 
 /// Log lines per kind of fault per minute.
 pub const BURST: u32 = 5;
@@ -51,15 +52,25 @@ pub const MAX_VMS: usize = 256;
 /// (issue 50, S7).
 pub const PARALLEL_READS: usize = 64;
 
-/// Reads every VM in `vms` within `timeout`, [`PARALLEL_READS`] at a time
+/// Most periods a peer that keeps hanging goes unread: after `n` hung
+/// reads in a row it is read again 2^n periods later, at most this many.
+pub const MAX_BACKOFF: u64 = 32;
+
+/// Reads every VM in `vms` due at `period` (a peer that keeps hanging is
+/// read less and less often: [`MAX_BACKOFF`]) within `timeout`, [`PARALLEL_READS`] at a time
 /// on scoped threads (a VM whose thread cannot be started is read on this
 /// one). Returns each VM's reading by name.
 fn read_all(
     vms: &BTreeMap<String, Known>,
     trust: &Trust,
     timeout: std::time::Duration,
+    period: u64,
 ) -> BTreeMap<String, Result<vm::Reading, VmError>> {
-    let list: Vec<(&String, &Vm)> = vms.iter().map(|(n, k)| (n, &k.vm)).collect();
+    let list: Vec<(&String, &Vm)> = vms
+        .iter()
+        .filter(|(_, k)| k.next_read <= period)
+        .map(|(n, k)| (n, &k.vm))
+        .collect();
     let mut out = BTreeMap::new();
     for chunk in list.chunks(PARALLEL_READS) {
         std::thread::scope(|s| {
@@ -83,89 +94,6 @@ fn read_all(
         });
     }
     out
-}
-
-/// What the daemon knows of one VM.
-struct Known {
-    vm: Vm,
-    cores: CpuSet,
-    /// The cores of `cores` the last allocation counted as its own (not a
-    /// core it only shares); `None` before one, or after the VM's set
-    /// changed by other hands.
-    owned: Option<CpuSet>,
-    demand: f64,
-    vcpus: usize,
-    shared: bool,
-    /// The CPU weight it applies, as its last read said (`host.cpu_weight`;
-    /// `None`: none, or taken back).
-    cpu_weight: Option<u32>,
-    moves: u64,
-    errors: u64,
-    skipped: u64,
-    waited: u64,
-    /// The cores the daemon gave it, or found it on at its first period
-    /// (adopted as they were); `None` for a VM found later that it has not
-    /// given any yet. What a VM claims beyond this is never believed: a
-    /// VM that stops answering keeps at most these (issue 50, S3).
-    given: Option<CpuSet>,
-    /// Whether the last read answered.
-    answered: bool,
-    /// The last read's work CPU (ns) and when it was taken.
-    work: Option<(u64, Instant)>,
-    /// The last read's periods and summed utilisation
-    /// ([`vm::Reading::utilisation`]).
-    utilisation: Option<(u64, f64)>,
-    /// The last read's measured vCPU CPU (ns, [`vm::Reading::measured`])
-    /// and when it was taken.
-    measured: Option<(u64, Instant)>,
-    /// Reads refused: its peer is not trusted.
-    refused: u64,
-    /// Whether the last read was of a trusted peer.
-    trusted: bool,
-    /// Its VMM's pid, once read.
-    pid: Option<u32>,
-    /// The cgroup the daemon put it in, or why there is none; `None`
-    /// before its pid was known (or with `[host] cgroups = false`).
-    group: Option<Result<VmGroup, String>>,
-    /// The CPU weight and CPU set last written in its group.
-    group_state: Option<(Option<u32>, CpuSet)>,
-    /// The CPU weight in force for it (in its group or by its VMM).
-    weight: Option<u32>,
-}
-
-impl Known {
-    /// A VM just found: nothing read, nothing given.
-    fn new(vm: Vm) -> Self {
-        Self {
-            vm,
-            cores: CpuSet::new(),
-            owned: None,
-            demand: 0.0,
-            vcpus: 0,
-            shared: false,
-            cpu_weight: None,
-            moves: 0,
-            errors: 0,
-            skipped: 0,
-            waited: 0,
-            given: None,
-            answered: false,
-            work: None,
-            utilisation: None,
-            measured: None,
-            refused: 0,
-            trusted: false,
-            pid: None,
-            group: None,
-            group_state: None,
-            weight: None,
-        }
-    }
-
-    /// Whether the daemon writes its group.
-    fn grouped(&self) -> Option<&VmGroup> {
-        self.group.as_ref().and_then(|g| g.as_ref().ok())
-    }
 }
 
 /// `a ∪ b`.
@@ -327,7 +255,8 @@ impl Daemon {
         }
         let mut gone = Vec::new();
         let mut lines = Vec::new();
-        let mut readings = read_all(&self.vms, &self.trust, timeout);
+        let mut readings = read_all(&self.vms, &self.trust, timeout, self.periods);
+        let period = self.periods;
         let hierarchy = self.hierarchy.clone();
         let cgroups = self.config.cgroups;
         for (name, k) in &mut self.vms {
@@ -336,77 +265,8 @@ impl Daemon {
             };
             match reading {
                 Ok(r) => {
-                    // Work CPU over the daemon's own period, in cores: what
-                    // its vCPU threads got by /proc, or less where the VM
-                    // reports less work (a guest's idle spinning is none).
-                    let now = Instant::now();
-                    let span = |t0: Instant| now.duration_since(t0).as_nanos().max(1) as f64;
-                    let reported = match (r.work_ns, k.work) {
-                        (Some(w), Some((w0, t0))) => Some(w.saturating_sub(w0) as f64 / span(t0)),
-                        _ => None,
-                    };
-                    let measured = match (r.measured, k.measured) {
-                        (Some((m, _)), Some((m0, t0))) => {
-                            Some(m.saturating_sub(m0) as f64 / span(t0))
-                        }
-                        _ => None,
-                    };
-                    let used = match (measured, reported) {
-                        (Some(m), Some(r)) => Some(m.min(r)),
-                        (m, r) => m.or(r),
-                    };
-                    // Never more vCPUs than it has vCPU threads.
-                    let vcpus = match r.measured {
-                        Some((_, n)) => r.vcpus.min(n.max(1)),
-                        None => r.vcpus,
-                    };
-                    if let Some(used) = used {
-                        // Mean utilisation over the same span.
-                        let busy = match (r.utilisation, k.utilisation) {
-                            (Some((p1, s1)), Some((p0, s0))) if p1 > p0 => {
-                                Some((s1 - s0) / (p1 - p0) as f64)
-                            }
-                            _ => None,
-                        };
-                        k.demand = host_sched::host::demand(used, r.cores.len(), vcpus, busy);
-                    }
-                    k.work = r.work_ns.map(|w| (w, now));
-                    k.measured = r.measured.map(|(m, _)| (m, now));
-                    k.trusted = true;
-                    if cgroups && k.pid != Some(r.peer.pid) {
-                        k.pid = Some(r.peer.pid);
-                        k.group_state = None;
-                        let joined = hierarchy.join(name, r.peer.pid);
-                        match &joined {
-                            Ok(g) => tracing::info!(
-                                "VM '{name}' (pid {}) in its own group: {}",
-                                r.peer.pid,
-                                g.describe()
-                            ),
-                            Err(e) => lines.push((
-                                1,
-                                format!(
-                                    "VM '{name}' (pid {}): no group of its own ({e}); its CPU weight goes to its VMM",
-                                    r.peer.pid
-                                ),
-                            )),
-                        }
-                        k.group = Some(joined.map_err(|e| e.to_string()));
-                    }
-                    k.pid = Some(r.peer.pid);
-                    k.utilisation = r.utilisation;
-                    if r.cores != k.cores {
-                        k.owned = None;
-                    }
-                    k.cores = r.cores;
-                    k.cpu_weight = r.cpu_weight;
-                    if k.grouped().is_none() {
-                        k.weight = r.cpu_weight;
-                    }
-                    k.vcpus = vcpus;
-                    k.answered = true;
-                    if k.demand >= k.cores.len() as f64 + 1.0 {
-                        k.waited += 1;
+                    if let Some(line) = k.absorb(name, r, &hierarchy, cgroups) {
+                        lines.push((1, line));
                     }
                 }
                 Err(VmError::Gone(..)) => gone.push(name.clone()),
@@ -419,6 +279,8 @@ impl Daemon {
                 Err(e @ VmError::Hung(..)) => {
                     k.skipped += 1;
                     k.answered = false;
+                    k.hung = k.hung.saturating_add(1);
+                    k.next_read = period + (1u64 << k.hung.min(6)).min(MAX_BACKOFF);
                     lines.push((0, e.to_string()));
                 }
                 Err(e) => {
@@ -486,20 +348,13 @@ impl Daemon {
             .last_move
             .is_some_and(|p| self.periods < p + self.config.hold_periods)
         {
-            // Within the hold after a move: every VM keeps what it has (a
-            // VM with none, found meanwhile, waits for the hold's end).
+            // Within the hold after a move: the last allocation again (a
+            // VM found meanwhile, with none, waits for the hold's end).
             return Ok(self
                 .vms
                 .iter()
-                .filter(|(_, k)| k.answered && !k.cores.is_empty())
-                .map(|(n, k)| {
-                    let cores = host_sched::host::VmCores {
-                        cores: k.cores.clone(),
-                        owned: k.owned.clone().unwrap_or_else(|| k.cores.clone()),
-                        shared: k.shared,
-                    };
-                    (n.clone(), cores, k.weight)
-                })
+                .filter(|(_, k)| k.answered)
+                .filter_map(|(n, k)| Some((n.clone(), k.planned.clone()?, k.weight)))
                 .collect());
         }
         let mut fixed: CpuSet = self
@@ -569,6 +424,7 @@ impl Daemon {
         for (name, new, weight) in plan {
             let k = self.vms.get_mut(&name).expect("planned from self.vms");
             k.shared = new.shared;
+            k.planned = Some(new.clone());
             if !k.answered {
                 continue;
             }
@@ -681,166 +537,6 @@ impl Daemon {
     }
 }
 
+mod known;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn known(dir: &Path, name: &str, cores: &str, given: Option<&str>, answered: bool) -> Known {
-        Known {
-            cores: CpuSet::parse(cores).unwrap(),
-            demand: 1.0,
-            vcpus: 2,
-            given: given.map(|g| CpuSet::parse(g).unwrap()),
-            answered,
-            ..Known::new(Vm::new(name, &dir.join(format!("{name}.sock"))).unwrap())
-        }
-    }
-
-    /// A daemon for `dir` on a host of CPUs `cpus` with host.toml `text`.
-    fn daemon(dir: &Path, cpus: &str, text: &str) -> Daemon {
-        let cpus = CpuSet::parse(cpus).unwrap();
-        let topology = host_sched::topology::Topology {
-            allowed: cpus.clone(),
-            online: cpus,
-            isolated: CpuSet::new(),
-        };
-        let config = HostConfig::parse(text, "host.toml", &topology).unwrap();
-        Daemon::new(config, dir, None)
-    }
-
-    /// The cores of `name` in `plan`.
-    fn cores_of(plan: &[(String, host_sched::host::VmCores, Option<u32>)], name: &str) -> String {
-        plan.iter()
-            .find(|(n, ..)| n == name)
-            .map_or("-".into(), |(_, c, _)| c.cores.to_string())
-    }
-
-    /// A peer that answered once claiming every core but one, then hangs:
-    /// found after the first period, it was never given cores, so it holds
-    /// none; adopted at the first period with them (a daemon restarted
-    /// beside it), it keeps at most its share of the pool; either way the
-    /// two honest VMs get cores of their own. Before the fix its claim was
-    /// fixed and both honest VMs were put on the one core left.
-    #[test]
-    fn a_peer_that_claims_every_core_but_one_then_hangs_holds_no_more_than_its_share() {
-        let dir = std::env::temp_dir().join(format!("stagevm-hostd-liar-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        for adopted in [None, Some("1-3")] {
-            let mut d = daemon(&dir, "0-3", "[host]\ncores = \"0-3\"\n");
-            d.vms
-                .insert("a".into(), known(&dir, "a", "0", Some("0"), true));
-            d.vms
-                .insert("b".into(), known(&dir, "b", "0", Some("0"), true));
-            d.vms
-                .insert("liar".into(), known(&dir, "liar", "1-3", adopted, false));
-            let plan = d.plan().unwrap();
-            let (a, b) = (
-                CpuSet::parse(&cores_of(&plan, "a")).unwrap(),
-                CpuSet::parse(&cores_of(&plan, "b")).unwrap(),
-            );
-            let liar = cores_of(&plan, "liar");
-            assert!(
-                !a.is_empty() && !b.is_empty() && a.intersection(&b).is_empty(),
-                "adopted {adopted:?}: a {a}, b {b}, liar {liar}"
-            );
-            match adopted {
-                None => assert_eq!(liar, "-", "a claim it was never given"),
-                Some(_) => assert_eq!(CpuSet::parse(&liar).unwrap().len(), 1, "{liar}"),
-            }
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn hung_peers_are_read_side_by_side_not_one_after_another() {
-        let dir = std::env::temp_dir().join(format!("stagevm-hostd-hung-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        // 128 peers that accept (the kernel's backlog) and never answer.
-        let n = 128;
-        let _peers: Vec<_> = (0..n)
-            .map(|i| {
-                std::os::unix::net::UnixListener::bind(dir.join(format!("vm{i:03}.sock"))).unwrap()
-            })
-            .collect();
-        let me = std::env::current_exe().unwrap();
-        let mut d = daemon(
-            &dir,
-            "0-1",
-            &format!(
-                "[host]\ntimeout_ms = 200\nvmm = [{:?}]\n",
-                me.display().to_string()
-            ),
-        );
-        let t0 = Instant::now();
-        d.period().unwrap();
-        let took = t0.elapsed();
-        // One after another: 128 × 200 ms = 25.6 s; side by side: 2 × 200 ms.
-        assert!(took < std::time::Duration::from_secs(3), "{took:?}");
-        let v = d.view();
-        assert_eq!(v.vms.len(), n);
-        assert!(v.vms.iter().all(|vm| vm.skipped == 1), "{v:?}");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    /// A socket served by a process that is not a trusted VMM (this test's
-    /// binary, not the `stagevm` beside it): refused, counted, no cores —
-    /// before the fix it was read and believed.
-    #[test]
-    fn a_peer_that_is_not_a_trusted_vmm_is_refused() {
-        let dir =
-            std::env::temp_dir().join(format!("stagevm-hostd-untrusted-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let _peer = std::os::unix::net::UnixListener::bind(dir.join("impostor.sock")).unwrap();
-        let mut d = daemon(&dir, "0-1", "[host]\ntimeout_ms = 200\n");
-        let t0 = Instant::now();
-        for _ in 0..2 {
-            d.period().unwrap();
-        }
-        // Refused at once: no request was sent, so no timeout was waited.
-        assert!(
-            t0.elapsed() < std::time::Duration::from_millis(200),
-            "{:?}",
-            t0.elapsed()
-        );
-        let v = d.view();
-        let vm = &v.vms[0];
-        assert_eq!(
-            (vm.refused, vm.skipped, vm.cores.as_str()),
-            (2, 0, ""),
-            "{v:?}"
-        );
-        assert_eq!(d.plan().unwrap().len(), 0);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    /// After a move the allocation holds for the hold, whatever the
-    /// demands say meanwhile; after it, cores may move again (issue 50,
-    /// S5: a guest that swings its demand every period moves another VM's
-    /// cores at most once per hold).
-    #[test]
-    fn cores_just_moved_are_held_for_hold_periods() {
-        let dir = std::env::temp_dir().join(format!("stagevm-hostd-hold-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut d = daemon(&dir, "0-1", "[host]\ncores = \"0-1\"\nhold_periods = 3\n");
-        d.periods = 10;
-        d.last_move = Some(10);
-        let mut a = known(&dir, "a", "0-1", Some("0-1"), true);
-        a.demand = 0.0;
-        let mut b = known(&dir, "b", "", Some(""), true);
-        b.demand = 2.0;
-        d.vms.insert("a".into(), a);
-        d.vms.insert("b".into(), b);
-        for (period, a_keeps) in [(10, true), (12, true), (13, false)] {
-            d.periods = period;
-            let plan = d.plan().unwrap();
-            let (ca, cb) = (cores_of(&plan, "a"), cores_of(&plan, "b"));
-            assert_eq!(ca == "0-1", a_keeps, "period {period}: a {ca}, b {cb}");
-            if !a_keeps {
-                assert_ne!(cb, "", "period {period}: b still has no core");
-            }
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-}
+mod tests;
