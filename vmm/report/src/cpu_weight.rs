@@ -9,25 +9,25 @@ pub struct CpuWeightReport {
     /// The weight asked (1..=10000; 100 is an ordinary process), `None`
     /// after it was taken back (the values found before are restored).
     pub weight: Option<u32>,
-    /// What carries it: `vCPU threads' nice` (each vCPU's `nice`), or the
-    /// group the VMM is alone in, `cgroup v2 DIR/cpu.weight`, `cgroup v1
-    /// DIR/cpu.shares` or `autogroup nice`.
+    /// What carries it: `vCPU threads' nice` (each vCPU's `nice`). The VMM
+    /// opens no group file: a group's weight is `stagevm-hostd`'s to set,
+    /// and it sends a weight to the VMM only where it cannot (issue 50,
+    /// S2).
     pub by: String,
-    /// The group's value last written (`cpu.weight`, `cpu.shares`, or the
-    /// autogroup's nice); `None` on the threads.
+    /// Kept for readers of older reports (a group's value the VMM once
+    /// wrote); always `None` now.
     #[serde(default)]
     pub group_value: Option<i64>,
-    /// Why the weight is not in force (the group's file could not be
-    /// opened or written, a lower nice without `CAP_SYS_NICE`), if it is
-    /// not.
+    /// Why the weight is not in force (a lower nice without
+    /// `CAP_SYS_NICE` or a `RLIMIT_NICE` that allows it), if it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// On the threads: the weight their nice levels carry now, read back
-    /// (Σ the CFS weight of each vCPU thread's nice × 100 ÷ 1024, so 100 per
+    /// The weight the vCPU threads' nice levels carry now, read back (Σ
+    /// the CFS weight of each vCPU thread's nice × 100 ÷ 1024, so 100 per
     /// thread at nice 0) — what is in force, also when a nice could not
     /// come back down (lowering one needs `CAP_SYS_NICE`, or a
     /// `RLIMIT_NICE` its supervisor gives: `LimitNICE=+0` in
-    /// `stagevm@.service`). `None` for a group.
+    /// `stagevm@.service`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_force: Option<u32>,
 }
