@@ -185,9 +185,14 @@ impl Hierarchy {
         let (dir, moved) = place(None, v2)?;
         if moved {
             write(&dir, "cgroup.procs", &pid.to_string())?;
-            // Allowed only when the parent now holds no process.
+            // Allowed only when the parent now holds no process; if not,
+            // the VMM goes back where it was and the group goes.
             let parent = dir.parent().unwrap_or(&dir).to_path_buf();
-            write(&parent, "cgroup.subtree_control", "+cpu")?;
+            if let Err(e) = write(&parent, "cgroup.subtree_control", "+cpu") {
+                let _ = write(&parent, "cgroup.procs", &pid.to_string());
+                let _ = std::fs::remove_dir(&dir);
+                return Err(e);
+            }
             let _ = write(&parent, "cgroup.subtree_control", "+cpuset");
         }
         let cpuset_dir = dir.join("cpuset.cpus").exists().then(|| dir.clone());

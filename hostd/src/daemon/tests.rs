@@ -3,6 +3,21 @@
 
 use super::*;
 
+/// A fresh scratch folder for test `name`.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("stagevm-hostd-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `[host]` keys with `extra`, believing this test's binary as a VMM (its
+/// fake peers are read).
+fn trusting_this_test(extra: &str) -> String {
+    let me = std::env::current_exe().unwrap();
+    format!("[host]\n{extra}vmm = [{:?}]\n", me.display().to_string())
+}
+
 fn known(dir: &Path, name: &str, cores: &str, given: Option<&str>, answered: bool) -> Known {
     Known {
         cores: CpuSet::parse(cores).unwrap(),
@@ -41,8 +56,7 @@ fn cores_of(plan: &[(String, host_sched::host::VmCores, Option<u32>)], name: &st
 /// fixed and both honest VMs were put on the one core left.
 #[test]
 fn a_peer_that_claims_every_core_but_one_then_hangs_holds_no_more_than_its_share() {
-    let dir = std::env::temp_dir().join(format!("stagevm-hostd-liar-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("liar");
     for adopted in [None, Some("1-3")] {
         let mut d = daemon(&dir, "0-3", "[host]\ncores = \"0-3\"\n");
         d.vms
@@ -71,9 +85,7 @@ fn a_peer_that_claims_every_core_but_one_then_hangs_holds_no_more_than_its_share
 
 #[test]
 fn hung_peers_are_read_side_by_side_not_one_after_another() {
-    let dir = std::env::temp_dir().join(format!("stagevm-hostd-hung-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("hung");
     // 128 peers that accept (the kernel's backlog) and never answer.
     let n = 128;
     let _peers: Vec<_> = (0..n)
@@ -81,15 +93,7 @@ fn hung_peers_are_read_side_by_side_not_one_after_another() {
             std::os::unix::net::UnixListener::bind(dir.join(format!("vm{i:03}.sock"))).unwrap()
         })
         .collect();
-    let me = std::env::current_exe().unwrap();
-    let mut d = daemon(
-        &dir,
-        "0-1",
-        &format!(
-            "[host]\ntimeout_ms = 200\nvmm = [{:?}]\n",
-            me.display().to_string()
-        ),
-    );
+    let mut d = daemon(&dir, "0-1", &trusting_this_test("timeout_ms = 200\n"));
     let t0 = Instant::now();
     d.period().unwrap();
     let took = t0.elapsed();
@@ -106,9 +110,7 @@ fn hung_peers_are_read_side_by_side_not_one_after_another() {
 /// before the fix it was read and believed.
 #[test]
 fn a_peer_that_is_not_a_trusted_vmm_is_refused() {
-    let dir = std::env::temp_dir().join(format!("stagevm-hostd-untrusted-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("untrusted");
     let _peer = std::os::unix::net::UnixListener::bind(dir.join("impostor.sock")).unwrap();
     let mut d = daemon(&dir, "0-1", "[host]\ntimeout_ms = 200\n");
     let t0 = Instant::now();
@@ -138,8 +140,7 @@ fn a_peer_that_is_not_a_trusted_vmm_is_refused() {
 /// cores at most once per hold).
 #[test]
 fn cores_just_moved_are_held_for_hold_periods() {
-    let dir = std::env::temp_dir().join(format!("stagevm-hostd-hold-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("hold");
     let mut d = daemon(&dir, "0-1", "[host]\ncores = \"0-1\"\nhold_periods = 3\n");
     d.periods = 10;
     d.last_move = Some(10);
@@ -172,18 +173,12 @@ fn cores_just_moved_are_held_for_hold_periods() {
 /// over 40 periods it costs 5 timeouts, not 40 (issue 50, S3).
 #[test]
 fn a_peer_that_keeps_hanging_is_read_less_and_less_often() {
-    let dir = std::env::temp_dir().join(format!("stagevm-hostd-backoff-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("backoff");
     let _hung = std::os::unix::net::UnixListener::bind(dir.join("hung.sock")).unwrap();
-    let me = std::env::current_exe().unwrap();
     let mut d = daemon(
         &dir,
         "0-1",
-        &format!(
-            "[host]\nperiod_ms = 10\ntimeout_ms = 10\nvmm = [{:?}]\n",
-            me.display().to_string()
-        ),
+        &trusting_this_test("period_ms = 10\ntimeout_ms = 10\n"),
     );
     for _ in 0..40 {
         d.period().unwrap();
