@@ -1,5 +1,6 @@
-//! End-to-end: the host daemon moving a VM's stage cores to as many other
-//! cores keeps the VM's policy and what `auto` learnt (issue 50, S5): a
+//! End-to-end: the host daemon moving a VM's stage cores keeps the VM's
+//! policy and what `auto` learnt (issue 50, S5): to as many other cores at
+//! any time, to another number of them while `auto` holds a mode. A
 //! neighbour whose demand swings may move this VM's cores at every hold,
 //! and `auto` must not start over at each move.
 
@@ -73,4 +74,42 @@ fn moving_a_vm_to_as_many_other_cores_keeps_autos_state() {
         first.trials,
         end.trials
     );
+
+    // Another number of cores while auto holds a mode (its first trial
+    // over): the same policy plans for them (`retarget`), its mode and
+    // periods kept.
+    let t0 = std::time::Instant::now();
+    while auto(&vm).last_trial.is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "auto never decided");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let holding = auto(&vm);
+    let mut last = holding.periods;
+    for (i, cores) in ["0-1", "1", "0-1"].into_iter().enumerate() {
+        let kept = vm.stages().sched.policy_kept;
+        vm.put(BUDGETS, &format!(r#"{{"host":{{"cores":"{cores}"}}}}"#));
+        let t = std::time::Instant::now();
+        loop {
+            let v = vm.stages();
+            if v.sched.stage_cores == cores && v.sched.policy_kept == kept + 1 {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(3),
+                "to {cores}: {:?}",
+                v.sched
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(3 * PERIOD_MS));
+        let now = auto(&vm);
+        assert!(
+            now.periods > last && now.trials == holding.trials,
+            "count change {i} (to {cores}): periods {last} -> {}, trials {} -> {}",
+            now.periods,
+            holding.trials,
+            now.trials
+        );
+        last = now.periods;
+    }
 }

@@ -310,6 +310,8 @@ pub struct Auto {
     last_hold: Option<Mode>,
     /// The last finished trial's summary.
     last_trial: Option<TrialSummary>,
+    /// The stage cores its modes plan for.
+    cores: usize,
 }
 
 fn shares(load: &[f64]) -> Vec<f64> {
@@ -337,6 +339,7 @@ impl Auto {
         };
         Self {
             bound: ctx.latency,
+            cores: ctx.cores.len(),
             spatial: build(PolicyKind::Static, ctx.clone()),
             unstaged: build(PolicyKind::Pinned, ctx),
             temporal,
@@ -483,6 +486,26 @@ impl Auto {
 impl Policy for Auto {
     fn kind(&self) -> PolicyKind {
         PolicyKind::Auto
+    }
+
+    /// A change of the number of stage cores during a hold keeps the mode
+    /// held, the periods left and the statistics; the modes plan for the
+    /// new cores, and the hold's guard compares at the new capacity (under
+    /// the rate objective unstaged's figure scales with the cores; the
+    /// held mode's smoothed figure starts again; the unstaged probes
+    /// measure afresh). During a trial it returns `false`: the trial's
+    /// epochs would compare modes at two capacities, so it starts again.
+    fn retarget(&mut self, ctx: Context) -> bool {
+        let State::Hold(hold) = &mut self.state else {
+            return false;
+        };
+        let (old, new) = (self.cores.max(1), ctx.cores.len().max(1));
+        hold.rescale(new as f64 / old as f64);
+        self.cores = ctx.cores.len();
+        self.bound = ctx.latency;
+        self.spatial = build(PolicyKind::Static, ctx.clone());
+        self.unstaged = build(PolicyKind::Pinned, ctx);
+        true
     }
 
     /// The plan of the mode `auto` runs next: the `static` or `pinned`

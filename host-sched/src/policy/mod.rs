@@ -200,6 +200,14 @@ pub trait Policy: Send {
     fn last_trial(&self) -> Option<auto::TrialSummary> {
         None
     }
+    /// The VM's stage cores changed in number (the host daemon moved it):
+    /// adopt `ctx` and keep what was learnt, if the policy can; `false`
+    /// asks the caller to build a new one (the default: the other policies
+    /// keep only an EWMA of the load). A move to as many cores needs no
+    /// call: [`relabel`] renames the plans' cores.
+    fn retarget(&mut self, _ctx: Context) -> bool {
+        false
+    }
 }
 
 /// Builds a policy.

@@ -222,15 +222,30 @@ impl Controller {
             self.config = p.config;
             return Some(format!("applied: {what}"));
         }
-        let (old, new) = (&self.vm.resolved.stage_cores, &p.vm.resolved.stage_cores);
-        if let Some(relabel) = p.host_only.then(|| self.relabel.then(old, new)).flatten() {
+        let (old, new) = (
+            self.vm.resolved.stage_cores.clone(),
+            p.vm.resolved.stage_cores.clone(),
+        );
+        if let Some(relabel) = p.host_only.then(|| self.relabel.then(&old, &new)).flatten() {
             // As many stage cores as before: the policy and what it learnt
             // stay; its plans get the new cores' names.
             tracing::info!("operator change applied, policy kept ({old} -> {new}): {what}");
-            if let Some(step) = Relabel::default().then(old, new) {
+            if let Some(step) = Relabel::default().then(&old, &new) {
                 self.plan = step.apply(std::mem::take(&mut self.plan));
             }
             self.relabel = relabel;
+            self.relabels += 1;
+            self.vm = p.vm;
+            self.config = p.config;
+            return Some(format!("applied: {what} (policy kept)"));
+        }
+        if p.host_only && self.retarget(&p.vm) {
+            // Another number of cores: a policy that can (`auto` holding a
+            // mode) keeps what it learnt and plans for the new cores.
+            tracing::info!(
+                "operator change applied, policy kept ({old} -> {new}, retargeted): {what}"
+            );
+            self.relabel = Relabel::default();
             self.relabels += 1;
             self.vm = p.vm;
             self.config = p.config;
@@ -253,6 +268,20 @@ impl Controller {
         self.vm = p.vm;
         self.config = p.config;
         Some(format!("applied: {what}"))
+    }
+
+    /// Asks the guest's policy to plan for `vm`'s stage cores, keeping
+    /// what it learnt ([`Policy::retarget`]); false before REGISTER, when
+    /// the guest's budgets do not fit `vm`, or when the policy cannot.
+    fn retarget(&mut self, vm: &VmPlan) -> bool {
+        let num_vcpus = self.num_vcpus;
+        let Some(g) = self.guest.as_mut() else {
+            return false;
+        };
+        let Ok(budgets) = vm.resolved.budgets_for(&g.names) else {
+            return false;
+        };
+        g.policy.retarget(vm.resolved.context(num_vcpus, budgets))
     }
 
     /// The VM's configuration (after fitting it to the vCPU count).

@@ -102,6 +102,22 @@ pub(super) struct Hold {
 }
 
 impl Hold {
+    /// The VM's stage cores changed in number by `factor` (new ÷ old):
+    /// the guard's unstaged figure scales with them under the rate
+    /// objective (a CPU-per-request figure does not), the held mode's
+    /// smoothed figure, a probe in flight and the periods to skip start
+    /// again.
+    pub fn rescale(&mut self, factor: f64) {
+        if let Some(w) = self.watch.as_mut() {
+            if w.guard.objective == Objective::Rate && factor.is_finite() && factor > 0.0 {
+                w.guard.unstaged *= factor;
+            }
+            w.avg = None;
+            w.probe = None;
+            w.skip = 0;
+        }
+    }
+
     /// A hold of `mode` for `p.hold_periods`, from the stage loads `load`
     /// of the period that decided it; `guard` for a mode other than
     /// unstaged; `objective` the deciding trial's.
