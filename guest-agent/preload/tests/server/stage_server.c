@@ -6,6 +6,7 @@
  * usage: stage_server THREADS REQUESTS WORK [options]
  *   --mutex       hold one global mutex from parse to exec (across a stage point)
  *   --sleep-ms N  thread 0 sleeps N ms inside plan on its first request
+ *                 (the other threads start their requests once it sleeps)
  *   --idle-us N   each request first waits N us for its client (in req_wait)
  *   --start-delay-ms N  main waits N ms before starting the workers (a test
  *                 host registers the stage channel's area meanwhile)
@@ -60,10 +61,17 @@ __attribute__((noinline)) uint64_t stage_parse(int id, uint64_t x)
 	return spin(x + (uint64_t)id, work);
 }
 
+/* Set by thread 0 as it starts its sleep (--sleep-ms): the others start
+ * their requests only then, so they meet the sleeper at the gate however
+ * late the machine's load starts thread 0. */
+static int sleeper_in;
+
 __attribute__((noinline)) uint64_t stage_plan(int id, int r, uint64_t x)
 {
-	if (sleep_ms && id == 0 && r == 0)
+	if (sleep_ms && id == 0 && r == 0) {
+		__atomic_store_n(&sleeper_in, 1, __ATOMIC_RELEASE);
 		usleep((useconds_t)sleep_ms * 1000);
+	}
 	return spin(x ^ 0x9e3779b97f4a7c15ull, work);
 }
 
@@ -123,6 +131,8 @@ static void *worker(void *arg)
 				_exit(3);
 			}
 	}
+	while (sleep_ms && id != 0 && !__atomic_load_n(&sleeper_in, __ATOMIC_ACQUIRE))
+		usleep(100);
 	for (int r = 0; r < nrequests; r++) {
 		req_wait(id);
 		uint64_t t0 = now_ns();
