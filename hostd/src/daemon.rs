@@ -424,6 +424,13 @@ impl Daemon {
         for (name, new, weight) in plan {
             let k = self.vms.get_mut(&name).expect("planned from self.vms");
             k.shared = new.shared;
+            // A move is a change of what the daemon decided, not of what
+            // the VM reports (which lags a period, or differs for good:
+            // a VMM fits its cores to its vCPUs).
+            let before = k.planned.as_ref().map_or(&k.cores, |p| &p.cores);
+            if *before != new.cores {
+                moved = true;
+            }
             k.planned = Some(new.clone());
             if !k.answered {
                 continue;
@@ -456,9 +463,6 @@ impl Daemon {
                         .map_or(String::new(), |g| format!(" in {}", g.describe()))
                 );
                 k.moves += added;
-                if new.cores != k.cores {
-                    moved = true;
-                }
                 k.cores = new.cores.clone();
                 k.cpu_weight = vm_weight;
             }
