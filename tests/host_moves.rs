@@ -14,6 +14,30 @@ use harness::*;
 
 const BUDGETS: &str = "/api/v1/stages.budgets";
 
+/// Gives `vm` the stage cores `cores` as the daemon does and waits (at
+/// most 3 s) until it runs on them with `kept` moves counted as keeping
+/// its policy — its vCPU threads read back on exactly `cores` too, when
+/// `pinned` (one vCPU per core there).
+fn move_to(vm: &Vm, cores: &str, kept: u64, pinned: bool) {
+    vm.put(BUDGETS, &format!(r#"{{"host":{{"cores":"{cores}"}}}}"#));
+    let t = std::time::Instant::now();
+    loop {
+        let v = vm.stages();
+        let moved = v.sched.stage_cores == cores
+            && v.sched.policy_kept == kept
+            && (!pinned || v.sched.vcpus.iter().all(|t| t.affinity == cores));
+        if moved {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "to {cores}: {:?}",
+            v.sched
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// An `auto` VM on one stage core, moved between the two cores of this
 /// machine six times as the daemon would (`[host] cores` only): each move
 /// re-pins the vCPU threads to the new core, and the policy is the same
@@ -38,23 +62,7 @@ fn moving_a_vm_to_as_many_other_cores_keeps_autos_state() {
     let first = auto(&vm);
     let mut last = first.periods;
     for (i, core) in ["1", "0", "1", "0", "1", "0"].into_iter().enumerate() {
-        vm.put(BUDGETS, &format!(r#"{{"host":{{"cores":"{core}"}}}}"#));
-        let t = std::time::Instant::now();
-        loop {
-            let v = vm.stages();
-            let moved = v.sched.stage_cores == core
-                && v.sched.policy_kept == i as u64 + 1
-                && v.sched.vcpus.iter().all(|t| t.affinity == core);
-            if moved {
-                break;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(3),
-                "move {i} to {core}: {:?}",
-                v.sched
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        move_to(&vm, core, i as u64 + 1, true);
         std::thread::sleep(Duration::from_millis(3 * PERIOD_MS));
         let now = auto(&vm);
         assert!(
@@ -87,20 +95,7 @@ fn moving_a_vm_to_as_many_other_cores_keeps_autos_state() {
     let mut last = holding.periods;
     for (i, cores) in ["0-1", "1", "0-1"].into_iter().enumerate() {
         let kept = vm.stages().sched.policy_kept;
-        vm.put(BUDGETS, &format!(r#"{{"host":{{"cores":"{cores}"}}}}"#));
-        let t = std::time::Instant::now();
-        loop {
-            let v = vm.stages();
-            if v.sched.stage_cores == cores && v.sched.policy_kept == kept + 1 {
-                break;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(3),
-                "to {cores}: {:?}",
-                v.sched
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        move_to(&vm, cores, kept + 1, false);
         std::thread::sleep(Duration::from_millis(3 * PERIOD_MS));
         let now = auto(&vm);
         assert!(
