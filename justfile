@@ -219,3 +219,5 @@ lint: setup
     {{ruff}} --version 2>/dev/null | grep -qx "ruff {{ruff_version}}" || { python3 -m venv target/ruff-venv && target/ruff-venv/bin/pip install -q "ruff=={{ruff_version}}"; }
     {{ruff}} check .
     {{ruff}} format --check .
+    # Every C source and header names its licence (SPDX, as the kernel's).
+    ! git ls-files '*.c' '*.h' | xargs grep -L 'SPDX-License-Identifier' | grep . || { echo "lint: the files above have no SPDX-License-Identifier line" >&2; exit 1; }

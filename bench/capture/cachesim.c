@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cachesim: an independent check of stagesim's cache model (issue 16).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * stage_seq: the per-thread stage sequence of a "stagetrace v1" stream, the
  * fast path of tpcc_mix.py (which has the same decoder in Python, --pure).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * trace_stats: quick statistics of a "stagetrace v1" stream (fast C twin of
  * trace_stats.py; same output).  Reads the *decompressed* stream on stdin:

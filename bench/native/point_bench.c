@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Mechanism costs for bench_native_server.py, timed natively.
  *
  *   point_bench calls ITER            one thread calls probe_a, probe_b ITER

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * stagevm-exit CODE: ends the VM with exit status CODE (0-255) by writing it
  * to stagevm's shutdown port (0x600, hypercall-abi/src/platform.rs). Needs

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * stgtrace: a small Valgrind tool that writes a "stagetrace v1" stream.
  *

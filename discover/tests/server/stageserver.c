@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * stageserver: a small multi-stage TCP server for stagevm-discover's
  * end-to-end test.  Thread per connection on 127.0.0.1; a request is one

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Stage-map file parser and writer (format: stagemap_file.h). Standalone:
  * no channel state, so stagectl builds it too. */
 #include "stagemap_file.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Stage-map files: which functions of an unmodified binary start which
  * stage (`stagesim discover` writes them, issue 25; the agent attaches them
  * with uprobes, issue 27; libstage users can read them).

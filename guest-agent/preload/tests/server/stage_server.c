@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A small multi-threaded "server" for the preload library's tests: each
  * worker thread serves requests through three stages (parse -> plan ->
  * exec), each a function the stage map names, after waiting for its
