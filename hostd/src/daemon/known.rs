@@ -147,7 +147,6 @@ impl Known {
         self.measured = r.measured.map(|(m, _)| (m, now));
         self.trusted = true;
         if cgroups && self.pid != Some(r.peer.pid) {
-            self.pid = Some(r.peer.pid);
             self.group_state = None;
             let joined = hierarchy.join(name, r.peer.pid);
             match &joined {
