@@ -452,7 +452,9 @@ impl Controller {
             || plan.stage_vcpus != self.plan.stage_vcpus
             || plan.owned_vcpus() != self.plan.owned_vcpus()
             || plan.visit != self.plan.visit;
-        if map_changed {
+        // A REGISTER planned at this period counted its map already
+        // (`plan_registration`); the caller publishes one map for both.
+        if map_changed && !registered_now {
             self.map_changes += 1;
         }
         let mode = decision.as_ref().map(|d| d.mode.name().to_string());
