@@ -100,16 +100,15 @@ impl Attacked {
     }
 }
 
-/// `VmRSS` of `pid` (KiB), 0 if unreadable.
-fn vm_rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
+/// `VmRSS` of `pid` (KiB). Errors: the status file cannot be read or has
+/// no `VmRSS` line, as text.
+fn vm_rss_kib(pid: u32) -> Result<u64, String> {
+    let path = format!("/proc/{pid}/status");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| format!("{path}: no VmRSS line"))
 }
 
 /// Reaps `child` with `wait4` (the kit's `Running::wait_rusage`), polling
@@ -200,7 +199,13 @@ fn attack_reporting(args: &[&str], sigterm_at: Option<&str>, with_report: bool) 
         stdout: out_reader.join().unwrap(),
         stderr: err_reader.join().unwrap(),
         report: parsed,
-        rss_growth_kib: maxrss.saturating_sub(rss_at_banner.unwrap_or(0)),
+        // A baseline that could not be had fails here, naming why, rather
+        // than as the VMM's whole RSS counted as growth.
+        rss_growth_kib: maxrss.saturating_sub(
+            rss_at_banner
+                .unwrap_or_else(|| Err("no banner line within 10 s".into()))
+                .unwrap_or_else(|e| panic!("VmRSS at the banner: {e}")),
+        ),
         stop_time,
     }
 }
