@@ -330,7 +330,8 @@ impl Daemon {
     /// ([`Known::given`]) that it still holds: they are fixed for this
     /// allocation, unless they meet a set fixed already (two hung VMs on
     /// the same cores), when it is left out and others may share its
-    /// cores; a VM the daemon never gave cores to holds none it knows of,
+    /// cores (a VM that shared its cores stays in as it was, by its last
+    /// demand); a VM the daemon never gave cores to holds none it knows of,
     /// whatever it claimed; and an unlisted VM (no `[[vm]]` entry, so no
     /// `max_cores`) keeps at most the pool ÷ the VMs. A VM that answers
     /// claims nothing either: its current cores, which hysteresis keeps,
@@ -374,7 +375,12 @@ impl Daemon {
             let mut budget = self.config.budget(n);
             let given = k.given.clone().unwrap_or_default();
             let held = k.cores.intersection(&given);
-            if !k.answered {
+            // A VM that shared its cores (more VMs than cores) and missed
+            // a read stays in the allocation as it was, by its last demand
+            // (measured from /proc): fixing its set would take the core
+            // from the VM that owns it, and leaving it out would give the
+            // others a core each, both at one slow answer.
+            if !k.answered && !k.shared {
                 let mut stale = held.intersection(&self.config.cores);
                 if !self.config.vms.contains_key(n) {
                     stale = stale.iter().take(share).collect();

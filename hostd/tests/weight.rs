@@ -34,7 +34,7 @@ fn weight_decides_who_owns_shared_cores_and_their_cpu() {
     let heavy = boot_with(&dir, "heavy", FOREVER, &OFF);
     let light1 = boot_with(&dir, "light1", FOREVER, &OFF);
     let light2 = boot_with(&dir, "light2", FOREVER, &OFF);
-    let (daemon, _log) = start_daemon(&dir, &config, &api);
+    let (daemon, log) = start_daemon(&dir, &config, &api);
 
     // Weights 8, 1, 1 at 2 vCPUs each: CPU weights 200, 25, 25: cgroup v1
     // shares 2048 and 256, or per vCPU 100 and 12.5, nice 0 and 9
@@ -136,7 +136,12 @@ fn weight_decides_who_owns_shared_cores_and_their_cpu() {
     for _ in 0..6 {
         std::thread::sleep(Duration::from_millis(PERIOD_MS));
         let v = view(&api);
-        assert_eq!(moves(&v), before, "a core moved: {v:?}");
+        assert_eq!(
+            moves(&v),
+            before,
+            "a core moved: {v:?}\n{}",
+            log.lock().unwrap()
+        );
         assert_eq!(vm(&v, "heavy").owned, "0-1", "{v:?}");
     }
     let cpu = [&heavy, &light1, &light2].map(vcpu_cpu_ns);

@@ -188,3 +188,30 @@ fn a_peer_that_keeps_hanging_is_read_less_and_less_often() {
     assert_eq!(v.vms[0].skipped, 5, "{v:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A VM that shares a core it was given (more VMs than cores) and misses
+/// one read stays in the allocation as it was: the VM that owns both
+/// cores keeps them, and the sharer still shares one. Before, the
+/// sharer's stale set was fixed and the owner lost a core at one slow
+/// answer (seen in hostd/tests/weight.rs, where the light VMs' API threads
+/// answer slowly in their low-weight cgroups).
+#[test]
+fn a_sharer_that_misses_a_read_takes_no_core_from_its_owner() {
+    let dir = scratch("sharer");
+    let mut d = daemon(&dir, "0-1", "[host]\ncores = \"0-1\"\n");
+    let mut heavy = known(&dir, "heavy", "0-1", Some("0-1"), true);
+    heavy.demand = 2.0;
+    heavy.vcpus = 2;
+    let mut light = known(&dir, "light", "0", Some("0"), false);
+    light.shared = true;
+    d.vms.insert("heavy".into(), heavy);
+    d.vms.insert("light".into(), light);
+    let mut other = known(&dir, "other", "1", Some("1"), true);
+    other.shared = true;
+    d.vms.insert("other".into(), other);
+    let plan = d.plan().unwrap();
+    assert_eq!(cores_of(&plan, "heavy"), "0-1");
+    let light = CpuSet::parse(&cores_of(&plan, "light")).unwrap();
+    assert_eq!(light.len(), 1, "the sharer still shares a core");
+    let _ = std::fs::remove_dir_all(&dir);
+}
