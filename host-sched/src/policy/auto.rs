@@ -22,41 +22,42 @@
 //! policy is the operator's `[policy] visit` when it names one
 //! ([`Context::visit`]), else [`DEFAULT_TEMPORAL`].
 //!
-//! The policy runs short, interleaved **trial epochs** of the modes
-//! (unstaged first, then temporal, spatial, both, round after round),
-//! measures in each what the VMM observes per policy period
+//! **Trials.** A trial measures what the VMM observes per policy period
 //! ([`Observation`]: the completed-request rate, the CPU the vCPU threads
-//! spent on work, their utilisation and the sampled request latencies),
-//! and keeps the best mode by the trial's **objective** (the `measure`
-//! submodule): the rate when the unstaged epochs ran the vCPUs saturated
-//! (utilisation ≥ [`AutoParams::saturation`], as in every closed loop), the
-//! CPU per request below that, where an open-loop server completes its
-//! requests at their arrival rate under every mode and only their cost
-//! differs. A mode other than unstaged is kept only when it beats unstaged
-//! by a margin, so noise never flips it towards a mode that can lose (do
-//! no harm), and never when its p99 request latency is beyond the
-//! operator's bound ([`LatencyBound`], `[policy] max_p99_increase` or
-//! `latency_slo_us`), nor, below saturation, when it did not keep up with
-//! the arrivals. A mode clearly behind another is dropped from the rest of
-//! a trial, and a clear winner ends it early (the `trial` submodule). The
-//! decision is held (the `hold` submodule): a new trial starts after a
-//! hold time, when the stage mix (each stage's share of the load) moves,
-//! and when the load crosses saturation; while a mode other than unstaged
-//! is held, its figure falling behind unstaged's of its trial, or its p99
-//! passing the bound, ends the hold unstaged.
+//! spent on work, their utilisation, the sampled request latencies) as an
+//! experiment would (the `trial` submodule): unstaged is the incumbent,
+//! and each candidate **duels** it in short paired slices, A B then B A,
+//! so that a drift of the load cancels; the first periods after each
+//! change of plan are skipped, as many as the trial measured the figures
+//! take to settle. Each pair's difference of the **objective** (the
+//! `measure` submodule: the rate when the incumbent ran saturated, CPU
+//! per request below that, where an open-loop server completes its
+//! arrivals under every mode and only their cost differs) goes to a
+//! **sequential test** (the `sprt` submodule: Wald's SPRT with the noise
+//! estimated from the pairs), which stops as soon as the candidate is
+//! shown better by the margin (it becomes the incumbent) or not better,
+//! its false-switch rate bounded by [`AutoParams::alpha`], its length by
+//! [`AutoParams::max_pairs`]. The p99 is a veto: a candidate whose p99
+//! passes the operator's bound ([`LatencyBound`]) is refused, and so is,
+//! below saturation, one that does not keep up with the arrivals. Modes
+//! the counters rule out are not trialled, and the report says why (one
+//! core; a mean visit shorter than a migration, when the caller measured
+//! one: [`AutoParams::migration_ns`]).
 //!
-//! Ties (equal mean rates) go to the simpler mode, in the order unstaged <
-//! temporal < spatial < both ([`Mode::ALL`]): temporal changes only the
-//! order in which each vCPU serves its own threads (a yield at each stage
-//! switch, no migration, no map change); spatial moves a thread to another
-//! vCPU at every stage switch (exits and wake-ups); both does both.
+//! **Holds.** The kept mode runs until a **change point** (the `cusum`
+//! submodule, in the `hold` submodule: the rate, the utilisation, the
+//! stage mix, or a held mode's p99 past the bound) or the end of its
+//! interval, which doubles while trials keep finding the same mode
+//! ([`AutoParams::max_hold_periods`]). A hold never switches by itself:
+//! every switch of mode is a trial's verdict. A change of the VM's cores
+//! by the host daemon keeps the hold ([`Policy::retarget`]) unless it
+//! crosses one core, where the candidates change.
 //!
-//! Cost: a full trial runs `epoch_periods` × modes × `rounds` policy periods
-//! (3 × 4 × 3 = 36 by default, against 18 with two modes), three quarters
-//! of them in modes it does not keep (half with two). The early cut
-//! shortens most trials (12 periods when every staging loses clearly), and
-//! [`AutoParams::candidates`] can leave modes out (e.g. the temporal ones
-//! for a guest without visit policies, which would run them as FIFO).
+//! Ties go to the simpler mode, in the order unstaged < temporal < spatial
+//! < both ([`Mode::ALL`]): a candidate must be *better* to win. Temporal
+//! changes only the order in which each vCPU serves its own threads;
+//! spatial moves a thread to another vCPU at every stage switch; both
+//! does both. The same code runs in stagesim, on the MariaDB traces.
 //!
 //! Why trials and not a model: on these machines the cost of a migration
 //! (exits, idle, hand-off) and the gain in i-cache misses both depend on the
@@ -66,16 +67,21 @@
 //! wins only when code overflows the caches (seed 000 §5, seed 004) is why
 //! the unstaged plan is the default whenever the difference is in the noise.
 
+pub mod cusum;
 mod hold;
 mod measure;
+mod params;
+pub mod sprt;
 #[cfg(test)]
 mod tests;
 mod trial;
 
 use super::{build, Context, Observation, Plan, Policy, PolicyKind, VisitPolicy};
-use hold::{Fallback, Guard, Hold, Step};
+use hold::{Hold, Step};
 pub use measure::{LatencyBound, ModeSummary, Objective, TrialSummary};
-use trial::{Trial, Verdict};
+pub use params::AutoParams;
+pub use trial::DuelSummary;
+use trial::{Settle, Trial, Verdict};
 
 /// The temporal policy of the `temporal` and `both` modes when the operator
 /// named none (`[policy] visit` is FIFO): SRPT (the pipeline's last stage
@@ -85,102 +91,6 @@ use trial::{Trial, Verdict};
 /// behind; bench/RESULTS.md, "temporal"), and seed 002 (§4.3.6) found it
 /// among the best on both its servers.
 pub const DEFAULT_TEMPORAL: VisitPolicy = VisitPolicy::Srpt;
-
-/// Parameters of `auto` (policy periods are the unit of time).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AutoParams {
-    /// Periods per trial epoch, the first of which is not measured (the
-    /// threads move to the new plan then).
-    pub epoch_periods: u32,
-    /// Epochs of each mode in a full trial (interleaved: unstaged,
-    /// temporal, spatial, both, unstaged, …).
-    pub rounds: u32,
-    /// Fraction by which a mode must beat unstaged to be kept (0.03 = 3 %).
-    pub margin: f64,
-    /// A gap this large (a fraction of the unstaged rate) between two
-    /// modes, each measured over a full epoch, decides between them: the
-    /// slower is dropped from the trial. Twice this decides on one
-    /// measured period each.
-    pub decisive: f64,
-    /// Periods a decision holds before the next trial.
-    pub hold_periods: u32,
-    /// L1 distance between the stage-load shares measured early in a hold
-    /// and their moving average now that counts as a new stage mix and
-    /// starts a trial (0..=2).
-    pub mix_change: f64,
-    /// Periods of a hold whose load shares, averaged, are the reference mix
-    /// (the threads settle into the chosen plan first).
-    pub mix_settle: u32,
-    /// Weight of the newest period in the moving average of the shares.
-    pub mix_smoothing: f64,
-    /// Consecutive periods the averaged shares must stay `mix_change` away
-    /// from the reference before a new trial starts (a burst is not a new
-    /// mix).
-    pub mix_persist: u32,
-    /// Periods run unstaged before the first trial: a guest that does not
-    /// run that long never pays for a trial (do no harm on short runs).
-    pub first_trial_after: u32,
-    /// Weight of the newest period in the moving average of the rate while
-    /// a mode other than unstaged is held. Once the hold settled
-    /// (`mix_settle` periods), that rate falling below the unstaged rate
-    /// its trial measured (by the margin) ends the hold unstaged: a trial's
-    /// few periods can catch a staged transient (every core busy, caches
-    /// warm, before threads queue at the busiest stage's cores) that the
-    /// sustained rate does not keep.
-    pub fall_back_smoothing: f64,
-    /// The modes trialled against unstaged (unstaged always is).
-    pub candidates: Modes,
-    /// Utilisation of the unstaged epochs (work CPU ÷ the VM's CPU
-    /// capacity) at or above which the guest counts as saturated: the
-    /// trial then compares rates, below it CPU per request. 0.95: a closed
-    /// loop measures 0.97–1.00 here (its threads always have work; what is
-    /// left is idle between a request's stages), while at 90 % of the
-    /// unstaged capacity an open loop measures ~0.9: below, the rate is
-    /// the arrival rate under every mode that keeps up (docs/design.md,
-    /// "The objective").
-    pub saturation: f64,
-    /// The band around `saturation` a held mode's utilisation must leave
-    /// (below it by the band, or above it by a third of it) for
-    /// `mix_persist` periods to start a new trial: the load crossed
-    /// saturation.
-    pub saturation_band: f64,
-    /// Requests timed in each of two modes before their p99 latencies are
-    /// compared (fewer: the latency bound does not judge). 200: the p99 is
-    /// then the mean of the two slowest.
-    pub min_latency_samples: u64,
-    /// Periods of a hold whose timed requests form one block, whose p99 is
-    /// checked against the trial's latency bound.
-    pub latency_block: u32,
-    /// Periods of a hold of a mode other than unstaged between two
-    /// unstaged probes (one epoch each). 150 (3 s at 20 ms): a misjudged
-    /// mode is held at most that long, and the probes cost 2 % of the
-    /// hold's periods in unstaged.
-    pub probe_every: u32,
-}
-
-impl Default for AutoParams {
-    fn default() -> Self {
-        Self {
-            epoch_periods: 3,
-            rounds: 3,
-            margin: 0.03,
-            decisive: 0.15,
-            hold_periods: 1500,
-            mix_change: 0.3,
-            mix_settle: 10,
-            mix_smoothing: 0.05,
-            mix_persist: 10,
-            first_trial_after: 10,
-            fall_back_smoothing: 0.25,
-            candidates: Modes::ALL,
-            saturation: 0.95,
-            saturation_band: 0.1,
-            min_latency_samples: 200,
-            latency_block: 25,
-            probe_every: 150,
-        }
-    }
-}
 
 /// Which plan and visit order `auto` runs (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -272,24 +182,25 @@ enum State {
 pub struct AutoStats {
     /// Policy periods `auto` planned.
     pub periods: u64,
-    /// Trials started (the first, hold-overs and stage-mix changes).
+    /// Trials started (the first, change points, intervals over).
     pub trials: u64,
     /// Periods spent in trials (all modes).
     pub trial_periods: u64,
     /// Periods a finished trial spent in the modes it did not keep (their
-    /// epochs, each with its unmeasured first period).
+    /// slices, settling included): the trials' cost.
     pub losing_periods: u64,
-    /// Holds whose mode differs from the previous hold's: switches of mode
-    /// outside trials.
+    /// Trials whose kept mode differs from the previous hold's. A hold
+    /// never switches by itself, so these are all the switches.
     pub mode_switches: u64,
-    /// Holds of a staged mode ended early: its figure fell behind
-    /// unstaged's, its p99 passed the latency bound, an unstaged probe beat
-    /// it.
-    pub fallbacks_figure: u64,
-    /// See `fallbacks_figure`.
-    pub fallbacks_latency: u64,
-    /// See `fallbacks_figure`.
-    pub fallbacks_probe: u64,
+    /// Trials started by a change point (the rest: the first, and
+    /// intervals over).
+    pub change_points: u64,
+    /// Duels run, and those whose test stopped at the cap on pairs.
+    pub duels: u64,
+    /// See `duels`.
+    pub duels_capped: u64,
+    /// Candidates not trialled because the counters ruled them out.
+    pub modes_skipped: u64,
 }
 
 /// The `auto` policy (see the module docs).
@@ -312,6 +223,14 @@ pub struct Auto {
     last_trial: Option<TrialSummary>,
     /// The stage cores its modes plan for.
     cores: usize,
+    /// The interval of the next hold (periods).
+    interval: u32,
+    /// Why the running trial started: a change point (true) or not.
+    trial_on_change: bool,
+    /// The settling measured by the trials.
+    settle: Settle,
+    /// The mean visit (work CPU per stage entry, ns), smoothed.
+    visit_ns: Option<f64>,
 }
 
 fn shares(load: &[f64]) -> Vec<f64> {
@@ -350,6 +269,10 @@ impl Auto {
             stats: AutoStats::default(),
             last_hold: None,
             last_trial: None,
+            interval: params.hold_periods,
+            trial_on_change: false,
+            settle: Settle::default(),
+            visit_ns: None,
         }
     }
 
@@ -368,118 +291,164 @@ impl Auto {
         self.temporal
     }
 
-    fn start_trial(&mut self) -> Mode {
-        self.stats.trials += 1;
-        self.state = State::Trial(Box::new(Trial::new(self.params.candidates)));
-        Mode::Unstaged
+    /// The candidates of a trial, the mode held before first, and the
+    /// modes the counters rule out, with why.
+    fn candidates(&self) -> (Vec<Mode>, Vec<(Mode, String)>) {
+        let p = &self.params;
+        let mut order: Vec<Mode> = Mode::ALL[1..]
+            .iter()
+            .copied()
+            .filter(|m| p.candidates.contains(*m))
+            .collect();
+        if let Some(i) = self
+            .last_hold
+            .and_then(|h| order.iter().position(|m| *m == h))
+        {
+            let held = order.remove(i);
+            order.insert(0, held);
+        }
+        let mut skipped = Vec::new();
+        order.retain(|m| {
+            let why = if m.is_spatial() && self.cores < 2 {
+                Some("one core: its plan is unstaged's".to_string())
+            } else if m.is_spatial() {
+                self.visit_ns
+                    .zip(p.migration_ns)
+                    .filter(|(v, mig)| v < mig)
+                    .map(|(v, mig)| {
+                        format!(
+                            "the mean visit, {:.2} µs, is shorter than a migration, {:.2} µs",
+                            v / 1000.0,
+                            mig / 1000.0
+                        )
+                    })
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                skipped.push((*m, why));
+            }
+            !skipped.iter().any(|(s, _)| s == m)
+        });
+        (order, skipped)
     }
 
-    /// Ends the trial, if one runs, and holds `mode` (see
-    /// [`AutoParams::hold_periods`]), watched by `guard` when it is not
-    /// unstaged.
-    fn hold(
-        &mut self,
-        mode: Mode,
-        load: &[f64],
-        guard: Option<Guard>,
-        objective: Objective,
-    ) -> Mode {
-        if let State::Trial(trial) = &self.state {
-            self.stats.losing_periods += trial.losing_periods(mode);
+    fn start_trial(&mut self, from: Mode, on_change: bool) -> Option<Mode> {
+        let (candidates, skipped) = self.candidates();
+        if candidates.is_empty() {
+            self.stats.modes_skipped += skipped.len() as u64;
+            return None;
         }
-        if self.last_hold.is_some_and(|m| m != mode) {
+        self.stats.trials += 1;
+        self.stats.change_points += u64::from(on_change);
+        self.trial_on_change = on_change;
+        let settle = std::mem::take(&mut self.settle);
+        let trial = Trial::new(candidates, skipped, settle, from, &self.params);
+        let mode = trial.mode;
+        self.state = State::Trial(Box::new(trial));
+        Some(mode)
+    }
+
+    /// Ends the trial, if one runs, and holds `mode` for the interval
+    /// (doubled when a trial on schedule kept the held mode, else back to
+    /// [`AutoParams::hold_periods`]).
+    fn hold(&mut self, mode: Mode, objective: Objective, limit_ns: Option<f64>) -> Mode {
+        let p = self.params;
+        if let State::Trial(trial) = &mut self.state {
+            self.stats.losing_periods += trial.losing_periods(mode);
+            self.settle = std::mem::take(&mut trial.settle);
+        }
+        let same = self.last_hold == Some(mode);
+        if self.last_hold.is_some() && !same {
             self.stats.mode_switches += 1;
         }
+        self.interval = if same && !self.trial_on_change && self.last_hold.is_some() {
+            self.interval
+                .saturating_mul(2)
+                .min(p.max_hold_periods.max(p.hold_periods))
+        } else {
+            p.hold_periods
+        };
         self.last_hold = Some(mode);
-        let guard = guard.filter(|_| mode != Mode::Unstaged);
         self.state = State::Hold(Box::new(Hold::new(
             mode,
-            &self.params,
-            load,
-            guard,
+            &p,
+            self.interval,
             objective,
+            limit_ns,
         )));
         mode
     }
 
     /// Advances the trial by the period that just ended; returns the next
     /// mode, what happened and, at its end, the trial's summary.
-    fn step_trial(
-        &mut self,
-        load: &[f64],
-        o: &Observation,
-    ) -> (Mode, String, Option<TrialSummary>) {
+    fn step_trial(&mut self, o: &Observation) -> (Mode, String, Option<TrialSummary>) {
         let p = self.params;
         let State::Trial(trial) = &mut self.state else {
             unreachable!("step_trial runs in a trial");
         };
         self.stats.trial_periods += 1;
-        trial.record(o);
-        let dropped = trial.cut(&p, &self.bound);
-        let over = trial.epoch_over(&p);
-        if let Some(v) = trial.verdict(&p, over, &self.bound) {
-            let Verdict {
+        match trial.record(&p, o, &self.bound) {
+            Ok(Verdict {
                 kept,
                 what,
                 summary,
                 objective,
-            } = v;
-            let u = trial.unstaged();
-            let unstaged = match objective {
-                Objective::Rate => u.rate(),
-                Objective::CpuPerRequest => u.cpu_per_request_ns(),
-            };
-            let guard = unstaged.map(|unstaged| Guard {
-                objective,
-                unstaged,
-                limit_ns: summary.p99_limit_ns,
-            });
-            self.last_trial = Some(summary.clone());
-            let mode = self.hold(kept, load, guard, objective);
-            return (mode, what, Some(summary));
+            }) => {
+                self.stats.duels += summary.duels.len() as u64;
+                self.stats.modes_skipped += summary.skipped.len() as u64;
+                self.stats.duels_capped += summary
+                    .duels
+                    .iter()
+                    .filter(|d| d.outcome == "capped")
+                    .count() as u64;
+                self.last_trial = Some(summary.clone());
+                let limit = summary.p99_limit_ns;
+                let mode = self.hold(kept, objective, limit);
+                (mode, what, Some(summary))
+            }
+            Err(what) => (trial.mode, what.unwrap_or_default(), None),
         }
-        if over {
-            trial.advance();
-        }
-        let what = format!(
-            "trial {} {}/{}",
-            trial.mode.name(),
-            trial.period + 1,
-            p.epoch_periods
-        );
-        let what = if dropped.is_empty() {
-            what
-        } else {
-            format!("{dropped}; {what}")
-        };
-        (trial.mode, what, None)
     }
 
     fn step(&mut self, load: &[f64]) -> (Mode, String, Option<TrialSummary>) {
         let p = self.params;
         let o = self.observed.take().unwrap_or_default();
         self.stats.periods += 1;
+        if let (Some(cpu), Some(n)) = (o.cpu_ns, o.entries) {
+            if n > 0.0 && cpu.is_finite() && cpu >= 0.0 {
+                let v = cpu / n;
+                self.visit_ns = Some(self.visit_ns.map_or(v, |a| a + 0.05 * (v - a)));
+            }
+        }
         let State::Hold(hold) = &mut self.state else {
-            return self.step_trial(load, &o);
+            return self.step_trial(&o);
         };
-        let (mode, objective) = (hold.mode, hold.objective);
+        let mode = hold.mode;
         match hold.step(&p, load, &o) {
             Step::Stay => (mode, String::new(), None),
-            Step::FallBack(kind, why) => {
-                match kind {
-                    Fallback::Figure => self.stats.fallbacks_figure += 1,
-                    Fallback::Latency => self.stats.fallbacks_latency += 1,
-                    Fallback::Probe => self.stats.fallbacks_probe += 1,
+            Step::Trial(why, on_change) => match self.start_trial(mode, on_change) {
+                Some(next) => {
+                    let first = match &self.state {
+                        State::Trial(t) => t.candidate(),
+                        State::Hold(_) => next,
+                    };
+                    (next, format!("{why}: trial, {} first", first.name()), None)
                 }
-                let mode = self.hold(Mode::Unstaged, load, None, objective);
-                (mode, why, None)
-            }
-            Step::Trial(why) => {
-                let mode = self.start_trial();
-                (mode, format!("{why}: trial {}", mode.name()), None)
-            }
-            Step::Probe(what) => (Mode::Unstaged, what, None),
+                None => {
+                    let objective = hold_objective(&self.state);
+                    let m = self.hold(Mode::Unstaged, objective, None);
+                    (m, format!("{why}: no candidate left, keep unstaged"), None)
+                }
+            },
         }
+    }
+}
+
+fn hold_objective(s: &State) -> Objective {
+    match s {
+        State::Hold(h) => h.objective,
+        State::Trial(_) => Objective::Rate,
     }
 }
 
@@ -500,6 +469,13 @@ impl Policy for Auto {
             return false;
         };
         let (old, new) = (self.cores.max(1), ctx.cores.len().max(1));
+        // The answer can change only where the candidates change: across
+        // one core (the spatial modes need two). Elsewhere the hold goes
+        // on, and a change in what the VM does at the new size shows to
+        // the change-point detectors.
+        if (old < 2) != (new < 2) {
+            return false;
+        }
         hold.rescale(new as f64 / old as f64);
         self.cores = ctx.cores.len();
         self.bound = ctx.latency;

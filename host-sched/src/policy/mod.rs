@@ -148,6 +148,9 @@ pub struct Observation {
     /// The period's sampled request latencies (ABI minor 4; `None` from an
     /// older guest).
     pub latency: Option<Histogram>,
+    /// Stage entries (visits) in the period; with `cpu_ns`, the mean visit
+    /// (`auto`'s candidates).
+    pub entries: Option<f64>,
 }
 
 impl Observation {

@@ -124,21 +124,6 @@ impl Measured {
         mean(&self.rates)
     }
 
-    /// Standard error (requests/s) of [`Measured::rate`], from the spread
-    /// of the per-period rates: `s / √n` with `s` the sample standard
-    /// deviation of the `n` periods; `None` below two periods. Under
-    /// open-loop (Poisson) arrivals a 20 ms period of 160 requests varies
-    /// by ~8 % on its own, which is why a difference of rates is judged
-    /// against it.
-    pub(super) fn rate_se(&self) -> Option<f64> {
-        let n = self.rates.len();
-        let m = self.rate()?;
-        (n >= 2).then(|| {
-            let var = self.rates.iter().map(|r| (r - m) * (r - m)).sum::<f64>() / (n - 1) as f64;
-            (var / n as f64).sqrt()
-        })
-    }
-
     /// CPU per request (ns) over the measured periods, when every one of
     /// them had CPU figures.
     pub(super) fn cpu_per_request_ns(&self) -> Option<f64> {
@@ -185,7 +170,7 @@ pub struct ModeSummary {
     pub p99_ns: Option<f64>,
     /// Mean utilisation (0..=1).
     pub utilisation: Option<f64>,
-    /// Dropped from the trial (decidedly behind another mode).
+    /// Lost its duel (its test found it no better, or it was refused).
     pub dropped: bool,
     /// Not kept: its p99 was beyond the latency bound.
     pub over_latency_bound: bool,
@@ -202,10 +187,16 @@ pub struct TrialSummary {
     /// What decided: the objective's name, or `latency bound` when a mode
     /// better by the objective was refused for its p99.
     pub decided_by: &'static str,
-    /// The unstaged epochs' utilisation that chose the objective.
+    /// The unstaged slices' utilisation (the first chose the objective).
     pub unstaged_utilisation: Option<f64>,
     /// The highest p99 a mode could keep (ns), when unstaged's was known.
     pub p99_limit_ns: Option<f64>,
     /// Every mode's figures, in [`super::Mode::ALL`] order.
     pub modes: Vec<ModeSummary>,
+    /// The duels, in the order they ran.
+    pub duels: Vec<super::DuelSummary>,
+    /// The modes not trialled, and why.
+    pub skipped: Vec<(&'static str, String)>,
+    /// Periods each slice skipped after a change of plan (measured).
+    pub settle_periods: u32,
 }

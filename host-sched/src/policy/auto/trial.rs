@@ -1,65 +1,181 @@
-//! One trial of `auto`: the modes' interleaved epochs, what was measured in
-//! them ([`Measured`]), the early cut and the verdict.
+//! One trial of `auto`: duels of paired, alternating slices, each stopped by
+//! a sequential test.
 //!
-//! Every mode is scored by the trial's [`Objective`] (the rate, or minus
-//! the CPU per request), and gaps between two modes are fractions of the
-//! unstaged mode's score (the reference every mode is judged against, as
-//! the margin is). A pair of modes is *decided* when one leads the other
-//! by [`AutoParams::decisive`] with a full epoch measured in each, or by
-//! twice that with one measured period in each. A mode other than unstaged
-//! that a decided pair puts behind any other mode is dropped from the rest
-//! of the trial (its epochs are skipped, its running epoch ends at once),
-//! unless that other mode is one the verdict would refuse (over the
-//! latency bound, behind the arrivals): a refused mode drops no other.
-//! The trial ends early when no mode is left besides unstaged, or only one
-//! that unstaged is decided behind (and whose latency is known, when the
-//! guest times requests); otherwise when every mode left has
-//! [`AutoParams::rounds`] full epochs measured.
-//!
-//! The verdict keeps the best mode by the objective that beats unstaged by
-//! the margin (and, under the rate objective, by more than [`KEEP_Z`]
-//! standard errors of the periods' noise), among those the latency bound allows (p99 within
-//! [`LatencyBound::limit_ns`] of unstaged's) and, under the CPU objective,
-//! that kept up with the arrivals (a rate within the margin of
-//! unstaged's, or below it by no more than the periods' own noise); else
-//! unstaged.
+//! A trial starts from unstaged, the **incumbent**, and takes the
+//! candidates one at a time (the mode held before first: a re-trial
+//! re-tests it before anything else). A **duel** alternates the incumbent
+//! and the candidate in slices of [`AutoParams::slice_periods`] measured
+//! periods, in pairs of one slice each, in the balanced order A B, B A,
+//! A B, … (so a drift of the load that is linear in time cancels over two
+//! pairs, and the plan changes only every other slice). After each change
+//! of plan the slice skips the **settling** periods, which the trial
+//! measures (the [`Settle`] meter below). Each pair's difference of the
+//! objective goes to the sequential test ([`Sprt`]): the duel ends when the
+//! test shows the candidate better by the margin (it becomes the
+//! incumbent), or not better, or at the cap on pairs. The objective's p99
+//! is a veto: a candidate whose p99 over the duel passes the latency bound
+//! (against the incumbent's) is refused, and one past twice the bound is
+//! refused at once; below saturation a candidate whose rate falls behind
+//! the incumbent's (it does not keep up with the arrivals) is refused. The
+//! trial keeps the last incumbent.
 
 use super::measure::{LatencyBound, Measured, ModeSummary, Objective, TrialSummary};
-use super::{AutoParams, Mode, Modes};
+use super::sprt::{t999, Outcome, Sprt, SprtParams};
+use super::{AutoParams, Mode};
 use crate::policy::Observation;
 
-/// Standard errors by which a mode's rate must fall below unstaged's to
-/// count as behind the arrivals: one-sided, a mode that keeps up is
-/// called behind by noise alone in 0.13 % of verdicts (normal
-/// approximation of the mean of a trial's periods).
-const BEHIND_Z: f64 = 3.0;
+/// Standard errors by which a candidate's rate must fall below the
+/// incumbent's, beside the margin, to count as behind the arrivals:
+/// [`t999`] (one-sided, a mode that keeps up is called behind by noise
+/// alone in 0.1 % of duels; a normal quantile would be ten times that at 8
+/// pairs, whose spread is itself estimated).
+fn behind_t(pairs: u32) -> f64 {
+    t999(pairs)
+}
 
-/// Standard errors by which a mode's rate must lead unstaged's, beside the
-/// margin, for the verdict to keep it under the rate objective: one-sided,
-/// a mode no faster than unstaged is kept by the periods' noise alone in
-/// 2.3 % of verdicts (normal approximation). Without it a busy host's
-/// noise (two trials of the same guest measured unstaged at 6.0 and 4.5
-/// million requests/s in one CI run) kept a slower mode that led by 5 %.
-const KEEP_Z: f64 = 2.0;
+/// The log ratio a pair counts when one side's slice completed no request
+/// and the other's did: a loss of 1 − e⁻¹ = 63 %, decisive over a few
+/// pairs.
+const STARVED: f64 = 1.0;
 
-/// A running trial.
+/// Switched slices that measure the settling before its estimate is used.
+const SETTLE_SAMPLES: usize = 4;
+
+/// Measures how many periods after a change of plan differ from the
+/// slice's steady figure: per position after the change (0 = the period
+/// the threads move), the relative deviations of the period's score from
+/// the mean of the slice's measured periods. A position is settled when
+/// its mean deviation is within the larger of half the margin and two
+/// standard errors; the settling is the number of positions up to the last
+/// unsettled one. Until [`SETTLE_SAMPLES`] changes were measured it is the
+/// most ([`AutoParams::max_settle`]).
+#[derive(Clone, Debug, Default)]
+pub(super) struct Settle {
+    dev: Vec<Vec<f64>>,
+    estimate: Option<u32>,
+}
+
+impl Settle {
+    /// Periods a slice that begins with a change of plan skips.
+    pub fn periods(&self, p: &AutoParams) -> u32 {
+        self.estimate.unwrap_or(p.max_settle).min(p.max_settle)
+    }
+
+    /// A switched slice's per-period scores (`None`: no requests) ended
+    /// with `skipped` periods unmeasured: adds the deviations.
+    fn add(&mut self, p: &AutoParams, scores: &[Option<f64>], skipped: usize) {
+        let steady: Vec<f64> = scores[skipped.min(scores.len())..]
+            .iter()
+            .flatten()
+            .copied()
+            .collect();
+        if steady.is_empty() || self.estimate.is_some() {
+            return;
+        }
+        let m = steady.iter().sum::<f64>() / steady.len() as f64;
+        if m == 0.0 || !m.is_finite() {
+            return;
+        }
+        let max = p.max_settle as usize;
+        self.dev.resize_with(max, Vec::new);
+        for (i, s) in scores.iter().take(max).enumerate() {
+            if let Some(s) = s {
+                self.dev[i].push((s - m) / m.abs());
+            }
+        }
+        if self.dev.iter().all(|d| d.len() >= SETTLE_SAMPLES) {
+            let unsettled = self.dev.iter().rposition(|d| {
+                let n = d.len() as f64;
+                let mean = d.iter().sum::<f64>() / n;
+                let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+                mean.abs() > (p.margin / 2.0).max(2.0 * (var / n).sqrt())
+            });
+            self.estimate = Some(unsettled.map_or(0, |i| i as u32 + 1));
+        }
+    }
+}
+
+/// How a duel ended, for the summary.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DuelSummary {
+    /// The incumbent's name.
+    pub incumbent: &'static str,
+    /// The candidate's name.
+    pub candidate: &'static str,
+    /// Pairs measured.
+    pub pairs: u32,
+    /// The pairs' mean difference as a fraction of the incumbent's figure
+    /// (positive: the candidate better): `e^m − 1` of the mean log ratio
+    /// `m` the test ran on.
+    pub mean: Option<f64>,
+    /// Its standard error (a fraction; the delta method, `e^m · se(m)`).
+    pub se: Option<f64>,
+    /// The test's log-likelihood ratio at the end.
+    pub llr: Option<f64>,
+    /// The test's verdict: `better`, `no better` or `capped`
+    /// ([`Outcome::name`]).
+    pub outcome: &'static str,
+    /// The one-sided confidence that the candidate is better at all.
+    pub confidence: Option<f64>,
+    /// Why a candidate the test found better was refused: `latency bound`
+    /// or `behind the arrivals`.
+    pub veto: Option<&'static str>,
+    /// The pairs' mean difference of the rates (a fraction; negative: the
+    /// candidate completed fewer requests) and its standard error.
+    pub rate_diff: Option<(f64, f64)>,
+    /// The candidate became the incumbent.
+    pub won: bool,
+}
+
+/// The running duel.
 #[derive(Debug)]
-pub(super) struct Trial {
-    /// The mode of the current epoch.
-    pub mode: Mode,
-    /// The period within the epoch (0: the threads move, not measured).
-    pub period: u32,
-    /// Per mode ([`Mode::index`]), its measured periods.
-    measured: [Measured; 4],
-    /// Per mode, its measured periods of each round (index: the round).
-    by_round: [Vec<Measured>; 4],
-    /// The round the current epoch belongs to (0 first; a round starts
-    /// with an unstaged epoch).
-    round: usize,
-    /// Per mode, still in the trial (unstaged always is).
-    live: [bool; 4],
-    /// Per mode, the periods it ran in this trial (measured or not).
-    ran: [u64; 4],
+struct Duel {
+    incumbent: Mode,
+    candidate: Mode,
+    /// The pair being measured and which of its slices runs (false: the
+    /// first).
+    pair: u32,
+    second: bool,
+    /// The running slice: its measurements, its per-period scores, whether
+    /// it began with a change of plan.
+    slice: Measured,
+    scores: Vec<Option<f64>>,
+    switched: bool,
+    /// The pair's finished slice of each side (0: incumbent).
+    done: [Option<Measured>; 2],
+    /// Both sides over the whole duel (latency, rates).
+    sides: [Measured; 2],
+    test: Sprt,
+    /// Per pair, the candidate's rate minus the incumbent's (a fraction).
+    rate_diff: Sprt,
+}
+
+impl Duel {
+    fn new(incumbent: Mode, candidate: Mode, sprt: SprtParams, switched: bool) -> Self {
+        Self {
+            incumbent,
+            candidate,
+            pair: 0,
+            second: false,
+            slice: Measured::default(),
+            scores: Vec::new(),
+            switched,
+            done: [None, None],
+            sides: Default::default(),
+            test: Sprt::new(sprt),
+            rate_diff: Sprt::new(sprt),
+        }
+    }
+
+    /// The side the running slice measures (0: the incumbent): pair k's
+    /// order is A B for even k, B A for odd.
+    fn side(&self) -> usize {
+        usize::from((self.pair % 2 == 1) != self.second)
+    }
+
+    fn mode(&self) -> Mode {
+        [self.incumbent, self.candidate][self.side()]
+    }
 }
 
 /// The verdict of a trial: the mode to keep, the timeline's line and the
@@ -72,28 +188,93 @@ pub(super) struct Verdict {
     pub objective: Objective,
 }
 
+/// A running trial.
+#[derive(Debug)]
+pub(super) struct Trial {
+    /// The mode of the running period.
+    pub mode: Mode,
+    /// The period within the running slice.
+    pub period: u32,
+    incumbent: Mode,
+    /// Candidates still to duel, next first.
+    queue: Vec<Mode>,
+    duel: Option<Duel>,
+    duels: Vec<DuelSummary>,
+    /// Modes not trialled and why.
+    skipped: Vec<(Mode, String)>,
+    pub settle: Settle,
+    objective: Option<Objective>,
+    /// Per mode, its measured periods over the trial (the summary).
+    measured: [Measured; 4],
+    /// Per mode, the periods it ran (measured or not).
+    ran: [u64; 4],
+    /// The latency bound's limit of the duel that set the kept mode.
+    limit_ns: Option<f64>,
+}
+
 impl Trial {
-    /// A trial of `candidates` (and unstaged), starting with an unstaged
-    /// epoch.
-    pub fn new(candidates: Modes) -> Self {
-        Self {
+    /// A trial of `candidates` (in order) against unstaged, with `skipped`
+    /// modes and why, `settle` the settling measured so far; `from` is the
+    /// mode that ran in the period before (a change of plan if not
+    /// unstaged).
+    pub fn new(
+        candidates: Vec<Mode>,
+        skipped: Vec<(Mode, String)>,
+        settle: Settle,
+        from: Mode,
+        p: &AutoParams,
+    ) -> Self {
+        let mut t = Self {
             mode: Mode::Unstaged,
             period: 0,
+            incumbent: Mode::Unstaged,
+            queue: candidates.into_iter().rev().collect(),
+            duel: None,
+            duels: Vec::new(),
+            skipped,
+            settle,
+            objective: None,
             measured: Default::default(),
-            by_round: Default::default(),
-            round: 0,
-            live: Mode::ALL.map(|m| m == Mode::Unstaged || candidates.contains(m)),
             ran: [0; 4],
+            limit_ns: None,
+        };
+        t.next_duel(p, from != Mode::Unstaged);
+        t
+    }
+
+    fn next_duel(&mut self, p: &AutoParams, switched: bool) {
+        while self.queue.last() == Some(&Mode::Both) && self.both_ruled_out() {
+            self.queue.pop();
+            self.skipped.push((
+                Mode::Both,
+                "neither temporal nor spatial beat unstaged: both pays for the two".into(),
+            ));
         }
+        self.duel = self
+            .queue
+            .pop()
+            .map(|c| Duel::new(self.incumbent, c, p.sprt(), switched));
+        self.mode = self.duel.as_ref().map_or(self.incumbent, Duel::mode);
+        self.period = 0;
     }
 
-    fn of(&self, m: Mode) -> &Measured {
-        &self.measured[m.index()]
+    /// The candidate of the running duel (the incumbent when none runs).
+    pub fn candidate(&self) -> Mode {
+        self.duel.as_ref().map_or(self.incumbent, |d| d.candidate)
     }
 
-    /// The unstaged mode's measurements so far.
-    pub fn unstaged(&self) -> &Measured {
-        self.of(Mode::Unstaged)
+    /// True when `both`'s parts each lost their duel against unstaged (at
+    /// least one of them ran): `both` pays the migrations of spatial and
+    /// the yields of temporal, and on every workload measured (the headline
+    /// shapes, the MariaDB traces) it beat unstaged only where one of its
+    /// parts did.
+    fn both_ruled_out(&self) -> bool {
+        let parts: Vec<&DuelSummary> = self
+            .duels
+            .iter()
+            .filter(|d| d.candidate == "temporal" || d.candidate == "spatial")
+            .collect();
+        !parts.is_empty() && parts.iter().all(|d| !d.won && d.incumbent == "unstaged")
     }
 
     /// Periods the trial ran in modes other than `kept`.
@@ -105,267 +286,211 @@ impl Trial {
             .sum()
     }
 
-    /// Records the period that just ended (it ran [`Trial::mode`]) and
-    /// what was measured in it; returns the period within the epoch that
-    /// follows.
-    pub fn record(&mut self, o: &Observation) -> u32 {
-        let i = self.mode.index();
-        self.ran[i] += 1;
-        // The first period of an epoch is the move to the new plan; a period
-        // without a completed request says nothing about any mode.
-        let r = o.requests_per_s;
-        if self.period > 0 && r.is_finite() && r > 0.0 {
-            self.measured[i].record(o);
-            let rounds = &mut self.by_round[i];
-            if rounds.len() <= self.round {
-                rounds.resize_with(self.round + 1, Measured::default);
-            }
-            rounds[self.round].record(o);
-        }
-        self.period += 1;
-        self.period
-    }
-
-    /// The objective: the rate when the unstaged epochs were saturated
-    /// (utilisation ≥ [`AutoParams::saturation`]) or either figure is
-    /// missing (an older guest, no CPU figures), else CPU per request.
-    pub fn objective(&self, p: &AutoParams) -> Objective {
-        let u = self.unstaged();
-        match (u.utilisation(), u.cpu_per_request_ns()) {
+    /// The objective: the rate when the trial's first incumbent slice ran
+    /// the vCPUs saturated (utilisation ≥ [`AutoParams::saturation`]) or a
+    /// figure is missing (an older guest, no CPU figures), else CPU per
+    /// request. Fixed for the trial once a slice measured it.
+    fn objective_of(p: &AutoParams, m: &Measured) -> Objective {
+        match (m.utilisation(), m.cpu_per_request_ns()) {
             (Some(util), Some(_)) if util < p.saturation => Objective::CpuPerRequest,
             _ => Objective::Rate,
         }
     }
 
-    /// Measured periods of a full epoch.
-    fn full(p: &AutoParams) -> usize {
-        (p.epoch_periods - 1).max(1) as usize
-    }
-
-    /// By how much (a fraction of the unstaged mode's score) `a` leads
-    /// `b` under `objective`, when the pair is decided.
-    fn lead(&self, p: &AutoParams, objective: Objective, a: Mode, b: Mode) -> Option<f64> {
-        let u = self.unstaged().score(objective)?.abs();
-        let (ma, mb) = (self.of(a), self.of(b));
-        let gap = (ma.score(objective)? - mb.score(objective)?) / u.max(f64::MIN_POSITIVE);
-        let full = Self::full(p);
-        let enough = ma.periods() >= full && mb.periods() >= full;
-        (gap >= 2.0 * p.decisive || (enough && gap >= p.decisive)).then_some(gap)
-    }
-
-    fn candidates(&self) -> impl Iterator<Item = Mode> + '_ {
-        Mode::ALL[1..]
-            .iter()
-            .copied()
-            .filter(|m| self.live[m.index()])
-    }
-
-    /// The highest p99 (ns) a mode may keep: the latency bound applied to
-    /// unstaged's p99, once enough of its requests were timed.
-    fn p99_limit(&self, p: &AutoParams, bound: &LatencyBound) -> Option<f64> {
-        self.unstaged()
-            .p99_ns(p.min_latency_samples)
-            .map(|pu| bound.limit_ns(pu))
-    }
-
-    /// True when `m`'s p99 is known and beyond `limit` (ns).
-    fn over_bound(&self, p: &AutoParams, limit: Option<f64>, m: Mode) -> bool {
-        limit
-            .zip(self.of(m).p99_ns(p.min_latency_samples))
-            .is_some_and(|(l, pm)| pm > l)
-    }
-
-    /// True when, under the CPU objective, `m` did not keep up with the
-    /// arrivals: its rate is below unstaged's by the margin and by more
-    /// than the periods' own noise ([`BEHIND_Z`] standard errors of the
-    /// difference). Open-loop arrivals make each period's rate vary by
-    /// itself; a mode that serves every arrival is not behind because its
-    /// periods happened to see fewer.
-    fn behind_arrivals(&self, p: &AutoParams, objective: Objective, m: Mode) -> bool {
-        let (u, x) = (self.unstaged(), self.of(m));
-        let (Some(ur), Some(r)) = (u.rate(), x.rate()) else {
-            return false;
-        };
-        let se = x.rate_se().unwrap_or(0.0).hypot(u.rate_se().unwrap_or(0.0));
-        objective == Objective::CpuPerRequest && r < ur * (1.0 - p.margin) && ur - r > BEHIND_Z * se
-    }
-
-    /// Drops the modes decidedly behind another, and those whose p99 is
-    /// beyond twice the latency bound's limit already (a trial exposes the
-    /// server's requests to every mode it runs: a mode with such a tail is
-    /// not run again); returns what it dropped, for the timeline (empty
-    /// when nothing).
-    pub fn cut(&mut self, p: &AutoParams, bound: &LatencyBound) -> String {
-        let objective = self.objective(p);
-        let limit = self.p99_limit(p, bound);
-        let mut what = Vec::new();
-        if let Some(limit) = limit {
-            let tails: Vec<(Mode, f64)> = self
-                .candidates()
-                .filter_map(|c| {
-                    let p99 = self.of(c).p99_ns(p.min_latency_samples)?;
-                    (p99 > 2.0 * limit).then_some((c, p99))
-                })
-                .collect();
-            for (c, p99) in tails {
-                self.live[c.index()] = false;
-                what.push(format!(
-                    "drop {} (p99 {:.0} µs, over twice the latency bound of {:.0} µs)",
-                    c.name(),
-                    p99 / 1000.0,
-                    limit / 1000.0
-                ));
-            }
-        }
-        let dropped: Vec<(Mode, Mode, f64)> = self
-            .candidates()
-            .filter_map(|c| {
-                Mode::ALL
-                    .iter()
-                    .filter(|m| self.live[m.index()] && **m != c)
-                    // A leader the verdict would refuse (over the latency
-                    // bound, behind the arrivals) drops no other mode.
-                    .filter(|m| {
-                        !self.over_bound(p, limit, **m) && !self.behind_arrivals(p, objective, **m)
-                    })
-                    .find_map(|m| self.lead(p, objective, *m, c).map(|gap| (c, *m, gap)))
-            })
-            .collect();
-        for (c, by, gap) in dropped {
-            self.live[c.index()] = false;
-            let gap = gap * 100.0;
-            what.push(match by {
-                Mode::Unstaged => format!(
-                    "drop {} ({gap:.1} % behind unstaged by {})",
-                    c.name(),
-                    objective.name()
-                ),
-                _ => format!(
-                    "drop {} (behind {} by {gap:.1} % of unstaged's {})",
-                    c.name(),
-                    by.name(),
-                    objective.name()
-                ),
-            });
-        }
-        what.join(", ")
-    }
-
-    /// True when the running epoch is over: its periods ran, or its mode
-    /// was dropped.
-    pub fn epoch_over(&self, p: &AutoParams) -> bool {
-        self.period >= p.epoch_periods || !self.live[self.mode.index()]
-    }
-
-    /// Starts the epoch of the next mode left, in [`Mode::ALL`] order
-    /// (unstaged after the last: a new round); returns it.
-    pub fn advance(&mut self) -> Mode {
-        let i = self.mode.index();
-        self.mode = (1..=4)
-            .map(|k| Mode::ALL[(i + k) % 4])
-            .find(|m| self.live[m.index()])
-            .unwrap_or(Mode::Unstaged);
-        if self.mode == Mode::Unstaged {
-            self.round += 1;
-        }
-        self.period = 0;
-        self.mode
-    }
-
-    /// Whether `m` beat the unstaged epoch of its own round under
-    /// `objective` in every round where both were measured (and there were
-    /// `p.rounds` such rounds).
-    fn wins_every_round(&self, p: &AutoParams, objective: Objective, m: Mode) -> bool {
-        let (mine, base) = (
-            &self.by_round[m.index()],
-            self.by_round[Mode::Unstaged.index()].as_slice(),
-        );
-        let pairs: Vec<bool> = mine
-            .iter()
-            .zip(base)
-            .filter_map(|(a, u)| Some(a.score(objective)? > u.score(objective)?))
-            .collect();
-        pairs.len() >= p.rounds.max(1) as usize && pairs.iter().all(|w| *w)
-    }
-
-    /// Whether mode `m`'s lead `lead` over unstaged (the objective's units)
-    /// is more than the periods' own noise: under the rate objective more
-    /// than [`KEEP_Z`] standard errors of the difference of the two rates
-    /// (from their periods' spread; with fewer than two periods in either,
-    /// no noise is known and the margin alone decides). The CPU objective's
-    /// figure is a ratio of sums, with no per-period spread: the margin
-    /// alone decides it.
-    fn beyond_noise(&self, objective: Objective, m: Mode, lead: f64) -> bool {
-        if objective != Objective::Rate || m == Mode::Unstaged {
-            return true;
-        }
-        match (self.of(m).rate_se(), self.unstaged().rate_se()) {
-            (Some(a), Some(b)) => lead > KEEP_Z * a.hypot(b),
-            _ => true,
-        }
-    }
-
-    /// The verdict of the trial, if it has one: at the end of an epoch
-    /// (`epoch_over`) when every mode left has its rounds measured, or at
-    /// once when the cut left no mode besides unstaged.
-    pub fn verdict(
-        &self,
+    /// Records the period that just ended (it ran [`Trial::mode`]); returns
+    /// the trial's verdict when it ended, and otherwise, for the timeline,
+    /// what ended (a duel), if anything.
+    pub fn record(
+        &mut self,
         p: &AutoParams,
-        epoch_over: bool,
+        o: &Observation,
         bound: &LatencyBound,
-    ) -> Option<Verdict> {
-        let objective = self.objective(p);
-        let u = self.unstaged().score(objective)?;
-        let left: Vec<Mode> = self.candidates().collect();
-        let decided = left.is_empty();
-        let rounds = Self::full(p) * p.rounds.max(1) as usize;
-        let done = epoch_over
-            && Mode::ALL
-                .iter()
-                .filter(|m| self.live[m.index()])
-                .all(|m| self.of(*m).periods() >= rounds);
-        if !decided && !done {
-            return None;
+    ) -> Result<Verdict, Option<String>> {
+        self.ran[self.mode.index()] += 1;
+        let settle = self.settle.periods(p);
+        let objective = self.objective;
+        let Some(d) = self.duel.as_mut() else {
+            return Ok(self.verdict(p));
+        };
+        let skip = if d.switched { settle } else { 0 };
+        let has_requests = o.requests_per_s.is_finite() && o.requests_per_s > 0.0;
+        let score = has_requests
+            .then(|| match objective.unwrap_or(Objective::Rate) {
+                Objective::Rate => Some(o.requests_per_s),
+                Objective::CpuPerRequest => o.cpu_per_request_ns().map(|c| -c),
+            })
+            .flatten();
+        d.scores.push(score);
+        if self.period >= skip && has_requests {
+            d.slice.record(o);
+            d.sides[d.side()].record(o);
+            self.measured[self.mode.index()].record(o);
         }
-        let limit = self.p99_limit(p, bound);
-        let over = |m: Mode| self.over_bound(p, limit, m);
-        let behind = |m: Mode| self.behind_arrivals(p, objective, m);
-        // The best mode left by the objective, with and without the
-        // latency bound; on a tie the simpler (earlier in ALL).
-        let best = |allowed: &dyn Fn(Mode) -> bool| {
-            let mut best = (Mode::Unstaged, u);
-            for c in left.iter().copied().filter(|c| allowed(*c)) {
-                if let Some(s) = self.of(c).score(objective).filter(|s| *s > best.1) {
-                    best = (c, s);
+        self.period += 1;
+        // A slice ends with its periods measured, or (periods without
+        // requests) at three times its length.
+        let len = p.slice_periods.max(1);
+        if (d.slice.periods() as u32) < len && self.period < skip + 3 * len {
+            return Err(None);
+        }
+        if d.switched {
+            self.settle.add(p, &d.scores, skip as usize);
+        }
+        let slice = std::mem::take(&mut d.slice);
+        if self.objective.is_none() && slice.periods() > 0 {
+            self.objective = Some(Self::objective_of(p, &slice));
+        }
+        let side = d.side();
+        d.done[side] = Some(slice);
+        let before = d.mode();
+        if d.second {
+            let objective = self.objective.unwrap_or(Objective::Rate);
+            if let [Some(i), Some(c)] = &d.done {
+                // The log ratio, candidate over incumbent (CPU per request:
+                // incumbent over candidate), ≈ the relative difference for
+                // small ones. A plain ratio of two noisy figures leans
+                // towards the candidate (E[c / i] > 1 for alike modes, by
+                // ~1 % at 14 % noise, a third of the margin: 27 of 200
+                // noisy trials kept an identical mode).
+                let diff = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                    (Some(a), Some(b)) if a * b > 0.0 => {
+                        Some(if b > 0.0 { (a / b).ln() } else { (b / a).ln() })
+                    }
+                    _ => None,
+                };
+                // A slice that completed no request against one that did
+                // counts as a pair lost (or won) by STARVED: a mode that
+                // starves the guest must lose its duel, not stall it.
+                let x = match (c.periods(), i.periods()) {
+                    (0, n) if n > 0 => Some(-STARVED),
+                    (n, 0) if n > 0 => Some(STARVED),
+                    _ => diff(c.score(objective), i.score(objective)),
+                };
+                if let Some(x) = x {
+                    d.test.push(x);
+                }
+                if let Some(x) = diff(c.rate(), i.rate()) {
+                    d.rate_diff.push(x);
                 }
             }
-            best
-        };
-        let keep = |(m, s): (Mode, f64)| {
-            if s > u + p.margin * u.abs() && self.beyond_noise(objective, m, s - u) {
-                m
-            } else {
-                Mode::Unstaged
+            d.done = [None, None];
+            d.pair += 1;
+        }
+        d.second = !d.second;
+        d.scores.clear();
+        d.switched = d.mode() != before;
+        self.period = 0;
+        self.mode = d.mode();
+        if let Some(what) = self.duel_over(p, bound) {
+            if self.duel.is_none() {
+                return Ok(self.verdict(p));
             }
-        };
-        let paired = |c: Mode| self.wins_every_round(p, objective, c);
-        let kept = keep(best(&|c| !over(c) && !behind(c) && paired(c)));
-        let by_objective = keep(best(&|c| !behind(c) && paired(c)));
-        let decided_by = if kept != by_objective && over(by_objective) {
-            "latency bound"
+            return Err(Some(what));
+        }
+        Err(None)
+    }
+
+    /// Ends the duel when its test stopped or a veto came early; what it
+    /// found, for the timeline.
+    fn duel_over(&mut self, p: &AutoParams, bound: &LatencyBound) -> Option<String> {
+        let d = self.duel.as_ref()?;
+        let objective = self.objective.unwrap_or(Objective::Rate);
+        let limit = d.sides[0]
+            .p99_ns(p.min_latency_samples)
+            .map(|u| bound.limit_ns(u));
+        let p99 = d.sides[1].p99_ns(p.min_latency_samples);
+        let over = limit.zip(p99).is_some_and(|(l, c)| c > l);
+        let far_over = limit.zip(p99).is_some_and(|(l, c)| c > 2.0 * l);
+        let behind = objective == Objective::CpuPerRequest
+            && d.rate_diff.pairs() >= 2
+            && d.rate_diff
+                .mean()
+                .zip(d.rate_diff.sigma())
+                .is_some_and(|(m, s)| {
+                    m < -p.margin
+                        && m + behind_t(d.rate_diff.pairs()) * s
+                            / f64::from(d.rate_diff.pairs()).sqrt()
+                            < 0.0
+                });
+        // The cap counts the pairs run, measured or not (a pair whose two
+        // slices completed no request measures nothing): a duel always ends.
+        let outcome = if far_over && d.pair >= 1 {
+            Some(d.test.outcome().unwrap_or(Outcome::NoBetter))
+        } else if d.pair >= p.max_pairs.max(1) {
+            Some(d.test.outcome().unwrap_or(Outcome::Capped))
         } else {
-            objective.name()
+            d.test.outcome()
+        }?;
+        let veto = match outcome {
+            Outcome::Better if over => Some("latency bound"),
+            Outcome::Better if behind => Some("behind the arrivals"),
+            _ => None,
         };
+        let won = outcome == Outcome::Better && veto.is_none();
+        let pairs = d.test.pairs();
+        let s = DuelSummary {
+            incumbent: d.incumbent.name(),
+            candidate: d.candidate.name(),
+            pairs,
+            mean: d.test.mean().map(f64::exp_m1),
+            se: d
+                .test
+                .mean()
+                .zip(d.test.sigma())
+                .map(|(m, s)| m.exp() * s / f64::from(pairs.max(1)).sqrt()),
+            llr: d.test.llr(),
+            outcome: if far_over && outcome != Outcome::Better {
+                "over twice the latency bound"
+            } else {
+                outcome.name()
+            },
+            confidence: d.test.confidence(),
+            veto,
+            won,
+            rate_diff: d
+                .rate_diff
+                .mean()
+                .zip(d.rate_diff.sigma())
+                .map(|(m, s)| (m, s / f64::from(d.rate_diff.pairs().max(1)).sqrt())),
+        };
+        let what = describe_duel(&s);
+        let last = d.mode();
+        if won {
+            self.incumbent = d.candidate;
+            self.limit_ns = p99.map(|c| bound.limit_ns(c));
+        } else if self.incumbent == d.incumbent && self.limit_ns.is_none() {
+            self.limit_ns = limit;
+        }
+        self.duels.push(s);
+        self.next_duel(p, false);
+        // The first slice of the next duel (or the kept mode) changes plan
+        // when the last slice ran another mode.
+        if let Some(n) = self.duel.as_mut() {
+            n.switched = n.mode() != last;
+        }
+        Some(what)
+    }
+
+    /// The trial's verdict: the last incumbent.
+    fn verdict(&self, p: &AutoParams) -> Verdict {
+        let objective = self.objective.unwrap_or(Objective::Rate);
+        let kept = self.incumbent;
+        let latency = self.duels.iter().any(|d| d.veto == Some("latency bound"));
         let summary = TrialSummary {
             kept: kept.name(),
             objective: objective.name(),
-            decided_by,
-            unstaged_utilisation: self.unstaged().utilisation(),
-            p99_limit_ns: limit,
+            decided_by: if latency {
+                "latency bound"
+            } else {
+                objective.name()
+            },
+            unstaged_utilisation: self.measured[0].utilisation(),
+            p99_limit_ns: self.limit_ns,
             modes: Mode::ALL
                 .iter()
                 .map(|m| {
-                    let x = self.of(*m);
+                    let x = &self.measured[m.index()];
+                    let lost = self.duels.iter().any(|d| d.candidate == m.name() && !d.won);
                     ModeSummary {
                         mode: m.name(),
                         periods: x.periods(),
@@ -373,97 +498,78 @@ impl Trial {
                         cpu_per_request_ns: x.cpu_per_request_ns(),
                         p99_ns: x.p99_ns(p.min_latency_samples),
                         utilisation: x.utilisation(),
-                        dropped: !self.live[m.index()],
-                        over_latency_bound: over(*m),
+                        dropped: lost,
+                        over_latency_bound: self
+                            .duels
+                            .iter()
+                            .any(|d| d.candidate == m.name() && d.veto == Some("latency bound")),
                     }
                 })
                 .collect(),
+            duels: self.duels.clone(),
+            skipped: self
+                .skipped
+                .iter()
+                .map(|(m, why)| (m.name(), why.clone()))
+                .collect(),
+            settle_periods: self.settle.periods(p),
         };
-        let what = describe(p, &summary, objective, behind);
-        Some(Verdict {
+        let what = describe(&summary);
+        Verdict {
             kept,
             what,
             summary,
             objective,
-        })
+        }
     }
 }
 
-/// "keep temporal: unstaged 1000, temporal 1100 (+10.0 %), spatial 900
-/// dropped, both 1050 requests/s (margin 3 %, measured periods 6/6/6/6);
-/// by rate, unstaged utilisation 99 %; p99 unstaged 812 µs, …": every
-/// mode's figure under the objective, the gain of the best over unstaged,
-/// dropped, unmeasured and refused modes marked, then what decided and the
-/// other figures.
-fn describe(
-    p: &AutoParams,
-    s: &TrialSummary,
-    objective: Objective,
-    behind: impl Fn(Mode) -> bool,
-) -> String {
-    let value = |m: &ModeSummary| match objective {
-        Objective::Rate => m.rate,
-        Objective::CpuPerRequest => m.cpu_per_request_ns.map(|ns| ns / 1000.0),
-    };
-    let (unit, digits) = match objective {
-        Objective::Rate => ("requests/s", 0),
-        Objective::CpuPerRequest => ("µs of CPU per request", 2),
-    };
-    let u = value(&s.modes[0]);
-    let mut parts = Vec::new();
-    for (m, mode) in s.modes.iter().zip(Mode::ALL) {
-        let Some(v) = value(m) else {
-            parts.push(format!("{} -", m.mode));
-            continue;
-        };
-        let mut part = format!("{} {v:.digits$}", m.mode);
-        if let Some(u) = u.filter(|u| *u > 0.0 && mode != Mode::Unstaged && m.mode == s.kept) {
-            part += &format!(" ({:+.1} %)", (v / u - 1.0) * 100.0);
+/// "spatial vs unstaged: better (+8.1 % ± 1.2 %, 7 pairs, Λ 3.2,
+/// confidence 100 %)".
+fn describe_duel(d: &DuelSummary) -> String {
+    let mut s = format!("{} vs {}: {}", d.candidate, d.incumbent, d.outcome);
+    if let (Some(m), Some(se)) = (d.mean, d.se) {
+        s += &format!(" ({:+.1} % ± {:.1} %", m * 100.0, se * 100.0);
+        s += &format!(", {} pairs", d.pairs);
+        if let Some(l) = d.llr {
+            s += &format!(", Λ {l:.1}");
         }
-        if m.dropped {
-            part += " dropped";
+        if let Some(c) = d.confidence {
+            s += &format!(", confidence {:.1} %", c * 100.0);
         }
-        if m.over_latency_bound {
-            part += " over the latency bound";
-        }
-        if behind(mode) {
-            part += " behind the arrivals";
-        }
-        parts.push(part);
+        s += ")";
     }
-    let periods: Vec<String> = s.modes.iter().map(|m| m.periods.to_string()).collect();
-    let mut line = format!(
-        "keep {}: {} {unit} (margin {:.0} %, measured periods {}); by {}",
-        s.kept,
-        parts.join(", "),
-        p.margin * 100.0,
-        periods.join("/"),
-        s.decided_by
+    if let Some(v) = d.veto {
+        s += &format!(", refused: {v}");
+        if let Some((m, se)) = d.rate_diff.filter(|_| v == "behind the arrivals") {
+            s += &format!(" (rate {:+.1} % ± {:.1} %)", m * 100.0, se * 100.0);
+        }
+    }
+    s
+}
+
+/// "keep spatial by rate (settling 1 period): temporal vs unstaged: no
+/// better (…); spatial vs unstaged: better (…); both skipped (why)".
+fn describe(s: &TrialSummary) -> String {
+    let mut parts: Vec<String> = s.duels.iter().map(describe_duel).collect();
+    parts.extend(
+        s.skipped
+            .iter()
+            .map(|(m, why)| format!("{m} skipped ({why})")),
     );
-    if let Some(util) = s.unstaged_utilisation {
-        line += &format!(", unstaged utilisation {:.0} %", util * 100.0);
+    let mut line = format!(
+        "keep {} by {} (settling {} period{})",
+        s.kept,
+        s.decided_by,
+        s.settle_periods,
+        if s.settle_periods == 1 { "" } else { "s" }
+    );
+    if let Some(u) = s.unstaged_utilisation {
+        line += &format!(", unstaged utilisation {:.0} %", u * 100.0);
     }
-    if objective == Objective::CpuPerRequest {
-        let rates: Vec<String> = s
-            .modes
-            .iter()
-            .map(|m| m.rate.map_or("-".into(), |r| format!("{r:.0}")))
-            .collect();
-        line += &format!("; rates {} requests/s", rates.join("/"));
-    }
-    if s.modes.iter().any(|m| m.p99_ns.is_some()) {
-        let p99: Vec<String> = s
-            .modes
-            .iter()
-            .map(|m| {
-                m.p99_ns
-                    .map_or("-".into(), |ns| format!("{:.0}", ns / 1000.0))
-            })
-            .collect();
-        line += &format!("; p99 {} µs", p99.join("/"));
-        if let Some(l) = s.p99_limit_ns {
-            line += &format!(" (bound {:.0} µs)", l / 1000.0);
-        }
+    if !parts.is_empty() {
+        line += ": ";
+        line += &parts.join("; ");
     }
     line
 }
