@@ -116,7 +116,9 @@ fn auto_with_switch_cost(extra: &str) -> (Run, Report) {
 fn auto_judges_an_unsaturated_guest_by_cpu_per_request() {
     // Open loop at a load every mode keeps up with: the rate says nothing
     // (it is the arrival rate), the CPU a request costs decides.
-    let (run, report) = auto_with_switch_cost("requests=5000 arrival=8000");
+    // 20,000 requests at 8,000 a second: 2.5 s, for a trial of duels of
+    // paired slices (5,000 ended before one).
+    let (run, report) = auto_with_switch_cost("requests=20000 arrival=8000");
     let line = open_line(&run);
     assert_eq!(after(&line, "dropped "), Some(0.0), "{line}");
     let trial = report
@@ -156,7 +158,9 @@ fn auto_judges_an_unsaturated_guest_by_cpu_per_request() {
 #[test]
 fn auto_judges_a_saturated_guest_by_rate() {
     // The same guest closed loop: every thread always has work.
-    let (_, report) = auto_with_switch_cost("requests=60000");
+    // As many requests as auto_stages_where_staging_is_forced_to_win
+    // (sched.rs), for the same reason.
+    let (_, report) = auto_with_switch_cost("requests=400000");
     let trial = report
         .sched
         .auto

@@ -35,8 +35,8 @@ pub struct Run {
     /// `auto`: the share of the middle 80 % of the periods spent in each
     /// mode other than unstaged (temporal, spatial, both).
     pub staged_share: f64,
-    /// `auto`: staged holds its latency guard ended.
-    pub latency_fallbacks: u64,
+    /// `auto`: trials a change point started.
+    pub change_points: u64,
 }
 
 /// Work CPU per request (µs) over the middle 80 % (by time) of the policy
@@ -141,7 +141,7 @@ impl Run {
             } else {
                 f64::NAN
             },
-            latency_fallbacks: r.sched.auto.as_ref().map_or(0, |a| a.fallbacks_latency),
+            change_points: r.sched.auto.as_ref().map_or(0, |a| a.change_points),
         })
     }
 }

@@ -37,7 +37,9 @@ pub mod stage_sched;
 pub mod timeline;
 
 use stagevm_report::api::StagesView;
-use stagevm_report::{AutoReport, ChannelReport, ModeReport, SchedReport, TrialReport};
+use stagevm_report::{
+    AutoReport, ChannelReport, DuelReport, ModeReport, SchedReport, SkippedMode, TrialReport,
+};
 
 pub use accounting::Accounting;
 pub use controller::{Change, Controller, Decision};
@@ -127,9 +129,10 @@ impl<M: vm_memory::GuestMemoryBackend + Send + Sync> StageSched<M> {
                 losing_periods: a.losing_periods,
                 mode_switches: a.mode_switches,
                 losing_share: a.losing_periods as f64 / a.periods.max(1) as f64,
-                fallbacks_figure: a.fallbacks_figure,
-                fallbacks_latency: a.fallbacks_latency,
-                fallbacks_probe: a.fallbacks_probe,
+                change_points: a.change_points,
+                duels: a.duels,
+                duels_capped: a.duels_capped,
+                modes_skipped: a.modes_skipped,
                 last_trial: c.last_trial().map(|t| trial_report(&t)),
             }),
             cpu: c.cpu_report(),
@@ -163,5 +166,30 @@ fn trial_report(t: &host_sched::policy::auto::TrialSummary) -> TrialReport {
                 over_latency_bound: m.over_latency_bound,
             })
             .collect(),
+        duels: t
+            .duels
+            .iter()
+            .map(|d| DuelReport {
+                incumbent: d.incumbent.into(),
+                candidate: d.candidate.into(),
+                pairs: d.pairs,
+                mean_pct: d.mean.map(|m| m * 100.0),
+                se_pct: d.se.map(|s| s * 100.0),
+                llr: d.llr,
+                outcome: d.outcome.into(),
+                confidence: d.confidence,
+                veto: d.veto.map(Into::into),
+                won: d.won,
+            })
+            .collect(),
+        skipped: t
+            .skipped
+            .iter()
+            .map(|(m, why)| SkippedMode {
+                mode: (*m).into(),
+                why: why.clone(),
+            })
+            .collect(),
+        settle_periods: t.settle_periods,
     }
 }

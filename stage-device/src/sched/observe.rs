@@ -58,6 +58,7 @@ impl Observer {
             cpu_ns: cpu.as_ref().map(|c| c.work_ns as f64),
             utilisation: cpu.as_ref().map(|c| c.utilisation),
             latency: window.latency.take(),
+            entries: Some(window.entries as f64),
         }
     }
 

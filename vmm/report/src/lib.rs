@@ -24,7 +24,9 @@ mod summary;
 
 pub use cpu_weight::CpuWeightReport;
 pub use per_stage::PerStage;
-pub use requests::{CpuReport, LatencyBucket, LatencyReport, ModeReport, TrialReport};
+pub use requests::{
+    CpuReport, DuelReport, LatencyBucket, LatencyReport, ModeReport, SkippedMode, TrialReport,
+};
 
 /// A string from the guest as it may be shown on an operator's terminal or
 /// in a log line: control characters, quotes and backslashes escaped
@@ -365,29 +367,32 @@ pub struct SchedReport {
 pub struct AutoReport {
     /// Policy periods `auto` planned.
     pub periods: u64,
-    /// Trials started (the first, after each hold, on stage-mix changes).
+    /// Trials started (the first, change points, intervals over).
     pub trials: u64,
-    /// Periods spent in trials, both modes.
+    /// Periods spent in trials, all modes.
     pub trial_periods: u64,
-    /// Periods finished trials spent in the mode they did not keep.
+    /// Periods finished trials spent in the modes they did not keep: the
+    /// trials' cost.
     pub losing_periods: u64,
-    /// Switches of mode outside trials (a hold in another mode than the
-    /// previous hold's).
+    /// Trials whose kept mode differs from the previous hold's (a hold
+    /// never switches by itself: these are all the switches).
     pub mode_switches: u64,
     /// `losing_periods` ÷ `periods`: the share of the run spent in the
-    /// losing mode of a trial (the issue's trial overhead; target ≤ 2 % over
-    /// a 60 s run).
+    /// losing modes of trials (the trials' cost; issue 49: ≤ 2 %).
     pub losing_share: f64,
-    /// Holds of a staged mode ended early because its figure (rate or CPU
-    /// per request) fell behind unstaged's of its trial.
+    /// Trials started by a change point (rate, utilisation, stage mix, or
+    /// a held mode's p99 past the bound).
     #[serde(default)]
-    pub fallbacks_figure: u64,
-    /// ... because its p99 passed the latency bound.
+    pub change_points: u64,
+    /// Duels run (one candidate against the incumbent each).
     #[serde(default)]
-    pub fallbacks_latency: u64,
-    /// ... because an unstaged probe beat it.
+    pub duels: u64,
+    /// Duels whose sequential test stopped at its cap on pairs.
     #[serde(default)]
-    pub fallbacks_probe: u64,
+    pub duels_capped: u64,
+    /// Candidates the counters ruled out, over all trials.
+    #[serde(default)]
+    pub modes_skipped: u64,
     /// The last finished trial: each mode's figures and what decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_trial: Option<TrialReport>,

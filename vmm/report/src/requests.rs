@@ -84,7 +84,7 @@ pub struct ModeReport {
     /// Mean utilisation (0..=1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub utilisation: Option<f64>,
-    /// Dropped from the trial (decidedly behind another mode).
+    /// Lost its duel (no better, or refused).
     pub dropped: bool,
     /// Refused: p99 beyond the latency bound.
     pub over_latency_bound: bool,
@@ -108,4 +108,54 @@ pub struct TrialReport {
     pub p99_limit_us: Option<f64>,
     /// Per mode.
     pub modes: Vec<ModeReport>,
+    /// The duels, in the order they ran.
+    #[serde(default)]
+    pub duels: Vec<DuelReport>,
+    /// Modes not trialled, and why.
+    #[serde(default)]
+    pub skipped: Vec<SkippedMode>,
+    /// Periods a slice skipped after a change of plan (measured).
+    #[serde(default)]
+    pub settle_periods: u32,
+}
+
+/// One duel of a trial: a candidate against the incumbent in paired
+/// slices, stopped by a sequential test (SPRT).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct DuelReport {
+    /// The incumbent mode.
+    pub incumbent: String,
+    /// The candidate mode.
+    pub candidate: String,
+    /// Pairs of slices measured.
+    pub pairs: u32,
+    /// Mean per-pair difference of the objective (%; positive: the
+    /// candidate better), and its standard error (%).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_pct: Option<f64>,
+    /// See `mean_pct`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub se_pct: Option<f64>,
+    /// The test's log-likelihood ratio at the end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llr: Option<f64>,
+    /// `better`, `no better`, `capped` or `over twice the latency bound`.
+    pub outcome: String,
+    /// One-sided confidence that the candidate is better at all (0..=1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence: Option<f64>,
+    /// Why a candidate found better was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub veto: Option<String>,
+    /// The candidate became the incumbent.
+    pub won: bool,
+}
+
+/// A mode a trial did not run, and why.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SkippedMode {
+    /// The mode.
+    pub mode: String,
+    /// Why the counters ruled it out.
+    pub why: String,
 }

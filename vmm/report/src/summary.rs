@@ -103,16 +103,17 @@ pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport, disks: &[BlockReport
     if let Some(a) = &sc.auto {
         let _ = writeln!(
             s,
-            "stagevm: auto: {} trials ({} of {} periods), {} periods in losing epochs ({:.2} % of the run), {} switches of mode outside trials; staged holds ended by their figure {}, by the latency bound {}, by a probe {}",
+            "stagevm: auto: {} trials ({} of {} periods; {} on a change point), {} periods in losing slices ({:.2} % of the run), {} switches of mode (all by trials); {} duels ({} at the cap on pairs), {} modes skipped",
             a.trials,
             a.trial_periods,
             a.periods,
+            a.change_points,
             a.losing_periods,
             a.losing_share * 100.0,
             a.mode_switches,
-            a.fallbacks_figure,
-            a.fallbacks_latency,
-            a.fallbacks_probe
+            a.duels,
+            a.duels_capped,
+            a.modes_skipped
         );
         if let Some(t) = &a.last_trial {
             let _ = writeln!(s, "{}", trial_line(t));
@@ -203,12 +204,37 @@ fn trial_line(t: &crate::TrialReport) -> String {
     let bound = t
         .p99_limit_us
         .map_or(String::new(), |b| format!(", p99 bound {b:.0} µs"));
+    let duels: Vec<String> = t
+        .duels
+        .iter()
+        .map(|d| {
+            let mut s = format!("{} vs {}: {}", d.candidate, d.incumbent, d.outcome);
+            if let (Some(m), Some(se)) = (d.mean_pct, d.se_pct) {
+                let _ = write!(s, " ({m:+.1} % ± {se:.1} %, {} pairs", d.pairs);
+                if let Some(c) = d.confidence {
+                    let _ = write!(s, ", confidence {:.1} %", c * 100.0);
+                }
+                s += ")";
+            }
+            if let Some(v) = &d.veto {
+                let _ = write!(s, ", refused: {v}");
+            }
+            s
+        })
+        .chain(
+            t.skipped
+                .iter()
+                .map(|k| format!("{} skipped ({})", k.mode, k.why)),
+        )
+        .collect();
     format!(
-        "stagevm: auto: last trial kept {} (decided by {}, objective {}{util}{bound}): {}",
+        "stagevm: auto: last trial kept {} (decided by {}, objective {}{util}{bound}, settling {} periods): {}; duels: {}",
         t.kept,
         t.decided_by,
         t.objective,
-        modes.join("; ")
+        t.settle_periods,
+        modes.join("; "),
+        duels.join("; ")
     )
 }
 

@@ -207,11 +207,11 @@ fn validation(o: &mut String, ctx: &Ctx, traces: &[&String]) {
 /// mode (any but unstaged) and how many kept unstaged. The simulator does
 /// not model visit orders, so its temporal modes measure as unstaged.
 fn auto_choice(r: &SimResult) -> String {
-    // A decision's text is "MODE: keep KEPT: …".
+    // A decision's text is "MODE: keep KEPT by …".
     let kept = |d: &str| {
         d.split("keep ")
             .nth(1)
-            .and_then(|rest| rest.split(':').next())
+            .and_then(|rest| rest.split([' ', ':']).next())
             .map(str::to_string)
     };
     let keeps: Vec<String> = r

@@ -161,9 +161,10 @@ fn two_stage_trace(threads: u32, requests: u64, visit: u64, kib: u64) -> Trace {
 fn auto_runs_host_sched_trials_and_decides() {
     // Stages of 384 KiB each: both fit one 512 KiB L2 apart, not together,
     // so staging pays when migrations are cheap and not when they are dear.
-    // 800 requests a thread: the hold-over and a trial of 3 rounds (each an
-    // unstaged and a staged epoch of 3 periods) fit with room to decide.
-    let t = two_stage_trace(4, 800, 400, 384);
+    // 2400 requests a thread: the hold-over and a duel of paired slices
+    // (at least 6 pairs of 2 + 2 periods and the settling) fit with room
+    // to decide.
+    let t = two_stage_trace(4, 2400, 400, 384);
     let mut decided = Vec::new();
     for cost in [100, 1_000_000] {
         let mut cfg = SimConfig::new(SimPolicy::Auto, 2, 100_000);
@@ -176,7 +177,12 @@ fn auto_runs_host_sched_trials_and_decides() {
             .iter()
             .rev()
             .find(|(_, d)| d.contains("keep"))
-            .unwrap_or_else(|| panic!("no decision at cost {cost}: {:?}", r.auto_decisions));
+            .unwrap_or_else(|| {
+                panic!(
+                    "no decision at cost {cost} in {} periods: {:?}",
+                    r.periods, r.auto_decisions
+                )
+            });
         decided.push(last.1.clone());
     }
     assert!(
