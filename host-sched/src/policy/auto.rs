@@ -497,7 +497,7 @@ impl Policy for Auto {
             summary,
         });
         let mut plan = if mode.is_spatial() { spatial } else { unstaged };
-        plan.visit = if mode.is_temporal() {
+        plan.visit = if mode.is_temporal() && !self.params.twin {
             self.temporal
         } else {
             VisitPolicy::Fifo

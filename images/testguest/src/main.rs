@@ -46,10 +46,11 @@
 //!   vCPUs idle as in the closed loop). Prints `testguest: open loop: …`:
 //!   the rate achieved, drops, and p50/p99/p99.9 latency from arrival of
 //!   the steady 10–90 % of the requests. Works with every workload, policy
-//!   and visit policy (not with `hopper=`); `phases=ON:OFF[:OFFSET]`
+//!   and visit policy (not with `hopper=`); `phases=ON:OFF[:OFFSET[:LOW]]`
 //!   (ms) lets requests arrive only in busy windows of ON ms every ON +
 //!   OFF ms, the first from OFFSET (RATE is the rate within a window;
 //!   two guests with offsets 0 and ON are busy in turn: `just bench-host`),
+//!   and with LOW at LOW % of RATE in the other windows (`just bench-auto`),
 //! * `timed_every=N` — with counters, time one stage visit in N (a TSC read
 //!   at its start and end; default 0: the agent paces them to about one
 //!   per 16 µs per vCPU; 1 times every visit),

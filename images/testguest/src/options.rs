@@ -262,12 +262,19 @@ pub(crate) fn staged_config(
     })
 }
 
-/// `phases=ON:OFF[:OFFSET]` (ms; ON ≥ 1): busy and idle windows of the
-/// open loop, the first busy window from OFFSET.
+/// `phases=ON:OFF[:OFFSET[:LOW]]` (ms; ON ≥ 1; LOW ≤ 100): busy and idle
+/// windows of the open loop, the first busy window from OFFSET; with LOW
+/// the other windows run at LOW % of the rate instead of idle.
 fn parse_phases(value: &str) -> Option<stage_workload::arrivals::Phases> {
     let mut it = value.split(':').map(|v| v.parse::<u64>().ok());
     let on = it.next()??;
     let off = it.next()??;
     let offset = it.next().unwrap_or(Some(0))?;
-    (on > 0 && it.next().is_none()).then_some(stage_workload::arrivals::Phases { on, off, offset })
+    let low_pct = it.next().unwrap_or(Some(0))?;
+    (on > 0 && low_pct <= 100 && it.next().is_none()).then_some(stage_workload::arrivals::Phases {
+        on,
+        off,
+        offset,
+        low_pct,
+    })
 }

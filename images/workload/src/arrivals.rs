@@ -139,6 +139,10 @@ pub struct Phases {
     pub off: u64,
     /// Start of the first busy window (units).
     pub offset: u64,
+    /// The rate in the other windows, % of the busy windows' (0: idle;
+    /// `phases=20000:20000:0:33` alternates 90 % and 30 % of a guest's
+    /// capacity every 20 s when RATE is 90 % of it: `just bench-auto` O4).
+    pub low_pct: u64,
 }
 
 impl Phases {
@@ -149,9 +153,21 @@ impl Phases {
         if self.on == 0 {
             return active;
         }
-        (active / self.on)
-            .saturating_mul(self.on.saturating_add(self.off))
-            .saturating_add(active % self.on)
+        // Active time per on + off period: the on window, and the off
+        // window at `low_pct` of the rate (capped at 100 %).
+        let pct = self.low_pct.min(100);
+        let low = self.off.saturating_mul(pct) / 100;
+        let per = self.on.saturating_add(low).max(1);
+        let (k, a) = (active / per, active % per);
+        let within = if a < self.on {
+            a
+        } else {
+            // In the off window, active time runs at pct % of wall time.
+            self.on
+                .saturating_add((a - self.on).saturating_mul(100) / pct.max(1))
+        };
+        k.saturating_mul(self.on.saturating_add(self.off))
+            .saturating_add(within)
             .saturating_add(self.offset)
     }
 }
@@ -207,6 +223,7 @@ mod tests {
             on: 100,
             off: 300,
             offset: 50,
+            low_pct: 0,
         };
         // 0..100 active → 50..150, 100..200 → 450..550, …
         assert_eq!(
@@ -218,7 +235,8 @@ mod tests {
             Phases {
                 on: 1,
                 off: u64::MAX,
-                offset: 0
+                offset: 0,
+                low_pct: 0,
             }
             .wall(5),
             u64::MAX
@@ -227,5 +245,18 @@ mod tests {
         // off window.
         let mut a = Arrivals::new(10, ArrivalDist::Fixed, 1000);
         assert!((0..1000).all(|_| (p.wall(a.next_arrival()) - 50) % 400 < 100));
+        // A low phase at a third of the rate: 100 active units in the on
+        // window, 100 spread over the 300 of the off window.
+        let low = Phases { low_pct: 33, ..p };
+        assert_eq!(
+            [0, 99, 100, 150, 198, 199].map(|t| low.wall(t)),
+            [50, 149, 150, 301, 446, 450]
+        );
+        let mut a = Arrivals::new(10, ArrivalDist::Fixed, 1000);
+        let walls: Vec<u64> = (0..990).map(|_| low.wall(a.next_arrival()) - 50).collect();
+        let busy = walls.iter().filter(|w| *w % 400 < 100).count();
+        // As many arrivals in the 100 units of an on window as in the 300
+        // of an off window (99 active units at a third of the rate).
+        assert_eq!((busy, walls.len() - busy), (497, 493));
     }
 }

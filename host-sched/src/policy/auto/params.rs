@@ -64,6 +64,11 @@ pub struct AutoParams {
     /// than it runs (seed 000 §4: staging pays when a stage's code runs
     /// long enough to amortise the migration).
     pub migration_ns: Option<f64>,
+    /// A null experiment (`just bench-auto` O2): the `temporal` candidate
+    /// runs unstaged's plan and visit order under its own name, so every
+    /// duel of it is between two identical modes and should find no
+    /// difference.
+    pub twin: bool,
 }
 
 impl AutoParams {
@@ -101,6 +106,7 @@ impl Default for AutoParams {
             min_latency_samples: 200,
             latency_block: 25,
             migration_ns: None,
+            twin: false,
         }
     }
 }

@@ -99,6 +99,7 @@ impl Gen {
             on: 0,
             off: 0,
             offset: 0,
+            low_pct: 0,
         },
         start: 0,
         total: 0,
@@ -187,6 +188,7 @@ pub(super) fn configure(cfg: &ArrivalConfig, total: u64, khz: u64) {
         on: ticks(cfg.phases_ms.on),
         off: ticks(cfg.phases_ms.off),
         offset: ticks(cfg.phases_ms.offset),
+        low_pct: cfg.phases_ms.low_pct,
     };
     OPEN.store(true, Ordering::Release);
 }
