@@ -150,6 +150,14 @@ bench-disk: build
 bench-headline *ARGS: build
     cargo run --release -q -p stagevm-bench --bin headline-bench -- --stagevm {{stagevm}} --kernel {{guest}} {{ARGS}}
 
+# auto's decision procedure (issue 49): O1 (the mode auto holds, replayed in full, against the best mode, in
+# stagesim over the MariaDB traces x maps x L2 256/512/2048 KiB x 2 and 4 cores), O2 (unstaged against itself:
+# no false switches), O4 (a VM whose load alternates 90 % and 30 % every 20 s for 2 minutes); O3 is bench-open's.
+# Writes bench/RESULTS.md's auto-decisions section (~25 min; run alone).
+bench-auto *ARGS: build guest
+    cargo build --release -q -p stagesim -p stagevm-bench --bin auto-bench
+    target/release/auto-bench {{ARGS}}
+
 # Open loop (issue 35): the headline's shapes (127 KiB: staging loses; 4 MiB: it wins) at 2 and 4 vCPUs, closed
 # loop and open loop at 30/60/90 % of the unstaged capacity measured in the run, every cell (off, pinned,
 # pinned+srpt, static, proportional, auto) in 5 interleaved rounds next to native open-loop references: rate, CPU

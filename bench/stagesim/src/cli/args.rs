@@ -89,6 +89,11 @@ pub struct ReplayArgs {
     /// with static/proportional: both; with auto: its temporal modes (then trialled too).
     #[arg(long, default_value = "fifo")]
     pub visit: String,
+    /// With `--policy auto`: a null experiment (`just bench-auto` O2). Its only candidate is
+    /// `temporal`, which runs unstaged's plan and visit order under that name: every duel is
+    /// between two identical modes.
+    #[arg(long)]
+    pub auto_twin: bool,
     /// CPU a yield at a stage switch costs its core under a temporal visit policy, cycles;
     /// comma-separated to sweep. Default 163: the test unikernel's local switch, 65 ns at
     /// 2.5 GHz (`just bench-migration` saturated mode, bench/RESULTS.md).

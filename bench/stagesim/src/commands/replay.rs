@@ -292,6 +292,7 @@ fn configs(a: &ReplayArgs, p: &Plan) -> anyhow::Result<Vec<SimConfig>> {
                             c.steal = st;
                             c.visit = v;
                             c.switch_cycles = sw;
+                            c.auto_twin = a.auto_twin;
                             if lw {
                                 let w = stagesim::analysis::load_weights(&per_stage, g);
                                 let mut b = c

@@ -274,6 +274,10 @@ pub struct SimResult {
     /// `mode: what`, with the modelled rates it compared).
     #[serde(default)]
     pub auto_decisions: Vec<(u64, String)>,
+    /// `auto`: policy periods, those in trials, and those its trials spent
+    /// in the modes they did not keep (the trials' cost).
+    #[serde(default)]
+    pub auto_cost: Option<(u64, u64, u64)>,
     /// Wall-clock seconds of the replay.
     pub replay_seconds: f64,
     /// Replay speed, million instructions per second (single thread).

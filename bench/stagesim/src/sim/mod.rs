@@ -346,6 +346,11 @@ pub struct SimConfig {
     /// unikernel's measured local switch); a migration (both mode) is
     /// charged as a migration instead, never both.
     pub switch_cycles: u64,
+    /// `auto` only: the null experiment of `just bench-auto` O2 (its
+    /// `temporal` candidate is unstaged under another name:
+    /// [`host_sched::policy::auto::AutoParams::twin`]).
+    #[serde(default)]
+    pub auto_twin: bool,
 }
 
 /// Serialises a visit policy by its name.
@@ -402,6 +407,7 @@ impl SimConfig {
             repeat: 1,
             visit: VisitPolicy::Fifo,
             switch_cycles: LOCAL_SWITCH_CYCLES,
+            auto_twin: false,
         }
     }
 

@@ -114,7 +114,9 @@ impl Plans {
         // the VMM runs, with fewer candidates.
         let mut policy: Box<dyn policy::Policy> = if kind == policy::PolicyKind::Auto {
             use policy::auto::{Auto, AutoParams, Mode, Modes};
-            let candidates = if cfg.visit.is_temporal() {
+            let candidates = if cfg.auto_twin {
+                Modes::of(&[Mode::Unstaged, Mode::Temporal])
+            } else if cfg.visit.is_temporal() {
                 Modes::ALL
             } else {
                 Modes::of(&[Mode::Unstaged, Mode::Spatial])
@@ -123,6 +125,12 @@ impl Plans {
                 ctx,
                 AutoParams {
                     candidates,
+                    twin: cfg.auto_twin,
+                    // The replay's own migration cost (cycles at the
+                    // model's clock): the spatial modes are not trialled
+                    // where a visit is shorter (no visit figure is passed
+                    // yet: the rule waits for one).
+                    migration_ns: Some(cfg.migration_cycles as f64 / CLOCK_HZ * 1e9),
                     ..AutoParams::default()
                 },
             ))
@@ -151,6 +159,11 @@ impl Plans {
         p.set_serve(&plan.stage_vcpus);
         p.history.push((0, p.requirement.clone()));
         Ok(p)
+    }
+
+    /// `auto`'s cost so far (its statistics), for the result.
+    pub fn auto_stats(&self) -> Option<host_sched::policy::auto::AutoStats> {
+        self.policy.auto_stats()
     }
 
     /// Whether every core serves every stage (an unstaged plan).
