@@ -50,8 +50,10 @@
 //! interval, which doubles while trials keep finding the same mode
 //! ([`AutoParams::max_hold_periods`]). A hold never switches by itself:
 //! every switch of mode is a trial's verdict. A change of the VM's cores
-//! by the host daemon keeps the hold ([`Policy::retarget`]) unless it
-//! crosses one core, where the candidates change.
+//! by the host daemon keeps the hold ([`Policy::retarget`]) and what the
+//! trial learnt; the answer at the new size is re-tested by the next trial
+//! (the interval's end, or a change point once the detectors calibrated
+//! afresh at the new size).
 //!
 //! Ties go to the simpler mode, in the order unstaged < temporal < spatial
 //! < both ([`Mode::ALL`]): a candidate must be *better* to win. Temporal
@@ -459,24 +461,20 @@ impl Policy for Auto {
 
     /// A change of the number of stage cores during a hold keeps the mode
     /// held, the periods left and the statistics; the modes plan for the
-    /// new cores, and the hold's guard compares at the new capacity (under
-    /// the rate objective unstaged's figure scales with the cores; the
-    /// held mode's smoothed figure starts again; the unstaged probes
-    /// measure afresh). During a trial it returns `false`: the trial's
-    /// epochs would compare modes at two capacities, so it starts again.
+    /// new cores, and the rate's and utilisation's change detectors
+    /// calibrate afresh. During a trial it returns `false`: the trial's
+    /// slices would compare modes at two capacities, so it starts again.
     fn retarget(&mut self, ctx: Context) -> bool {
         let State::Hold(hold) = &mut self.state else {
             return false;
         };
         let (old, new) = (self.cores.max(1), ctx.cores.len().max(1));
-        // The answer can change only where the candidates change: across
-        // one core (the spatial modes need two). Elsewhere the hold goes
-        // on, and a change in what the VM does at the new size shows to
-        // the change-point detectors.
-        if (old < 2) != (new < 2) {
-            return false;
-        }
-        hold.rescale(new as f64 / old as f64);
+        // The hold goes on, its rate and utilisation detectors calibrated
+        // afresh at the new size; the answer at the new size is tested by
+        // the next trial (a change point after that, or the interval). On
+        // one core the spatial plans are unstaged's, so a held spatial
+        // mode runs unstaged until the cores come back.
+        hold.recalibrate(&self.params);
         self.cores = ctx.cores.len();
         self.bound = ctx.latency;
         self.spatial = build(PolicyKind::Static, ctx.clone());

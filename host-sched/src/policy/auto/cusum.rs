@@ -109,16 +109,6 @@ impl Cusum {
         self.n >= self.p.calibrate.max(2)
     }
 
-    /// Scales the reference by `factor` (the VM's cores changed by it and
-    /// the signal is proportional to them); a bad factor is ignored.
-    pub fn rescale(&mut self, factor: f64) {
-        if factor.is_finite() && factor > 0.0 {
-            self.mean *= factor;
-            self.sigma *= factor;
-            self.m2 *= factor * factor;
-        }
-    }
-
     /// Adds a value (a non-finite one is skipped); a change, if the sums
     /// passed `h`.
     pub fn push(&mut self, x: f64) -> Option<Shift> {

@@ -112,15 +112,14 @@ impl Hold {
         )
     }
 
-    /// The VM's stage cores changed in number by `factor` (new ÷ old): the
-    /// rate's reference scales with them (a VM at saturation completes
-    /// requests in proportion to its cores; below it the rate is the
-    /// arrivals' and the factor moves it, which the detector then sees as
-    /// a change: a trial at the new size).
-    pub fn rescale(&mut self, factor: f64) {
-        if self.objective == Objective::Rate {
-            self.rate.rescale(factor);
-        }
+    /// The VM's stage cores changed in number: the rate's and the
+    /// utilisation's detectors calibrate afresh at the new size (both move
+    /// with the cores, by a factor no model gives: a move is not a change
+    /// of workload); the stage mix's goes on.
+    pub fn recalibrate(&mut self, p: &AutoParams) {
+        let fresh = Self::new(self.mode, p, 0, self.objective, None);
+        self.rate = fresh.rate;
+        self.utilisation = fresh.utilisation;
     }
 
     /// Advances the hold by the period that just ended (`load`, `o`).

@@ -183,15 +183,37 @@ fn auto_counts_what_its_trials_cost() {
 }
 
 #[test]
-fn a_change_of_cores_keeps_the_hold_unless_it_crosses_one_core() {
+fn a_change_of_cores_keeps_the_hold_and_the_detectors_calibrate_afresh() {
     use crate::policy::tests::ctx;
     let mut p = auto_now(Default::default());
-    drive_auto(&mut p, 200, rates([1000.0, 1000.0, 1500.0, 1000.0]));
-    assert_eq!(p.last_trial().unwrap().kept, "spatial");
+    let (_, decisions) = drive_auto_with(
+        &mut p,
+        200,
+        |_| [0.5, 0.5],
+        rates([1000.0, 1000.0, 1500.0, 1000.0]),
+    );
+    assert_eq!(p.last_trial().unwrap().kept, "spatial", "{decisions:?}");
     assert!(p.retarget(ctx(4, 4, 2)));
+    assert!(p.retarget(ctx(1, 2, 2)));
     assert!(p.retarget(ctx(2, 2, 2)));
+    assert_eq!(p.stats().trials, 1);
+    // The detectors calibrate afresh at the new size (150 periods); a
+    // change of rate after that is a change point, a trial.
+    let mut modes = Vec::new();
+    for _ in 0..400 {
+        p.observe(&Observation::rate(if modes.len() < 200 {
+            1500.0
+        } else {
+            700.0
+        }));
+        p.plan(&[0.5, 0.5]);
+        modes.push(p.decision().map(|d| d.what));
+    }
     assert!(
-        !p.retarget(ctx(1, 2, 2)),
-        "one core rules spatial out: a new trial"
+        modes
+            .iter()
+            .flatten()
+            .any(|w| w.starts_with("change point: rate fell")),
+        "{modes:?}"
     );
 }
