@@ -468,7 +468,6 @@ impl Policy for Auto {
         let State::Hold(hold) = &mut self.state else {
             return false;
         };
-        let (old, new) = (self.cores.max(1), ctx.cores.len().max(1));
         // The hold goes on, its rate and utilisation detectors calibrated
         // afresh at the new size; the answer at the new size is tested by
         // the next trial (a change point after that, or the interval). On
