@@ -311,44 +311,43 @@ impl Auto {
         }
         let mut skipped = Vec::new();
         order.retain(|m| {
-            let why = if m.is_spatial() && self.cores < 2 {
-                Some("one core: its plan is unstaged's".to_string())
-            } else if m.is_spatial() {
-                self.visit_ns
-                    .zip(p.migration_ns)
-                    .filter(|(v, mig)| v < mig)
-                    .map(|(v, mig)| {
-                        format!(
-                            "the mean visit, {:.2} µs, is shorter than a migration, {:.2} µs",
-                            v / 1000.0,
-                            mig / 1000.0
-                        )
-                    })
+            let why = if !m.is_spatial() {
+                return true;
+            } else if self.cores < 2 {
+                "one core: its plan is unstaged's".to_string()
             } else {
-                None
+                match self.visit_ns.zip(p.migration_ns) {
+                    Some((v, mig)) if v < mig => format!(
+                        "the mean visit, {:.2} µs, is shorter than a migration, {:.2} µs",
+                        v / 1000.0,
+                        mig / 1000.0
+                    ),
+                    _ => return true,
+                }
             };
-            if let Some(why) = why {
-                skipped.push((*m, why));
-            }
-            !skipped.iter().any(|(s, _)| s == m)
+            skipped.push((*m, why));
+            false
         });
         (order, skipped)
     }
 
-    fn start_trial(&mut self, from: Mode, on_change: bool) -> Option<Mode> {
+    /// Starts a trial (a change point started it if `on_change`; `from` ran
+    /// the period before): the mode it runs first and its first candidate,
+    /// or `None` when the counters ruled every candidate out.
+    fn start_trial(&mut self, from: Mode, on_change: bool) -> Option<(Mode, Mode)> {
         let (candidates, skipped) = self.candidates();
+        self.trial_on_change = on_change;
         if candidates.is_empty() {
             self.stats.modes_skipped += skipped.len() as u64;
             return None;
         }
         self.stats.trials += 1;
         self.stats.change_points += u64::from(on_change);
-        self.trial_on_change = on_change;
         let settle = std::mem::take(&mut self.settle);
         let trial = Trial::new(candidates, skipped, settle, from, &self.params);
-        let mode = trial.mode;
+        let first = (trial.mode, trial.candidate());
         self.state = State::Trial(Box::new(trial));
-        Some(mode)
+        Some(first)
     }
 
     /// Ends the trial, if one runs, and holds `mode` for the interval
@@ -364,7 +363,7 @@ impl Auto {
         if self.last_hold.is_some() && !same {
             self.stats.mode_switches += 1;
         }
-        self.interval = if same && !self.trial_on_change && self.last_hold.is_some() {
+        self.interval = if same && !self.trial_on_change {
             self.interval
                 .saturating_mul(2)
                 .min(p.max_hold_periods.max(p.hold_periods))
@@ -426,31 +425,19 @@ impl Auto {
         let State::Hold(hold) = &mut self.state else {
             return self.step_trial(&o);
         };
-        let mode = hold.mode;
+        let (mode, objective) = (hold.mode, hold.objective);
         match hold.step(&p, load, &o) {
             Step::Stay => (mode, String::new(), None),
             Step::Trial(why, on_change) => match self.start_trial(mode, on_change) {
-                Some(next) => {
-                    let first = match &self.state {
-                        State::Trial(t) => t.candidate(),
-                        State::Hold(_) => next,
-                    };
+                Some((next, first)) => {
                     (next, format!("{why}: trial, {} first", first.name()), None)
                 }
                 None => {
-                    let objective = hold_objective(&self.state);
                     let m = self.hold(Mode::Unstaged, objective, None);
                     (m, format!("{why}: no candidate left, keep unstaged"), None)
                 }
             },
         }
-    }
-}
-
-fn hold_objective(s: &State) -> Objective {
-    match s {
-        State::Hold(h) => h.objective,
-        State::Trial(_) => Objective::Rate,
     }
 }
 

@@ -67,7 +67,7 @@ impl Hold {
         objective: Objective,
         limit_ns: Option<f64>,
     ) -> Self {
-        let c: CusumParams = p.change;
+        let [rate, utilisation, mix] = detectors(p);
         Self {
             mode,
             left: periods,
@@ -75,24 +75,9 @@ impl Hold {
             ran: 0,
             sum: Vec::new(),
             reference: None,
-            rate: Cusum::new(c, false),
-            utilisation: Cusum::new(
-                CusumParams {
-                    floor: 0.0,
-                    floor_abs: 0.02,
-                    ..c
-                },
-                false,
-            ),
-            mix: Cusum::new(
-                CusumParams {
-                    floor: 0.0,
-                    floor_abs: 0.02,
-                    min_shift: 0.0,
-                    ..c
-                },
-                true,
-            ),
+            rate,
+            utilisation,
+            mix,
             // Unstaged is the reference of the bound, not bound by it.
             limit_ns: limit_ns.filter(|_| mode != Mode::Unstaged),
             block: Histogram::new(),
@@ -117,9 +102,9 @@ impl Hold {
     /// with the cores, by a factor no model gives: a move is not a change
     /// of workload); the stage mix's goes on.
     pub fn recalibrate(&mut self, p: &AutoParams) {
-        let fresh = Self::new(self.mode, p, 0, self.objective, None);
-        self.rate = fresh.rate;
-        self.utilisation = fresh.utilisation;
+        let [rate, utilisation, _] = detectors(p);
+        self.rate = rate;
+        self.utilisation = utilisation;
     }
 
     /// Advances the hold by the period that just ended (`load`, `o`).
@@ -206,6 +191,28 @@ impl Hold {
         }
         (!why.is_empty()).then(|| format!("change point: {}", why.join(", ")))
     }
+}
+
+/// Fresh detectors of the rate, the utilisation (in its own units: σ at
+/// least 0.02) and the stage mix's distance (upper only, no least shift).
+fn detectors(p: &AutoParams) -> [Cusum; 3] {
+    let c = p.change;
+    let absolute = CusumParams {
+        floor: 0.0,
+        floor_abs: 0.02,
+        ..c
+    };
+    [
+        Cusum::new(c, false),
+        Cusum::new(absolute, false),
+        Cusum::new(
+            CusumParams {
+                min_shift: 0.0,
+                ..absolute
+            },
+            true,
+        ),
+    ]
 }
 
 fn word(s: Shift) -> &'static str {

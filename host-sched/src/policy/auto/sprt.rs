@@ -219,14 +219,26 @@ impl Sprt {
         self.decide()
     }
 
+    /// The standard error of the mean ([`Sprt::sigma`] ÷ √n), with two
+    /// pairs.
+    pub fn se(&self) -> Option<f64> {
+        Some(self.sigma()? / f64::from(self.n).sqrt())
+    }
+
+    /// The mean's one-sided 99.9 % confidence bounds `(lower, upper)`
+    /// ([`t999`] standard errors either side), with two pairs.
+    pub fn bounds999(&self) -> Option<(f64, f64)> {
+        let (m, half) = (self.mean()?, t999(self.n) * self.se()?);
+        Some((m - half, m + half))
+    }
+
     /// A decisive difference: the mean's 99.9 % confidence bound beyond the
     /// margin (better) or below zero (no better).
     fn decisive(&self) -> Option<Outcome> {
-        let (m, s) = (self.mean()?, self.sigma()?);
-        let half = t999(self.n) * s / f64::from(self.n).sqrt();
-        if m - half > self.p.margin {
+        let (lower, upper) = self.bounds999()?;
+        if lower > self.p.margin {
             Some(Outcome::Better)
-        } else if m + half < 0.0 {
+        } else if upper < 0.0 {
             Some(Outcome::NoBetter)
         } else {
             None
@@ -236,13 +248,13 @@ impl Sprt {
     fn decide(&self) -> Option<Outcome> {
         let llr = self.llr()?;
         let (lo, hi) = self.bounds();
-        let (m, s) = (self.mean()?, self.sigma()?);
+        let (m, se) = (self.mean()?, self.se()?);
         // Wald's bound alone, with σ estimated, trusts a spread that a
         // few pairs understate: 29 of 200 noisy trials (14 % noise per
         // period) called an identical mode better on six pairs that agreed
         // by chance. A "better" must also pass the one-sided t-test at 5 %
         // on the pairs so far, which prices in the estimated spread.
-        let t_ok = m - t95(self.n) * s / f64::from(self.n).sqrt() > 0.0;
+        let t_ok = m - t95(self.n) * se > 0.0;
         if llr >= hi && t_ok {
             Some(Outcome::Better)
         } else if llr <= lo {
@@ -256,8 +268,7 @@ impl Sprt {
     /// (δ > 0): Φ(mean ÷ standard error), the normal approximation; with
     /// two pairs.
     pub fn confidence(&self) -> Option<f64> {
-        let se = self.sigma()? / f64::from(self.n).sqrt();
-        let z = self.mean()? / se;
+        let z = self.mean()? / self.se()?;
         Some(0.5 * (1.0 + libm::erf(z / std::f64::consts::SQRT_2)))
     }
 }

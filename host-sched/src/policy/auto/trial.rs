@@ -20,18 +20,9 @@
 //! trial keeps the last incumbent.
 
 use super::measure::{LatencyBound, Measured, ModeSummary, Objective, TrialSummary};
-use super::sprt::{t999, Outcome, Sprt, SprtParams};
+use super::sprt::{Outcome, Sprt, SprtParams};
 use super::{AutoParams, Mode};
 use crate::policy::Observation;
-
-/// Standard errors by which a candidate's rate must fall below the
-/// incumbent's, beside the margin, to count as behind the arrivals:
-/// [`t999`] (one-sided, a mode that keeps up is called behind by noise
-/// alone in 0.1 % of duels; a normal quantile would be ten times that at 8
-/// pairs, whose spread is itself estimated).
-fn behind_t(pairs: u32) -> f64 {
-    t999(pairs)
-}
 
 /// The log ratio a pair counts when one side's slice completed no request
 /// and the other's did: a loss of 1 − e⁻¹ = 63 %, decisive over a few
@@ -64,12 +55,15 @@ impl Settle {
     /// A switched slice's per-period scores (`None`: no requests) ended
     /// with `skipped` periods unmeasured: adds the deviations.
     fn add(&mut self, p: &AutoParams, scores: &[Option<f64>], skipped: usize) {
+        if self.estimate.is_some() {
+            return;
+        }
         let steady: Vec<f64> = scores[skipped.min(scores.len())..]
             .iter()
             .flatten()
             .copied()
             .collect();
-        if steady.is_empty() || self.estimate.is_some() {
+        if steady.is_empty() {
             return;
         }
         let m = steady.iter().sum::<f64>() / steady.len() as f64;
@@ -238,11 +232,13 @@ impl Trial {
             ran: [0; 4],
             limit_ns: None,
         };
-        t.next_duel(p, from != Mode::Unstaged);
+        t.next_duel(p, from);
         t
     }
 
-    fn next_duel(&mut self, p: &AutoParams, switched: bool) {
+    /// Starts the next duel (or none: the trial is over); `last` ran the
+    /// period before, so its first slice changes plan unless it runs it.
+    fn next_duel(&mut self, p: &AutoParams, last: Mode) {
         while self.queue.last() == Some(&Mode::Both) && self.both_ruled_out() {
             self.queue.pop();
             self.skipped.push((
@@ -253,7 +249,7 @@ impl Trial {
         self.duel = self
             .queue
             .pop()
-            .map(|c| Duel::new(self.incumbent, c, p.sprt(), switched));
+            .map(|c| Duel::new(self.incumbent, c, p.sprt(), self.incumbent != last));
         self.mode = self.duel.as_ref().map_or(self.incumbent, Duel::mode);
         self.period = 0;
     }
@@ -401,17 +397,16 @@ impl Trial {
         let p99 = d.sides[1].p99_ns(p.min_latency_samples);
         let over = limit.zip(p99).is_some_and(|(l, c)| c > l);
         let far_over = limit.zip(p99).is_some_and(|(l, c)| c > 2.0 * l);
+        // Behind the arrivals: the rate more than the margin below the
+        // incumbent's, and its 99.9 % upper bound below it too (one-sided,
+        // a mode that keeps up is called behind by noise alone in 0.1 % of
+        // duels; a normal quantile would be ten times that at 8 pairs,
+        // whose spread is itself estimated).
         let behind = objective == Objective::CpuPerRequest
-            && d.rate_diff.pairs() >= 2
+            && d.rate_diff.mean().is_some_and(|m| m < -p.margin)
             && d.rate_diff
-                .mean()
-                .zip(d.rate_diff.sigma())
-                .is_some_and(|(m, s)| {
-                    m < -p.margin
-                        && m + behind_t(d.rate_diff.pairs()) * s
-                            / f64::from(d.rate_diff.pairs()).sqrt()
-                            < 0.0
-                });
+                .bounds999()
+                .is_some_and(|(_, upper)| upper < 0.0);
         // The cap counts the pairs run, measured or not (a pair whose two
         // slices completed no request measures nothing): a duel always ends.
         let outcome = if far_over && d.pair >= 1 {
@@ -433,11 +428,7 @@ impl Trial {
             candidate: d.candidate.name(),
             pairs,
             mean: d.test.mean().map(f64::exp_m1),
-            se: d
-                .test
-                .mean()
-                .zip(d.test.sigma())
-                .map(|(m, s)| m.exp() * s / f64::from(pairs.max(1)).sqrt()),
+            se: d.test.mean().zip(d.test.se()).map(|(m, se)| m.exp() * se),
             llr: d.test.llr(),
             outcome: if far_over && outcome != Outcome::Better {
                 "over twice the latency bound"
@@ -447,11 +438,7 @@ impl Trial {
             confidence: d.test.confidence(),
             veto,
             won,
-            rate_diff: d
-                .rate_diff
-                .mean()
-                .zip(d.rate_diff.sigma())
-                .map(|(m, s)| (m, s / f64::from(d.rate_diff.pairs().max(1)).sqrt())),
+            rate_diff: d.rate_diff.mean().zip(d.rate_diff.se()),
         };
         let what = describe_duel(&s);
         let last = d.mode();
@@ -462,12 +449,7 @@ impl Trial {
             self.limit_ns = limit;
         }
         self.duels.push(s);
-        self.next_duel(p, false);
-        // The first slice of the next duel (or the kept mode) changes plan
-        // when the last slice ran another mode.
-        if let Some(n) = self.duel.as_mut() {
-            n.switched = n.mode() != last;
-        }
+        self.next_duel(p, last);
         Some(what)
     }
 
