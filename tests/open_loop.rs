@@ -160,7 +160,7 @@ fn auto_judges_a_saturated_guest_by_rate() {
     // The same guest closed loop: every thread always has work.
     // As many requests as auto_stages_where_staging_is_forced_to_win
     // (sched.rs), for the same reason.
-    let (_, report) = auto_with_switch_cost("requests=400000");
+    let (_, report) = auto_with_switch_cost("requests=1000000");
     let trial = report
         .sched
         .auto

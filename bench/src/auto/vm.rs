@@ -35,8 +35,6 @@ pub struct LoadChange {
 /// When a boot fails or its report lacks the figures.
 pub fn load_change(target: &Target, seconds: f64, phase_s: f64) -> Result<LoadChange> {
     let config = "[host]\ncores = \"0-1\"\n[policy]\nname = \"auto\"\n";
-    let cfg = stagevm_testkit::temp_path("bench-auto", "toml");
-    std::fs::write(&cfg, config)?;
     let probe_cmd = format!("{WORK} requests=20000");
     let probe = Boot {
         target,
@@ -64,6 +62,8 @@ pub fn load_change(target: &Target, seconds: f64, phase_s: f64) -> Result<LoadCh
     let cmd =
         format!("{WORK} requests={requests} arrival={high} phases={phase_ms}:{phase_ms}:0:33");
     eprintln!("bench-auto: O4: capacity {capacity:.0} requests/s; {cmd}");
+    let cfg = stagevm_testkit::temp_path("bench-auto", "toml");
+    std::fs::write(&cfg, config)?;
     let run = Boot {
         target,
         vcpus: 2,
@@ -73,8 +73,9 @@ pub fn load_change(target: &Target, seconds: f64, phase_s: f64) -> Result<LoadCh
         stages: Some(&cfg),
         extra: &[],
     }
-    .run()?;
+    .run();
     let _ = std::fs::remove_file(&cfg);
+    let run = run?;
     let a = run
         .report
         .sched
