@@ -67,8 +67,12 @@ pub struct LaneBlock {
     pub released: AtomicU64,
     /// Time threads spent blocked in the gate, ns.
     pub wait_ns: AtomicU64,
+    /// Stage points and waits that went on without the gate because the
+    /// lane's lock was not had within 20 ms (its holder stopped, e.g. by
+    /// a tracer; `gate::lanes`).
+    pub bypasses: AtomicU64,
     /// Padding to 128 bytes.
-    _pad: [u64; 8],
+    _pad: [u64; 7],
 }
 
 /// One thread's counters (written by that thread only).

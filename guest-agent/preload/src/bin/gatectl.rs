@@ -111,6 +111,7 @@ fn json(c: &Control) -> serde_json::Value {
                 "cohort_threads": l.cohort_threads.load(Relaxed),
                 "released": l.released.load(Relaxed),
                 "wait_ns": l.wait_ns.load(Relaxed),
+                "bypasses": l.bypasses.load(Relaxed),
             })
         })
         .collect();

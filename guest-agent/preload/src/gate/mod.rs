@@ -17,6 +17,9 @@
 //! or by the watchdog at the next wait bound: every waiter is then
 //! released at once, and each thread restores its own CPU mask at its next
 //! stage point.
+//!
+//! The lane's lock is waited for at most 20 ms (`lanes`): a thread stopped
+//! while it holds it stalls no other longer.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
@@ -27,8 +30,13 @@ use crate::control::{mode, Control, Mapping, MAX_SLOTS};
 use crate::hooks::PointKind;
 use crate::lane::{Arrival, LaneCore, Slot};
 
+mod lanes;
 mod report;
+#[cfg(test)]
+mod tests;
 mod watchdog;
+
+use lanes::Lane;
 
 /// Futex word: waiting.
 const WAITING: u32 = 0;
@@ -43,14 +51,6 @@ const NO_STAGE: u8 = u8::MAX;
 const REPORT_NONE: u16 = u16::MAX;
 /// `ThreadState::report`: the request is done (`stage_exit`).
 const REPORT_EXIT: u16 = 0x100;
-
-/// One lane: a CPU, its state and how many threads are bound to it.
-struct Lane {
-    cpu: usize,
-    core: Mutex<LaneCore>,
-    /// The policy code the core follows.
-    policy: AtomicU32,
-}
 
 /// The library's run-time state (one per process).
 pub struct Runtime {
@@ -74,33 +74,37 @@ static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(std::ptr::null_mut());
 /// Makes `rt` the process's run time (leaked: it lives as long as the
 /// hooks that use it). Call once, before installing hooks.
 pub fn install_runtime(control: Mapping, cpus: &[usize], stages: usize) {
-    let c = control.get();
-    let policy = c.policy();
-    let lanes: Vec<Lane> = cpus
-        .iter()
-        .take(crate::control::MAX_LANES)
-        .enumerate()
-        .map(|(i, &cpu)| {
-            c.lanes[i].cpu.store(cpu as u32, Relaxed);
-            Lane {
-                cpu,
-                core: Mutex::new(LaneCore::new(policy, stages)),
-                policy: AtomicU32::new(policy.code() as u32),
-            }
-        })
-        .collect();
-    c.header.lanes.store(lanes.len() as u32, Relaxed);
-    let rt = Box::new(Runtime {
-        control,
-        lanes,
-        words: (0..MAX_SLOTS).map(|_| AtomicU32::new(WAITING)).collect(),
-        since: (0..MAX_SLOTS).map(|_| AtomicU64::new(0)).collect(),
-        watch: watchdog::Watch::default(),
-        next_slot: AtomicU32::new(0),
-        free: Mutex::new(Vec::new()),
-        gate_seen_on: AtomicBool::new(false),
-    });
+    let rt = Box::new(Runtime::new(control, cpus, stages));
     RUNTIME.store(Box::into_raw(rt), Release);
+}
+
+impl Runtime {
+    /// A run time with lanes on `cpus` (at most
+    /// [`crate::control::MAX_LANES`]) over `stages` stages.
+    fn new(control: Mapping, cpus: &[usize], stages: usize) -> Self {
+        let c = control.get();
+        let policy = c.policy();
+        let lanes: Vec<Lane> = cpus
+            .iter()
+            .take(crate::control::MAX_LANES)
+            .enumerate()
+            .map(|(i, &cpu)| {
+                c.lanes[i].cpu.store(cpu as u32, Relaxed);
+                Lane::new(cpu, LaneCore::new(policy, stages), policy.code() as u32)
+            })
+            .collect();
+        c.header.lanes.store(lanes.len() as u32, Relaxed);
+        Runtime {
+            control,
+            lanes,
+            words: (0..MAX_SLOTS).map(|_| AtomicU32::new(WAITING)).collect(),
+            since: (0..MAX_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            watch: watchdog::Watch::default(),
+            next_slot: AtomicU32::new(0),
+            free: Mutex::new(Vec::new()),
+            gate_seen_on: AtomicBool::new(false),
+        }
+    }
 }
 
 fn runtime() -> Option<&'static Runtime> {
@@ -135,6 +139,24 @@ struct ThreadState {
     report: Cell<u16>,
 }
 
+impl ThreadState {
+    /// A thread that has met no stage point yet.
+    const fn new() -> Self {
+        Self {
+            slot: Cell::new(NONE),
+            stage: Cell::new(NO_STAGE),
+            lane: Cell::new(NONE),
+            saved: Cell::new(None),
+            policy: Cell::new(0),
+            after_marker: Cell::new(false),
+            gated: Cell::new(false),
+            gate_due: Cell::new(false),
+            ch_stage: Cell::new(NO_STAGE),
+            report: Cell::new(REPORT_NONE),
+        }
+    }
+}
+
 /// Registered (slow path) when a thread takes a slot: at thread exit it
 /// leaves the lane and frees the slot.
 struct ExitGuard;
@@ -158,20 +180,7 @@ impl Drop for ExitGuard {
 }
 
 thread_local! {
-    static THREAD: ThreadState = const {
-        ThreadState {
-            slot: Cell::new(NONE),
-            stage: Cell::new(NO_STAGE),
-            lane: Cell::new(NONE),
-            saved: Cell::new(None),
-            policy: Cell::new(0),
-            after_marker: Cell::new(false),
-            gated: Cell::new(false),
-            gate_due: Cell::new(false),
-            ch_stage: Cell::new(NO_STAGE),
-            report: Cell::new(REPORT_NONE),
-        }
-    };
+    static THREAD: ThreadState = const { ThreadState::new() };
     static EXIT: ExitGuard = const { ExitGuard };
 }
 
@@ -346,7 +355,10 @@ impl Runtime {
         }
         self.control.get().header.releases.fetch_add(1, Relaxed);
         for (i, lane) in self.lanes.iter().enumerate() {
-            let mut core = lane.core.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(mut core) = lane.lock() else {
+                self.bypass_waiters(i, now_ns(), 0);
+                continue;
+            };
             let out = core.release_all();
             for u in &out {
                 self.words[*u as usize].store(RELEASED, Release);
@@ -429,7 +441,11 @@ impl Runtime {
     }
 
     fn leave_lane(&self, i: usize, lane: &Lane, slot: Slot) {
-        let mut core = lane.core.lock().unwrap_or_else(|e| e.into_inner());
+        let c = self.control.get();
+        let Some(mut core) = lane.lock() else {
+            c.lanes[i].bypasses.fetch_add(1, Relaxed);
+            return;
+        };
         let wake = core.leave(slot, now_ns());
         if let Some(u) = wake {
             self.words[u as usize].store(GRANTED, Release);
@@ -455,7 +471,10 @@ impl Runtime {
         };
         let c = self.control.get();
         let start = now_ns();
-        let mut core = lane.core.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(mut core) = lane.lock() else {
+            c.lanes[i].bypasses.fetch_add(1, Relaxed);
+            return;
+        };
         let policy = c.policy();
         if lane.policy.load(Relaxed) != policy.code() as u32 {
             core.set_policy(policy);

@@ -91,11 +91,18 @@ impl Runtime {
 
     /// Times out every waiter whose wait began `max_wait_ns` or more
     /// before `now`; returns the earliest deadline still ahead, if any.
-    fn expire(&self, now: u64, max_wait_ns: u64) -> Option<u64> {
+    pub(super) fn expire(&self, now: u64, max_wait_ns: u64) -> Option<u64> {
         let mut next: Option<u64> = None;
         let mut wake = Vec::new();
         for (i, lane) in self.lanes.iter().enumerate() {
-            let mut core = lane.core.lock().unwrap_or_else(|e| e.into_inner());
+            // A lane whose lock is not had in time (its holder stopped):
+            // free its waiters past the bound without it.
+            let Some(mut core) = lane.lock() else {
+                if let Some(d) = self.bypass_waiters(i, now.max(now_ns()), max_wait_ns) {
+                    next = Some(next.map_or(d, |n| n.min(d)));
+                }
+                continue;
+            };
             let waiting: Vec<_> = core.waiters().collect();
             for u in waiting {
                 // 0: queued but not yet announced (it bumps the word next).
