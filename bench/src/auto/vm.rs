@@ -1,7 +1,9 @@
-//! O4 of `just bench-auto` in a VM: the test guest's open loop alternates
-//! 90 % and 30 % of the unstaged capacity (measured first, closed loop)
-//! every `phase_s` seconds under `auto`; the report's `sched.auto` counts
-//! its trials, change points and switches.
+//! O4 and O2 of `just bench-auto` in a VM: the test guest's open loop
+//! alternates 90 % and 30 % of the unstaged capacity (measured first,
+//! closed loop) every `phase_s` seconds under `auto`; the report's
+//! `sched.auto` counts its trials, change points, switches and duels. For
+//! O2 `auto` runs the null experiment (`[policy] auto_twin`): each phase
+//! change starts a trial whose one duel is unstaged against itself.
 
 use anyhow::{Context, Result};
 use stagevm_bench::guest::Boot;
@@ -25,16 +27,21 @@ pub struct LoadChange {
     pub switches: u64,
     pub periods: u64,
     pub losing: u64,
+    /// Duels run, and those whose test found the candidate better.
+    pub duels: u64,
+    pub duels_better: u64,
     /// The timeline's trial starts still in the report's tail: (s, why).
     pub starts: Vec<(f64, String)>,
 }
 
-/// Runs O4: a closed-loop probe, then `seconds` of the phased open loop.
+/// Runs O4 (`twin` false) or O2 (`twin`: the null experiment): a
+/// closed-loop probe, then `seconds` of the phased open loop.
 ///
 /// # Errors
 /// When a boot fails or its report lacks the figures.
-pub fn load_change(target: &Target, seconds: f64, phase_s: f64) -> Result<LoadChange> {
-    let config = "[host]\ncores = \"0-1\"\n[policy]\nname = \"auto\"\n";
+pub fn load_change(target: &Target, seconds: f64, phase_s: f64, twin: bool) -> Result<LoadChange> {
+    let config =
+        format!("[host]\ncores = \"0-1\"\n[policy]\nname = \"auto\"\nauto_twin = {twin}\n");
     let probe_cmd = format!("{WORK} requests=20000");
     let probe = Boot {
         target,
@@ -61,9 +68,10 @@ pub fn load_change(target: &Target, seconds: f64, phase_s: f64) -> Result<LoadCh
     let phase_ms = (phase_s * 1000.0) as u64;
     let cmd =
         format!("{WORK} requests={requests} arrival={high} phases={phase_ms}:{phase_ms}:0:33");
-    eprintln!("bench-auto: O4: capacity {capacity:.0} requests/s; {cmd}");
+    let o = if twin { "O2" } else { "O4" };
+    eprintln!("bench-auto: {o}: capacity {capacity:.0} requests/s; {cmd}");
     let cfg = stagevm_testkit::temp_path("bench-auto", "toml");
-    std::fs::write(&cfg, config)?;
+    std::fs::write(&cfg, &config)?;
     let run = Boot {
         target,
         vcpus: 2,
@@ -105,6 +113,8 @@ pub fn load_change(target: &Target, seconds: f64, phase_s: f64) -> Result<LoadCh
         switches: a.mode_switches,
         periods: a.periods,
         losing: a.losing_periods,
+        duels: a.duels,
+        duels_better: a.duels_better,
         starts,
     })
 }

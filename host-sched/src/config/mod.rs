@@ -96,6 +96,13 @@ pub struct PolicySection {
     /// migration per stage switch, lists `["temporal"]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_modes: Option<Vec<String>>,
+    /// `auto`: a null experiment (false by default): its one candidate is
+    /// unstaged under another name (`temporal` in its verdicts and
+    /// report), so every duel should find no difference; what a switch
+    /// to it costs nothing. For judging the decision procedure (bench-auto
+    /// O2), not for a server.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_twin: bool,
 }
 
 fn default_max_p99_increase() -> f64 {
@@ -135,6 +142,7 @@ impl Default for PolicySection {
             max_p99_increase: default_max_p99_increase(),
             latency_slo_us: None,
             auto_modes: None,
+            auto_twin: false,
         }
     }
 }
@@ -258,6 +266,8 @@ pub struct Resolved {
     pub latency: crate::policy::LatencyBound,
     /// The modes `auto` trials (`policy.auto_modes`; unstaged always).
     pub auto_modes: crate::policy::auto::Modes,
+    /// `policy.auto_twin`: `auto` runs the null experiment.
+    pub auto_twin: bool,
     /// `host.cpu_weight`: the VM's CPU weight on cores it shares with
     /// other VMs (1..=[`MAX_CPU_WEIGHT`]); `None`: no thread's weight is
     /// changed.
@@ -362,6 +372,7 @@ pub fn resolve(
         },
         cpu_weight: config.host.cpu_weight,
         auto_modes,
+        auto_twin: p.auto_twin,
     })
 }
 

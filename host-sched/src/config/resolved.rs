@@ -15,6 +15,7 @@ impl Resolved {
             visit: self.visit,
             latency: self.latency,
             auto_modes: self.auto_modes,
+            auto_twin: self.auto_twin,
         }
     }
 

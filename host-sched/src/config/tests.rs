@@ -327,3 +327,30 @@ fn auto_modes_choose_what_auto_trials_and_a_bad_one_is_named() {
         "{e}"
     );
 }
+
+#[test]
+fn auto_twin_runs_the_null_experiment_unstaged_named_temporal() {
+    assert!(!resolve_text("").unwrap().auto_twin);
+    let r = resolve_text("[policy]\nname = \"auto\"\nauto_twin = true").unwrap();
+    assert!(r.auto_twin);
+    let ctx = r.context(4, r.budgets_for(&["a".into(), "b".into()]).unwrap());
+    let mut p = crate::policy::build(PolicyKind::Auto, ctx);
+    // Equal rates: its trials duel `temporal` (unstaged under that name)
+    // against unstaged; no plan ever stages, in space or in time.
+    for i in 0..400 {
+        p.observe(&crate::policy::Observation::rate(1000.0 + f64::from(i % 7)));
+        let plan = p.plan(&[0.5, 0.5]);
+        assert!(plan.stage_vcpus.iter().all(|v| *v == 0b1111), "{plan:?}");
+        assert!(!plan.visit.is_temporal(), "{plan:?}");
+    }
+    let last = p.last_trial().expect("a trial ended in 400 periods");
+    assert!(
+        last.duels
+            .iter()
+            .all(|d| (d.candidate, d.incumbent) == ("temporal", "unstaged")),
+        "{last:?}"
+    );
+    let stats = p.auto_stats().unwrap();
+    // Rates within 0.6 % of each other: no duel finds a difference.
+    assert!(stats.duels >= 1 && stats.duels_better == 0, "{stats:?}");
+}

@@ -201,6 +201,9 @@ pub struct AutoStats {
     pub duels: u64,
     /// See `duels`.
     pub duels_capped: u64,
+    /// Duels whose test found the candidate better (a veto may still have
+    /// refused it): with `twin`, each is a false difference.
+    pub duels_better: u64,
     /// Candidates not trialled because the counters ruled them out.
     pub modes_skipped: u64,
 }
@@ -402,6 +405,11 @@ impl Auto {
                     .duels
                     .iter()
                     .filter(|d| d.outcome == "capped")
+                    .count() as u64;
+                self.stats.duels_better += summary
+                    .duels
+                    .iter()
+                    .filter(|d| d.outcome == "better")
                     .count() as u64;
                 self.last_trial = Some(summary.clone());
                 let limit = summary.p99_limit_ns;

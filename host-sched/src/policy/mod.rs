@@ -127,6 +127,9 @@ pub struct Context {
     pub latency: LatencyBound,
     /// The modes `auto` trials (`[policy] auto_modes`; unstaged always).
     pub auto_modes: auto::Modes,
+    /// `auto` runs the null experiment (`[policy] auto_twin`): its one
+    /// candidate is unstaged named `temporal` ([`auto::AutoParams::twin`]).
+    pub auto_twin: bool,
 }
 
 /// What the VMM measured over the policy period that just ended, given to
@@ -218,7 +221,12 @@ pub fn build(kind: PolicyKind, ctx: Context) -> Box<dyn Policy> {
     match kind {
         PolicyKind::Auto => {
             let params = auto::AutoParams {
-                candidates: ctx.auto_modes,
+                candidates: if ctx.auto_twin {
+                    auto::Modes::of(&[auto::Mode::Unstaged, auto::Mode::Temporal])
+                } else {
+                    ctx.auto_modes
+                },
+                twin: ctx.auto_twin,
                 ..Default::default()
             };
             Box::new(auto::Auto::new(ctx, params))

@@ -20,6 +20,7 @@ pub(crate) fn ctx(cores: usize, vcpus: u32, stages: usize) -> Context {
         visit: VisitPolicy::Fifo,
         latency: LatencyBound::default(),
         auto_modes: auto::Modes::ALL,
+        auto_twin: false,
     }
 }
 

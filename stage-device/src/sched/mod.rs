@@ -132,6 +132,7 @@ impl<M: vm_memory::GuestMemoryBackend + Send + Sync> StageSched<M> {
                 change_points: a.change_points,
                 duels: a.duels,
                 duels_capped: a.duels_capped,
+                duels_better: a.duels_better,
                 modes_skipped: a.modes_skipped,
                 last_trial: c.last_trial().map(|t| trial_report(&t)),
             }),

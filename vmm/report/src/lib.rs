@@ -390,6 +390,10 @@ pub struct AutoReport {
     /// Duels whose sequential test stopped at its cap on pairs.
     #[serde(default)]
     pub duels_capped: u64,
+    /// Duels whose test found the candidate better (before any veto;
+    /// under `[policy] auto_twin`, each is a false difference).
+    #[serde(default)]
+    pub duels_better: u64,
     /// Candidates the counters ruled out, over all trials.
     #[serde(default)]
     pub modes_skipped: u64,

@@ -107,6 +107,7 @@ impl Plans {
             // The replay times no request: the bound never judges.
             latency: policy::LatencyBound::default(),
             auto_modes: policy::auto::Modes::ALL,
+            auto_twin: cfg.auto_twin,
         };
         // With a temporal visit policy (issue 40) `auto` trials all four
         // modes, the temporal ones with that policy; without one, unstaged
