@@ -220,15 +220,7 @@ pub trait Policy: Send {
 pub fn build(kind: PolicyKind, ctx: Context) -> Box<dyn Policy> {
     match kind {
         PolicyKind::Auto => {
-            let params = auto::AutoParams {
-                candidates: if ctx.auto_twin {
-                    auto::Modes::of(&[auto::Mode::Unstaged, auto::Mode::Temporal])
-                } else {
-                    ctx.auto_modes
-                },
-                twin: ctx.auto_twin,
-                ..Default::default()
-            };
+            let params = auto::AutoParams::of_context(&ctx);
             Box::new(auto::Auto::new(ctx, params))
         }
         PolicyKind::Off | PolicyKind::Pinned => Box::new(Unstaged { kind, ctx }),

@@ -106,33 +106,32 @@ impl Plans {
             visit: cfg.visit,
             // The replay times no request: the bound never judges.
             latency: policy::LatencyBound::default(),
-            auto_modes: policy::auto::Modes::ALL,
+            // With a temporal visit policy (issue 40) `auto` trials all
+            // four modes, the temporal ones with that policy; without one,
+            // unstaged against spatial only (as in issue 25's verdict): the
+            // very code the VMM runs, with fewer candidates.
+            auto_modes: if cfg.visit.is_temporal() {
+                policy::auto::Modes::ALL
+            } else {
+                policy::auto::Modes::of(&[
+                    policy::auto::Mode::Unstaged,
+                    policy::auto::Mode::Spatial,
+                ])
+            },
             auto_twin: cfg.auto_twin,
         };
-        // With a temporal visit policy (issue 40) `auto` trials all four
-        // modes, the temporal ones with that policy; without one, unstaged
-        // against spatial only (as in issue 25's verdict): the very code
-        // the VMM runs, with fewer candidates.
         let mut policy: Box<dyn policy::Policy> = if kind == policy::PolicyKind::Auto {
-            use policy::auto::{Auto, AutoParams, Mode, Modes};
-            let candidates = if cfg.auto_twin {
-                Modes::of(&[Mode::Unstaged, Mode::Temporal])
-            } else if cfg.visit.is_temporal() {
-                Modes::ALL
-            } else {
-                Modes::of(&[Mode::Unstaged, Mode::Spatial])
-            };
+            use policy::auto::{Auto, AutoParams};
+            let params = AutoParams::of_context(&ctx);
             Box::new(Auto::new(
                 ctx,
                 AutoParams {
-                    candidates,
-                    twin: cfg.auto_twin,
                     // The replay's own migration cost (cycles at the
                     // model's clock): the spatial modes are not trialled
                     // where a visit is shorter (no visit figure is passed
                     // yet: the rule waits for one).
                     migration_ns: Some(cfg.migration_cycles as f64 / CLOCK_HZ * 1e9),
-                    ..AutoParams::default()
+                    ..params
                 },
             ))
         } else {

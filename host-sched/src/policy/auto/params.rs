@@ -2,7 +2,8 @@
 
 use super::cusum::CusumParams;
 use super::sprt::SprtParams;
-use super::Modes;
+use super::{Mode, Modes};
+use crate::policy::Context;
 
 /// Parameters of `auto` (policy periods are the unit of time).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -72,6 +73,21 @@ pub struct AutoParams {
 }
 
 impl AutoParams {
+    /// The defaults with what the operator's context chooses: the
+    /// candidates (`[policy] auto_modes`) or, for the null experiment
+    /// (`[policy] auto_twin`), unstaged and its twin named `temporal`.
+    pub fn of_context(ctx: &Context) -> Self {
+        Self {
+            candidates: if ctx.auto_twin {
+                Modes::of(&[Mode::Unstaged, Mode::Temporal])
+            } else {
+                ctx.auto_modes
+            },
+            twin: ctx.auto_twin,
+            ..Self::default()
+        }
+    }
+
     /// The sequential test's parameters.
     pub fn sprt(&self) -> SprtParams {
         SprtParams {
