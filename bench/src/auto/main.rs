@@ -105,19 +105,14 @@ fn main() -> Result<()> {
     if !args.no_vm {
         if args.o2_seconds > 0.0 {
             let n = vm::load_change(&args.target, args.o2_seconds, args.o2_phase, true)?;
-            let same = n.duels - n.duels_better;
-            let share = same as f64 / n.duels.max(1) as f64;
             let _ = writeln!(
                 o,
-                "\n#### O2: unstaged against itself (VM, `[policy] auto_twin`)\n\nThe O4 workload with phases of {:.0} s for {:.0} s: {} trials ({} on a change point), {} duels: {same} found no difference ({:.1} %), {} called it better. **O2 (≥ 95 % no difference, VM): {}**.",
+                "\n#### O2: unstaged against itself (VM, `[policy] auto_twin`)\n\nThe O4 workload with phases of {:.0} s for {:.0} s: {} trials ({} on a change point), {}",
                 args.o2_phase,
                 n.seconds,
                 n.trials,
                 n.change_points,
-                n.duels,
-                share * 100.0,
-                n.duels_better,
-                met(share >= 0.95 && n.duels > 0)
+                null_tally(n.duels, n.duels - n.duels_better, "VM"),
             );
         }
         let r = vm::load_change(&args.target, args.o4_seconds, args.o4_phase, false)?;
@@ -194,6 +189,18 @@ fn sim_tables(o: &mut String, cells: &[(sim::Cell, sim::Oracle)]) {
         .iter()
         .filter(|o| *o == &"no better" || *o == &"capped")
         .count();
-    let share = same as f64 / outcomes.len().max(1) as f64;
-    let _ = writeln!(o, "\n#### O2: unstaged against itself (stagesim, `--auto-twin`)\n\n{} duels: {same} found no difference ({:.1} %), {} called it better. **O2 (≥ 95 % no difference, simulator): {}**. The VM's run is under O4's heading; host-sched's unit test `a_saturated_guest_keeps_unstaged_when_modes_are_alike` runs the same code on 200 noisy trials.", outcomes.len(), share * 100.0, outcomes.len() - same, met(share >= 0.95 && !outcomes.is_empty()));
+    let _ = writeln!(o, "\n#### O2: unstaged against itself (stagesim, `--auto-twin`)\n\n{} The VM's run follows (without `--no-vm`); host-sched's unit test `a_saturated_guest_keeps_unstaged_when_modes_are_alike` runs the same code on 200 noisy trials.", null_tally(outcomes.len() as u64, same as u64, "simulator"));
+}
+
+/// O2's tally of `duels` of the null experiment, `same` of which found no
+/// difference, in `place`: the counts, the share and met / not met
+/// (≥ 95 %, and at least one duel).
+fn null_tally(duels: u64, same: u64, place: &str) -> String {
+    let share = same as f64 / duels.max(1) as f64;
+    format!(
+        "{duels} duels: {same} found no difference ({:.1} %), {} called it better. **O2 (≥ 95 % no difference, {place}): {}**.",
+        share * 100.0,
+        duels - same,
+        met(share >= 0.95 && duels > 0)
+    )
 }

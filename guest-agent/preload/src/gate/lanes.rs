@@ -1,4 +1,4 @@
-//! A lane and its lock, held for at most the wait bound.
+//! A lane and its lock, waited for at most 20 ms.
 //!
 //! Every stage point of a bound thread takes its lane's lock for a few
 //! hundred ns. A thread stopped inside that section (a tracer's
@@ -28,6 +28,7 @@ use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 
+use super::watchdog::earliest;
 use super::{futex_wait, futex_wake, now_ns, Runtime, RELEASED, WAITING};
 use crate::control::MAX_SLOTS;
 use crate::lane::LaneCore;
@@ -177,7 +178,7 @@ impl Runtime {
             }
             let deadline = since.saturating_add(max_wait_ns);
             if deadline > now {
-                next = Some(next.map_or(deadline, |n| n.min(deadline)));
+                earliest(&mut next, deadline);
                 continue;
             }
             let word = &self.words[u];

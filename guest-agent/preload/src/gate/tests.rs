@@ -63,12 +63,15 @@ fn a_lane_whose_lock_a_stopped_thread_holds_is_bypassed_and_its_waiters_freed() 
         until_one_waits(rt);
         // A thread stops inside the lock: the watchdog's scan past B's
         // bound waits for the lock 20 ms, then frees B without it.
+        let scan_past_b = || {
+            rt.expire(
+                now_ns() + 2 * BOUND.as_nanos() as u64,
+                BOUND.as_nanos() as u64,
+            )
+        };
         let held = rt.lanes[0].lock_blocking();
         let t0 = Instant::now();
-        rt.expire(
-            now_ns() + 2 * BOUND.as_nanos() as u64,
-            BOUND.as_nanos() as u64,
-        );
+        scan_past_b();
         let scan = t0.elapsed();
         let freed = b_done.recv_timeout(Duration::from_secs(10));
         let stuck = rt.lanes[0].is_stuck();
@@ -89,10 +92,7 @@ fn a_lane_whose_lock_a_stopped_thread_holds_is_bypassed_and_its_waiters_freed() 
         drop(held);
         if freed.is_err() {
             // Let B go (the scan now has the lock) before failing.
-            rt.expire(
-                now_ns() + 2 * BOUND.as_nanos() as u64,
-                BOUND.as_nanos() as u64,
-            );
+            scan_past_b();
         }
         assert!(freed.is_ok(), "the waiter was not freed");
         assert!(

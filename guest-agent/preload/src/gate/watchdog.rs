@@ -99,7 +99,7 @@ impl Runtime {
             // free its waiters past the bound without it.
             let Some(mut core) = lane.lock() else {
                 if let Some(d) = self.bypass_waiters(i, now.max(now_ns()), max_wait_ns) {
-                    next = Some(next.map_or(d, |n| n.min(d)));
+                    earliest(&mut next, d);
                 }
                 continue;
             };
@@ -117,7 +117,7 @@ impl Runtime {
                         wake.push(u);
                     }
                 } else {
-                    next = Some(next.map_or(deadline, |n| n.min(deadline)));
+                    earliest(&mut next, deadline);
                 }
             }
             self.publish(i, &core);
@@ -127,4 +127,9 @@ impl Runtime {
         }
         next
     }
+}
+
+/// Keeps in `next` the earlier of it and `deadline` (ns).
+pub(super) fn earliest(next: &mut Option<u64>, deadline: u64) {
+    *next = Some(next.map_or(deadline, |n| n.min(deadline)));
 }
