@@ -25,10 +25,11 @@ pub struct Oracle {
     /// `unstaged, temporal, spatial, both` order.
     pub modes: [f64; 4],
     /// `auto`'s own throughput, the mode it held at the end, and its cost:
-    /// (periods, periods in trials, periods in losing slices).
+    /// (periods, periods in trials, periods in losing slices, those
+    /// periods priced by what their modes lost against the kept one).
     pub auto: f64,
     pub kept: String,
-    pub cost: (u64, u64, u64),
+    pub cost: (u64, u64, u64, f64),
     /// The null experiment: its duels' outcomes (`no better`, `capped`,
     /// `better`).
     pub twin: Vec<String>,
@@ -153,7 +154,8 @@ pub fn run_trace(
                     o.kept = last_kept(&r);
                     if let Some(c) = r["auto_cost"].as_array() {
                         let n = |i: usize| c.get(i).and_then(Value::as_u64).unwrap_or(0);
-                        o.cost = (n(0), n(1), n(2));
+                        let priced = c.get(3).and_then(Value::as_f64).unwrap_or(f64::NAN);
+                        o.cost = (n(0), n(1), n(2), priced);
                     }
                 }
                 _ => o.twin = twin_outcomes(&r),

@@ -27,6 +27,8 @@ pub struct LoadChange {
     pub switches: u64,
     pub periods: u64,
     pub losing: u64,
+    /// `sched.auto.cost_share`: the losing periods priced, ÷ periods.
+    pub cost_share: f64,
     /// Duels run, and those whose test found the candidate better.
     pub duels: u64,
     pub duels_better: u64,
@@ -113,6 +115,7 @@ pub fn load_change(target: &Target, seconds: f64, phase_s: f64, twin: bool) -> R
         switches: a.mode_switches,
         periods: a.periods,
         losing: a.losing_periods,
+        cost_share: a.cost_share,
         duels: a.duels,
         duels_better: a.duels_better,
         starts,

@@ -180,7 +180,7 @@ enum State {
 /// What `auto` has spent on trials so far (policy periods), for the report:
 /// a server runs for hours, so what matters is the share of its time spent
 /// in the modes that lost.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct AutoStats {
     /// Policy periods `auto` planned.
     pub periods: u64,
@@ -191,6 +191,10 @@ pub struct AutoStats {
     /// Periods a finished trial spent in the modes it did not keep (their
     /// slices, settling included): the trials' cost.
     pub losing_periods: u64,
+    /// The same periods priced by what their modes lost against the kept
+    /// one (the `trial` submodule's `Trial::cost_periods`): the trials'
+    /// cost in periods of the kept mode's objective.
+    pub cost_periods: f64,
     /// Trials whose kept mode differs from the previous hold's. A hold
     /// never switches by itself, so these are all the switches.
     pub mode_switches: u64,
@@ -360,6 +364,7 @@ impl Auto {
         let p = self.params;
         if let State::Trial(trial) = &mut self.state {
             self.stats.losing_periods += trial.losing_periods(mode);
+            self.stats.cost_periods += trial.cost_periods(mode);
             self.settle = std::mem::take(&mut trial.settle);
         }
         let same = self.last_hold == Some(mode);

@@ -129,6 +129,7 @@ impl<M: vm_memory::GuestMemoryBackend + Send + Sync> StageSched<M> {
                 losing_periods: a.losing_periods,
                 mode_switches: a.mode_switches,
                 losing_share: a.losing_periods as f64 / a.periods.max(1) as f64,
+                cost_share: a.cost_periods / a.periods.max(1) as f64,
                 change_points: a.change_points,
                 duels: a.duels,
                 duels_capped: a.duels_capped,

@@ -371,15 +371,21 @@ pub struct AutoReport {
     pub trials: u64,
     /// Periods spent in trials, all modes.
     pub trial_periods: u64,
-    /// Periods finished trials spent in the modes they did not keep: the
-    /// trials' cost.
+    /// Periods finished trials spent in the modes they did not keep.
     pub losing_periods: u64,
     /// Trials whose kept mode differs from the previous hold's (a hold
     /// never switches by itself: these are all the switches).
     pub mode_switches: u64,
     /// `losing_periods` ÷ `periods`: the share of the run spent in the
-    /// losing modes of trials (the trials' cost; issue 49: ≤ 2 %).
+    /// losing modes of trials, however close they came to the kept one.
     pub losing_share: f64,
+    /// The trials' cost as a share of the run: the losing periods, each
+    /// priced at the share of the kept mode's objective (rate, or CPU per
+    /// request below saturation) its mode fell short by, ÷ `periods`
+    /// (issue 49: ≤ 2 %). Two modes within 0.3 % cost ~0.3 % of the
+    /// periods their duel ran the loser, however long it ran.
+    #[serde(default)]
+    pub cost_share: f64,
     /// Trials started by a change point (rate, utilisation, stage mix, or
     /// a held mode's p99 past the bound).
     #[serde(default)]

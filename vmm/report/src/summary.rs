@@ -103,13 +103,14 @@ pub fn summary(c: Option<&ChannelReport>, sc: &SchedReport, disks: &[BlockReport
     if let Some(a) = &sc.auto {
         let _ = writeln!(
             s,
-            "stagevm: auto: {} trials ({} of {} periods; {} on a change point), {} periods in losing slices ({:.2} % of the run), {} switches of mode (all by trials); {} duels ({} at the cap on pairs), {} modes skipped",
+            "stagevm: auto: {} trials ({} of {} periods; {} on a change point), {} periods in losing slices ({:.2} % of the run, costing {:.2} % of its objective), {} switches of mode (all by trials); {} duels ({} at the cap on pairs), {} modes skipped",
             a.trials,
             a.trial_periods,
             a.periods,
             a.change_points,
             a.losing_periods,
             a.losing_share * 100.0,
+            a.cost_share * 100.0,
             a.mode_switches,
             a.duels,
             a.duels_capped,

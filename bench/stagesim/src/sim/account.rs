@@ -187,7 +187,7 @@ impl Account {
             auto_decisions: plans.map_or_else(Vec::new, |p| p.decisions.clone()),
             auto_cost: plans
                 .and_then(|p| p.auto_stats())
-                .map(|a| (a.periods, a.trial_periods, a.losing_periods)),
+                .map(|a| (a.periods, a.trial_periods, a.losing_periods, a.cost_periods)),
             replay_seconds: secs,
             replay_mips: self.executed as f64 / secs.max(1e-9) / 1e6,
         }

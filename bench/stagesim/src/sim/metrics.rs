@@ -274,10 +274,12 @@ pub struct SimResult {
     /// `mode: what`, with the modelled rates it compared).
     #[serde(default)]
     pub auto_decisions: Vec<(u64, String)>,
-    /// `auto`: policy periods, those in trials, and those its trials spent
-    /// in the modes they did not keep (the trials' cost).
+    /// `auto`: policy periods, those in trials, those its trials spent
+    /// in the modes they did not keep, and those periods priced by what
+    /// their modes lost against the kept one (the trials' cost, in periods
+    /// of the kept mode).
     #[serde(default)]
-    pub auto_cost: Option<(u64, u64, u64)>,
+    pub auto_cost: Option<(u64, u64, u64, f64)>,
     /// Wall-clock seconds of the replay.
     pub replay_seconds: f64,
     /// Replay speed, million instructions per second (single thread).

@@ -179,7 +179,21 @@ fn auto_counts_what_its_trials_cost() {
     let staged = modes.iter().filter(|m| **m != Mode::Unstaged).count() as u64;
     assert_eq!(st.losing_periods, staged, "{st:?} {modes:?}");
     assert!(st.losing_periods > 0 && st.losing_periods < st.trial_periods);
+    // Priced: each staged period lost 20 % of unstaged's rate.
+    let cost = 0.2 * staged as f64;
+    assert!((st.cost_periods - cost).abs() < 1e-9, "{st:?}: {cost}");
     assert_eq!(st.mode_switches, 0);
+}
+
+#[test]
+fn a_trial_between_modes_that_do_alike_costs_nothing() {
+    // Every mode at unstaged's rate: the trial runs them all (losing
+    // periods), and none of those periods lost anything.
+    let mut p = auto_now(Default::default());
+    drive_auto(&mut p, 300, rates([100.0; 4]));
+    let st = p.stats();
+    assert!(st.trials >= 1 && st.losing_periods > 0, "{st:?}");
+    assert_eq!(st.cost_periods, 0.0, "{st:?}");
 }
 
 #[test]
