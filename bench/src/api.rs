@@ -6,7 +6,7 @@
 //! configuration, a staged workload longer than the run) with
 //! `--api-socket`, waits 1 s, then measures for `--window-s` seconds:
 //!
-//! * `polled`: a client (`stagevm::api::client` through the test kit, a
+//! * `polled`: a client (`stagevm_api::client` through the test kit, a
 //!   new connection per request, as `stagevm-remote` and a Prometheus
 //!   scrape) sends
 //!   `GET /api/v1/stages` every 100 ms and times each answer;

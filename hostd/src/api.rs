@@ -1,6 +1,6 @@
 //! The daemon's operator view: `GET /api/v1/host` ([`HostView`]) on its own
 //! API socket and `GET /metrics` there and on `--metrics-listen`, served
-//! by the VMM's hardened server ([`stagevm::api::server`]: the same limits,
+//! by the VMM's hardened server ([`stagevm_api::server`]: the same limits,
 //! and TCP scrapers with a budget of their own).
 //!
 //! | metric | type | labels | view field |
@@ -20,7 +20,7 @@ use std::sync::Mutex;
 
 use host_sched::cpuset::CpuSet;
 use prometheus::{Encoder, GaugeVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
-use stagevm::api::{Handler, Response};
+use stagevm_api::{Handler, Response};
 use stagevm_report::api::HostView;
 
 /// The view the period loop publishes and the `api` thread serves.
@@ -40,7 +40,7 @@ impl Handler for Shared {
             ("GET", "/metrics") => match exposition(&self.view()) {
                 Ok(text) => Response {
                     status: 200,
-                    content_type: stagevm::api::metrics::CONTENT_TYPE,
+                    content_type: stagevm_api::metrics::CONTENT_TYPE,
                     body: text,
                 },
                 Err(e) => Response::error(500, format!("metrics: {e}")),

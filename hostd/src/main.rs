@@ -9,8 +9,8 @@ use anyhow::Context;
 use clap::Parser;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use stagevm::api::server::{self, Listeners};
-use stagevm::api::socket::{bind_metrics, ApiSocket};
+use stagevm_api::server::{self, Listeners};
+use stagevm_api::socket::{bind_metrics, ApiSocket};
 use stagevm_hostd::{api::Shared, config::HostConfig, daemon::Daemon, lock};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -94,7 +94,7 @@ fn main() -> anyhow::Result<()> {
     );
     let period = config.period;
     let mut daemon = Daemon::new(config, &args.vm_dir, args.api_socket.as_deref());
-    let mut poller = stagevm::poll::Poller::new(&[(signals.as_raw_fd(), 0)])?;
+    let mut poller = stagevm_api::poll::Poller::new(&[(signals.as_raw_fd(), 0)])?;
     // A directory that cannot be read is logged when its error changes,
     // not every period.
     let mut last_error = None;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use host_sched::config::{BudgetsUpdate, HostSection};
 use host_sched::cpuset::CpuSet;
-use stagevm::api::client::{Client, ClientError};
+use stagevm_api::client::{Client, ClientError};
 use stagevm_report::api::StagesView;
 
 use crate::peer::{self, Peer, PeerError, Trust};

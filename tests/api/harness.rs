@@ -1,6 +1,6 @@
 //! The harness of the operator-API tests (`tests/api.rs`): a staged guest
 //! booted with an API socket ([`Vm`]) and called through the test kit's
-//! client (`stagevm::api::client`), raw HTTP on that socket for the tests
+//! client (`stagevm_api::client`), raw HTTP on that socket for the tests
 //! of the server's handling of the wire (bodies over its limit, garbage,
 //! stalled clients: what a client library would not send or would fail
 //! on), and the waits that time "within 2 policy periods". Shared with

@@ -147,21 +147,3 @@ pub enum VmmError {
 pub fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmmError {
     move |source| VmmError::Kvm { what, source }
 }
-
-/// Why opening or creating `path` failed, for an error naming the path: a
-/// missing file says whether its directory is missing too, and which one
-/// (the bare "No such file or directory" leaves the user to guess).
-pub fn describe_path_error(path: &std::path::Path, e: &std::io::Error) -> String {
-    if e.kind() == std::io::ErrorKind::NotFound {
-        let dir = path
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(std::path::Path::new("."));
-        return if dir.exists() {
-            format!("no such file (its directory {} exists)", dir.display())
-        } else {
-            format!("its directory {} does not exist", dir.display())
-        };
-    }
-    e.to_string()
-}

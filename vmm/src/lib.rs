@@ -6,7 +6,6 @@
 //! * [`vmm`] — running it: the main event loop and shutdown,
 //! * [`exit`] — how a VM ends and the exit `EventFd` every loop waits on,
 //! * [`error`] — the VMM's errors,
-//! * [`poll`] — the epoll helper of the event loops,
 //! * [`config`] — parsed command-line values,
 //! * [`arch`] — x86-64 registers, layout, Linux boot, ACPI, page walks,
 //! * [`vstate`] — the vCPU run loop and guest memory,
@@ -34,7 +33,6 @@ pub mod config;
 pub mod devices;
 pub mod error;
 pub mod exit;
-pub mod poll;
 pub mod sandbox;
 pub mod sched_loop;
 pub mod seccomp;

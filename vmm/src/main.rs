@@ -216,7 +216,7 @@ fn open_report(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
             _ => anyhow::anyhow!(
                 "--report {}: {}",
                 path.display(),
-                stagevm::error::describe_path_error(path, &e)
+                stagevm_api::paths::describe_path_error(path, &e)
             ),
         })?;
     let meta = file
@@ -315,7 +315,7 @@ fn main() -> ExitCode {
     let mut api_socket = match cli
         .api_socket
         .as_deref()
-        .map(stagevm::api::socket::ApiSocket::bind)
+        .map(stagevm_api::socket::ApiSocket::bind)
     {
         Some(Err(e)) => {
             eprintln!("stagevm: error: {e}");
@@ -327,7 +327,7 @@ fn main() -> ExitCode {
     let metrics = match cli
         .metrics_listen
         .as_deref()
-        .map(stagevm::api::socket::bind_metrics)
+        .map(stagevm_api::socket::bind_metrics)
     {
         Some(Err(e)) => {
             eprintln!("stagevm: error: {e}");
@@ -364,7 +364,7 @@ fn main() -> ExitCode {
         seccomp: cli.seccomp,
     };
     let result = stagevm::builder::build(&config).and_then(|mut vmm| {
-        let listeners = stagevm::api::server::Listeners {
+        let listeners = stagevm_api::server::Listeners {
             unix: api_socket.as_mut().and_then(|s| s.take_listener()),
             metrics,
         };

@@ -11,8 +11,8 @@ use stage_device::sched::{Pacer, StageSched};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
-use crate::poll::Poller;
 use crate::seccomp::{SeccompMode, ThreadKind};
+use stagevm_api::poll::Poller;
 
 /// Epoll tokens of the `stage-sched` loop.
 const TOKEN_EXIT: u64 = 0;

@@ -24,10 +24,10 @@ use vmm_sys_util::signal::Killable;
 use crate::devices::Bus;
 use crate::error::VmmError;
 use crate::exit::{ExitEvent, VmExit};
-use crate::poll::Poller;
 use crate::sched::StageSched;
 use crate::seccomp::{SeccompMode, ThreadKind};
 use crate::vstate::vcpu::{self, Vcpu};
+use stagevm_api::poll::Poller;
 
 /// How long `shutdown` waits for a kicked vCPU thread before giving up on
 /// joining it (the process exit then ends it).
@@ -51,7 +51,7 @@ pub struct Vmm {
     /// `--seccomp`.
     pub(crate) seccomp: SeccompMode,
     /// `--api-socket`: the bound listener and the VM's facts it reports.
-    pub(crate) api: Option<(crate::api::server::Listeners, crate::api::VmFacts)>,
+    pub(crate) api: Option<(stagevm_api::server::Listeners, crate::api::VmFacts)>,
 }
 
 /// How a VM ended and what it counted.
@@ -116,7 +116,7 @@ impl Vmm {
     /// `GET /api/v1/vm.info`. Nothing runs when both are absent.
     pub fn serve_api(
         &mut self,
-        listeners: crate::api::server::Listeners,
+        listeners: stagevm_api::server::Listeners,
         facts: crate::api::VmFacts,
     ) {
         if listeners.unix.is_some() || listeners.metrics.is_some() {
@@ -302,7 +302,7 @@ impl Vmm {
                 let ready = || {
                     crate::seccomp::install(ThreadKind::Api, seccomp).map_err(std::io::Error::other)
                 };
-                if let Err(e) = crate::api::server::serve(listener, ctx.clone(), exit_fd, ready) {
+                if let Err(e) = stagevm_api::server::serve(listener, ctx.clone(), exit_fd, ready) {
                     exit.request(VmExit::ThreadFailure {
                         thread: "api".into(),
                         reason: e.to_string(),

@@ -1,11 +1,11 @@
 //! Calls to a running VMM's operator API (`--api-socket`) through the
-//! VMM's own client, `stagevm::api::client` (the one `stagevm-remote`
+//! VMM's own client, `stagevm_api::client` (the one `stagevm-remote`
 //! uses): one HTTP/1.1 request per connection.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-pub use stagevm::api::client::{Answer, ClientError};
+pub use stagevm_api::client::{Answer, ClientError};
 
 /// Why an API call gave no usable answer.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +49,7 @@ pub enum ApiError {
 
 /// A client of one VMM's API socket.
 pub struct Api {
-    client: stagevm::api::client::Client,
+    client: stagevm_api::client::Client,
 }
 
 impl std::fmt::Debug for Api {
@@ -65,7 +65,7 @@ impl Api {
     /// [`ApiError::Client`]: the client's runtime cannot be created.
     pub fn new(socket: &Path) -> Result<Self, ApiError> {
         Ok(Self {
-            client: stagevm::api::client::Client::new(socket)?,
+            client: stagevm_api::client::Client::new(socket)?,
         })
     }
 

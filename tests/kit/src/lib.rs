@@ -14,7 +14,7 @@
 //!   an `AF_PACKET` peer on it, and TCP from inside a namespace.
 //! * [`console`]: the figures the guests print (`key value` fields).
 //! * [`checksum`]: FNV-1a as the guests compute it.
-//! * [`api`]: calls to the operator API through `stagevm::api::client`.
+//! * [`api`]: calls to the operator API through `stagevm_api::client`.
 //! * [`machine`]: the test guest built, the workspace's binaries for a
 //!   test of another package, one VM test at a time ([`machine::vm_lock`]).
 //! * [`Hostd`]: `stagevm-hostd`, started the same way.

@@ -1,17 +1,10 @@
-//! The operator API (`stagevm --api-socket PATH`): HTTP/1.1 on a Unix
-//! socket, in the style of Cloud Hypervisor's `--api-socket` and
+//! The VMM's operator API routes (`stagevm --api-socket PATH`): HTTP/1.1
+//! on a Unix socket, in the style of Cloud Hypervisor's `--api-socket` and
 //! Firecracker's API socket, to watch the stages live and change the policy
-//! and budgets without a restart.
-//!
-//! * [`socket`] — binding the socket (mode 0600, refused when a live server
-//!   holds the path, removed at exit);
-//! * [`server`] — the `api` helper thread: hyper on a current-thread tokio
-//!   runtime, with the limits a hostile client meets (body size, header and
-//!   body time-outs, concurrent connections);
-//! * [`client`] — the client `stagevm-remote` and the benchmark use;
-//! * [`metrics`] — the Prometheus text exposition of a
-//!   [`StagesView`](stagevm_report::api::StagesView);
-//! * [`handle`] (here) — the routes, independent of the HTTP library.
+//! and budgets without a restart. The transport (socket, server, client,
+//! the Prometheus exposition) is the `stagevm-api` crate, which
+//! `stagevm-hostd` serves its own routes with; here is [`handle`], the
+//! VMM's routes, independent of the HTTP library.
 //!
 //! `PUT /api/v1/stages.trace` turns the event trace of a counters guest on,
 //! off or sampled at once (as `--stage-trace`). Changes (`PUT
@@ -25,17 +18,11 @@
 //! published with the next stage map even when nothing else changed.
 //! The routes and bodies are listed in [`stagevm_report::api`].
 
-pub mod client;
-pub mod metrics;
-pub mod server;
-pub mod socket;
-
 use std::sync::Arc;
 
-use serde::Serialize;
+use stagevm_api::{metrics, Handler, Response};
 use stagevm_report::api::{
-    Accepted, ApiError, TraceUpdate, VmInfo, DEFAULT_DECISIONS, DEFAULT_TIMELINE, PREFIX,
-    TRACE_EVERY_MAX,
+    Accepted, TraceUpdate, VmInfo, DEFAULT_DECISIONS, DEFAULT_TIMELINE, PREFIX, TRACE_EVERY_MAX,
 };
 
 use crate::exit::{ExitEvent, VmExit};
@@ -66,43 +53,6 @@ pub struct VmFacts {
     pub memory_bytes: u64,
 }
 
-/// One answer: HTTP status, content type and body.
-#[derive(Debug)]
-pub struct Response {
-    /// HTTP status code.
-    pub status: u16,
-    /// `Content-Type`.
-    pub content_type: &'static str,
-    /// The body (JSON, or Prometheus text for `/metrics`).
-    pub body: Vec<u8>,
-}
-
-impl Response {
-    /// A JSON answer: `value` serialised (a `500` if it cannot be).
-    pub fn json<T: Serialize>(status: u16, value: &T) -> Self {
-        match serde_json::to_vec(value) {
-            Ok(body) => Self {
-                status,
-                content_type: "application/json",
-                body,
-            },
-            Err(e) => Self::error(500, format!("encoding the answer: {e}")),
-        }
-    }
-
-    /// An error answer: `status` with an [`ApiError`] body.
-    pub fn error(status: u16, error: impl Into<String>) -> Self {
-        let body = ApiError {
-            error: error.into(),
-        };
-        Self {
-            status,
-            content_type: "application/json",
-            body: serde_json::to_vec(&body).unwrap_or_default(),
-        }
-    }
-}
-
 /// The routes: `(method, path)` → handler; `Some(methods)` names the
 /// methods a known path accepts (for `405`).
 fn allowed_methods(path: &str) -> Option<&'static str> {
@@ -114,16 +64,6 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
         _ if path == "/metrics" => Some("GET"),
         _ => None,
     }
-}
-
-/// What a server of [`server::serve`] answers with: the routes of one
-/// program. A handler runs on the `api` thread and must not block long
-/// (every connection shares that thread).
-pub trait Handler: Send + Sync + 'static {
-    /// The answer to `method path?query` with `body` (read within the
-    /// server's limits; `GET /metrics` on TCP shares one rendering per
-    /// 100 ms).
-    fn handle(&self, method: &str, path: &str, query: Option<&str>, body: &[u8]) -> Response;
 }
 
 impl Handler for ApiContext {

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use anyhow::{anyhow, Context};
 use clap::{Parser, Subcommand};
 use stagevm::api::body::{BudgetsUpdate, PolicyUpdate};
-use stagevm::api::client::Client;
+use stagevm_api::client::Client;
 use stagevm_report::api::{ApiError, HostView, StagesView, PREFIX};
 
 /// Watches and steers a running stagevm through its --api-socket.

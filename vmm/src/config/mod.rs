@@ -418,7 +418,7 @@ pub struct VmConfig {
 /// prefix with the option and path.
 pub fn check_input_file(path: &std::path::Path, max: u64) -> Result<u64, InputFileError> {
     let meta = std::fs::metadata(path).map_err(|source| InputFileError::Open {
-        described: crate::error::describe_path_error(path, &source),
+        described: stagevm_api::paths::describe_path_error(path, &source),
         source,
     })?;
     if !meta.is_file() {
@@ -440,7 +440,7 @@ pub enum InputFileError {
     /// It cannot be examined; `described` says why in the user's terms.
     #[error("{described}")]
     Open {
-        /// [`crate::error::describe_path_error`]'s text.
+        /// [`stagevm_api::paths::describe_path_error`]'s text.
         described: String,
         /// The system's error.
         #[source]

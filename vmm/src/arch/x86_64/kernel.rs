@@ -151,8 +151,9 @@ const BZ_MIN_VERSION: u16 = 0x020c;
 /// Anything else is [`KernelError::UnknownFormat`].
 pub fn open(path: &Path) -> Result<KernelImage, KernelError> {
     // A FIFO or a device would block or never end: refuse it before opening.
-    let meta = std::fs::metadata(path)
-        .map_err(|e| std::io::Error::new(e.kind(), crate::error::describe_path_error(path, &e)))?;
+    let meta = std::fs::metadata(path).map_err(|e| {
+        std::io::Error::new(e.kind(), stagevm_api::paths::describe_path_error(path, &e))
+    })?;
     if !meta.is_file() {
         return Err(KernelError::UnknownFormat("not a regular file"));
     }

@@ -148,7 +148,7 @@ pub fn open(config: &SerialConfig) -> io::Result<Console> {
 }
 
 fn named(path: &Path, what: &str, e: &io::Error) -> io::Error {
-    let why = crate::error::describe_path_error(path, e);
+    let why = stagevm_api::paths::describe_path_error(path, e);
     io::Error::new(e.kind(), format!("{what} {}: {why}", path.display()))
 }
 
@@ -219,7 +219,7 @@ fn bind_socket(path: &Path) -> io::Result<UnixListener> {
         std::fs::remove_file(path).map_err(|e| named(path, "--serial socket", &e))?;
     }
     // Mode 0600 from the bind on (VM construction: one thread).
-    let listener = crate::api::socket::bind_owner_only(path)
+    let listener = stagevm_api::paths::bind_owner_only(path)
         .map_err(|e| named(path, "--serial socket", &e))?;
     listener.set_nonblocking(true)?;
     Ok(listener)
@@ -375,7 +375,7 @@ pub fn serve_input(
     const INPUT: u64 = 2;
     const LISTEN: u64 = 3;
     let mut poller =
-        crate::poll::Poller::new(&[(exit.as_raw_fd(), EXIT), (room.as_raw_fd(), ROOM)])?;
+        stagevm_api::poll::Poller::new(&[(exit.as_raw_fd(), EXIT), (room.as_raw_fd(), ROOM)])?;
     let (fd, listener, client) = match input {
         Input::None => return Ok(()),
         Input::Fd(fd) => (Some(fd), None, None),
@@ -496,7 +496,7 @@ impl Source {
 }
 
 /// Takes `s` out of the epoll set (unless it already is).
-fn drop_source(poller: &crate::poll::Poller, s: &Source) -> io::Result<()> {
+fn drop_source(poller: &stagevm_api::poll::Poller, s: &Source) -> io::Result<()> {
     if !s.hung_up {
         poller.remove(s.fd.as_raw_fd())?;
     }

@@ -123,8 +123,10 @@ impl Drain {
     pub fn serve(self, exit: &EventFd) -> io::Result<()> {
         const EXIT: u64 = 0;
         const READY: u64 = 1;
-        let mut poller =
-            crate::poll::Poller::new(&[(exit.as_raw_fd(), EXIT), (self.ready.as_raw_fd(), READY)])?;
+        let mut poller = stagevm_api::poll::Poller::new(&[
+            (exit.as_raw_fd(), EXIT),
+            (self.ready.as_raw_fd(), READY),
+        ])?;
         let mut chunk = Vec::with_capacity(CHUNK);
         loop {
             let ready = poller.wait()?;

@@ -13,7 +13,7 @@ pub enum DiskError {
     /// user's terms (a missing directory is named).
     #[error("{described}")]
     Open {
-        /// [`crate::error::describe_path_error`]'s text.
+        /// [`stagevm_api::paths::describe_path_error`]'s text.
         described: String,
         /// The system's error.
         #[source]
@@ -59,7 +59,7 @@ pub enum DiskError {
 pub fn open(path: &Path, readonly: bool, direct: bool) -> Result<(File, u64), DiskError> {
     use std::os::unix::fs::OpenOptionsExt;
     let why = |source: std::io::Error| DiskError::Open {
-        described: crate::error::describe_path_error(path, &source),
+        described: stagevm_api::paths::describe_path_error(path, &source),
         source,
     };
     disk_kind(&std::fs::metadata(path).map_err(why)?.file_type())?;

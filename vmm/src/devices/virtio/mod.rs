@@ -187,7 +187,7 @@ impl MmioBlock {
         use std::os::fd::AsRawFd;
         const EXIT: u64 = 0;
         const NOTIFY: u64 = 1;
-        let mut poller = crate::poll::Poller::new(&[
+        let mut poller = stagevm_api::poll::Poller::new(&[
             (exit.as_raw_fd(), EXIT),
             (self.notify.as_raw_fd(), NOTIFY),
         ])?;

@@ -132,7 +132,7 @@ impl MmioNet {
         const TX_NOTIFY: u64 = 2;
         const TAP: u64 = 3;
         let tap_fd = self.tap.as_raw_fd();
-        let mut poller = crate::poll::Poller::new(&[
+        let mut poller = stagevm_api::poll::Poller::new(&[
             (exit.as_raw_fd(), EXIT),
             (self.notify[RX].as_raw_fd(), RX_NOTIFY),
             (self.notify[TX].as_raw_fd(), TX_NOTIFY),

@@ -1,7 +1,7 @@
 //! The `api` helper thread: hyper's HTTP/1.1 server on a current-thread
 //! tokio runtime (every connection runs on this one thread, which the
 //! pinner keeps on the housekeeping cores), answering through a
-//! [`Handler`]: the VMM's routes ([`super::handle`]) or another program's
+//! [`Handler`]: the VMM's routes (`stagevm::api::handle`) or another program's
 //! (`stagevm-hostd`'s), under the same limits.
 //!
 //! Limits a hostile or broken client meets, none of which stops the VM:
@@ -42,7 +42,7 @@ use tokio::io::{unix::AsyncFd, AsyncRead, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::sync::Semaphore;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{metrics, Handler, Response};
+use crate::{metrics, Handler, Response};
 
 /// Time a client has to send a request's headers, from the connection (or
 /// the previous answer) on.
@@ -216,10 +216,10 @@ where
 }
 
 /// An `accept` that failed (`EMFILE`, `ENFILE`, `ENOBUFS`, …): logged at
-/// most [`crate::ratelimit::BURST`] times per 5 s (a descriptor shortage
+/// most [`stage_device::ratelimit::BURST`] times per 5 s (a descriptor shortage
 /// fails every pass), then a 10 ms pause.
 async fn accept_failed(e: std::io::Error) {
-    static LIMIT: crate::ratelimit::RateLimit = crate::ratelimit::RateLimit::new();
+    static LIMIT: stage_device::ratelimit::RateLimit = stage_device::ratelimit::RateLimit::new();
     if LIMIT.allow() {
         tracing::warn!("operator API: accept failed: {e}");
     }

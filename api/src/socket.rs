@@ -3,7 +3,7 @@
 //! from a live server, and removed when the VMM ends.
 
 use std::io::ErrorKind;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
@@ -17,7 +17,7 @@ pub enum SocketError {
     #[error("--api-socket {0}: exists and is not a socket")]
     NotASocket(String),
     /// Binding, removing a stale socket or setting the mode failed (the
-    /// path, and why: `crate::error::describe_path_error`).
+    /// path, and why: `crate::paths::describe_path_error`).
     #[error("--api-socket {0}: {1}")]
     Io(String, String),
 }
@@ -27,23 +27,6 @@ pub enum SocketError {
 pub struct ApiSocket {
     path: PathBuf,
     listener: Option<UnixListener>,
-}
-
-/// Binds a Unix socket at `path` readable and writable by its owner only
-/// (mode 0600) from the start: the bind runs under `umask(0o177)`, so there
-/// is no window in which the umask's group or others could connect. Call it
-/// while the process has one thread (`umask` is process-wide). Errors: the
-/// bind or the chmod failed.
-pub fn bind_owner_only(path: &Path) -> std::io::Result<UnixListener> {
-    // SAFETY: umask only sets the process's file-mode mask; restored right
-    // after the bind.
-    let old = unsafe { libc::umask(0o177) };
-    let bound = UnixListener::bind(path);
-    // SAFETY: as above.
-    unsafe { libc::umask(old) };
-    let listener = bound?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
 }
 
 impl ApiSocket {
@@ -57,7 +40,7 @@ impl ApiSocket {
     pub fn bind(path: &Path) -> Result<Self, SocketError> {
         let name = path.display().to_string();
         let io = |e: std::io::Error| {
-            SocketError::Io(name.clone(), crate::error::describe_path_error(path, &e))
+            SocketError::Io(name.clone(), crate::paths::describe_path_error(path, &e))
         };
         match std::fs::symlink_metadata(path) {
             Ok(meta) if !meta.file_type().is_socket() => return Err(SocketError::NotASocket(name)),
@@ -72,7 +55,7 @@ impl ApiSocket {
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(io(e)),
         }
-        let listener = bind_owner_only(path).map_err(io)?;
+        let listener = crate::paths::bind_owner_only(path).map_err(io)?;
         Ok(Self {
             path: path.to_path_buf(),
             listener: Some(listener),
