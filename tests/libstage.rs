@@ -27,8 +27,8 @@
 //! `stagectl` prints the map and the counters. The cost of `stage_enter` is
 //! measured and printed.
 //!
-//! [`StageDevice`]: stagevm::stage::StageDevice
-//! [`StageSched`]: stagevm::sched::StageSched
+//! [`StageDevice`]: stage_device::stage::StageDevice
+//! [`StageSched`]: stage_device::sched::StageSched
 
 mod common;
 // This file is the crate root, so a plain `mod x;` would be looked up in

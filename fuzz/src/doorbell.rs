@@ -18,8 +18,8 @@ use hypercall_abi::stage::{
     Layout, Status, DOORBELL_REGISTER, DOORBELL_STATUS, DOORBELL_UNREGISTER, DOORBELL_WAIT,
     DOORBELL_WAKE, MAX_STAGES, RINGS_OFFSET,
 };
-use stagevm::abi::Obj;
-use stagevm::stage::StageDevice;
+use stage_device::abi::Obj;
+use stage_device::stage::StageDevice;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::guest::{memory as guest_memory, ZeroOnDrop};

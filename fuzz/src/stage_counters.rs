@@ -25,11 +25,11 @@ use hypercall_abi::stage::{
     stage_code, state_word, transition, Layout, Status, VcpuCounters, VcpuLatency, CODE_NONE,
     DOORBELL_REGISTER, DOORBELL_STATUS, NUM_CODES,
 };
-use stagevm::abi::Obj;
-use stagevm::sched::counter_reader::{CounterReader, SLACK_DIV};
-use stagevm::sched::latency::LatencyReader;
-use stagevm::sched::Accounting;
-use stagevm::stage::{Blocks, StageDevice};
+use stage_device::abi::Obj;
+use stage_device::sched::counter_reader::{CounterReader, SLACK_DIV};
+use stage_device::sched::latency::LatencyReader;
+use stage_device::sched::Accounting;
+use stage_device::stage::{Blocks, StageDevice};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::guest::{memory as guest_memory, ZeroOnDrop};

@@ -13,7 +13,7 @@ use hypercall_abi::stage::{
     DOORBELL_REGISTER, DOORBELL_STATUS, DOORBELL_UNREGISTER, MAX_RING_ENTRIES, MAX_STAGES,
     MAX_VCPUS, PAGE_SIZE, RINGS_OFFSET, STAGE_DESCS_OFFSET,
 };
-use stagevm::stage::StageDevice;
+use stage_device::stage::StageDevice;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::guest::{memory as guest_memory, write_clipped, ZeroOnDrop};

@@ -20,8 +20,8 @@
 use hypercall_abi::stage::{
     Layout, StageEvent, Status, DOORBELL_REGISTER, DOORBELL_STATUS, STAGE_NONE,
 };
-use stagevm::abi::Obj;
-use stagevm::stage::{StageDevice, MAX_DRAIN_PER_RING};
+use stage_device::abi::Obj;
+use stage_device::stage::{StageDevice, MAX_DRAIN_PER_RING};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::guest::{memory as guest_memory, ZeroOnDrop};

@@ -17,8 +17,8 @@ use hypercall_abi::stage::{
     AreaHeader, Layout, RingHeader, StageMap, Status, VcpuLatency, DOORBELL_REGISTER,
     DOORBELL_STATUS, STAGE_MAP_OFFSET,
 };
-use stagevm::sched::StageSched;
-use stagevm::stage::{host_tsc, StageDevice};
+use stage_device::sched::StageSched;
+use stage_device::stage::{host_tsc, StageDevice};
 use stagevm_report::ChannelReport;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;

@@ -9,8 +9,8 @@ use hypercall_abi::stage::{
     latency_bucket, latency_bucket_lower_ns, Layout, Status, VcpuLatency, AREA_FLAG_COUNTERS,
     AREA_FLAG_LATENCY, CODE_NONE, LATENCY_BUCKETS,
 };
-use stagevm::sched::latency::LatencyReader;
-use stagevm::stage::{host_tsc, Blocks};
+use stage_device::sched::latency::LatencyReader;
+use stage_device::stage::{host_tsc, Blocks};
 
 use crate::common::skip;
 use crate::host::{host_vcpus, Host, STAGES};

@@ -14,15 +14,17 @@
 //! * [`seccomp`] — one seccomp filter per thread kind.
 //! * [`sandbox`] — Landlock once the VM is built.
 //!
-//! Data flows one way: guest counters ([`stage::StageDevice::read_counters`],
-//! once per policy period) or rings ([`stage::StageDevice::drain`], an
-//! older guest's events or a trace) → [`sched::Controller`] → host-sched
-//! policy → plan → stage map
-//! ([`stage::StageDevice::publish`]) and pins ([`sched::Pinner::apply`]).
-//! The stage device and its scheduling ([`stage`], [`sched`]; WAIT/WAKE
-//! parking, [`abi`]'s guest-memory objects, [`ratelimit`]) are the
-//! `stage-device` crate, which any rust-vmm VMM can embed
-//! (docs/embedding.md); this VMM is its first user. The guest/host
+//! Data flows one way: guest counters
+//! ([`stage_device::stage::StageDevice::read_blocks`], once per policy
+//! period) or rings ([`stage_device::stage::StageDevice::drain`], an older
+//! guest's events or a trace) → [`stage_device::sched::Controller`] →
+//! host-sched policy → plan → stage map
+//! ([`stage_device::stage::StageDevice::publish`]) and pins
+//! ([`stage_device::sched::Pinner::apply`]). The stage device and its
+//! scheduling (WAIT/WAKE parking, the guest-memory objects, the rate-limited
+//! guest log lines) are the `stage-device` crate, which any rust-vmm VMM can
+//! embed (docs/embedding.md); this VMM is its first user and imports it by
+//! its own name. The guest/host
 //! contract lives in the `hypercall-abi` crate; the report types in
 //! `stagevm-report`.
 
@@ -38,5 +40,3 @@ pub mod sched_loop;
 pub mod seccomp;
 pub mod vmm;
 pub mod vstate;
-
-pub use stage_device::{abi, guest_warn, ratelimit, sched, stage};

@@ -97,7 +97,7 @@ struct Cli {
     /// How often the scheduler thread drains the stage rings, in µs, while
     /// they need draining (a guest that reports through its rings, or a
     /// trace); otherwise it wakes once per policy period.
-    #[arg(long, value_name = "US", default_value_t = stagevm::stage::DEFAULT_DRAIN_PERIOD_US,
+    #[arg(long, value_name = "US", default_value_t = stage_device::stage::DEFAULT_DRAIN_PERIOD_US,
           value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
     drain_period_us: u64,
 
@@ -398,9 +398,9 @@ fn main() -> ExitCode {
                 stagevm_report::summary(outcome.channel.as_ref(), &outcome.sched, &outcome.disks)
             );
             eprint!("{}", stagevm_report::net_summary(&outcome.nets));
-            let suppressed = stagevm::ratelimit::suppressed();
+            let suppressed = stage_device::ratelimit::suppressed();
             if suppressed > 0 {
-                eprintln!("stagevm: {suppressed} guest-triggered log lines suppressed (at most {} per {} s per message)", stagevm::ratelimit::BURST, stagevm::ratelimit::WINDOW_NS / 1_000_000_000);
+                eprintln!("stagevm: {suppressed} guest-triggered log lines suppressed (at most {} per {} s per message)", stage_device::ratelimit::BURST, stage_device::ratelimit::WINDOW_NS / 1_000_000_000);
             }
             let code = outcome.exit.exit_code();
             if let (Some(path), Some(file)) = (&cli.report, report_file.as_mut()) {

@@ -24,9 +24,9 @@ use vmm_sys_util::signal::Killable;
 use crate::devices::Bus;
 use crate::error::VmmError;
 use crate::exit::{ExitEvent, VmExit};
-use crate::sched::StageSched;
 use crate::seccomp::{SeccompMode, ThreadKind};
 use crate::vstate::vcpu::{self, Vcpu};
+use stage_device::sched::StageSched;
 use stagevm_api::poll::Poller;
 
 /// How long `shutdown` waits for a kicked vCPU thread before giving up on
@@ -94,7 +94,7 @@ impl RunOutcome {
             sched: self.sched,
             disks: self.disks,
             nets: self.nets,
-            log_lines_suppressed: crate::ratelimit::suppressed(),
+            log_lines_suppressed: stage_device::ratelimit::suppressed(),
             serial_dropped_bytes: crate::devices::legacy::console::DROPPED
                 .load(std::sync::atomic::Ordering::Relaxed),
         }
@@ -142,7 +142,7 @@ impl Vmm {
         // (threads spawned below inherit that until they pin themselves).
         self.sched.pinner().start_helper_thread("vmm-main");
         let sched = self.sched.clone();
-        let main_cpu = crate::sched::ThreadCpu::start(sched.pinner());
+        let main_cpu = stage_device::sched::ThreadCpu::start(sched.pinner());
         let stop = Arc::new(AtomicBool::new(false));
         let started = (std::time::SystemTime::now(), Instant::now());
         let threads = self.start_threads(&stop)?;
@@ -228,7 +228,7 @@ impl Vmm {
                     std::thread::Builder::new()
                         .name("stage-sched".into())
                         .spawn(move || {
-                            let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
+                            let _cpu = stage_device::sched::ThreadCpu::start(sched.pinner());
                             if let Err(e) =
                                 crate::sched_loop::run(&sched, period, exit.fd(), seccomp)
                             {
@@ -267,7 +267,7 @@ impl Vmm {
             .name(name.clone())
             .spawn(move || {
                 sched.pinner().start_helper_thread(&name);
-                let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
+                let _cpu = stage_device::sched::ThreadCpu::start(sched.pinner());
                 let served = crate::seccomp::install(kind, seccomp)
                     .map_err(|e| e.to_string())
                     .and_then(|()| serve(exit.fd()).map_err(|e| e.to_string()));
@@ -298,7 +298,7 @@ impl Vmm {
             .name("api".into())
             .spawn(move || {
                 ctx.sched.pinner().start_helper_thread("api");
-                let _cpu = crate::sched::ThreadCpu::start(ctx.sched.pinner());
+                let _cpu = stage_device::sched::ThreadCpu::start(ctx.sched.pinner());
                 let ready = || {
                     crate::seccomp::install(ThreadKind::Api, seccomp).map_err(std::io::Error::other)
                 };
@@ -342,7 +342,7 @@ impl Vmm {
         self,
         stop: &AtomicBool,
         threads: Threads,
-        main_cpu: crate::sched::ThreadCpu<'_>,
+        main_cpu: stage_device::sched::ThreadCpu<'_>,
         (started, t0): (std::time::SystemTime, Instant),
     ) -> RunOutcome {
         stop.store(true, Ordering::Release);

@@ -10,7 +10,7 @@
 //! off or sampled at once (as `--stage-trace`). Changes (`PUT
 //! /api/v1/stages.policy`, `PUT /api/v1/stages.budgets`) are validated by
 //! host-sched exactly as a `--stages` file
-//! ([`crate::sched::StageSched::propose`]), answered `400` with the same
+//! ([`stage_device::sched::StageSched::propose`]), answered `400` with the same
 //! one-line message naming key and value and nothing queued when invalid,
 //! and `202` when valid; the `stage-sched` thread applies them at its next
 //! policy period and records them in the timeline with `source = "api"`.
@@ -26,7 +26,7 @@ use stagevm_report::api::{
 };
 
 use crate::exit::{ExitEvent, VmExit};
-use crate::sched::{Change, StageSched};
+use stage_device::sched::{Change, StageSched};
 
 /// What the API serves: the VM's scheduler, its exit and its fixed facts.
 pub struct ApiContext {
@@ -109,7 +109,7 @@ pub fn handle(
                 disks: &disks,
                 nets: &nets,
             };
-            match metrics::render(&view, crate::ratelimit::suppressed(), devices) {
+            match metrics::render(&view, stage_device::ratelimit::suppressed(), devices) {
                 Ok(text) => Response {
                     status: 200,
                     content_type: metrics::CONTENT_TYPE,

@@ -21,9 +21,9 @@ use crate::devices::virtio;
 use crate::devices::Bus;
 use crate::error::{kvm_err, VmmError};
 use crate::exit::ExitEvent;
-use crate::sched::StageSched;
-use crate::stage::StageDevice;
 use crate::vmm::Vmm;
+use stage_device::sched::StageSched;
+use stage_device::stage::StageDevice;
 
 mod devices;
 use devices::{attach_disks, attach_nets};

@@ -3,7 +3,7 @@
 //!
 //! * the platform's ports: the 16550A serial console (`vm-superio`) and the
 //!   shutdown / vCPU-stop ports of [`hypercall_abi::platform`],
-//! * the stage device's doorbell ([`crate::stage`]),
+//! * the stage device's doorbell ([`stage_device::stage`]),
 //! * the legacy PC ports of a Linux guest ([`legacy`]: CMOS clock, i8042),
 //! * virtio-mmio block and network devices ([`virtio`]).
 
@@ -19,8 +19,8 @@ use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::SerialConfig;
-use crate::stage::{Registered, StageDevice};
 use legacy::Legacy;
+use stage_device::stage::{Registered, StageDevice};
 
 /// Interrupt line of the UART as an `EventFd`.
 ///
@@ -160,7 +160,11 @@ impl Bus {
         data.fill(0xff);
         if let Some(legacy) = self.legacy.as_ref().filter(|_| Legacy::handles(port)) {
             legacy.pio_read(port, data);
-        } else if let Some(stage) = self.stage.as_ref().filter(|_| crate::stage::handles(port)) {
+        } else if let Some(stage) = self
+            .stage
+            .as_ref()
+            .filter(|_| stage_device::stage::handles(port))
+        {
             stage.read_status(vcpu, port, data);
         } else if let Some(offset) = Self::serial_offset(port) {
             if let Some(first) = data.first_mut() {
@@ -177,7 +181,11 @@ impl Bus {
         if let Some(legacy) = self.legacy.as_ref().filter(|_| Legacy::handles(port)) {
             return legacy.pio_write(port, data);
         }
-        if let Some(stage) = self.stage.as_ref().filter(|_| crate::stage::handles(port)) {
+        if let Some(stage) = self
+            .stage
+            .as_ref()
+            .filter(|_| stage_device::stage::handles(port))
+        {
             return match stage.doorbell(vcpu, port, data) {
                 Some(registered) => PioAction::StageRegistered(registered),
                 None => PioAction::Continue,
@@ -187,7 +195,7 @@ impl Bus {
             if let Some(&byte) = data.first() {
                 if let Err(e) = self.lock_serial().write(offset, byte) {
                     // Once per byte the guest writes: rate-limited (issue 14 D13).
-                    crate::guest_warn!("serial output failed: {e}");
+                    stage_device::guest_warn!("serial output failed: {e}");
                 }
             }
             return PioAction::Continue;

@@ -24,8 +24,8 @@ use vm_memory::GuestMemoryMmap;
 use crate::arch::x86_64::emulation;
 use crate::devices::{Bus, PioAction};
 use crate::exit::{ExitEvent, VmExit};
-use crate::sched::StageSched;
-use crate::stage::Registered;
+use stage_device::sched::StageSched;
+use stage_device::stage::Registered;
 
 thread_local! {
     /// This vCPU thread's `kvm_run.immediate_exit` byte (null elsewhere).
@@ -174,7 +174,7 @@ impl Vcpu {
     pub fn run(mut self) {
         self.sched.pinner().start_vcpu_thread(self.index);
         let sched = self.sched.clone();
-        let _cpu = crate::sched::ThreadCpu::start(sched.pinner());
+        let _cpu = stage_device::sched::ThreadCpu::start(sched.pinner());
         crate::exit::test_panic_hook("vcpu");
         let kvm_run: *mut u8 = &mut self.fd.get_kvm_run().immediate_exit;
         IMMEDIATE_EXIT.with(|p| p.set(kvm_run));

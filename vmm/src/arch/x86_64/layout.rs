@@ -10,7 +10,7 @@ use hypercall_abi::boot::{
 use kvm_bindings::kvm_segment;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::abi::Obj;
+use stage_device::abi::Obj;
 
 /// Bytes of stack the VMM reserves for each vCPU at the top of guest RAM.
 pub const STACK_SIZE: u64 = 128 << 10;

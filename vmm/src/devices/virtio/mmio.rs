@@ -293,7 +293,7 @@ impl MmioTransport {
             }
         } else if v & VIRTIO_CONFIG_S_DRIVER_OK != 0 {
             if regs.driver_features & !self.device.device_features() != 0 {
-                crate::guest_warn!(device = %self.device.name(), "driver accepted unoffered features");
+                stage_device::guest_warn!(device = %self.device.name(), "driver accepted unoffered features");
                 regs.status = v | VIRTIO_CONFIG_S_FAILED;
                 return;
             }
@@ -309,7 +309,7 @@ impl MmioTransport {
     /// 4-byte aligned).
     fn write_queue(&self, mut q: MutexGuard<'_, Queue>, offset: u64, v: u32) {
         let bad = |what: &str| {
-            crate::guest_warn!(device = %self.device.name(), value = v, "queue register write refused: {what}");
+            stage_device::guest_warn!(device = %self.device.name(), value = v, "queue register write refused: {what}");
         };
         match offset {
             // Drivers write 0 when they tear a queue down; keep the size.

@@ -135,7 +135,7 @@ impl MmioBlock {
         // `is_valid` logs (unlimited, through `log`) why a queue is unusable;
         // main.rs silences virtio_queue's own lines and this one is limited.
         if !queue.ready() || !queue.is_valid(mem) {
-            crate::guest_warn!(device = %self.name, "notified queue is not ready or lies outside guest memory");
+            stage_device::guest_warn!(device = %self.name, "notified queue is not ready or lies outside guest memory");
             return 0;
         }
         let mut served = 0;
@@ -152,7 +152,7 @@ impl MmioBlock {
             // virtio-queue would follow them: refuse such a chain.
             if uses_indirect(mem, queue.desc_table(), queue.size(), head) {
                 self.block.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                crate::guest_warn!(device = %self.name, "request {head} uses indirect descriptors, which were not offered");
+                stage_device::guest_warn!(device = %self.name, "request {head} uses indirect descriptors, which were not offered");
                 if queue.add_used(mem, head, 0).is_err() {
                     break;
                 }
@@ -161,7 +161,7 @@ impl MmioBlock {
             }
             let len = self.block.handle(mem, chain);
             if queue.add_used(mem, head, len).is_err() {
-                crate::guest_warn!(device = %self.name, "cannot complete request {head}");
+                stage_device::guest_warn!(device = %self.name, "cannot complete request {head}");
                 break;
             }
             served += 1;

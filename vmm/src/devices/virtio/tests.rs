@@ -125,7 +125,7 @@ fn transport_identifies_a_version_2_block_device() {
 #[test]
 fn bad_queue_writes_are_refused_and_logged_rate_limited() {
     let (mem, dev) = device(true);
-    let before = crate::ratelimit::suppressed();
+    let before = stage_device::ratelimit::suppressed();
     for _ in 0..10_000 {
         dev.write(reg::QUEUE_NUM, &3u32.to_le_bytes());
         dev.write(reg::QUEUE_NUM, &512u32.to_le_bytes());
@@ -133,7 +133,7 @@ fn bad_queue_writes_are_refused_and_logged_rate_limited() {
         dev.write(reg::QUEUE_DRIVER_LOW, &0x1001u32.to_le_bytes());
         dev.write(reg::QUEUE_DEVICE_LOW, &0x1002u32.to_le_bytes());
     }
-    let suppressed = crate::ratelimit::suppressed() - before;
+    let suppressed = stage_device::ratelimit::suppressed() - before;
     assert!(suppressed >= 50_000 - 10, "{suppressed}");
     // The queue set up by `device` still works.
     request(&mem, 0, 2, 1024, true);

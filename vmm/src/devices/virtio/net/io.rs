@@ -144,7 +144,7 @@ impl MmioNet {
     /// Whether the queue can be used at all; logs (rate-limited) if not.
     fn usable(&self, queue: &Queue, mem: &GuestMemoryMmap) -> bool {
         if !queue.ready() || !queue.is_valid(mem) {
-            crate::guest_warn!(device = %self.name, "notified queue is not ready or lies outside guest memory");
+            stage_device::guest_warn!(device = %self.name, "notified queue is not ready or lies outside guest memory");
             return false;
         }
         true
@@ -196,7 +196,7 @@ impl MmioNet {
 
     fn refuse(&self, why: &str, queue: &str) {
         self.stats.bad_chains.fetch_add(1, Ordering::Relaxed);
-        crate::guest_warn!(device = %self.name, queue, "descriptor chain refused: {why}");
+        stage_device::guest_warn!(device = %self.name, queue, "descriptor chain refused: {why}");
     }
 
     /// Sends every frame of the transmit queue to the tap; returns how many
@@ -220,7 +220,7 @@ impl MmioNet {
                 }
                 self.transmit(&queue, mem, chain, io);
                 if queue.add_used(mem, head, 0).is_err() {
-                    crate::guest_warn!(device = %self.name, "cannot complete transmit chain {head}");
+                    stage_device::guest_warn!(device = %self.name, "cannot complete transmit chain {head}");
                     self.signal_used(&mut queue, mem);
                     return done;
                 }
@@ -237,7 +237,7 @@ impl MmioNet {
             // which would otherwise spin here.
             let more = queue.enable_notification(mem).unwrap_or(false);
             if more && popped == 0 {
-                crate::guest_warn!(device = %self.name, "transmit available index is more than a queue ahead");
+                stage_device::guest_warn!(device = %self.name, "transmit available index is more than a queue ahead");
             }
             if !more || popped == 0 {
                 break;
@@ -272,7 +272,7 @@ impl MmioNet {
         if total > (VNET_HDR_LEN + MAX_FRAME) as u64 {
             s.tx_dropped.fetch_add(1, Ordering::Relaxed);
             s.oversized.fetch_add(1, Ordering::Relaxed);
-            crate::guest_warn!(device = %self.name, bytes = total - VNET_HDR_LEN as u64, "oversized frame dropped");
+            stage_device::guest_warn!(device = %self.name, bytes = total - VNET_HDR_LEN as u64, "oversized frame dropped");
             return;
         }
         if self.tap_gone() {
@@ -308,7 +308,7 @@ impl MmioNet {
             Err(e) => {
                 // EIO: the interface is down; EINVAL: a frame it refused.
                 s.tx_errors.fetch_add(1, Ordering::Relaxed);
-                crate::guest_warn!(device = %self.name, "tap write failed: {e}");
+                stage_device::guest_warn!(device = %self.name, "tap write failed: {e}");
             }
         }
     }
@@ -396,7 +396,7 @@ impl MmioNet {
                     match queue.enable_notification(mem) {
                         Ok(true) if !rearmed => rearmed = true,
                         Ok(true) => {
-                            crate::guest_warn!(device = %self.name, "receive available index is more than a queue ahead");
+                            stage_device::guest_warn!(device = %self.name, "receive available index is more than a queue ahead");
                             break;
                         }
                         _ => break,
@@ -465,7 +465,7 @@ impl MmioNet {
             }
         };
         if queue.add_used(mem, head, len).is_err() {
-            crate::guest_warn!(device = %self.name, "cannot complete receive chain {head}");
+            stage_device::guest_warn!(device = %self.name, "cannot complete receive chain {head}");
             return Deliver::Broken;
         }
         if len == 0 {
