@@ -34,7 +34,7 @@ guest: setup
 build: guest
     cargo build --release -p stagevm
 
-# The default disk the run command attaches (bench/mkdisk/src/lib.rs documents its content).
+# The default disk the run command attaches (images/mkdisk/src/lib.rs documents its content).
 disk := "target/default-disk.img"
 
 # Boot the default test guest (2 vCPUs, the default disk read-only) and print its output and report; extra arguments go to stagevm.
@@ -52,7 +52,7 @@ packages: build linux-agent
     #!/usr/bin/env bash
     set -euo pipefail
     cargo build --release -q -p stagevm-hostd -p stagevm-discover -p stagesim -p stagevm-preload
-    bench/capture/build_tool.sh >/dev/null
+    discover/stgtrace/build_tool.sh >/dev/null
     command -v cargo-deb >/dev/null || cargo install cargo-deb --locked --version 3.7.0
     packaging/deb/build.sh
 
@@ -199,13 +199,13 @@ bench-native-server *ARGS: setup
 bench-irq:
     cargo run --release -q -p stagevm-bench --bin irq-probe
 
-# Cache simulator (issue 7), bench/stagesim/bench-sim.sh: a synthetic trace and the traces in target/traces/
+# Cache simulator (issue 7), stagesim/bench-sim.sh: a synthetic trace and the traces in target/traces/
 # (captured by bench/capture/capture.sh once, then reused; STAGESIM_CAPTURE=0 skips capturing) under baseline,
 # pinned, static, proportional at 2,4,8,16 cores; MariaDB also: migration-cost and stage-grouping sweep, stage
 # discovery, variants. Writes JSON and PNGs to target/stagesim/ and the stagesim section of bench/RESULTS.md.
 # ~20 min with one replay at a time (STAGESIM_JOBS=2 runs two); extra arguments go to the main replay of each trace.
 bench-sim *ARGS:
-    bench/stagesim/bench-sim.sh {{ARGS}}
+    stagesim/bench-sim.sh {{ARGS}}
 
 # Fuzz every guest-facing parser (fuzz/, bolero on stable): 1,000,000 cases per target in debug and release, then a table.
 fuzz *ARGS:

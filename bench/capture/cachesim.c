@@ -9,7 +9,7 @@
  * timestamp LRU instead of stagesim's MRU-ordered sets) so that agreement
  * checks stagesim's replay and cache code, not just itself.
  *
- * Model (as documented in bench/stagesim/src/cache.rs): set-associative,
+ * Model (as documented in stagesim/src/cache.rs): set-associative,
  * exact LRU, set index = line number mod sets; non-inclusive non-exclusive,
  * fill on miss at every level that missed; L1 hits do not touch L2; stores
  * as loads.  A FETCH touches every line of [addr, addr + bytes) (at least

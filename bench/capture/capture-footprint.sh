@@ -10,7 +10,7 @@ BUILD="$ROOT/target/capture-build/footprint"
 OUT="$ROOT/target/traces/footprint-host.strace.zst"
 mkdir -p "$BUILD" "$ROOT/target/traces"
 command -v zstd >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q zstd; }
-VALGRIND_LIB="$("$HERE/build_tool.sh")"; export VALGRIND_LIB
+VALGRIND_LIB="$("$ROOT/discover/stgtrace/build_tool.sh")"; export VALGRIND_LIB
 echo "capture-footprint: building footprint-host" >&2
 (cd "$ROOT" && cargo build --release -q -p stagevm-bench --bin footprint-host)
 PROG="$ROOT/target/release/footprint-host"

@@ -85,7 +85,7 @@ say "mariadbd $MDB_VERSION; $VG_VERSION; $SB_VERSION"
 # ---------------------------------------------------------------- the tool
 mkdir -p "$BUILD" "$OUT"
 say "building the stgtrace Valgrind tool (if needed) and stagevm-discover"
-"$HERE/build_tool.sh" >/dev/null
+"$ROOT/discover/stgtrace/build_tool.sh" >/dev/null
 (cd "$ROOT" && cargo build --release -q -p stagevm-discover -p stagesim)
 DISCOVER="$ROOT/target/release/stagevm-discover"
 

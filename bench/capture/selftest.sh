@@ -12,7 +12,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 BUILD="$ROOT/target/capture-build/selftest"
 mkdir -p "$BUILD"
-VALGRIND_LIB="$("$HERE/build_tool.sh")"; export VALGRIND_LIB
+VALGRIND_LIB="$("$ROOT/discover/stgtrace/build_tool.sh")"; export VALGRIND_LIB
 CFLAGS=(-O1 -fno-inline -fno-optimize-sibling-calls)
 gcc "${CFLAGS[@]}" -rdynamic -o "$BUILD/staged" "$HERE/selftest/staged.c"
 # the same without -rdynamic: stage functions only in .symtab, and stripped (-s): nowhere

@@ -142,7 +142,7 @@ def main():
             "memory_accesses",
             "LOAD/STORE per guest memory access; accesses > 64 bytes (e.g. XSAVE) are split into 64-byte records",
         )
-        kv(f, "tool", "stgtrace (bench/capture/stgtrace/st_main.c), a Valgrind tool")
+        kv(f, "tool", "stgtrace (discover/stgtrace/st_main.c), a Valgrind tool")
         kv(f, "tool_version", f"stgtrace 1 on {a.valgrind}")
         kv(f, "sysbench", a.sysbench)
         kv(f, "capture_seconds", a.seconds)

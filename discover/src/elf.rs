@@ -202,7 +202,7 @@ impl ServerBinary {
 /// The stgtrace tool's stage table for a capture with one stage, `request`
 /// (id 0), entered at `marker`'s functions, each flagged `T` (the window
 /// opens and closes at a request's start): lines `HEXADDR STAGE FLAGS NAME`
-/// (bench/capture/stgtrace/st_main.c).
+/// (discover/stgtrace/st_main.c).
 pub fn request_table(marker: &[&Function]) -> String {
     let mut s = String::from("# stagevm-discover: the request marker, stage 0, window trigger\n");
     for f in marker {

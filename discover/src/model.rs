@@ -2,7 +2,7 @@
 //! and the `stagesim` runs — seed 004's request-level discovery
 //! (`stagesim discover --binary`) and a replay of the chosen map against
 //! the unstaged models (`stagesim replay --stage-map`), the same commands
-//! `just bench-sim`'s verdict runs (bench/stagesim/bench-sim.sh).
+//! `just bench-sim`'s verdict runs (stagesim/bench-sim.sh).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,7 +11,7 @@ use stagesim::sim::SimResult;
 
 /// Cross-core transfer of a data line last written on another core, cycles
 /// (60 ns at 2.5 GHz; the verdict's `--transfer-cycles 150`,
-/// bench/stagesim/bench-sim.sh, issue 25).
+/// stagesim/bench-sim.sh, issue 25).
 pub const TRANSFER_CYCLES: u64 = 150;
 
 /// A candidate stage point is a function called (at most once) in at least
@@ -20,7 +20,7 @@ pub const TRANSFER_CYCLES: u64 = 150;
 pub const MIN_PRESENT_PCT: f64 = 80.0;
 
 /// The OS time slice modelled, instructions (the verdict's `--slice 100000`:
-/// ~40 µs at 2.5 GHz and 1 IPC, bench/stagesim/bench-sim.sh).
+/// ~40 µs at 2.5 GHz and 1 IPC, stagesim/bench-sim.sh).
 pub const SLICE: u64 = 100_000;
 
 /// Least modelled throughput gain, against the better unstaged model, at
@@ -40,7 +40,7 @@ pub enum Mechanism {
     /// Spatial staging in a Linux guest with the agent: a
     /// `sched_setaffinity`-class migration, 25 000 cycles (10 µs) of the
     /// source's CPU (seeds 000 and 004: 9–14 µs;
-    /// bench/stagesim/src/results/verdict.rs).
+    /// stagesim/src/results/verdict.rs).
     Linux,
     /// Spatial staging in the test unikernel, its measured migration: 500 +
     /// 500 cycles CPU (source + target) and 1 700 cycles (677 ns) latency

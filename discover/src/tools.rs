@@ -1,6 +1,6 @@
 //! The programs stagevm-discover drives: Valgrind with the stgtrace tool
-//! (`bench/capture/stgtrace/st_main.c`, built by
-//! `bench/capture/build_tool.sh` or installed by the `stagevm` package) and
+//! (`discover/stgtrace/st_main.c`, built by
+//! `discover/stgtrace/build_tool.sh` or installed by the `stagevm` package) and
 //! the `stagesim` simulator (the discovery and the replays).
 
 use std::path::{Path, PathBuf};
@@ -93,7 +93,7 @@ pub fn stgtrace() -> Result<PathBuf, NotFound> {
             "../lib/stagevm/valgrind/stgtrace-amd64-linux",
             "../capture-build/stgtrace-amd64-linux",
         ],
-        "install the stagevm package, or build it with bench/capture/build_tool.sh",
+        "install the stagevm package, or build it with discover/stgtrace/build_tool.sh",
     )
 }
 

@@ -81,8 +81,8 @@ fn kit() -> Option<&'static Kit> {
         )?;
         let root = repo_root();
         sh(
-            &mut Command::new(root.join("bench/capture/build_tool.sh")),
-            "bench/capture/build_tool.sh",
+            &mut Command::new(root.join("discover/stgtrace/build_tool.sh")),
+            "discover/stgtrace/build_tool.sh",
         );
         let tool = root.join("target/capture-build/stgtrace-amd64-linux");
         let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("discover-stagectl");

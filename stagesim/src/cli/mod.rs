@@ -74,7 +74,7 @@ pub enum Cmd {
         #[arg(long)]
         notes: Option<PathBuf>,
         /// Checked-in plots folder (relative to the results file's folder: linked as stagesim/plots/NAME).
-        #[arg(long, default_value = "bench/stagesim/plots")]
+        #[arg(long, default_value = "stagesim/plots")]
         plots: PathBuf,
         /// Print the section instead of writing it.
         #[arg(long)]

@@ -4,7 +4,7 @@
  *
  * Built out of tree against Debian's packaged Valgrind 3.19 (headers in
  * /usr/include/valgrind, libcoregrind/libvex in /usr/lib/x86_64-linux-gnu/
- * valgrind) by bench/capture/build_tool.sh.  The structure (event collection
+ * valgrind) by discover/stgtrace/build_tool.sh.  The structure (event collection
  * per IR statement) follows Valgrind's example tool "lackey".
  *
  * Records (little endian, 1-byte tag + packed fields):

@@ -1,5 +1,5 @@
 //! The "stagetrace v1" format: reader, writer and the `.stages.toml` sidecar.
-//! `bench/stagesim/TRACE-FORMAT.md` is the specification; this module follows
+//! `stagesim/TRACE-FORMAT.md` is the specification; this module follows
 //! it exactly. (Tests: `trace/tests.rs`.)
 //!
 //! A zstd-compressed stream; its decompressed content is the 8-byte magic

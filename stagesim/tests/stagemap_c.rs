@@ -12,7 +12,7 @@ use stagesim::stagemap::{MapStage, StageMapFile};
 /// `make` or a C compiler is missing.
 fn stagectl() -> Option<PathBuf> {
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("stagemap-stagectl");
-    let linux = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest-agent/linux");
+    let linux = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-agent/linux");
     let r = Command::new("make")
         .arg("-s")
         .arg("-C")

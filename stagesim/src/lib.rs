@@ -1,7 +1,7 @@
 //! stagesim: a trace-driven multi-core cache simulator for stagevm.
 //!
 //! It replays a "stagetrace v1" trace ([`trace`], specified in
-//! `bench/stagesim/TRACE-FORMAT.md`) — basic-block instruction fetches, data
+//! `stagesim/TRACE-FORMAT.md`) — basic-block instruction fetches, data
 //! accesses, thread switches and stage markers of a multi-threaded server —
 //! on N simulated cores with private L1i/L1d/L2 and an optional shared L3
 //! ([`cache`]), under a scheduling model ([`sim`]): an OS-like `baseline`,

@@ -10,7 +10,7 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 BUILD="$ROOT/target/capture-build"
 VGLIB="$BUILD/vglib"
 VGARCH=/usr/lib/x86_64-linux-gnu/valgrind
-SRC="$HERE/stgtrace/st_main.c"
+SRC="$HERE/st_main.c"
 mkdir -p "$BUILD"
 if [ ! -x "$VGLIB/stgtrace-amd64-linux" ] || [ "$SRC" -nt "$VGLIB/stgtrace-amd64-linux" ]; then
   for f in /usr/include/valgrind/pub_tool_tooliface.h "$VGARCH/libcoregrind-amd64-linux.a"; do

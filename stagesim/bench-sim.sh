@@ -22,7 +22,7 @@
 #      static, proportional and auto at 4/6/8 cores × L2 512/256 KiB × three
 #      migration mechanisms, with the cross-core transfer cost,
 #   3. the stagesim section of bench/RESULTS.md (stagesim results), and copies
-#      of the key plots to bench/stagesim/plots/.
+#      of the key plots to stagesim/plots/.
 #
 #   `--temporal` (or STAGESIM_PART=temporal) runs issue 40's part alone
 #   instead: temporal staging (visit orders) beside spatial on the MariaDB
@@ -33,7 +33,7 @@
 # replay so the two benchmarks do not share the machine. Extra arguments go to
 # the main `stagesim replay` of every trace (e.g. --cores 4,8).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 part=${STAGESIM_PART:-all}
 if [ "${1:-}" = --temporal ]; then
     part=temporal
@@ -46,7 +46,7 @@ out=target/stagesim
 mkdir -p "$out"
 cc -O2 -o "$out/cachesim" bench/capture/cachesim.c
 jobs="${STAGESIM_JOBS:-2}"
-mkdir -p "$out/plots" bench/stagesim/plots
+mkdir -p "$out/plots" stagesim/plots
 log="$out/commands.txt"
 [ "$part" = temporal ] && log="$out/temporal-commands.txt"
 : >"$log"
@@ -97,7 +97,7 @@ OLD=(--migration-target-cycles 0 --migration-latency 0)
 # Issue 25, the verdict: seed 004's request-level discovery on the trace
 # (function entries of mariadbd), then the hand map and the discovered map
 # under static, proportional and auto at 4/6/8 cores, L2 512/256 KiB and
-# three migration mechanisms (bench/stagesim/src/results/verdict.rs), with
+# three migration mechanisms (stagesim/src/results/verdict.rs), with
 # the cross-core transfer cost.
 XFER=(--transfer-cycles 150)
 MECH_unikernel=(--migration-cycles 500 --migration-target-cycles 500 --migration-latency 1700)
@@ -274,7 +274,7 @@ temporal() {
     {
         echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs;" \
             "run $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" \
-            "$(git diff --quiet HEAD -- bench/stagesim 2>/dev/null || echo '(bench/stagesim modified)');" \
+            "$(git diff --quiet HEAD -- stagesim 2>/dev/null || echo '(stagesim modified)');" \
             "replays $jobs at a time; each replay runs the first P % of its trace in replay order (\`auto\` and its references $TLAPS whole laps), discovery the first D % of every thread." \
             "Total replay and discovery time: $(( (secs + 30) / 60 )) min ($(for n in "${names[@]}"; do read -r sec p d <"$out/$n-temporal.done"; printf '%s: %s min, P = %s, D = %s; ' "${n#mariadb-}" $(( (sec + 30) / 60 )) "$p" "$d"; done | sed 's/; $//'))." \
             "This invocation: $(( ($(date +%s) - started + 30) / 60 )) min."
@@ -284,7 +284,7 @@ temporal() {
         cat "$out/$name-temporal-commands.txt" 2>/dev/null
     done >"$out/temporal-commands.txt"
     list=$(IFS=,; echo "${names[*]}")
-    [ -f bench/stagesim/RESULTS-temporal-notes.md ] && notes=(--notes bench/stagesim/RESULTS-temporal-notes.md)
+    [ -f stagesim/RESULTS-temporal-notes.md ] && notes=(--notes stagesim/RESULTS-temporal-notes.md)
     "$sim" results --temporal --dir "$out" --traces "$list" --out bench/RESULTS.md "${notes[@]}"
 }
 if [ "$part" = temporal ]; then
@@ -296,7 +296,7 @@ fi
     echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs," \
         "$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr);" \
         "run $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" \
-        "$(git diff --quiet HEAD -- bench/stagesim 2>/dev/null || echo '(bench/stagesim modified)');" \
+        "$(git diff --quiet HEAD -- stagesim 2>/dev/null || echo '(stagesim modified)');" \
         "replays $jobs at a time (--jobs $jobs)."
 } >"$out/env.txt"
 
@@ -386,11 +386,11 @@ done
 
 # Key plots, small enough to commit.
 for p in mariadb-oltp_read_only-l2i-mpki mariadb-oltp_read_only-sweep-cpu; do
-    [ -f "$out/plots/$p.png" ] && cp "$out/plots/$p.png" bench/stagesim/plots/
+    [ -f "$out/plots/$p.png" ] && cp "$out/plots/$p.png" stagesim/plots/
 done
 echo "Total time of this run: $(( ($(date +%s) - started + 30) / 60 )) min." >>"$out/env.txt"
 
 list=$(IFS=,; echo "${names[*]}")
 notes=()
-[ -f bench/stagesim/RESULTS-notes.md ] && notes=(--notes bench/stagesim/RESULTS-notes.md)
+[ -f stagesim/RESULTS-notes.md ] && notes=(--notes stagesim/RESULTS-notes.md)
 "$sim" results --dir "$out" --traces "$list" --out bench/RESULTS.md "${notes[@]}"

@@ -141,7 +141,7 @@ pub fn section(
 
     // Plots.
     let _ = writeln!(o, "### Plots\n");
-    let _ = writeln!(o, "Checked in: `bench/stagesim/plots/` (copied by the recipe). All of them: `target/stagesim/plots/` — per trace `<trace>-{{l1i-mpki,l2i-mpki,l2d-mpki,throughput}}.png` (policies × 2/4/8/16 cores × three slices) and `<trace>-sweep-*.png` (migration-cost sweep).\n");
+    let _ = writeln!(o, "Checked in: `stagesim/plots/` (copied by the recipe). All of them: `target/stagesim/plots/` — per trace `<trace>-{{l1i-mpki,l2i-mpki,l2d-mpki,throughput}}.png` (policies × 2/4/8/16 cores × three slices) and `<trace>-sweep-*.png` (migration-cost sweep).\n");
     for n in checked_in_plots {
         let _ = writeln!(o, "![{n}](stagesim/plots/{n})");
     }

@@ -360,7 +360,7 @@ fn discovery_merges_down_to_one_group() {
 fn captured_order_agrees_with_the_independent_simulator() {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let exe = tmp("cachesim");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../capture/cachesim.c");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../bench/capture/cachesim.c");
     let built = std::process::Command::new(&cc)
         .args(["-O2", "-o"])
         .arg(&exe)

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// Cycle costs. The defaults are assumptions for an AMD Zen 3 (family 19h)
 /// core at ~2.5 GHz, in line with commonly quoted load-to-use latencies (L2
 /// ≈ 12–14 cycles, L3 ≈ 46–50 cycles, DRAM ≈ 80 ns); they were not checked
-/// against a source available here — see `bench/stagesim/README.md`.
+/// against a source available here — see `stagesim/README.md`.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CycleModel {
     /// Cycles per instruction when every access hits L1 (default 0.5, i.e.

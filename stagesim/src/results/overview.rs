@@ -17,7 +17,7 @@ pub(super) fn write(o: &mut String, ctx: &Ctx) {
     let _ = writeln!(
         o,
         "Written by `just bench-sim` (`stagesim results`) from one run; the commands are at the end. \
-Model and caveats: `bench/stagesim/README.md`; traces: `bench/capture/README.md`.\n"
+Model and caveats: `stagesim/README.md`; traces: `bench/capture/README.md`.\n"
     );
     if !env.trim().is_empty() {
         let _ = writeln!(o, "{}\n", env.trim());

@@ -3,7 +3,7 @@
 //! `proportional` and `auto`, at 4/6/8 cores × L2 512/256 KiB × three
 //! migration mechanisms, against the baseline; beside seeds 000 and 004.
 //!
-//! Files (from `bench/stagesim/bench-sim.sh`): `<trace>-cachesim.json` and
+//! Files (from `stagesim/bench-sim.sh`): `<trace>-cachesim.json` and
 //! `<trace>-verdict-captured.json` (the captured order, two simulators),
 //! `<trace>-points.json`
 //! (`discover --binary`), `<trace>-verdict-<l2>-base.json` (baseline),

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn capture_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../capture")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bench/capture")
 }
 
 #[test]
