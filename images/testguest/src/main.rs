@@ -413,7 +413,7 @@ extern "C" fn rust_main(vcpu: u64, boot: *const BootInfo) -> ! {
             );
         }
         if opts.bench {
-            staged::bench(0, info.tsc_khz);
+            staged::channel_microbench(0, info.tsc_khz);
         }
         if let Some((base, size)) = opts.virtio.filter(|_| !opts.hostile.is_active()) {
             disk::run(base, size, opts.disk_chunk, opts.disk_write, info.tsc_khz);

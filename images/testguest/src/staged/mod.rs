@@ -57,7 +57,7 @@
 //!   ([`workload::footprint`], `workload=footprint`);
 //! * [`hopper`] — `hopper=N`: the thread-migration micro-benchmark (seed
 //!   000's `hopper`), a workload too;
-//! * [`bench`](mod@bench) — `bench=1`: the `stage_enter` / doorbell
+//! * [`microbench`] — `bench=1`: the `stage_enter` / doorbell
 //!   micro-benchmark (on the platform only);
 //! * this file — [`setup`], [`run_vcpu`] and [`print_counts`], which tie
 //!   the layers together for `main.rs`.
@@ -67,10 +67,10 @@
 
 pub mod arrivals;
 mod balance;
-mod bench;
 mod config;
 pub mod hopper;
 mod map;
+mod microbench;
 pub(crate) mod platform;
 mod runq;
 mod runtime;
@@ -84,8 +84,8 @@ use core::sync::atomic::Ordering;
 use hypercall_abi::stage::MAX_VCPUS;
 
 pub use arrivals::ArrivalConfig;
-pub use bench::bench;
 pub use config::{IdleConfig, StagedConfig, MAX_THREADS_PER_VCPU};
+pub use microbench::channel_microbench;
 pub use platform::{alloc_pages, PortIo, RegisterHook};
 pub use runtime::hold;
 pub use workload::pipeline::set_request_source;

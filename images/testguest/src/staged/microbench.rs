@@ -14,7 +14,7 @@ use crate::{outl, print_line};
 /// between batches, waits not timed), a plain loop doing the same bookkeeping
 /// without the report, and one doorbell exit (a WAKE of this vCPU). Prints
 /// one `bench:` line with ns figures from the TSC and `tsc_khz`.
-pub fn bench(vcpu: u32, tsc_khz: u64) {
+pub fn channel_microbench(vcpu: u32, tsc_khz: u64) {
     let a = agent();
     let Some(layout) = a.layout() else {
         println!("bench: stage channel inactive");
