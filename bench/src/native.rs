@@ -28,8 +28,9 @@ use anyhow::{Context, Result};
 
 pub mod open;
 use host_sched::cpuset::CpuSet;
-use host_sched::topology::{gettid, set_thread_affinity};
+use host_sched::topology::gettid;
 pub use open::{run_open, Load, OpenRun};
+use stage_device::os::set_thread_affinity;
 use stage_workload::{fold, init_data, request_seed, run_stage, Params};
 
 /// How the native reference splits the work over its two cores.

@@ -14,7 +14,8 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use clap::Parser;
 use host_sched::cpuset::CpuSet;
-use host_sched::topology::{gettid, set_thread_affinity, thread_affinity};
+use host_sched::topology::{gettid, thread_affinity};
+use stage_device::os::set_thread_affinity;
 
 use stagevm_bench::guest::{Boot, GuestRun, STAGED_CMDLINE};
 use stagevm_bench::stats::median;

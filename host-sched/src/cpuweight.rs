@@ -14,8 +14,6 @@
 //! raised nice needs no privilege; a lowered one needs `CAP_SYS_NICE` or
 //! a `RLIMIT_NICE` that allows it).
 
-use std::io;
-
 /// The weight of one ordinary process (cgroup v2's default `cpu.weight`).
 pub const DEFAULT: u32 = 100;
 
@@ -55,32 +53,6 @@ pub fn v1_shares(weight: u32) -> u64 {
     (u64::from(weight) * 1024 / u64::from(DEFAULT)).clamp(2, 262_144)
 }
 
-/// Thread `tid`'s nice level (`getpriority(PRIO_PROCESS, tid)`). Errors:
-/// no such thread.
-pub fn thread_nice(tid: i32) -> io::Result<i32> {
-    // getpriority may return −1 legitimately: clear errno first.
-    nix::errno::Errno::clear();
-    // SAFETY: getpriority reads no memory of ours.
-    let n = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t) };
-    if n == -1 && nix::errno::Errno::last_raw() != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n)
-}
-
-/// Sets thread `tid`'s nice level (`setpriority(PRIO_PROCESS, tid, nice)`;
-/// Linux's nice is per thread). Errors: no such thread, or a lower nice
-/// without `CAP_SYS_NICE` (`EACCES`/`EPERM`).
-pub fn set_thread_nice(tid: i32, nice: i32) -> io::Result<()> {
-    // SAFETY: setpriority reads no memory of ours.
-    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,16 +74,5 @@ mod tests {
         assert_eq!(v1_shares(100), 1024);
         assert_eq!(v1_shares(1), 10);
         assert_eq!(v1_shares(10_000), 102_400);
-    }
-
-    #[test]
-    fn this_threads_nice_reads_back() {
-        let tid = nix::unistd::gettid().as_raw();
-        let now = thread_nice(tid).unwrap();
-        // Raising one's own nice needs no privilege.
-        let up = (now + 1).min(19);
-        set_thread_nice(tid, up).unwrap();
-        assert_eq!(thread_nice(tid).unwrap(), up);
-        assert!(thread_nice(i32::MAX).is_err());
     }
 }

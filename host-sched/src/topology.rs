@@ -1,4 +1,7 @@
-//! Host CPU topology and thread affinity.
+//! Host CPU topology and the calling thread's affinity: what the host
+//! offers, read. Setting an affinity or a nice level is an effect, and
+//! lives beside the pinner (`stage_device::os`): host-sched decides,
+//! stage-device acts.
 //!
 //! The CPUs stagevm may use start from `sched_getaffinity` of the process
 //! (which reflects a cgroup cpuset), then `/sys/devices/system/cpu/isolated`
@@ -8,7 +11,7 @@
 
 use std::io;
 
-use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet as NixCpuSet};
+use nix::sched::sched_getaffinity;
 use nix::unistd::Pid;
 
 use crate::cpuset::{CpuSet, MAX_CPU};
@@ -58,19 +61,6 @@ pub fn thread_affinity(tid: i32) -> io::Result<CpuSet> {
         .collect())
 }
 
-/// Pins thread `tid` (0 = the calling thread) to `cpus` with
-/// `sched_setaffinity(2)`; errors for an empty set or a refused call.
-pub fn set_thread_affinity(tid: i32, cpus: &CpuSet) -> io::Result<()> {
-    if cpus.is_empty() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty CPU set"));
-    }
-    let mut set = NixCpuSet::new();
-    for cpu in cpus.iter() {
-        set.set(cpu).map_err(io::Error::from)?;
-    }
-    sched_setaffinity(Pid::from_raw(tid), &set).map_err(io::Error::from)
-}
-
 /// The calling thread's kernel thread id (`gettid(2)`).
 pub fn gettid() -> i32 {
     nix::unistd::gettid().as_raw()
@@ -81,29 +71,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn detects_this_host_and_pins_a_thread() {
+    fn detects_this_host() {
         let topo = Topology::detect().unwrap();
         assert!(!topo.allowed.is_empty());
         assert!(topo.allowed.is_subset(&topo.online));
-        let first = topo.allowed.iter().next().unwrap();
-        let pinned = std::thread::spawn(move || {
-            let one: CpuSet = [first].into_iter().collect();
-            set_thread_affinity(0, &one).unwrap();
-            // Read back from /proc, not from our own call.
-            let status =
-                std::fs::read_to_string(format!("/proc/self/task/{}/status", gettid())).unwrap();
-            let line = status
-                .lines()
-                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-                .unwrap()
-                .trim()
-                .to_string();
-            (line, thread_affinity(0).unwrap())
-        })
-        .join()
-        .unwrap();
-        assert_eq!(pinned.0, first.to_string());
-        assert_eq!(pinned.1.to_string(), first.to_string());
-        assert!(set_thread_affinity(0, &CpuSet::new()).is_err());
+        assert_eq!(thread_affinity(gettid()).unwrap(), topo.allowed);
     }
 }

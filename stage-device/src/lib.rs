@@ -80,6 +80,7 @@
 //! * [`ratelimit`] — rate-limited logging of what a guest can trigger.
 
 pub mod abi;
+pub mod os;
 pub mod park;
 pub mod ratelimit;
 pub mod sched;

@@ -123,6 +123,14 @@ fn per_call(pair: Pair, n: u64) -> f64 {
     t0.elapsed().as_nanos() as f64 / (2 * n) as f64
 }
 
+/// Pins the calling thread to `cpu` (`sched_setaffinity(2)` through nix).
+fn pin_to(cpu: usize) -> std::io::Result<()> {
+    let mut one = nix::sched::CpuSet::new();
+    one.set(cpu)?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &one)?;
+    Ok(())
+}
+
 /// ns for [`HANDOFF_THREADS`] threads on `cpu`, each `n` iterations of `pair`.
 /// The threads start together (a barrier, once each is on `cpu`): else
 /// the first could finish its calls before the next arrives, and the gate,
@@ -134,8 +142,7 @@ fn threads_on(cpu: usize, pair: Pair, n: u64) -> Result<f64, CostError> {
         let hs: Vec<_> = (0..HANDOFF_THREADS)
             .map(|_| {
                 s.spawn(move || {
-                    let one: host_sched::cpuset::CpuSet = [cpu].into_iter().collect();
-                    let bound = host_sched::topology::set_thread_affinity(0, &one);
+                    let bound = pin_to(cpu);
                     start.wait();
                     bound?;
                     std::hint::black_box(calls(pair, n));

@@ -16,10 +16,11 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::os::{set_thread_affinity, set_thread_nice, thread_nice};
 use host_sched::cpuset::CpuSet;
 use host_sched::cpuweight;
 use host_sched::policy::Plan;
-use host_sched::topology::{gettid, set_thread_affinity, thread_affinity};
+use host_sched::topology::{gettid, thread_affinity};
 use stagevm_report::{CpuWeightReport, HelperThread, VcpuThread};
 
 struct State {
@@ -347,7 +348,7 @@ fn weigh_thread(st: &mut State, n: usize, v: usize, tid: i32) {
     };
     let base = match *slot {
         Some(b) => b,
-        None => match cpuweight::thread_nice(tid) {
+        None => match thread_nice(tid) {
             Ok(b) => *slot.insert(b),
             Err(_) => return,
         },
@@ -356,7 +357,7 @@ fn weigh_thread(st: &mut State, n: usize, v: usize, tid: i32) {
         Some(w) => (base + cpuweight::nice_for(f64::from(w) / n.max(1) as f64)).clamp(-20, 19),
         None => base,
     };
-    if let Err(e) = cpuweight::set_thread_nice(tid, nice) {
+    if let Err(e) = set_thread_nice(tid, nice) {
         // Lowering a nice needs CAP_SYS_NICE or a RLIMIT_NICE that allows
         // it, which the VMM never sets itself (its supervisor does:
         // LimitNICE=+0 in stagevm@.service); the report's `in_force` says
@@ -375,7 +376,7 @@ fn weigh_thread(st: &mut State, n: usize, v: usize, tid: i32) {
         st.weight.error = Some(format!("vCPU {v}: nice {nice}: {e}{hint}"));
     }
     if let Some(t) = st.vcpus.get_mut(v) {
-        t.nice = cpuweight::thread_nice(tid).ok();
+        t.nice = thread_nice(tid).ok();
     }
 }
 
