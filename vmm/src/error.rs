@@ -2,7 +2,7 @@
 //! started, each naming the bad value.
 
 use crate::arch::x86_64::kernel::KernelError;
-use crate::builder::LINUX_MIN_FREE;
+use crate::arch::x86_64::linux::LINUX_MIN_FREE;
 
 /// Path of the KVM device.
 pub const KVM_PATH: &str = "/dev/kvm";

@@ -28,13 +28,11 @@ use stage_device::stage::StageDevice;
 mod devices;
 use devices::{attach_disks, attach_nets};
 
+use crate::arch::x86_64::linux::LINUX_MIN_FREE;
+
 /// Lowest GPA free for the kernel image and the guest: everything below holds
 /// the fixed boot structures of [`hypercall_abi::boot`].
 const FIXED_AREA_END: u64 = hypercall_abi::boot::KERNEL_MIN_GPA;
-/// RAM a Linux guest needs beyond its image and initramfs (bytes): page
-/// tables, slab, the unpacked initramfs' first files. A smaller `--memory`
-/// is refused instead of failing deep inside the guest's boot.
-pub const LINUX_MIN_FREE: u64 = 32 << 20;
 /// Most vCPUs of a Linux guest: its MADT names each by an 8-bit xAPIC ID.
 pub const MAX_LINUX_VCPUS: u32 = 255;
 /// Largest `--initramfs` (bytes): it must fit in guest RAM (≤ 3 GiB) beside
@@ -395,7 +393,7 @@ fn write_boot_structures(
         virtio_mmio: (0..config.disks.len() + config.nets.len())
             .map(|i| {
                 let (base, gsi) = virtio::slot(i);
-                (base, virtio::MMIO_SIZE as u32, gsi)
+                (base, crate::arch::x86_64::layout::MMIO_SIZE as u32, gsi)
             })
             .collect(),
     };

@@ -78,6 +78,12 @@ pub fn segment_from_entry(entry: u64, index: u16) -> kvm_segment {
 /// Hypervisor and Firecracker). The virtio-mmio window, the I/O APIC and the
 /// local APIC are in the hole.
 pub const MMIO_HOLE_START: u64 = 3 << 30;
+
+/// GPA of the first virtio-mmio device's register window, in the MMIO
+/// hole; the devices follow it ([`MMIO_SIZE`] each, `devices::virtio::slot`).
+pub const MMIO_BASE: u64 = 0xd000_0000;
+/// Bytes of MMIO space per virtio-mmio device.
+pub const MMIO_SIZE: u64 = 0x1000;
 /// First GPA of RAM above the hole: 4 GiB.
 pub const HIGH_RAM_START: u64 = 4 << 30;
 /// Largest RAM of the ring-3 unikernel (bytes): its page directories sit
@@ -133,7 +139,7 @@ pub fn page_directories(mem_size: u64) -> u64 {
 
 /// Writes the GDT, the identity page tables covering `mem_size` bytes with
 /// user-accessible 2 MiB pages (plus the 2 MiB virtio-mmio window at
-/// [`crate::devices::virtio::MMIO_BASE`]), the command line and the [`BootInfo`].
+/// [`MMIO_BASE`]), the command line and the [`BootInfo`].
 ///
 /// `kernel_end` is the first GPA after the loaded image. Errors are
 /// `vm_memory` write errors (guest RAM too small for the fixed structures).
@@ -171,7 +177,7 @@ pub fn write_boot_structures(
 
     // The virtio-mmio window (one 2 MiB page above RAM), so ring-3 drivers
     // can reach the device registers; accesses exit to the VMM.
-    let window = crate::devices::virtio::MMIO_BASE;
+    let window = MMIO_BASE;
     let g = window / GIB;
     let pd = pdpt + PAGE_SIZE * (1 + g);
     if g >= page_directories(mem_size) {

@@ -30,6 +30,11 @@ use linux_loader::loader::elf::start_info::{
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
 
+/// RAM a Linux guest needs beyond its image and initramfs (bytes): page
+/// tables, slab, the unpacked initramfs' first files. A smaller `--memory`
+/// is refused instead of failing deep inside the guest's boot.
+pub const LINUX_MIN_FREE: u64 = 32 << 20;
+
 use super::layout::{gdt_entry, segment_from_entry, PAGE_SIZE};
 
 /// GPA of the PVH `hvm_start_info` (`EBX` at the PVH entry).

@@ -48,10 +48,7 @@ use self::block::Block;
 use self::mmio::reg;
 use self::mmio::VirtioDevice;
 
-/// GPA of the first virtio-mmio device.
-pub const MMIO_BASE: u64 = 0xd000_0000;
-/// Bytes of MMIO space per device.
-pub const MMIO_SIZE: u64 = 0x1000;
+use crate::arch::x86_64::layout::{MMIO_BASE, MMIO_SIZE};
 /// First (nominal) interrupt line announced on the command line.
 pub const FIRST_IRQ: u32 = 5;
 /// Where device `index` lives: the GPA of its register window
