@@ -222,6 +222,8 @@ lint: setup
     cargo fmt --all --check
     cd {{guest_dir}} && cargo fmt --check
     cargo clippy --workspace --all-targets -- -D warnings
+    # Imports run one way (docs/architecture.md, Layering).
+    cargo run -q -p stagevm-layering
     cd {{guest_dir}} && cargo clippy --release -- -D warnings
     RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace -q
     {{ruff}} --version 2>/dev/null | grep -qx "ruff {{ruff_version}}" || { python3 -m venv target/ruff-venv && target/ruff-venv/bin/pip install -q "ruff=={{ruff_version}}"; }
