@@ -13,10 +13,11 @@ fn main() -> anyhow::Result<()> {
         eprintln!("layering: {v}");
     }
     if !found.is_empty() {
-        anyhow::bail!(
-            "{} import(s) against the documented direction (docs/architecture.md, Layering)",
+        eprintln!(
+            "layering: {} import(s) against the documented direction (docs/architecture.md, Layering)",
             found.len()
         );
+        std::process::exit(1);
     }
     println!("layering: every import runs the documented way");
     Ok(())
