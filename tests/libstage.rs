@@ -35,10 +35,10 @@ mod common;
 // tests/ beside the other test targets; the helpers live in tests/libstage/.
 #[path = "libstage/host.rs"]
 mod host;
-#[path = "libstage/latency.rs"]
-mod latency;
 #[path = "libstage/program.rs"]
 mod program;
+#[path = "libstage/request_latency.rs"]
+mod request_latency;
 #[path = "libstage/scenario.rs"]
 mod scenario;
 
@@ -292,7 +292,7 @@ fn concurrent_writers_lose_nothing() {
 #[test]
 fn libstage_latency_histogram_equals_the_rust_agents() {
     let _serial = serial();
-    latency::histogram_equals_the_rust_agents();
+    request_latency::histogram_equals_the_rust_agents();
 }
 
 /// Requests timed end to end through the VMM's stage device: samples equal
@@ -301,7 +301,7 @@ fn libstage_latency_histogram_equals_the_rust_agents() {
 #[test]
 fn libstage_times_requests_through_the_stage_device() {
     let _serial = serial();
-    latency::requests_are_timed_through_the_device();
+    request_latency::requests_are_timed_through_the_device();
 }
 
 /// Cost of stage_enter / stage_exit without migration (an empty call loop

@@ -27,7 +27,7 @@ use hypercall_abi::stage::{
 };
 use stage_device::abi::Obj;
 use stage_device::sched::counter_reader::{CounterReader, SLACK_DIV};
-use stage_device::sched::latency::LatencyReader;
+use stage_device::sched::latency_reader::LatencyReader;
 use stage_device::sched::Accounting;
 use stage_device::stage::{Blocks, StageDevice};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};

@@ -59,15 +59,15 @@ use hypercall_abi::stage::{
 };
 
 mod counter_writer;
-mod latency;
 mod map;
+mod request_clock;
 mod ring;
 mod vcpu_state;
 pub mod visit;
 
-pub use latency::RequestClock;
 pub use map::{choose_from_map, MapSnapshot};
 use map::{MAP_MINOR, MAP_TRACE_EVERY};
+pub use request_clock::RequestClock;
 
 /// What the agent needs from the machine it runs on.
 pub trait Platform {

@@ -441,4 +441,4 @@ fn paced_timed_visits_follow_the_switch_rate() {
     );
 }
 
-mod latency;
+mod request_clock;

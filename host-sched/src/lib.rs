@@ -7,7 +7,7 @@
 //! * [`error`] — [`error::StagesConfigError`], one variant per bad key or value,
 //! * [`host`] — the host-wide allocation of stage cores among VMs
 //!   (`stagevm-hostd`),
-//! * [`latency`] — request-latency histograms (ABI minor 4) and their
+//! * [`histogram`] — request-latency histograms (ABI minor 4) and their
 //!   quantiles,
 //! * [`policy`] — `off`, `pinned`, `static`, `proportional`, `auto` as pure functions
 //!   behind the [`policy::Policy`] trait (seed 000 §4.5),
@@ -18,8 +18,8 @@ pub mod config;
 pub mod cpuset;
 pub mod cpuweight;
 pub mod error;
+pub mod histogram;
 pub mod host;
-pub mod latency;
 pub mod policy;
 pub mod topology;
 pub mod vm;

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::Result;
-use host_sched::latency::Histogram;
+use host_sched::histogram::Histogram;
 use stage_workload::arrivals::{ArrivalDist, Arrivals};
 use stage_workload::{request_seed, run_stage, Params};
 

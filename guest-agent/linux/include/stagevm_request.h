@@ -3,7 +3,7 @@
  * Requests with a start and an end (ABI minor 4): the per-vCPU part of the
  * request clock, shared by libstage (hot.c: stage_request_begin,
  * stage_enter, stage_exit) and the module's uprobes (probes.c: a stage
- * map's `request` symbols). The C mirror of guest-agent/src/latency.rs
+ * map's `request` symbols). The C mirror of guest-agent/src/request_clock.rs
  * (Agent::request_begin, request_pace, ticks_to_ns, record_latency); the
  * block is struct stagevm_vcpu_latency (stagevm_abi.h), its place
  * stagevm_latency_offset (stagevm_layout.h).

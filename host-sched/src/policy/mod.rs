@@ -13,7 +13,7 @@ pub mod relabel;
 
 use crate::config::Budget;
 use crate::cpuset::CpuSet;
-use crate::latency::Histogram;
+use crate::histogram::Histogram;
 pub use auto::LatencyBound;
 pub use hypercall_abi::stage::VisitPolicy;
 

@@ -10,13 +10,13 @@
 
 use std::collections::HashMap;
 
-use host_sched::latency::Histogram;
+use host_sched::histogram::Histogram;
 use hypercall_abi::stage::{stage_code, CODE_IDLE, CODE_NONE, IDLE_THREAD, STAGE_NONE};
 use stagevm_report::{ChannelReport, LatencyBucket, LatencyReport, StageStats};
 
 use super::cohorts::Cohorts;
 use super::counter_reader::CounterReader;
-use super::latency::LatencyReader;
+use super::latency_reader::LatencyReader;
 use crate::stage::{Blocks, Drained};
 
 /// Per-vCPU totals of a counters guest.

@@ -23,7 +23,7 @@ use stagevm_report::{ChannelReport, CpuReport, PerStage, StagePlacement, Timelin
 use super::accounting::Accounting;
 use super::counter_reader::CounterReader;
 use super::cpu::SchedStat;
-use super::latency::LatencyReader;
+use super::latency_reader::LatencyReader;
 use super::observe::Observer;
 use super::timeline::Timeline;
 use crate::stage::{Blocks, Drained, Registered};

@@ -1,7 +1,7 @@
 //! Stage scheduling in the VMM: applies host-sched's decisions.
 //!
 //! Data flows one way: a counters guest's per-vCPU blocks are copied once
-//! per policy period ([`crate::stage::StageDevice::read_counters`]) and
+//! per policy period ([`crate::stage::StageDevice::read_blocks`]) and
 //! turned into checked deltas ([`counter_reader`]); an older guest's rings are
 //! drained into validated events ([`crate::stage::StageDevice::drain`]);
 //! the [`Controller`] folds either into its load window and, every policy
@@ -18,7 +18,7 @@
 //! * [`cohorts`] — the cohorts each vCPU served, from the event stream,
 //! * [`counter_reader`] — a counters guest's per-vCPU blocks (ABI minor 2) turned
 //!   into deltas under the untrusted-guest rules,
-//! * [`latency`] — its request-latency histograms (minor 4), likewise,
+//! * [`latency_reader`] — its request-latency histograms (minor 4), likewise,
 //! * [`cpu`] — the vCPU threads' CPU time, less idle spinning: the work
 //!   CPU behind CPU per request and utilisation,
 //! * [`observe`] — what each policy period gives the policy,
@@ -30,9 +30,10 @@ pub mod cohorts;
 pub mod controller;
 pub mod counter_reader;
 pub mod cpu;
-pub mod latency;
+pub mod latency_reader;
 pub mod observe;
 pub mod pinner;
+mod run_loop;
 pub mod stage_sched;
 pub mod timeline;
 
@@ -44,6 +45,7 @@ use stagevm_report::{
 pub use accounting::Accounting;
 pub use controller::{Change, Controller, Decision};
 pub use pinner::{Pinner, ThreadCpu};
+pub use run_loop::run_loop;
 pub use stage_sched::{Pacer, StageSched};
 
 impl<M: vm_memory::GuestMemoryBackend + Send + Sync> StageSched<M> {

@@ -1,7 +1,7 @@
 //! What the controller gives the policy each policy period
 //! ([`Observation`]): the completed-request rate, the CPU the guest's work
 //! cost ([`super::cpu`]), the utilisation and the requests the guest timed
-//! ([`super::latency`]); and the run's totals of them for the report.
+//! ([`super::latency_reader`]); and the run's totals of them for the report.
 
 use host_sched::policy::Observation;
 use stagevm_report::CpuReport;

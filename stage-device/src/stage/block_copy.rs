@@ -3,7 +3,7 @@
 //! [`VcpuLatency`] blocks ([`Blocks`]), of the live area once per policy
 //! period and as UNREGISTER left them. The values are the untrusted
 //! guest's, unchecked here: the scheduler's accounting
-//! (`crate::sched::counter_reader`, `crate::sched::latency`) applies
+//! (`crate::sched::counter_reader`, `crate::sched::latency_reader`) applies
 //! docs/stage-protocol.md §8's rules to them.
 
 use std::sync::atomic::{fence, Ordering};

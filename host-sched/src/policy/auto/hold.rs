@@ -22,7 +22,7 @@
 use super::cusum::{Cusum, CusumParams, Shift};
 use super::measure::Objective;
 use super::{shares, AutoParams, Mode};
-use crate::latency::Histogram;
+use crate::histogram::Histogram;
 use crate::policy::Observation;
 
 /// What a period of the hold decided.

@@ -15,7 +15,7 @@
 //! Which of the two applies is read from the unstaged epochs' utilisation:
 //! at or above [`super::AutoParams::saturation`] the server is saturated.
 
-use crate::latency::Histogram;
+use crate::histogram::Histogram;
 use crate::policy::Observation;
 
 /// What a trial optimises.

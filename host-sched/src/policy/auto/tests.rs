@@ -3,7 +3,7 @@
 //! detector and the pairing order in the submodules.
 
 use super::*;
-use crate::latency::Histogram;
+use crate::histogram::Histogram;
 use crate::policy::tests::ctx;
 use crate::policy::{build, Observation, Plan, PolicyKind, VisitPolicy};
 

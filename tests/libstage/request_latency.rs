@@ -9,7 +9,7 @@ use hypercall_abi::stage::{
     latency_bucket, latency_bucket_lower_ns, Layout, Status, VcpuLatency, AREA_FLAG_COUNTERS,
     AREA_FLAG_LATENCY, CODE_NONE, LATENCY_BUCKETS,
 };
-use stage_device::sched::latency::LatencyReader;
+use stage_device::sched::latency_reader::LatencyReader;
 use stage_device::stage::{host_tsc, Blocks};
 
 use crate::common::skip;

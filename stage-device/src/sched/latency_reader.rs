@@ -26,7 +26,7 @@
 //! With one request in flight the window's sum is the midpoints' too (not
 //! a clamp). Every operation is O(vCPUs × 256 buckets), never panics.
 
-use host_sched::latency::{bucket_mid_ns, Histogram};
+use host_sched::histogram::{bucket_mid_ns, Histogram};
 use hypercall_abi::stage::{latency_bucket_lower_ns, VcpuLatency, LATENCY_BUCKETS};
 
 /// Reads of one registration's latency blocks: per-vCPU baselines.
