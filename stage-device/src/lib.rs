@@ -16,12 +16,13 @@
 //!   (to the housekeeping cores);
 //! * the VM's end: [`stage::StageDevice::stop`] (parked vCPUs return) and
 //!   [`sched::StageSched::finish`] (the reports);
-//! * the `stage-sched` loop: a thread of the VMM's that waits on its timer
-//!   and [`sched::StageSched::registered_fd`] and calls
-//!   [`sched::Pacer::wake`].
+//! * the `stage-sched` loop: a thread of the VMM's running
+//!   [`sched::run_loop`] (it waits on a timer and
+//!   [`sched::StageSched::registered_fd`] and calls [`sched::Pacer::wake`]),
+//!   or the VMM's own event loop calling [`sched::Pacer::wake`].
 //!
 //! Data flows one way: guest counters
-//! ([`stage::StageDevice::read_counters`], once per policy period) or rings
+//! ([`stage::StageDevice::read_blocks`], once per policy period) or rings
 //! ([`stage::StageDevice::drain`], an older guest's events or a trace) →
 //! [`sched::Controller`] → host-sched policy → plan → stage map
 //! ([`stage::StageDevice::publish`]) and pins ([`sched::Pinner::apply`]).
@@ -82,6 +83,8 @@
 pub mod abi;
 pub mod os;
 pub mod park;
+#[cfg(feature = "vm-device")]
+pub mod ports;
 pub mod ratelimit;
 pub mod sched;
 pub mod stage;

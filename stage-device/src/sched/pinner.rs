@@ -12,7 +12,7 @@
 //! the VMs' cgroups (issue 50, S2), and sends a weight to the VMM only
 //! where it cannot write the group.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,8 @@ struct Weight {
 pub struct Pinner {
     vcpu_tids: Vec<AtomicI32>,
     state: Mutex<State>,
+    /// [`Pinner::adopt_threads`] pins unknown threads (the default).
+    adopt: AtomicBool,
 }
 
 fn read_back(tid: i32) -> String {
@@ -70,6 +72,7 @@ impl Pinner {
         let n = initial.len();
         Self {
             vcpu_tids: (0..n).map(|_| AtomicI32::new(0)).collect(),
+            adopt: AtomicBool::new(true),
             state: Mutex::new(State {
                 housekeeping,
                 applied: initial,
@@ -177,11 +180,24 @@ impl Pinner {
             .collect()
     }
 
+    /// Whether [`Pinner::adopt_threads`] pins the process's unknown
+    /// threads (default: yes). An embedder whose process runs threads of
+    /// its own that must stay where they are (a VMM serving several VMs,
+    /// a runtime's worker pool) turns it off and names its helpers with
+    /// [`Pinner::start_helper_thread`] instead.
+    pub fn set_adopt_threads(&self, adopt: bool) {
+        self.adopt.store(adopt, Ordering::Release);
+    }
+
     /// Pins every thread of this process that is neither a vCPU thread nor a
     /// known helper to the housekeeping cores and records it as a helper
     /// (e.g. KVM's `kvm-nx-lpage-recovery` worker). Called at start and every
-    /// policy period.
+    /// policy period; does nothing once [`Pinner::set_adopt_threads`] turned
+    /// it off.
     pub fn adopt_threads(&self) {
+        if !self.adopt.load(Ordering::Acquire) {
+            return;
+        }
         // A thread that has not run its start-up yet still carries the
         // process's name: wait until every vCPU thread has recorded itself.
         if !self.all_vcpus_started() {
@@ -409,5 +425,53 @@ impl Drop for ThreadCpu<'_> {
     fn drop(&mut self) {
         self.pinner
             .record_cpu(thread_cpu_ns().saturating_sub(self.start_ns));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use host_sched::topology::Topology;
+
+    /// A thread that sleeps until told, and its kernel id.
+    fn stray() -> (
+        i32,
+        std::sync::mpsc::Sender<()>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let h = std::thread::spawn(move || {
+            tid_tx.send(gettid()).unwrap();
+            let _ = stop_rx.recv();
+        });
+        (tid_rx.recv().unwrap(), stop_tx, h)
+    }
+
+    #[test]
+    fn unknown_threads_are_adopted_unless_the_embedder_opts_out() {
+        let allowed = Topology::detect().unwrap().allowed;
+        let one: CpuSet = allowed.iter().take(1).collect();
+        let (tid, stop, h) = stray();
+        // Off: the stray thread keeps its affinity and is not a helper.
+        let off = Pinner::new(Vec::new(), one.clone());
+        off.set_adopt_threads(false);
+        off.adopt_threads();
+        assert!(off.report().1.iter().all(|t| t.tid != tid));
+        assert_eq!(thread_affinity(tid).unwrap(), allowed);
+        // On (the default): pinned to the housekeeping cores, read back.
+        let on = Pinner::new(Vec::new(), one.clone());
+        on.adopt_threads();
+        let adopted = on.report().1;
+        let pinned = thread_affinity(tid).unwrap();
+        // It adopted every thread of the test process (no vCPUs): give the
+        // others theirs back before asserting.
+        for t in &adopted {
+            let _ = set_thread_affinity(t.tid, &allowed);
+        }
+        assert!(adopted.iter().any(|t| t.tid == tid));
+        assert_eq!(pinned, one);
+        stop.send(()).unwrap();
+        h.join().unwrap();
     }
 }

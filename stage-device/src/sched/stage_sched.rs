@@ -126,8 +126,7 @@ impl<M: GuestMemoryBackend + Send + Sync> StageSched<M> {
     /// One read of a counters guest's blocks into the accounting — first
     /// the blocks an UNREGISTER left, if any, then the live area's — and the
     /// host's safety-net wake of parked vCPUs with queued work. Called from
-    /// several threads (policy period, REGISTER, the API's live view, the
-    /// end): the controller's lock is held from the copies to their
+    /// several threads (policy period, REGISTER, the end): the controller's lock is held from the copies to their
     /// ingestion (controller before device, as everywhere), so reads are
     /// ingested in the order of their host TSCs.
     pub(super) fn read_counters(&self, buf: &mut Blocks) {

@@ -47,7 +47,7 @@ pub struct Registered {
     /// Stage names in guest stage-id order (lossy UTF-8, NUL-trimmed).
     pub names: Vec<String>,
     /// The area has per-vCPU counters (ABI minor 2): the scheduler reads
-    /// them ([`StageDevice::read_counters`]) instead of draining events.
+    /// them ([`StageDevice::read_blocks`]) instead of draining events.
     pub counters: bool,
     /// The area has per-vCPU latency histograms too (ABI minor 4).
     pub latency: bool,
