@@ -1,11 +1,12 @@
-//! The stagevm guest/host contract.
+//! The stagevm guest/host contract: the stage channel is port-I/O doorbells
+//! plus shared memory, not a hypercall.
 //!
 //! The folder is named for the design card's "hypercall ABI", but the stage
 //! channel uses no hypercall (a `vmcall` never reaches a VMM's user space on
 //! ordinary KVM): it is **shared memory plus port I/O** — an area of guest
 //! memory the guest lays out and the host maps (per-vCPU counter blocks and
-//! rings, the stage map), and a doorbell of two I/O ports (`outl` of a
-//! command, `inl` of its status) for the rare control operations (REGISTER,
+//! rings, the stage map), and doorbell ports (an `outl` to one port per
+//! command, an `inl` of the status from the REGISTER port) for the rare control operations (REGISTER,
 //! UNREGISTER, WAIT, WAKE). docs/stage-protocol.md is the full protocol.
 //!
 //! This crate holds everything a guest and the stagevm VMM must agree on, and
