@@ -13,7 +13,6 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use stagevm::arch::x86_64::layout::MMIO_BASE;
 use stagevm::devices::virtio::block::Block;
 use stagevm::devices::virtio::mmio::reg::{
     self, QUEUE_DESC_LOW, QUEUE_DEVICE_LOW, QUEUE_DRIVER_LOW, QUEUE_NUM, QUEUE_READY, QUEUE_SEL,
@@ -21,6 +20,7 @@ use stagevm::devices::virtio::mmio::reg::{
 };
 use stagevm::devices::virtio::mmio::MmioTransport;
 use stagevm::devices::virtio::MmioBlock;
+use stagevm_arch::layout::MMIO_BASE;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::guest::{memory as guest_memory, ZeroOnDrop};

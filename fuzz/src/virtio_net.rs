@@ -16,7 +16,6 @@
 
 use std::os::unix::net::UnixDatagram;
 
-use stagevm::arch::x86_64::layout::MMIO_BASE;
 use stagevm::devices::virtio::mmio::reg::{
     self, QUEUE_DESC_LOW, QUEUE_DEVICE_LOW, QUEUE_DRIVER_LOW, QUEUE_NUM, QUEUE_READY, QUEUE_SEL,
     STATUS,
@@ -25,6 +24,7 @@ use stagevm::devices::virtio::mmio::MmioTransport;
 use stagevm::devices::virtio::net::io::NetIo;
 use stagevm::devices::virtio::net::tap::{Tap, VNET_HDR_LEN};
 use stagevm::devices::virtio::net::{MmioNet, MAX_FRAME, RX, TX};
+use stagevm_arch::layout::MMIO_BASE;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::guest::{memory as guest_memory, ZeroOnDrop};

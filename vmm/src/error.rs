@@ -74,7 +74,7 @@ pub enum VmmError {
     UnikernelMemory {
         /// `--memory size` in bytes.
         size: u64,
-        /// [`crate::arch::x86_64::layout::UNIKERNEL_MAX_MEMORY`].
+        /// [`stagevm_arch::layout::UNIKERNEL_MAX_MEMORY`].
         max: u64,
     },
     /// The ring-3 image and its vCPU stacks do not fit below the MMIO hole.

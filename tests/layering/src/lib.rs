@@ -29,6 +29,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     ("guest-agent", &["hypercall-abi", "host-sched"]),
     ("images", &["hypercall-abi", "guest-agent"]),
     ("stage-device", &["hypercall-abi", "host-sched", "report"]),
+    ("arch", &["hypercall-abi", "stage-device"]),
     (
         "api",
         &["hypercall-abi", "host-sched", "report", "stage-device"],
@@ -42,6 +43,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "report",
             "stage-device",
             "api",
+            "arch",
         ],
     ),
     (
@@ -52,6 +54,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
             "report",
             "stage-device",
             "api",
+            "arch",
         ],
     ),
     ("hostd", &["host-sched", "report", "stage-device", "api"]),
@@ -60,7 +63,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
     // The VMM's own fuzz targets: its devices and kernel loader.
     (
         "fuzz",
-        &["hypercall-abi", "host-sched", "stage-device", "vmm"],
+        &["hypercall-abi", "host-sched", "stage-device", "arch", "vmm"],
     ),
     (
         "bench",

@@ -13,9 +13,7 @@ use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::arch::x86_64::kernel::{self, BzImageInfo, ImageExtent, KernelImage};
-use crate::arch::x86_64::layout::{self, STACK_SIZE};
 use crate::arch::x86_64::linux::{self, LinuxEntry};
-use crate::arch::x86_64::regs;
 use crate::config::{BootMode, VmConfig};
 use crate::devices::virtio;
 use crate::devices::Bus;
@@ -24,6 +22,8 @@ use crate::exit::ExitEvent;
 use crate::vmm::Vmm;
 use stage_device::sched::StageSched;
 use stage_device::stage::StageDevice;
+use stagevm_arch::layout::{self, STACK_SIZE};
+use stagevm_arch::regs;
 
 mod devices;
 use devices::{attach_disks, attach_nets};
@@ -393,7 +393,7 @@ fn write_boot_structures(
         virtio_mmio: (0..config.disks.len() + config.nets.len())
             .map(|i| {
                 let (base, gsi) = virtio::slot(i);
-                (base, crate::arch::x86_64::layout::MMIO_SIZE as u32, gsi)
+                (base, stagevm_arch::layout::MMIO_SIZE as u32, gsi)
             })
             .collect(),
     };

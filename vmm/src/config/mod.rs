@@ -148,7 +148,7 @@ pub fn format_size(bytes: u64) -> String {
 
 /// `--memory size=SIZE[,hugepages=on]`: guest RAM. Below 3 GiB it is one
 /// range from GPA 0; more continues from 4 GiB, above the 32-bit MMIO hole
-/// ([`crate::arch::x86_64::layout::ram_ranges`]).
+/// ([`stagevm_arch::layout::ram_ranges`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryConfig {
     /// Guest RAM in bytes, a multiple of 4 KiB (2 MiB with huge pages), at
@@ -159,7 +159,7 @@ pub struct MemoryConfig {
 }
 
 /// Largest guest RAM stagevm accepts: 256 GiB (the ring-3 unikernel's own
-/// page tables reach less: [`crate::arch::x86_64::layout::UNIKERNEL_MAX_MEMORY`]).
+/// page tables reach less: [`stagevm_arch::layout::UNIKERNEL_MAX_MEMORY`]).
 pub const MAX_MEMORY: u64 = 256 << 30;
 
 /// Bytes of one host huge page (`MAP_HUGETLB`'s default size on x86-64).

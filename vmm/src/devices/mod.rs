@@ -85,7 +85,7 @@ pub struct Bus {
     stage: Option<Arc<StageDevice>>,
     legacy: Option<Legacy>,
     /// The virtio-mmio register windows, by GPA of their first byte
-    /// (each [`crate::arch::x86_64::layout::MMIO_SIZE`] long), each knowing whether KVM
+    /// (each [`stagevm_arch::layout::MMIO_SIZE`] long), each knowing whether KVM
     /// delivers its queue notifications (ioeventfd).
     mmio: BTreeMap<u64, virtio::mmio::MmioTransport>,
     /// The block devices among them (reports, I/O threads).
@@ -278,7 +278,7 @@ impl Bus {
     fn mmio_at(&self, addr: u64) -> Option<(&virtio::mmio::MmioTransport, u64)> {
         let (base, t) = self.mmio.range(..=addr).next_back()?;
         let offset = addr - base;
-        (offset < crate::arch::x86_64::layout::MMIO_SIZE).then_some((t, offset))
+        (offset < stagevm_arch::layout::MMIO_SIZE).then_some((t, offset))
     }
 
     /// An MMIO read at guest-physical `addr`; unbacked addresses read as ones.

@@ -1,5 +1,5 @@
 //! Guest memory: anonymous `vm-memory` mappings for the RAM ranges of
-//! [`crate::arch::x86_64::layout::ram_ranges`] (below the 32-bit MMIO hole,
+//! [`stagevm_arch::layout::ram_ranges`] (below the 32-bit MMIO hole,
 //! and from 4 GiB up for more than 3 GiB), each registered with KVM as its
 //! own memory slot (`KVM_SET_USER_MEMORY_REGION`); with `hugepages=on`
 //! backed by the host's huge pages (`MAP_HUGETLB`).
@@ -10,9 +10,9 @@ use vm_memory::{
     GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
 };
 
-use crate::arch::x86_64::layout::ram_ranges;
 use crate::config::{MemoryConfig, HUGE_PAGE};
 use crate::error::{kvm_err, VmmError};
+use stagevm_arch::layout::ram_ranges;
 
 /// Maps the guest RAM of `config` and registers every range with `vm_fd`.
 /// Errors: a mapping fails ([`VmmError::Memory`]; with huge pages it names

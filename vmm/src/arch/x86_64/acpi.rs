@@ -2,7 +2,7 @@
 //! (Debian's cloud kernel has no `CONFIG_X86_MPPARSE`) finds its CPUs and the
 //! I/O APIC: RSDP → XSDT → FADT (hardware-reduced, with a reset register)
 //! → DSDT, and a MADT with one local APIC per vCPU (APIC ID = vCPU
-//! index, as [`crate::arch::x86_64::regs::vcpu_cpuid`] reports) and KVM's in-kernel I/O
+//! index, as [`stagevm_arch::regs::vcpu_cpuid`] reports) and KVM's in-kernel I/O
 //! APIC.
 //!
 //! The DSDT describes the devices with interrupts ([`Devices`]): COM1

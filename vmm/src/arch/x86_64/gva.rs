@@ -9,7 +9,7 @@
 use kvm_bindings::kvm_sregs;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::regs::{
+use stagevm_arch::regs::{
     CR0_PE, CR0_PG, CR4_LA57, CR4_PAE, CR4_PSE, EFER_LMA, PTE_ADDR_MASK as ADDR_MASK,
     PTE_HUGE as PAGE_SIZE_BIT, PTE_PRESENT as PRESENT,
 };

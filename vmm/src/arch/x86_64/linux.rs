@@ -35,7 +35,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
 /// is refused instead of failing deep inside the guest's boot.
 pub const LINUX_MIN_FREE: u64 = 32 << 20;
 
-use super::layout::{gdt_entry, segment_from_entry, PAGE_SIZE};
+use stagevm_arch::layout::{gdt_entry, segment_from_entry, PAGE_SIZE};
 
 /// GPA of the PVH `hvm_start_info` (`EBX` at the PVH entry).
 pub const START_INFO_GPA: u64 = 0x6000;
@@ -88,7 +88,7 @@ pub const GDT: [u64; 5] = [
     gdt_entry(0x008b, 0, 0xfffff), // TSS: present, busy
 ];
 
-use super::regs::{
+use stagevm_arch::regs::{
     CR0_ET, CR0_PE, CR0_PG, CR4_PAE, EFER_LMA, EFER_LME, PAGE_2M, PTE_HUGE, PTE_PRESENT,
     PTE_WRITABLE,
 };
@@ -107,19 +107,19 @@ pub enum LinuxEntry {
 }
 
 /// The e820 map of a VM with `mem_size` bytes of RAM
-/// ([`super::layout::ram_ranges`]): `(start, size, type)` with RAM below the
+/// ([`stagevm_arch::layout::ram_ranges`]): `(start, size, type)` with RAM below the
 /// EBDA, the EBDA and legacy area reserved, RAM from 1 MiB to the 32-bit
 /// MMIO hole, and the rest of RAM from 4 GiB.
 pub fn e820_map(mem_size: u64) -> Vec<(u64, u64, u32)> {
-    let low = super::layout::low_ram(mem_size);
+    let low = stagevm_arch::layout::low_ram(mem_size);
     let mut map = vec![
         (0, EBDA_START, E820_RAM),
         (EBDA_START, HIMEM_START - EBDA_START, E820_RESERVED),
         (HIMEM_START, low - HIMEM_START, E820_RAM),
     ];
-    let high = super::layout::high_ram(mem_size);
+    let high = stagevm_arch::layout::high_ram(mem_size);
     if high > 0 {
-        map.push((super::layout::HIGH_RAM_START, high, E820_RAM));
+        map.push((stagevm_arch::layout::HIGH_RAM_START, high, E820_RAM));
     }
     map
 }
@@ -129,7 +129,7 @@ pub fn e820_map(mem_size: u64) -> Vec<(u64, u64, u32)> {
 /// below `max_end` (exclusive), and not below `lowest`. `None` when it does
 /// not fit.
 pub fn initramfs_gpa(mem_size: u64, len: u64, lowest: u64, max_end: u64) -> Option<u64> {
-    let end = super::layout::low_ram(mem_size).min(max_end);
+    let end = stagevm_arch::layout::low_ram(mem_size).min(max_end);
     let start = end.checked_sub(len)? & !(PAGE_SIZE - 1);
     (start >= lowest.next_multiple_of(PAGE_SIZE)).then_some(start)
 }
@@ -296,7 +296,7 @@ pub fn configure_vcpu(
     cpuid: &CpuId,
     entry: LinuxEntry,
 ) -> Result<(), kvm_ioctls::Error> {
-    fd.set_cpuid2(&crate::arch::x86_64::regs::vcpu_cpuid(cpuid, index))?;
+    fd.set_cpuid2(&stagevm_arch::regs::vcpu_cpuid(cpuid, index))?;
     let fpu = kvm_fpu {
         fcw: 0x37f,
         mxcsr: 0x1f80,

@@ -1,5 +1,5 @@
-//! x86-64: registers and page-table constants ([`regs`]), the guest memory
-//! layout and ring-3 boot structures ([`layout`]), the Linux boot protocols
+//! x86-64 beyond the ring-3 boot (the `stagevm-arch` crate: the memory
+//! layout, the boot structures, the registers): the Linux boot protocols
 //! ([`linux`]) and their ACPI tables ([`acpi`]), kernel image loading
 //! ([`kernel`]), guest page walks for failure reports ([`gva`]) and the
 //! emulation assists of Linux guests ([`emulation`]).
@@ -8,6 +8,4 @@ pub mod acpi;
 pub mod emulation;
 pub mod gva;
 pub mod kernel;
-pub mod layout;
 pub mod linux;
-pub mod regs;

@@ -48,7 +48,7 @@ use self::block::Block;
 use self::mmio::reg;
 use self::mmio::VirtioDevice;
 
-use crate::arch::x86_64::layout::{MMIO_BASE, MMIO_SIZE};
+use stagevm_arch::layout::{MMIO_BASE, MMIO_SIZE};
 /// First (nominal) interrupt line announced on the command line.
 pub const FIRST_IRQ: u32 = 5;
 /// Where device `index` lives: the GPA of its register window

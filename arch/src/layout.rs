@@ -14,8 +14,8 @@ use stage_device::abi::Obj;
 
 /// Bytes of stack the VMM reserves for each vCPU at the top of guest RAM.
 pub const STACK_SIZE: u64 = 128 << 10;
-pub use super::regs::PAGE_SIZE;
-use super::regs::{GIB, PAGE_2M, PTE_HUGE, PTE_PRESENT, PTE_USER, PTE_WRITABLE};
+pub use crate::regs::PAGE_SIZE;
+use crate::regs::{GIB, PAGE_2M, PTE_HUGE, PTE_PRESENT, PTE_USER, PTE_WRITABLE};
 
 /// The GDT stagevm installs: null, kernel code/data, user code/data. Flags are
 /// the access byte plus the G/D/L nibble (Intel SDM Vol. 3A §3.4.5), as in

@@ -9,7 +9,7 @@ use hypercall_abi::boot::{BOOT_INFO_GPA, GDT_GPA, PML4_GPA};
 use kvm_bindings::{kvm_fpu, kvm_regs, CpuId};
 use kvm_ioctls::VcpuFd;
 
-use super::layout::{segment_from_gdt, GDT};
+use crate::layout::{segment_from_gdt, GDT};
 
 /// CR0.PE: protected mode.
 pub const CR0_PE: u64 = 1 << 0;
