@@ -120,7 +120,7 @@ struct Cli {
     landlock: stagevm::sandbox::LandlockMode,
 
     /// Stage configuration (TOML: host cores, policy, stage budgets); without it
-    /// the embedded default (vmm/default-stages.toml) is used.
+    /// the embedded default (host-sched/default-stages.toml) is used.
     #[arg(long, value_name = "PATH")]
     stages: Option<PathBuf>,
 
@@ -166,18 +166,12 @@ struct Cli {
     log_level: String,
 }
 
-/// The embedded default stage configuration.
-const DEFAULT_STAGES: &str = include_str!("../default-stages.toml");
-
 /// Loads `--stages` (or the default) and resolves it against this host with
 /// the command-line overrides. The error is one line naming key and value.
 fn resolve_sched(cli: &Cli) -> anyhow::Result<host_sched::vm::Setup> {
     use host_sched::config::{Config, Overrides};
-    let config = match &cli.stages {
-        Some(path) => Config::load(path),
-        None => Config::from_toml(DEFAULT_STAGES, "default-stages.toml"),
-    }
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let config =
+        Config::load_or_default(cli.stages.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let topo = host_sched::topology::Topology::detect()
         .map_err(|e| anyhow::anyhow!("reading the host CPU topology: {e}"))?;
     let overrides = Overrides {

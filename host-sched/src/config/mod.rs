@@ -39,6 +39,9 @@ use crate::cpuset::CpuSet;
 use crate::policy::{PolicyKind, VisitPolicy};
 use crate::topology::Topology;
 
+/// The embedded default stage configuration ([`Config::default_stages`]).
+pub const DEFAULT_STAGES: &str = include_str!("../../default-stages.toml");
+
 /// `[host]`.
 #[derive(Clone, Debug, PartialEq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -202,6 +205,20 @@ impl Config {
             origin: origin.to_string(),
             message: e.to_string().trim_end().to_string(),
         })
+    }
+
+    /// The default stage configuration (`host-sched/default-stages.toml`,
+    /// embedded): the test guest's three stages, equal weights, `static`
+    /// every 20 ms. What a VMM uses when the operator gives no file.
+    pub fn default_stages() -> Self {
+        Self::from_toml(DEFAULT_STAGES, "default-stages.toml")
+            .expect("the embedded default-stages.toml parses (tested)")
+    }
+
+    /// `path`, or without one [`Config::default_stages`]. Errors: those of
+    /// [`Config::load`].
+    pub fn load_or_default(path: Option<&std::path::Path>) -> Result<Self, StagesConfigError> {
+        path.map_or_else(|| Ok(Self::default_stages()), Self::load)
     }
 
     /// Reads and parses a file.

@@ -354,3 +354,13 @@ fn auto_twin_runs_the_null_experiment_unstaged_named_temporal() {
     // Rates within 0.6 % of each other: no duel finds a difference.
     assert!(stats.duels >= 1 && stats.duels_better == 0, "{stats:?}");
 }
+
+#[test]
+fn the_embedded_default_is_the_test_guests_three_stages_under_static() {
+    let c = Config::default_stages();
+    let names: Vec<&str> = c.stages.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["parse", "plan", "execute"]);
+    assert_eq!(Config::load_or_default(None).unwrap(), c);
+    let r = resolve(&c, &Overrides::default(), &topo()).unwrap();
+    assert_eq!(r.policy, PolicyKind::Static);
+}
