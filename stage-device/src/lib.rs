@@ -80,6 +80,13 @@
 //! * [`abi`] — the ABI's structs as guest-memory objects,
 //! * [`ratelimit`] — rate-limited logging of what a guest can trigger.
 
+// The channel's timestamps are the TSC (`stage::host_tsc`, the guest
+// agent's `rdtsc`): the crate is x86-64's until another counter is wired.
+#[cfg(not(target_arch = "x86_64"))]
+compile_error!(
+    "stage-device: the stage channel's timestamps are the x86-64 TSC; see stage::host_tsc"
+);
+
 pub mod abi;
 pub mod os;
 pub mod park;

@@ -24,17 +24,33 @@
 //! * [`observe`] — what each policy period gives the policy,
 //! * [`timeline`] — the policy periods, a ring bounded in bytes,
 //! * [`pinner`] — thread ids and affinities.
+//!
+//! An embedder's surface is what this module re-exports ([`StageSched`],
+//! [`Pacer`], [`run_loop`], [`Pinner`], [`ThreadCpu`], [`Controller`],
+//! [`Change`], [`Decision`]). The submodules above are public for the fuzz
+//! targets and the VMM's tests only, hidden from the documentation: their
+//! items may change without notice.
 
+#[doc(hidden)]
 pub mod accounting;
+#[doc(hidden)]
 pub mod cohorts;
+#[doc(hidden)]
 pub mod controller;
+#[doc(hidden)]
 pub mod counter_reader;
+#[doc(hidden)]
 pub mod cpu;
+#[doc(hidden)]
 pub mod latency_reader;
+#[doc(hidden)]
 pub mod observe;
+#[doc(hidden)]
 pub mod pinner;
 mod run_loop;
+#[doc(hidden)]
 pub mod stage_sched;
+#[doc(hidden)]
 pub mod timeline;
 
 use stagevm_report::api::StagesView;
@@ -42,6 +58,7 @@ use stagevm_report::{
     AutoReport, ChannelReport, DuelReport, ModeReport, SchedReport, SkippedMode, TrialReport,
 };
 
+#[doc(hidden)]
 pub use accounting::Accounting;
 pub use controller::{Change, Controller, Decision};
 pub use pinner::{Pinner, ThreadCpu};

@@ -73,7 +73,10 @@ struct Area {
 }
 
 /// The host's TSC (the guest's runs at the same rate with an offset under
-/// KVM without TSC scaling, which stagevm never sets).
+/// KVM without TSC scaling, which stagevm never sets). x86-64 only: the
+/// guest's timestamps are its TSC (docs/stage-protocol.md); another
+/// architecture needs its counter here and in the guest agent.
+#[cfg(target_arch = "x86_64")]
 pub fn host_tsc() -> u64 {
     // SAFETY: `rdtsc` reads a counter; no memory is touched.
     #[allow(unused_unsafe)]
