@@ -312,20 +312,31 @@ fn rank(module: &str) -> Option<u8> {
     VMM_RANKS.iter().find(|(m, _)| *m == module).map(|r| r.1)
 }
 
+/// Calls `check` with every Rust file under `dir` (relative to `root`;
+/// none when the folder is absent) and its text; collects what it finds.
+fn scan(
+    root: &Path,
+    dir: &str,
+    mut check: impl FnMut(&Path, &str, &mut Vec<Violation>),
+) -> Result<Vec<Violation>, LayeringError> {
+    let dir = Path::new(dir);
+    let mut out = Vec::new();
+    if root.join(dir).is_dir() {
+        for rel in rust_files(root, dir)? {
+            check(&rel, &read(root, &rel)?, &mut out);
+        }
+    }
+    Ok(out)
+}
+
 /// Rule 2: the modules of `vmm/src/`.
 fn vmm_modules(root: &Path) -> Result<Vec<Violation>, LayeringError> {
-    let src = Path::new("vmm/src");
-    if !root.join(src).is_dir() {
-        return Ok(Vec::new());
-    }
-    let mut out = Vec::new();
-    for rel in rust_files(root, src)? {
-        let inner = rel.strip_prefix(src).unwrap_or(&rel);
+    scan(root, "vmm/src", |rel, text, out| {
+        let inner = rel.strip_prefix("vmm/src").unwrap_or(rel);
         let first = folder(inner);
         let module = first.strip_suffix(".rs").unwrap_or(&first);
-        let Some(own) = rank(module) else { continue };
-        let text = read(root, &rel)?;
-        let code: String = code_lines(&text).collect::<Vec<_>>().join("\n");
+        let Some(own) = rank(module) else { return };
+        let code: String = code_lines(text).collect::<Vec<_>>().join("\n");
         for used in crate_modules(&code) {
             if rank(&used).is_some_and(|r| r > own) {
                 out.push(Violation {
@@ -336,29 +347,23 @@ fn vmm_modules(root: &Path) -> Result<Vec<Violation>, LayeringError> {
                 });
             }
         }
-    }
-    Ok(out)
+    })
 }
 
 /// Rule 3: host-sched's calls.
 fn host_sched_calls(root: &Path) -> Result<Vec<Violation>, LayeringError> {
-    let src = Path::new("host-sched/src");
-    if !root.join(src).is_dir() {
-        return Ok(Vec::new());
-    }
-    let mut out = Vec::new();
-    for rel in rust_files(root, src)? {
-        let text = read(root, &rel)?;
+    scan(root, "host-sched/src", |rel, text, out| {
         for call in HOST_SCHED_FORBIDDEN {
-            if code_lines(&text).any(|l| l.contains(call)) {
+            if code_lines(text).any(|l| l.contains(call)) {
                 out.push(Violation {
                     file: rel.display().to_string(),
-                    what: format!("`{call}`: host-sched decides and changes nothing (stage-device's os.rs acts)"),
+                    what: format!(
+                        "`{call}`: host-sched decides and changes nothing (stage-device's os.rs acts)"
+                    ),
                 });
             }
         }
-    }
-    Ok(out)
+    })
 }
 
 #[cfg(test)]
