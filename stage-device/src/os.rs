@@ -49,6 +49,12 @@ pub fn set_thread_nice(tid: i32, nice: i32) -> io::Result<()> {
     }
 }
 
+/// Held by the tests that set other threads' affinities (the pinner's
+/// adoption pins every thread of the test process for a moment): a test
+/// that reads its own back must not run beside them.
+#[cfg(test)]
+pub(crate) static AFFINITY_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -56,6 +62,7 @@ mod tests {
 
     #[test]
     fn pins_a_thread_and_reads_it_back_from_proc() {
+        let _alone = AFFINITY_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let topo = Topology::detect().unwrap();
         let first = topo.allowed.iter().next().unwrap();
         let pinned = std::thread::spawn(move || {

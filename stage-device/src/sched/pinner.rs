@@ -450,6 +450,9 @@ mod tests {
 
     #[test]
     fn unknown_threads_are_adopted_unless_the_embedder_opts_out() {
+        let _alone = crate::os::AFFINITY_TESTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let allowed = Topology::detect().unwrap().allowed;
         let one: CpuSet = allowed.iter().take(1).collect();
         let (tid, stop, h) = stray();
