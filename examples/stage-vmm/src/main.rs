@@ -89,10 +89,12 @@ impl DevicePio for Serial {
 }
 
 /// What ends the VM: the guest's shutdown code (or a failure's), and the
-/// `EventFd` the main thread waits on.
+/// `EventFd` the main thread waits on; the vCPUs still running (the last
+/// to stop without a shutdown is a guest failure, as in stagevm).
 struct Exit {
     code: AtomicU32,
     fd: EventFd,
+    running: AtomicU32,
 }
 
 impl Exit {
@@ -111,7 +113,12 @@ fn run_vcpu(mut fd: VcpuFd, index: u32, io: &IoManager, sched: &StageSched, exit
     sched.pinner().start_vcpu_thread(index);
     loop {
         match fd.run() {
-            Ok(VcpuExit::IoOut(VCPU_STOP_PORT, _)) => return,
+            Ok(VcpuExit::IoOut(VCPU_STOP_PORT, _)) => {
+                if exit.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    exit.request(u32::from(EXIT_GUEST_FAILURE));
+                }
+                return;
+            }
             Ok(VcpuExit::IoOut(SHUTDOWN_PORT, data)) => {
                 let mut raw = [0u8; 4];
                 raw[..data.len().min(4)].copy_from_slice(&data[..data.len().min(4)]);
@@ -235,6 +242,7 @@ fn main() -> Result<()> {
         Arc::new(Exit {
             code: AtomicU32::new(u32::MAX),
             fd: EventFd::new(0)?,
+            running: AtomicU32::new(args.vcpus),
         }),
     );
 
