@@ -252,19 +252,21 @@ fn main() -> Result<()> {
             .name(format!("vcpu{i}"))
             .spawn(move || run_vcpu(fd, i as u32, &io, &sched, &exit))?;
     }
-    let looped = sched.clone();
-    let exit_fd = exit.fd.try_clone()?;
+    // The loop's own stop (main reads `exit.fd`, which resets it).
+    let (looped, stop) = (sched.clone(), EventFd::new(0)?);
+    let stop_fd = stop.try_clone()?;
     let scheduler = std::thread::Builder::new()
         .name("stage-sched".into())
         .spawn(move || {
             looped.pinner().start_helper_thread("stage-sched");
             let drain = Duration::from_micros(DEFAULT_DRAIN_PERIOD_US);
-            stage_device::sched::run_loop(&looped, drain, &exit_fd, || Ok(()))
+            stage_device::sched::run_loop(&looped, drain, &stop_fd, || Ok(()))
         })?;
 
     // The end: wait for it, let parked vCPUs return, stop the loop, report.
     exit.fd.read()?;
     device.stop();
+    stop.write(1)?;
     let _ = scheduler.join();
     let (channel, report) = sched.finish();
     let code = exit.code.load(Ordering::Acquire);

@@ -22,8 +22,11 @@ const TOKEN_REGISTERED: u64 = 2;
 /// Runs the scheduling loop of `sched` on the calling thread: a policy
 /// period right after a served REGISTER and then every policy period, the
 /// rings drained every `drain_period` while they need them (the timer's
-/// interval follows [`Pacer::wake`]). Returns once `exit` is readable (it
-/// is not reset, so every loop of the VM sees it).
+/// interval follows [`Pacer::wake`]). Returns once `exit` is readable. The
+/// loop does not read it (so every loop of the VM sees it); nobody else
+/// may either: a read resets an `EventFd`, and a reset before the loop
+/// woke would leave it waiting (the example VMM gives the loop an
+/// `EventFd` of its own, written once the VM has ended).
 ///
 /// `ready` runs once, after the loop's descriptors exist and before its
 /// first wait: where a VMM installs the thread's seccomp filter (its
