@@ -5,6 +5,8 @@
 //!   and from 4 GiB up, the virtio-mmio window, the vCPU stacks) and the
 //!   boot structures written into guest memory (GDT, identity page tables
 //!   with user-accessible 2 MiB pages, the command line, `BootInfo`);
+//! * [`memory`] — the guest RAM of the layout, mapped and registered with
+//!   KVM one slot per range;
 //! * [`regs`] — control-register, EFER, RFLAGS and page-table bits, and a
 //!   vCPU's registers and CPUID at its first instruction.
 //!
@@ -13,5 +15,7 @@
 
 #[cfg(target_arch = "x86_64")]
 pub mod layout;
+#[cfg(target_arch = "x86_64")]
+pub mod memory;
 #[cfg(target_arch = "x86_64")]
 pub mod regs;

@@ -70,10 +70,6 @@ impl<M: GuestMemoryBackend + Send + Sync> DevicePio for StagePorts<M> {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use host_sched::config::{Config, Overrides};
-    use host_sched::cpuset::CpuSet;
-    use host_sched::topology::Topology;
-    use host_sched::vm::Setup;
     use hypercall_abi::stage::{DOORBELL_WAIT, DOORBELL_WAKE, WAIT_MAX_US};
     use vm_device::device_manager::{IoManager, PioManager};
     use vm_memory::{GuestAddress, GuestMemoryMmap};
@@ -85,14 +81,7 @@ mod tests {
     fn a_wake_through_the_io_manager_ends_a_wait_parked_in_it() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         let device = Arc::new(StageDevice::new(mem, 1 << 20, 2, 0, 0));
-        let cpus = CpuSet::parse("0").unwrap();
-        let topology = Topology {
-            allowed: cpus.clone(),
-            online: cpus,
-            isolated: CpuSet::new(),
-        };
-        let config = Config::from_toml("[policy]\nname = \"static\"\n", "test").unwrap();
-        let setup = Setup::new(config, &Overrides::default(), topology).unwrap();
+        let setup = crate::sched::test_setup("0", "[policy]\nname = \"static\"\n");
         let sched = StageSched::new(&setup, 2, Some(device.clone())).unwrap();
         let mut io = IoManager::new();
         io.register_pio(

@@ -31,17 +31,17 @@ use hypercall_abi::platform::{
     EXIT_GUEST_FAILURE, SERIAL_LSR, SERIAL_LSR_THR_EMPTY, SERIAL_PORT_BASE, SERIAL_PORT_COUNT,
     SERIAL_THR, SHUTDOWN_PORT, VCPU_STOP_PORT,
 };
-use kvm_bindings::{kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES};
+use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd};
 use linux_loader::loader::{elf::Elf, KernelLoader};
 use stage_device::ports::StagePorts;
 use stage_device::sched::StageSched;
 use stage_device::stage::{StageDevice, DEFAULT_DRAIN_PERIOD_US};
-use stagevm_arch::{layout, regs};
+use stagevm_arch::{layout, memory, regs};
 use vm_device::bus::{PioAddress, PioAddressOffset, PioRange};
 use vm_device::device_manager::{IoManager, PioManager};
 use vm_device::DevicePio;
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 /// Boots a ring-3 stagevm guest with its vCPUs staged.
@@ -160,24 +160,8 @@ fn main() -> Result<()> {
     // The VM and its memory: the layout's RAM ranges, one slot each.
     let kvm = Kvm::new().context("opening /dev/kvm")?;
     let vm = kvm.create_vm().context("KVM_CREATE_VM")?;
-    let ranges: Vec<(GuestAddress, usize)> = layout::ram_ranges(mem_size)
-        .into_iter()
-        .map(|(start, len)| (GuestAddress(start), len as usize))
-        .collect();
-    let mem = GuestMemoryMmap::<()>::from_ranges(&ranges).context("guest memory")?;
-    for (slot, region) in mem.iter().enumerate() {
-        let host = region.get_host_address(vm_memory::MemoryRegionAddress(0))?;
-        let slot = kvm_userspace_memory_region {
-            slot: slot as u32,
-            guest_phys_addr: region.start_addr().0,
-            memory_size: region.len(),
-            userspace_addr: host as u64,
-            flags: 0,
-        };
-        // SAFETY: the region is a live mapping owned by `mem`, which lives
-        // until the process ends, after the VM.
-        unsafe { vm.set_user_memory_region(slot) }.context("KVM_SET_USER_MEMORY_REGION")?;
-    }
+    let mem = memory::anonymous(mem_size).context("guest memory")?;
+    memory::register(&vm, &mem)?;
 
     // The guest ELF, its vCPUs in ring 3 (hypercall_abi::boot), the boot
     // structures.

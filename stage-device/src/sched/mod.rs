@@ -214,3 +214,18 @@ fn trial_report(t: &host_sched::policy::auto::TrialSummary) -> TrialReport {
         settle_periods: t.settle_periods,
     }
 }
+
+/// The unit tests' [`host_sched::vm::Setup`]: the configuration `toml` on a
+/// made-up host whose CPUs are `cpus` (a cpulist), none isolated.
+#[cfg(test)]
+pub(crate) fn test_setup(cpus: &str, toml: &str) -> host_sched::vm::Setup {
+    use host_sched::config::{Config, Overrides};
+    let cpus = host_sched::cpuset::CpuSet::parse(cpus).unwrap();
+    let topology = host_sched::topology::Topology {
+        allowed: cpus.clone(),
+        online: cpus,
+        isolated: host_sched::cpuset::CpuSet::new(),
+    };
+    let config = Config::from_toml(toml, "test").unwrap();
+    host_sched::vm::Setup::new(config, &Overrides::default(), topology).unwrap()
+}

@@ -20,6 +20,17 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+/// What a VMM may depend on: `vmm/` and the example VMMs of `examples/`
+/// stand at the same level.
+const VMM_DEPENDS_ON: &[&str] = &[
+    "hypercall-abi",
+    "host-sched",
+    "report",
+    "stage-device",
+    "api",
+    "arch",
+];
+
 /// Per top-level folder, the folders its crates may depend on (besides
 /// their own).
 pub const ALLOWED: &[(&str, &[&str])] = &[
@@ -35,28 +46,8 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
         &["hypercall-abi", "host-sched", "report", "stage-device"],
     ),
     ("stagesim", &["hypercall-abi", "host-sched", "guest-agent"]),
-    (
-        "vmm",
-        &[
-            "hypercall-abi",
-            "host-sched",
-            "report",
-            "stage-device",
-            "api",
-            "arch",
-        ],
-    ),
-    (
-        "examples",
-        &[
-            "hypercall-abi",
-            "host-sched",
-            "report",
-            "stage-device",
-            "api",
-            "arch",
-        ],
-    ),
+    ("vmm", VMM_DEPENDS_ON),
+    ("examples", VMM_DEPENDS_ON),
     ("hostd", &["host-sched", "report", "stage-device", "api"]),
     ("discover", &["host-sched", "guest-agent", "stagesim"]),
     ("tests", &["host-sched", "report", "api", "images"]),

@@ -6,13 +6,12 @@
 
 use kvm_ioctls::VmFd;
 use vm_memory::mmap::MmapRegionBuilder;
-use vm_memory::{
-    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
-};
+use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
 use crate::config::{MemoryConfig, HUGE_PAGE};
 use crate::error::{kvm_err, VmmError};
 use stagevm_arch::layout::ram_ranges;
+use stagevm_arch::memory::{self, SlotError};
 
 /// Maps the guest RAM of `config` and registers every range with `vm_fd`.
 /// Errors: a mapping fails ([`VmmError::Memory`]; with huge pages it names
@@ -21,28 +20,12 @@ pub fn create(vm_fd: &VmFd, config: MemoryConfig) -> Result<GuestMemoryMmap, Vmm
     let memory = if config.hugepages {
         huge(config.size)?
     } else {
-        let ranges: Vec<(GuestAddress, usize)> = ram_ranges(config.size)
-            .into_iter()
-            .map(|(start, len)| (GuestAddress(start), len as usize))
-            .collect();
-        GuestMemoryMmap::<()>::from_ranges(&ranges).map_err(|e| VmmError::Memory(e.to_string()))?
+        memory::anonymous(config.size).map_err(|e| VmmError::Memory(e.to_string()))?
     };
-    for (slot, region) in memory.iter().enumerate() {
-        let host = region
-            .get_host_address(vm_memory::MemoryRegionAddress(0))
-            .map_err(|e| VmmError::Memory(e.to_string()))?;
-        let mem_region = kvm_bindings::kvm_userspace_memory_region {
-            slot: slot as u32,
-            guest_phys_addr: region.start_addr().0,
-            memory_size: region.len(),
-            userspace_addr: host as u64,
-            flags: 0,
-        };
-        // SAFETY: the region is a live mmap owned by `memory`, which the
-        // VM keeps for as long as the VM fd exists.
-        unsafe { vm_fd.set_user_memory_region(mem_region) }
-            .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
-    }
+    memory::register(vm_fd, &memory).map_err(|e| match e {
+        SlotError::Kvm(source) => kvm_err("KVM_SET_USER_MEMORY_REGION")(source),
+        SlotError::Host(e) => VmmError::Memory(e.to_string()),
+    })?;
     Ok(memory)
 }
 

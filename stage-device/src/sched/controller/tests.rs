@@ -1,7 +1,5 @@
-use host_sched::config::{BudgetsUpdate, Config, HostSection, Overrides};
+use host_sched::config::{BudgetsUpdate, HostSection};
 use host_sched::cpuset::CpuSet;
-use host_sched::topology::Topology;
-use host_sched::vm::Setup;
 
 use super::*;
 
@@ -11,16 +9,8 @@ fn controller() -> Controller {
 
 /// A 2-vCPU controller on a host of CPUs `cpus` with stage cores `cores`.
 fn controller_on(cpus: &str, cores: &str) -> Controller {
-    let cpus = CpuSet::parse(cpus).unwrap();
-    let topology = Topology {
-        allowed: cpus.clone(),
-        online: cpus,
-        isolated: CpuSet::new(),
-    };
     let text = format!("[host]\ncores = \"{cores}\"\n[policy]\nname = \"static\"\n");
-    let config = Config::from_toml(&text, "test").unwrap();
-    let setup = Setup::new(config, &Overrides::default(), topology).unwrap();
-    Controller::new(&setup, 2, 0)
+    Controller::new(&crate::sched::test_setup(cpus, &text), 2, 0)
 }
 
 fn budgets(cores: &str, cpu_weight: Option<u32>) -> Change {
