@@ -98,14 +98,17 @@ fn an_open_loop_guest_keeps_its_arrival_rate_and_its_requests_are_timed() {
 
 /// `auto` over a guest where `switch_cost=` makes staging win by
 /// construction (every change of stage on a vCPU costs 20,000 mixing
-/// iterations: `pinned` pays it twice a request, `static` never).
-fn auto_with_switch_cost(extra: &str) -> (Run, Report) {
+/// iterations: `pinned` pays it twice a request, `static` never), with
+/// `policy_extra` appended to its `[policy]` table.
+fn auto_with_switch_cost(policy_extra: &str, extra: &str) -> (Run, Report) {
     boot(
         // The latency bound is not what these tests judge (host-sched's
         // tests do): a debug VMM on 2 shared cores gives a staged mode's
         // first periods p99s of a few ms (a woken vCPU thread waits out the
         // host's wake-up granularity behind a spinning one).
-        "[host]\ncores = \"0-1\"\n[policy]\nname = \"auto\"\nmax_p99_increase = 20.0\n",
+        &format!(
+            "[host]\ncores = \"0-1\"\n[policy]\nname = \"auto\"\nmax_p99_increase = 20.0\n{policy_extra}"
+        ),
         &format!(
             "iters=1000 threads=2 workload=footprint stages=2 funcs=64 calls=50 switch_cost=20000 {extra}"
         ),
@@ -116,9 +119,15 @@ fn auto_with_switch_cost(extra: &str) -> (Run, Report) {
 fn auto_judges_an_unsaturated_guest_by_cpu_per_request() {
     // Open loop at a load every mode keeps up with: the rate says nothing
     // (it is the arrival rate), the CPU a request costs decides.
-    // 20,000 requests at 8,000 a second: 2.5 s, for a trial of duels of
-    // paired slices (5,000 ended before one).
-    let (run, report) = auto_with_switch_cost("requests=20000 arrival=8000");
+    // 20,000 requests a thread (2 a vCPU) at 8,000 a second: 10 s, for
+    // a trial of one duel (spatial against unstaged) of paired slices. One
+    // duel at its cap on pairs takes 40 pairs of 2 slices of at most 5
+    // periods, 8 s; all three candidates' duels could take 24 s, and did
+    // not always end within the run on a CI machine.
+    let (run, report) = auto_with_switch_cost(
+        "auto_modes = [\"spatial\"]\n",
+        "requests=20000 arrival=8000",
+    );
     let line = open_line(&run);
     assert_eq!(after(&line, "dropped "), Some(0.0), "{line}");
     let trial = report
@@ -160,7 +169,7 @@ fn auto_judges_a_saturated_guest_by_rate() {
     // The same guest closed loop: every thread always has work.
     // As many requests as auto_stages_where_staging_is_forced_to_win
     // (sched.rs), for the same reason.
-    let (_, report) = auto_with_switch_cost("requests=1000000");
+    let (_, report) = auto_with_switch_cost("", "requests=1000000");
     let trial = report
         .sched
         .auto
