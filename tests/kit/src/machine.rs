@@ -55,11 +55,19 @@ pub fn test_guest() -> &'static Path {
     })
 }
 
-/// The workspace binary `name` of package `package`, built (in the calling
-/// test's profile, debug or release) if it is not up to date, for a test of another package:
-/// cargo gives a test only its own package's binaries. The binary is
-/// found beside the test's own executable (`target/debug/deps/..`).
-/// Panics with cargo's output on failure.
+/// The workspace binary `name` of package `package`, for a test of another
+/// package (cargo gives a test only its own package's binaries), in the
+/// calling test's profile (debug or release), found beside the test's own
+/// executable (`target/<profile>/deps/..`).
+///
+/// Built by `cargo test --workspace --no-run`, the build `./dev test` has
+/// just done (a no-op there, ~0.2 s), which builds the binaries of every
+/// package with integration tests: `cargo build -p package` would resolve
+/// the dependencies' features for that package alone and compile ~35
+/// crates a second time (~30 s of a fresh clone's test run). Run from one
+/// package's tests alone, the first call builds the workspace's tests.
+/// `package` must have integration tests (`stagevm` and `stagesim` do).
+/// Panics with cargo's output on failure, or if the binary is missing.
 pub fn workspace_binary(package: &str, name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test's own path");
     let dir = exe
@@ -67,13 +75,19 @@ pub fn workspace_binary(package: &str, name: &str) -> PathBuf {
         .and_then(Path::parent)
         .expect("target/<profile>/deps");
     let mut cmd = cargo();
-    cmd.args(["build", "--quiet", "-p", package, "--bin", name]);
+    cmd.args(["test", "--workspace", "--no-run", "--quiet"]);
     if dir.file_name().is_some_and(|p| p == "release") {
         cmd.arg("--release");
     }
     cmd.current_dir(repo_root());
     build(cmd, name);
-    dir.join(name)
+    let bin = dir.join(name);
+    assert!(
+        bin.is_file(),
+        "{}: not built by `cargo test --workspace --no-run` (has package {package} integration tests?)",
+        bin.display()
+    );
+    bin
 }
 
 /// One VM test at a time: the machines have 2 cores, and tests that boot
