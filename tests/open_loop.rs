@@ -105,9 +105,11 @@ fn auto_with_switch_cost(policy_extra: &str, extra: &str) -> (Run, Report) {
         // The latency bound is not what these tests judge (host-sched's
         // tests do): a debug VMM on 2 shared cores gives a staged mode's
         // first periods p99s of a few ms (a woken vCPU thread waits out the
-        // host's wake-up granularity behind a spinning one).
+        // host's wake-up granularity behind a spinning one; 1.6–3.4 ms
+        // against unstaged's ~130 µs in 5 runs): the bound is set at its
+        // largest, 100 × unstaged's p99.
         &format!(
-            "[host]\ncores = \"0-1\"\n[policy]\nname = \"auto\"\nmax_p99_increase = 20.0\n{policy_extra}"
+            "[host]\ncores = \"0-1\"\n[policy]\nname = \"auto\"\nmax_p99_increase = 100.0\n{policy_extra}"
         ),
         &format!(
             "iters=1000 threads=2 workload=footprint stages=2 funcs=64 calls=50 switch_cost=20000 {extra}"
