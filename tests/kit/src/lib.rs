@@ -16,7 +16,7 @@
 //! * [`checksum`]: FNV-1a as the guests compute it.
 //! * [`api`]: calls to the operator API through `stagevm_api::client`.
 //! * [`machine`]: the test guest built, the workspace's binaries for a
-//!   test of another package, one VM test at a time ([`machine::vm_lock`]).
+//!   test of another package, a VM test alone or two functional ones at once ([`machine::vm_lock`]).
 //! * [`Hostd`]: `stagevm-hostd`, started the same way.
 
 pub mod api;
