@@ -127,9 +127,18 @@ pub enum VmmError {
         #[source]
         source: crate::devices::virtio::net::tap::TapError,
     },
-    /// Guest memory could not be set up.
+    /// Guest memory could not be mapped, registered or written.
     #[error("guest memory: {0}")]
-    Memory(String),
+    Memory(#[from] MemoryError),
+    /// A thread's seccomp filter could not be installed.
+    #[error("seccomp filter of the {thread} thread: {source}")]
+    Seccomp {
+        /// The thread (`main`).
+        thread: &'static str,
+        /// Why.
+        #[source]
+        source: crate::seccomp::SeccompError,
+    },
     /// The stage channel cannot serve this many vCPUs.
     #[error("--cpus boot={vcpus}: the stage channel supports at most {max} vCPUs (or use --no-stage-device)")]
     StageChannelVcpus {
@@ -146,4 +155,40 @@ pub enum VmmError {
 /// Maps a KVM ioctl error to [`VmmError::Kvm`] naming `what` was being done.
 pub fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmmError {
     move |source| VmmError::Kvm { what, source }
+}
+
+/// Why guest memory could not be mapped or written ([`VmmError::Memory`]).
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    /// The anonymous mappings of the RAM ranges failed.
+    #[error("{0}")]
+    Map(#[from] vm_memory::mmap::FromRangesError),
+    /// A huge-page mapping failed; `pool` says what the host's pool holds.
+    #[error("--memory hugepages=on: {} of huge pages for GPA {start:#x}: {source}; {pool}", crate::config::format_size(*.len))]
+    HugePages {
+        /// First GPA of the range.
+        start: u64,
+        /// Its length in bytes.
+        len: u64,
+        /// The `mmap` error.
+        #[source]
+        source: vm_memory::mmap::MmapRegionError,
+        /// `/proc/meminfo`'s huge-page pool, or that it has none.
+        pool: String,
+    },
+    /// A range ends past the top of the address space.
+    #[error("a region at {0:#x} overflows")]
+    Overflow(u64),
+    /// The ranges do not form one guest memory (they overlap).
+    #[error("{0}")]
+    Regions(#[from] vm_memory::GuestRegionCollectionError),
+    /// Writing `what` (an initramfs, the boot structures) failed.
+    #[error("{what}: {source}")]
+    Write {
+        /// What was being written, and where.
+        what: String,
+        /// The guest-memory error.
+        #[source]
+        source: vm_memory::GuestMemoryError,
+    },
 }

@@ -146,7 +146,12 @@ impl Vmm {
         let stop = Arc::new(AtomicBool::new(false));
         let started = (std::time::SystemTime::now(), Instant::now());
         let threads = self.start_threads(&stop)?;
-        crate::seccomp::install(ThreadKind::Main, self.seccomp).map_err(std::io::Error::other)?;
+        crate::seccomp::install(ThreadKind::Main, self.seccomp).map_err(|source| {
+            VmmError::Seccomp {
+                thread: "main",
+                source,
+            }
+        })?;
         self.wait_for_exit(&signals)?;
         Ok(self.shutdown(&stop, threads, main_cpu, started))
     }

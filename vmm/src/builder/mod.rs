@@ -17,7 +17,7 @@ use crate::arch::x86_64::linux::{self, LinuxEntry};
 use crate::config::{BootMode, VmConfig};
 use crate::devices::virtio;
 use crate::devices::Bus;
-use crate::error::{kvm_err, VmmError};
+use crate::error::{kvm_err, MemoryError, VmmError};
 use crate::exit::ExitEvent;
 use crate::vmm::Vmm;
 use stage_device::sched::StageSched;
@@ -314,7 +314,10 @@ fn load_kernel(
         use vm_memory::Bytes;
         memory
             .write_slice(bytes, GuestAddress(at))
-            .map_err(|e| VmmError::Memory(format!("initramfs at {at:#x}: {e}")))?;
+            .map_err(|source| MemoryError::Write {
+                what: format!("initramfs at {at:#x}"),
+                source,
+            })?;
     }
     Ok(loaded)
 }
@@ -364,7 +367,10 @@ fn write_boot_structures(
     cmdline: &str,
     tsc_khz: u64,
 ) -> Result<(), VmmError> {
-    let memory_err = |e: vm_memory::GuestMemoryError| VmmError::Memory(e.to_string());
+    let memory_err = |source| MemoryError::Write {
+        what: "the boot structures".into(),
+        source,
+    };
     let (size, num_vcpus) = (config.memory.size, config.cpus.boot);
     let Some(linux_entry) = boot.linux else {
         let info = layout::write_boot_structures(

@@ -9,7 +9,7 @@ use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
 use crate::config::{MemoryConfig, HUGE_PAGE};
-use crate::error::{kvm_err, VmmError};
+use crate::error::{kvm_err, MemoryError, VmmError};
 use stagevm_arch::layout::ram_ranges;
 use stagevm_arch::memory::{self, SlotError};
 
@@ -20,11 +20,15 @@ pub fn create(vm_fd: &VmFd, config: MemoryConfig) -> Result<GuestMemoryMmap, Vmm
     let memory = if config.hugepages {
         huge(config.size)?
     } else {
-        memory::anonymous(config.size).map_err(|e| VmmError::Memory(e.to_string()))?
+        memory::anonymous(config.size).map_err(MemoryError::from)?
     };
     memory::register(vm_fd, &memory).map_err(|e| match e {
         SlotError::Kvm(source) => kvm_err("KVM_SET_USER_MEMORY_REGION")(source),
-        SlotError::Host(e) => VmmError::Memory(e.to_string()),
+        SlotError::Host(source) => MemoryError::Write {
+            what: "the RAM ranges' registration".into(),
+            source,
+        }
+        .into(),
     })?;
     Ok(memory)
 }
@@ -32,7 +36,7 @@ pub fn create(vm_fd: &VmFd, config: MemoryConfig) -> Result<GuestMemoryMmap, Vmm
 /// The RAM ranges of a `size`-byte guest in huge pages. No
 /// `MAP_NORESERVE`: a pool too small fails here, not with a `SIGBUS` at
 /// the guest's first touch of a page the pool cannot give.
-fn huge(size: u64) -> Result<GuestMemoryMmap, VmmError> {
+fn huge(size: u64) -> Result<GuestMemoryMmap, MemoryError> {
     let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB;
     let regions = ram_ranges(size)
         .into_iter()
@@ -41,18 +45,16 @@ fn huge(size: u64) -> Result<GuestMemoryMmap, VmmError> {
                 .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
                 .with_mmap_flags(flags)
                 .build()
-                .map_err(|e| {
-                    VmmError::Memory(format!(
-                        "--memory hugepages=on: {} of huge pages for GPA {start:#x}: {e}; {}",
-                        crate::config::format_size(len),
-                        pool()
-                    ))
+                .map_err(|source| MemoryError::HugePages {
+                    start,
+                    len,
+                    source,
+                    pool: pool(),
                 })?;
-            GuestRegionMmap::new(region, GuestAddress(start))
-                .ok_or_else(|| VmmError::Memory(format!("a region at {start:#x} overflows")))
+            GuestRegionMmap::new(region, GuestAddress(start)).ok_or(MemoryError::Overflow(start))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    GuestMemoryMmap::from_regions(regions).map_err(|e| VmmError::Memory(e.to_string()))
+    Ok(GuestMemoryMmap::from_regions(regions).map_err(MemoryError::from)?)
 }
 
 /// What the host's huge-page pool holds, from `/proc/meminfo`.
