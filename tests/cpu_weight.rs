@@ -16,6 +16,7 @@ use stagevm_testkit::api::Api;
 use stagevm_testkit::machine::vcpu_nice;
 
 const BUDGETS: &str = "/api/v1/stages.budgets";
+const WEIGHT: &str = "/api/v1/stages.cpu_weight";
 /// The capability's bit (linux/capability.h).
 const CAP_SYS_NICE: u32 = 23;
 
@@ -33,19 +34,30 @@ fn a_vm_among_others_in_its_group_weighs_through_its_vcpu_threads_nice() {
         (n == [0, 0]).then_some(()).ok_or(format!("{n:?}"))
     });
     // Out of range: refused, naming the key, nothing changed.
+    let a = vm.api.request("PUT", WEIGHT, br#"{"weight":0}"#).unwrap();
+    let text = String::from_utf8_lossy(&a.body).into_owned();
+    assert_eq!(a.status, 400, "{text}");
+    assert!(text.contains("host.cpu_weight = 0"), "{text}");
+    // Not a budget: a budgets update naming it is refused, saying what
+    // sets it.
     let a = vm
         .api
         .request(
             "PUT",
             BUDGETS,
-            br#"{"host":{"cores":"0-1","cpu_weight":0}}"#,
+            br#"{"host":{"cores":"0-1","cpu_weight":25}}"#,
         )
         .unwrap();
     let text = String::from_utf8_lossy(&a.body).into_owned();
     assert_eq!(a.status, 400, "{text}");
-    assert!(text.contains("host.cpu_weight = 0"), "{text}");
+    assert!(
+        text.contains(
+            "host.cpu_weight: not part of a budgets update; PUT /api/v1/stages.cpu_weight sets it"
+        ),
+        "{text}"
+    );
     // 25 for 2 vCPUs: 12.5 per thread, nice 9 (CFS weight 137 of 1024).
-    vm.put(BUDGETS, r#"{"host":{"cores":"0-1","cpu_weight":25}}"#);
+    vm.put(WEIGHT, r#"{"weight":25}"#);
     soon("nice 9 on both vCPU threads", || {
         let n = vcpu_nice(pid);
         (n == [9, 9]).then_some(()).ok_or(format!("{n:?}"))
@@ -57,8 +69,13 @@ fn a_vm_among_others_in_its_group_weighs_through_its_vcpu_threads_nice() {
         .expect("the report's cpu_weight");
     assert_eq!((w.weight, w.by.as_str()), (Some(25), "vCPU threads' nice"));
     assert!(vm.stages().sched.vcpus.iter().all(|t| t.nice == Some(9)));
-    // Taken back: the nice found before.
+    // A budgets update keeps it.
     vm.put(BUDGETS, r#"{"host":{"cores":"0-1"}}"#);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(vcpu_nice(pid), [9, 9]);
+    assert_eq!(vm.stages().sched.cpu_weight.unwrap().weight, Some(25));
+    // Taken back: the nice found before.
+    vm.put(WEIGHT, r#"{"weight":null}"#);
     soon("nice 0 again", || {
         let n = vcpu_nice(pid);
         (n == [0, 0]).then_some(()).ok_or(format!("{n:?}"))
@@ -137,8 +154,7 @@ fn a_vm_alone_in_its_cgroup_opens_no_group_file_and_weighs_through_its_threads()
             .collect()
     };
     assert_eq!(group_files(), Vec::<String>::new());
-    api.put(BUDGETS, br#"{"host":{"cores":"0-1","cpu_weight":25}}"#)
-        .unwrap();
+    api.put(WEIGHT, br#"{"weight":25}"#).unwrap();
     soon("nice 9 on both vCPU threads", || {
         let n = vcpu_nice(pid);
         (n == [9, 9]).then_some(()).ok_or(format!("{n:?}"))
@@ -197,12 +213,12 @@ fn unprivileged_weights_come_back_to_nice_0_within_the_supervisors_limit() {
             0,
             "CAP_SYS_NICE still in {eff:#x}"
         );
-        vm.put(BUDGETS, r#"{"host":{"cores":"0-1","cpu_weight":25}}"#);
+        vm.put(WEIGHT, r#"{"weight":25}"#);
         soon("nice 9 on both vCPU threads", || {
             let n = vcpu_nice(pid);
             (n == [9, 9]).then_some(()).ok_or(format!("{n:?}"))
         });
-        vm.put(BUDGETS, r#"{"host":{"cores":"0-1"}}"#);
+        vm.put(WEIGHT, "{}");
         let want = if limit { [0, 0] } else { [9, 9] };
         soon("the weight taken back", || {
             let w = vm.stages().sched.cpu_weight.unwrap();

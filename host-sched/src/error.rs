@@ -98,6 +98,16 @@ pub enum StagesConfigError {
         /// Its value.
         value: String,
     },
+    /// A key that this change does not set: another change does.
+    #[error("{key}: not part of {change}; {instead}")]
+    WrongChange {
+        /// The key.
+        key: &'static str,
+        /// The change it came in.
+        change: &'static str,
+        /// What sets it.
+        instead: &'static str,
+    },
     /// A value outside its range.
     #[error("{key} = {value}: must be {expected}")]
     OutOfRange {

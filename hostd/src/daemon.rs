@@ -453,7 +453,21 @@ impl Daemon {
                 }
             }
             if new.cores != k.cores || vm_weight != k.cpu_weight {
-                if let Err(e) = k.vm.give(&new.cores, hk.as_ref(), vm_weight, timeout) {
+                // The cores, then the weight: each its own change (a
+                // weight keeps the VM's policy state).
+                let given = if new.cores == k.cores {
+                    Ok(())
+                } else {
+                    k.vm.give(&new.cores, hk.as_ref(), timeout)
+                };
+                let weighed = given.and_then(|()| {
+                    if vm_weight == k.cpu_weight {
+                        Ok(())
+                    } else {
+                        k.vm.weigh(vm_weight, timeout)
+                    }
+                });
+                if let Err(e) = weighed {
                     k.errors += 1;
                     lines.push(e.to_string());
                     continue;

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use host_sched::config::{BudgetsUpdate, HostSection};
+use host_sched::config::{BudgetsUpdate, CpuWeightUpdate, HostSection};
 use host_sched::cpuset::CpuSet;
 use stagevm_api::client::{Client, ClientError};
 use stagevm_report::api::StagesView;
@@ -153,35 +153,64 @@ impl Vm {
         })
     }
 
-    /// Gives it `cores` (and `housekeeping`, if the host sets them) and
-    /// its CPU weight on shared cores (`host.cpu_weight`; `None` takes a
-    /// weight back) from its next policy period on, within `timeout`.
+    /// Gives it `cores` (and `housekeeping`, if the host sets them) from
+    /// its next policy period on, within `timeout`: a budgets update
+    /// without `[[stage]]` (its budgets and CPU weight are kept).
     /// Errors: [`VmError`]; a refusal carries the VM's message.
     pub fn give(
         &self,
         cores: &CpuSet,
         housekeeping: Option<&CpuSet>,
-        cpu_weight: Option<u32>,
         timeout: Duration,
     ) -> Result<(), VmError> {
         let update = BudgetsUpdate {
             host: HostSection {
                 cores: Some(cores.to_string()),
                 housekeeping: housekeeping.map(|h| h.to_string()),
-                cpu_weight,
+                cpu_weight: None,
             },
             stages: None,
         };
-        let body = serde_json::to_vec(&update)
+        self.put(
+            "/api/v1/stages.budgets",
+            &update,
+            &format!("cores {cores}"),
+            timeout,
+        )
+    }
+
+    /// Gives it the CPU weight `weight` on the cores it shares (`None`
+    /// takes it back), within `timeout`: its own change, which keeps the
+    /// VM's policy state. Errors: [`VmError`]; a refusal carries the VM's
+    /// message.
+    pub fn weigh(&self, weight: Option<u32>, timeout: Duration) -> Result<(), VmError> {
+        let what = format!(
+            "CPU weight {}",
+            weight.map_or("none".into(), |w| w.to_string())
+        );
+        let update = CpuWeightUpdate { weight };
+        self.put("/api/v1/stages.cpu_weight", &update, &what, timeout)
+    }
+
+    /// `PUT path` with `update` as JSON, `202` expected; `what` names the
+    /// change in the error.
+    fn put(
+        &self,
+        path: &str,
+        update: &impl serde::Serialize,
+        what: &str,
+        timeout: Duration,
+    ) -> Result<(), VmError> {
+        let body = serde_json::to_vec(update)
             .map_err(|e| VmError::Failed(self.name.clone(), e.to_string()))?;
-        let (status, answer) = self.request("PUT", "/api/v1/stages.budgets", body, timeout)?;
+        let (status, answer) = self.request("PUT", path, body, timeout)?;
         if status == 202 {
             Ok(())
         } else {
             Err(VmError::Failed(
                 self.name.clone(),
                 format!(
-                    "refused cores {cores}: {status} {}",
+                    "refused {what}: {status} {}",
                     String::from_utf8_lossy(&answer)
                 ),
             ))

@@ -1,7 +1,8 @@
 //! Response bodies of the operator API (`stagevm --api-socket PATH`,
 //! HTTP/1.1 on a Unix socket), shared by the VMM, `stagevm-remote` and the
 //! tests. The request bodies are host-sched's
-//! (`host_sched::config::{PolicyUpdate, BudgetsUpdate}`), validated by the
+//! (`host_sched::config::{PolicyUpdate, BudgetsUpdate, CpuWeightUpdate}`),
+//! validated by the
 //! code that validates a `--stages` file.
 //!
 //! | method and path | body | answer |
@@ -10,6 +11,7 @@
 //! | `GET /api/v1/stages[?timeline=N][&decisions=N]` | — | [`StagesView`] |
 //! | `PUT /api/v1/stages.policy` | `PolicyUpdate` | `202` [`Accepted`] |
 //! | `PUT /api/v1/stages.budgets` | `BudgetsUpdate` | `202` [`Accepted`] |
+//! | `PUT /api/v1/stages.cpu_weight` | `CpuWeightUpdate` | `202` [`Accepted`] |
 //! | `PUT /api/v1/stages.trace` | [`TraceUpdate`] | `202` [`Accepted`] |
 //! | `PUT /api/v1/vm.shutdown` | — | `202` [`Accepted`] |
 //! | `GET /metrics` | — | Prometheus text exposition 0.0.4 |

@@ -30,7 +30,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use crate::error::StagesConfigError;
-pub use update::{BudgetsUpdate, PolicyUpdate};
+pub use update::{BudgetsUpdate, CpuWeightUpdate, PolicyUpdate};
 
 mod resolved;
 mod update;

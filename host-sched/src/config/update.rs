@@ -1,13 +1,14 @@
 //! Changes to a running VM's stage configuration: the bodies of the
-//! operator API's `PUT /api/v1/stages.policy` and
-//! `PUT /api/v1/stages.budgets` (JSON), and how they are folded into a
-//! [`Config`]. The result is resolved exactly as a `--stages` file is
+//! operator API's `PUT /api/v1/stages.policy`,
+//! `PUT /api/v1/stages.budgets` and `PUT /api/v1/stages.cpu_weight`
+//! (JSON), and how they are folded into a [`Config`]. The result is resolved exactly as a `--stages` file is
 //! ([`super::resolve`], then [`crate::vm::replan`]), so a change is refused
 //! with the same one-line messages naming key and value.
 
 use serde::{Deserialize, Serialize};
 
 use super::{Config, HostSection, Overrides, StageSection};
+use crate::error::StagesConfigError;
 
 /// `PUT /api/v1/stages.policy`: the policy by name and, optionally, its
 /// parameters; a parameter left out keeps its current value.
@@ -43,7 +44,9 @@ pub struct PolicyUpdate {
 /// housekeeping cores) and every `[[stage]]` budget, as in a `--stages`
 /// file (whose `[policy]` table is changed with [`PolicyUpdate`]). A key
 /// left out of `host` takes its default (stage cores: the isolated CPUs,
-/// else every allowed CPU; housekeeping: the rest), as in a file.
+/// else every allowed CPU; housekeeping: the rest), as in a file. The
+/// CPU weight is not a budget: it is kept, and set by [`CpuWeightUpdate`]
+/// ([`BudgetsUpdate::check`] refuses `host.cpu_weight` here).
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetsUpdate {
@@ -55,6 +58,31 @@ pub struct BudgetsUpdate {
     /// cores), `[]` removes them.
     #[serde(default, rename = "stage", skip_serializing_if = "Option::is_none")]
     pub stages: Option<Vec<StageSection>>,
+}
+
+/// `PUT /api/v1/stages.cpu_weight`: the VM's CPU weight on cores it
+/// shares with other VMs (`host.cpu_weight`: 1..=10000, cgroup v2's
+/// scale, 100 an ordinary process), or `null` (or `{}`) to take it back.
+/// `stagevm-hostd` sends it apart from the cores: a weight changes how the
+/// host splits shared cores, not the VM's plan, so the policy keeps its
+/// state (no replan) and the cores their budgets.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CpuWeightUpdate {
+    /// The weight; `None` takes it back (the vCPU threads' nice as found).
+    #[serde(default)]
+    pub weight: Option<u32>,
+}
+
+impl CpuWeightUpdate {
+    /// One line for logs and the timeline: `cpu_weight W` or
+    /// `cpu_weight none`.
+    pub fn describe(&self) -> String {
+        match self.weight {
+            Some(w) => format!("cpu_weight {w}"),
+            None => "cpu_weight none".into(),
+        }
+    }
 }
 
 impl PolicyUpdate {
@@ -85,6 +113,20 @@ impl PolicyUpdate {
 }
 
 impl BudgetsUpdate {
+    /// Refuses what a budgets update does not set. Errors:
+    /// [`StagesConfigError::WrongChange`] for `host.cpu_weight`
+    /// ([`CpuWeightUpdate`] sets it).
+    pub fn check(&self) -> Result<(), StagesConfigError> {
+        match self.host.cpu_weight {
+            Some(_) => Err(StagesConfigError::WrongChange {
+                key: "host.cpu_weight",
+                change: "a budgets update",
+                instead: "PUT /api/v1/stages.cpu_weight sets it",
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// One line for logs and the timeline: the cores and each stage's
     /// budget.
     pub fn describe(&self) -> String {
@@ -102,12 +144,8 @@ impl BudgetsUpdate {
             }
             None => "kept".into(),
         };
-        let weight = self
-            .host
-            .cpu_weight
-            .map_or(String::new(), |w| format!(", cpu_weight {w}"));
         format!(
-            "budgets: cores {}, housekeeping {}{weight}, stages {stages}",
+            "budgets: cores {}, housekeeping {}, stages {stages}",
             or_default(&self.host.cores),
             or_default(&self.host.housekeeping),
         )
@@ -161,13 +199,22 @@ impl Config {
         self
     }
 
-    /// This configuration with `update`'s `[host]` in place of its own,
-    /// and its `[[stage]]` entries if it gives them.
+    /// This configuration with `update`'s `[host]` in place of its own
+    /// (the CPU weight kept), and its `[[stage]]` entries if it gives them.
     pub fn with_budgets(mut self, update: &BudgetsUpdate) -> Self {
+        let weight = self.host.cpu_weight;
         self.host = update.host.clone();
+        self.host.cpu_weight = weight;
         if let Some(stages) = &update.stages {
             self.stages = stages.clone();
         }
+        self
+    }
+
+    /// This configuration with the CPU weight `update` gives
+    /// (`host.cpu_weight`), everything else kept.
+    pub fn with_cpu_weight(mut self, update: &CpuWeightUpdate) -> Self {
+        self.host.cpu_weight = update.weight;
         self
     }
 }

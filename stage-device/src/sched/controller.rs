@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use host_sched::config::{BudgetsUpdate, Config, PolicyUpdate, StagesConfigError};
+use host_sched::config::{BudgetsUpdate, Config, CpuWeightUpdate, PolicyUpdate, StagesConfigError};
 use host_sched::cpuset::CpuSet;
 use host_sched::policy::relabel::Relabel;
 use host_sched::policy::{Observation, Plan, Policy};
@@ -76,6 +76,9 @@ pub enum Change {
     Policy(PolicyUpdate),
     /// `PUT /api/v1/stages.budgets`.
     Budgets(BudgetsUpdate),
+    /// `PUT /api/v1/stages.cpu_weight`: applied by the pinner; the
+    /// policy and its state are kept.
+    CpuWeight(CpuWeightUpdate),
 }
 
 /// Changes validated and waiting for the next policy period.
@@ -181,7 +184,11 @@ impl Controller {
         let base = self.pending.as_ref().map_or(&self.config, |p| &p.config);
         let (config, what) = match change {
             Change::Policy(u) => (base.clone().with_policy(u), u.describe()),
-            Change::Budgets(u) => (base.clone().with_budgets(u), u.describe()),
+            Change::Budgets(u) => {
+                u.check()?;
+                (base.clone().with_budgets(u), u.describe())
+            }
+            Change::CpuWeight(u) => (base.clone().with_cpu_weight(u), u.describe()),
         };
         let names = self.guest.as_ref().map(|g| g.names.as_slice());
         let vm = replan(&config, &self.topology, self.num_vcpus, names)?;

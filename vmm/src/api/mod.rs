@@ -8,7 +8,8 @@
 //!
 //! `PUT /api/v1/stages.trace` turns the event trace of a counters guest on,
 //! off or sampled at once (as `--stage-trace`). Changes (`PUT
-//! /api/v1/stages.policy`, `PUT /api/v1/stages.budgets`) are validated by
+//! /api/v1/stages.policy`, `PUT /api/v1/stages.budgets`, `PUT
+//! /api/v1/stages.cpu_weight`) are validated by
 //! host-sched exactly as a `--stages` file
 //! ([`stage_device::sched::StageSched::propose`]), answered `400` with the same
 //! one-line message naming key and value and nothing queued when invalid,
@@ -58,9 +59,10 @@ pub struct VmFacts {
 fn allowed_methods(path: &str) -> Option<&'static str> {
     match path.strip_prefix(PREFIX) {
         Some("/vm.info" | "/stages") => Some("GET"),
-        Some("/stages.policy" | "/stages.budgets" | "/stages.trace" | "/vm.shutdown") => {
-            Some("PUT")
-        }
+        Some(
+            "/stages.policy" | "/stages.budgets" | "/stages.cpu_weight" | "/stages.trace"
+            | "/vm.shutdown",
+        ) => Some("PUT"),
         _ if path == "/metrics" => Some("GET"),
         _ => None,
     }
@@ -131,6 +133,7 @@ pub fn handle(
             )
         }
         "/stages.policy" => change(ctx, body, Change::Policy),
+        "/stages.cpu_weight" => change(ctx, body, Change::CpuWeight),
         "/stages.trace" => trace(ctx, body),
         _ => change(ctx, body, Change::Budgets),
     }
