@@ -204,6 +204,18 @@ fn remote_cli_reads_and_changes_the_vm() {
         out.contains("[api]: applied: policy pinned, period_ms 50"),
         "{out}"
     );
+    // The CPU weight: its own change; a bad one named by the client or
+    // the VM.
+    let (code, out, _) = remote(&["cpu-weight", "200"]);
+    assert_eq!((code, out.trim()), (0, r#"{"accepted":"cpu_weight 200"}"#));
+    let (code, _, err) = remote(&["cpu-weight", "heavy"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cpu-weight 'heavy'"), "{err}");
+    let (code, _, err) = remote(&["cpu-weight", "20000"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("host.cpu_weight = 20000"), "{err}");
+    let (code, out, _) = remote(&["cpu-weight", "none"]);
+    assert_eq!((code, out.trim()), (0, r#"{"accepted":"cpu_weight none"}"#));
     let (code, out, _) = remote(&["metrics"]);
     assert_eq!(code, 0);
     assert!(

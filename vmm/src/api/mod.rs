@@ -274,5 +274,5 @@ fn info(ctx: &ApiContext) -> VmInfo {
 /// The request body types (host-sched's), re-exported for
 /// `stagevm-remote` and the tests.
 pub mod body {
-    pub use host_sched::config::{BudgetsUpdate, PolicyUpdate};
+    pub use host_sched::config::{BudgetsUpdate, CpuWeightUpdate, PolicyUpdate};
 }

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, Context};
 use clap::{Parser, Subcommand};
-use stagevm::api::body::{BudgetsUpdate, PolicyUpdate};
+use stagevm::api::body::{BudgetsUpdate, CpuWeightUpdate, PolicyUpdate};
 use stagevm_api::client::Client;
 use stagevm_report::api::{ApiError, HostView, StagesView, PREFIX};
 
@@ -75,6 +75,13 @@ enum Command {
     Budgets {
         /// A --stages TOML file.
         file: PathBuf,
+    },
+    /// The VM's CPU weight on cores it shares with other VMs
+    /// (`host.cpu_weight`, 1..=10000, 100 an ordinary process; `none` takes
+    /// it back), a change of its own that keeps the policy's state.
+    CpuWeight {
+        /// The weight, or none.
+        weight: String,
     },
     /// The event trace of a guest that reports through stage counters, at
     /// once: on (every event), off, or every=N (every Nth event per vCPU).
@@ -307,6 +314,21 @@ fn run(cli: Cli) -> Result<(), (u8, String)> {
             format!("{PREFIX}/stages.budgets"),
             budgets_body(file).map_err(usage)?,
         ),
+        Command::CpuWeight { weight } => {
+            let weight = match weight.as_str() {
+                "none" => None,
+                w => Some(w.parse::<u32>().map_err(|e| {
+                    usage(anyhow!(
+                        "cpu-weight '{w}': {e} (expected 1..=10000 or none)"
+                    ))
+                })?),
+            };
+            (
+                "PUT",
+                format!("{PREFIX}/stages.cpu_weight"),
+                serde_json::to_vec(&CpuWeightUpdate { weight }).map_err(|e| usage(e.into()))?,
+            )
+        }
         Command::Trace { setting } => (
             "PUT",
             format!("{PREFIX}/stages.trace"),
