@@ -2,19 +2,16 @@
 //! a load drives it, finds its request-level stage points in the cache
 //! simulator, and writes `NAME.stagemap` and a report (see the crate docs).
 
-use std::ffi::OsString;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+mod steps;
 
-use anyhow::{bail, Context as _};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Instant;
+
 use clap::Parser;
 
-use stagevm_discover::capture::{self, CaptureSpec};
-use stagevm_discover::elf::{self, ServerBinary};
-use stagevm_discover::model::{
-    self, Mechanism, Prediction, Route, L2, MIN_PRESENT_PCT, SLICE, TRANSFER_CYCLES,
-};
-use stagevm_discover::{report, tools};
+use stagevm_discover::model::Mechanism;
+use stagevm_discover::report;
 
 /// From a server binary to a stage map: trace it under a load, discover its stages, and say
 /// whether staging is expected to pay on this host.
@@ -117,16 +114,6 @@ fn parse_stages(s: &str) -> Result<(usize, usize), String> {
     Ok((a, b))
 }
 
-/// The program `p` as the shell would find it.
-fn which(p: &Path) -> Option<PathBuf> {
-    if p.components().count() > 1 {
-        return Some(p.to_path_buf());
-    }
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(p))
-        .find(|c| c.is_file())
-}
-
 fn main() {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -141,45 +128,10 @@ fn main() {
     }
 }
 
-/// The temporal route: the switch cost given (`--switch-ns`), or the
-/// preload library's gate handoff measured on this host now, on the last CPU
-/// this process may use; cycles at this host's clock (/proc/cpuinfo).
-fn temporal_route(given: Option<f64>, say: &mut dyn FnMut(&str)) -> anyhow::Result<Route> {
-    let (mhz, clock) = match model::host_mhz() {
-        Some(m) => (m, format!("{m:.0} MHz")),
-        None => (
-            2500.0,
-            "2500 MHz assumed: /proc/cpuinfo gives no clock".to_string(),
-        ),
-    };
-    if let Some(ns) = given {
-        return Ok(Route::temporal(
-            ns,
-            mhz,
-            format!("--switch-ns {ns}, at {clock}"),
-        ));
-    }
-    let cpu = stagevm_preload::costs::default_cpu()?;
-    say(&format!(
-        "measuring the stage point and the gate's handoff on CPU {cpu} (~3 s; \
-         anything else running there is in the figure)"
-    ));
-    let k = stagevm_preload::costs::measure(cpu, 5, 200_000).with_context(|| {
-        format!("measuring the gate on CPU {cpu} (give the switch cost with --switch-ns NS)")
-    })?;
-    let src = format!(
-        "the gate's handoff measured here: {:.2} µs (spread {:.2}) with {} threads on CPU {cpu}; \
-         a stage point {:.1} ns with the gate off, {:.0} ns through it alone; at {clock}",
-        k.handoff.median_ns / 1000.0,
-        k.handoff.spread_ns / 1000.0,
-        stagevm_preload::costs::HANDOFF_THREADS,
-        k.point_off.median_ns,
-        k.point_on.median_ns
-    );
-    say(&src);
-    Ok(Route::temporal(k.handoff.median_ns, mhz, src))
-}
-
+/// From the arguments to the stage map and the report: the sequence of steps
+/// below, each checked before the next (the arguments and the model's host
+/// before the capture's minutes). Progress goes to stderr, the report to
+/// stdout. Errors: the first step's that fails.
 fn run(a: Args) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let mut say = |m: &str| {
@@ -188,247 +140,51 @@ fn run(a: Args) -> anyhow::Result<()> {
             t0.elapsed().as_secs_f64()
         )
     };
-    let program = which(Path::new(&a.server[0]))
-        .with_context(|| format!("{}: not found in PATH", a.server[0].to_string_lossy()))?;
-    let given = a.binary.clone().unwrap_or_else(|| program.clone());
-    // A link (Debian's /usr/bin/redis-server → redis-check-rdb) is traced
-    // as the file it names: the tool matches the mapped file's name.
-    let binary =
-        std::fs::canonicalize(&given).with_context(|| format!("--binary {}", given.display()))?;
-    let bin = ServerBinary::open(&binary)?;
-    let (request, table, marker_names) = match &a.table {
-        Some(t) => {
-            let text =
-                std::fs::read_to_string(t).with_context(|| format!("--table {}", t.display()))?;
-            ("(the table's trigger)".to_string(), text, Vec::new())
-        }
-        None => {
-            let (name, f) = bin.request_marker(a.request.as_deref())?;
-            let names: Vec<String> = f.iter().map(|f| f.name.clone()).collect();
-            (name, elf::request_table(&f), names)
-        }
-    };
-    // The model's host, checked before the capture's minutes.
-    let cores = a
-        .cores
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-    if !(1..=64).contains(&cores) {
-        bail!("--cores {cores}: must be 1..=64");
-    }
-    let l2 = match &a.l2 {
-        Some(s) => L2 {
-            kib: model::parse_size(s).map_err(|e| anyhow::anyhow!("--l2 {e}"))? / 1024,
-            ways: L2::of_host().map_or(8, |h| h.ways),
-        },
-        None => L2::of_host().unwrap_or(L2 { kib: 512, ways: 8 }),
-    };
-    stagesim::cache::Geometry::kib(l2.kib, l2.ways, 64)
-        .validate("L2")
-        .with_context(|| format!("--l2: {} KiB {}-way cannot be modelled", l2.kib, l2.ways))?;
-    if let Some(ns) = a.switch_ns {
-        if a.mechanism != Mechanism::Temporal {
-            bail!(
-                "--switch-ns is the temporal mechanism's cost; --mechanism is {:?}",
-                a.mechanism
-            );
-        }
-        if !(ns.is_finite() && (0.0..=1e6).contains(&ns)) {
-            bail!("--switch-ns {ns}: must be 0..=1000000 ns");
-        }
-    }
-    let exe_name = binary
-        .file_name()
-        .context("--binary: no file name")?
-        .to_string_lossy()
-        .into_owned();
-    let tool = tools::stgtrace()?;
-    let sim = if a.trace_only.is_none() {
-        Some(tools::stagesim()?)
-    } else {
-        None
-    };
-    let vglib = tools::ValgrindLib::new(&tool)?;
-    let tmp;
-    let work = match &a.work_dir {
-        Some(w) => w.clone(),
-        None => {
-            tmp = tempfile::Builder::new()
-                .prefix("stagevm-discover.")
-                .tempdir()?;
-            tmp.path().to_path_buf()
-        }
-    };
-    if binary != given {
+    let server = steps::resolve_server(&a)?;
+    let host = steps::model_host(&a)?;
+    let tools = steps::find_tools(&a)?;
+    // Declared after `tools`: the temporary folder goes first on drop.
+    let (work, _tmp) = steps::work_folder(&a)?;
+    if server.binary != server.given {
         say(&format!(
             "{} is a link to {}: tracing that file",
-            given.display(),
-            binary.display()
+            server.given.display(),
+            server.binary.display()
         ));
     }
     say(&format!(
-        "{}: {} function symbols; request marker {request}; work folder {}",
-        binary.display(),
-        bin.functions.len(),
+        "{}: {} function symbols; request marker {}; work folder {}",
+        server.binary.display(),
+        server.functions,
+        server.request,
         work.display()
     ));
-    capture::catch_interrupts();
-    let spec = CaptureSpec {
-        server: a.server.clone(),
-        exe_name,
-        binary: binary.clone(),
-        table,
-        ready: a.ready.clone(),
-        warmup: a.warmup.clone(),
-        load: a.load.clone(),
-        close: a.close.clone(),
-        ready_timeout: Duration::from_secs(a.ready_timeout),
-        duration: Duration::from_secs(a.duration),
-        stop_timeout: Duration::from_secs(a.stop_timeout),
-        max_instrs: a.max_instrs,
-        work: work.clone(),
-        valgrind_lib: vglib.path().to_path_buf(),
-    };
-    let cap = capture::run(&spec, &mut say)?;
-    let instrs = cap
-        .stats
-        .get("window_instructions_fetch_records")
-        .copied()
-        .unwrap_or(0);
-    let threads = cap.stats.get("threads").copied().unwrap_or(0) as usize;
-    if instrs == 0 {
-        bail!(
-            "no request was traced: the window opens at the first entry of {request} after the \
-             server is ready, and none came while the load ran ({:.1} s). Check that the load \
-             reaches this server, or name the function a thread enters for each request with \
-             --request SYMBOL",
-            cap.load_seconds
-        );
-    }
-    say(&format!(
-        "traced {instrs} instructions in {threads} threads{}",
-        if cap.stats.get("max_instrs_reached") == Some(&1) {
-            " (--max-instrs reached)"
-        } else {
-            ""
-        }
-    ));
+    let traced = steps::capture_trace(&a, &server, tools.vglib.path(), &work, &mut say)?;
     if let Some(dest) = &a.trace_only {
-        std::fs::copy(&cap.trace, dest)
-            .with_context(|| format!("--trace-only {}", dest.display()))?;
-        say(&format!("wrote {}", dest.display()));
-        return Ok(());
+        return steps::write_trace(&traced.cap.trace, dest, &mut say);
     }
-    let sim = sim.expect("stagesim found unless --trace-only");
+    let sim = tools.sim.expect("stagesim found unless --trace-only");
     // Measured once the server is stopped, so it is not in the figure.
-    let route = match a.mechanism {
-        Mechanism::Temporal => temporal_route(a.switch_ns, &mut say)?,
-        m => Route::spatial(m),
-    };
-    let sidecar = stagesim::trace::Sidecar {
-        stages: vec![stagesim::trace::StageEntry {
-            id: 0,
-            name: "request".into(),
-            symbols: marker_names,
-        }],
-        capture: Some(stagesim::trace::CaptureMeta {
-            text_bias: cap.text_bias.map(|b| format!("{b:#x}")),
-        }),
-    };
-    let side = stagesim::trace::Sidecar::path_for(&cap.trace);
-    std::fs::write(&side, toml::to_string(&sidecar)?)
-        .with_context(|| side.display().to_string())?;
-
-    let mut common: Vec<String> = vec![
-        "--trace".into(),
-        cap.trace.display().to_string(),
-        "--binary".into(),
-        binary.display().to_string(),
-        "--block-at".into(),
-        "request".into(),
-        "--cores".into(),
-        cores.to_string(),
-        "--l2".into(),
-        l2.arg(),
-        "--slice".into(),
-        SLICE.to_string(),
-        "--transfer-cycles".into(),
-        TRANSFER_CYCLES.to_string(),
-        // The VMM's `static` without budgets: equal weights (host-sched).
-        "--static-weights".into(),
-        "equal".into(),
-    ];
-    common.extend(route.cost_args());
-    let prefix = work.join("points");
-    let djson = work.join("discover.json");
-    say(&format!(
-        "request-level discovery (seed 004) for {}..{} stages at {cores} cores, L2 {} KiB \
-         (minutes on a large trace; stagesim's output: {})",
-        a.stages.0,
-        a.stages.1,
-        l2.kib,
-        work.join("discover.log").display()
-    ));
-    let mut dargs = common.clone();
-    dargs.extend(route.discover_args());
-    dargs.extend([
-        "--max-parts".into(),
-        a.stages.1.max(2).to_string(),
-        "--min-present-pct".into(),
-        MIN_PRESENT_PCT.to_string(),
-        "--map-out".into(),
-        prefix.display().to_string(),
-        "--json".into(),
-        djson.display().to_string(),
-    ]);
-    let mut args = vec!["discover".to_string()];
-    args.extend(dargs);
-    model::stagesim(
-        &sim,
-        "discover",
-        &args,
-        &work.join("discover.log"),
-        &mut say,
-    )?;
-    let d = model::read_discovery(&djson, a.stages.0)?;
-    let chosen = work.join(format!("points-{}.stagemap", d.parts));
-    let out = a.out.clone().unwrap_or_else(|| {
-        PathBuf::from(format!(
-            "{}.stagemap",
-            binary
-                .file_name()
-                .map_or("server".into(), |n| n.to_string_lossy())
-        ))
-    });
-    let text = std::fs::read_to_string(&chosen).with_context(|| chosen.display().to_string())?;
-    stagesim::stagemap::StageMapFile::parse(&text)
-        .with_context(|| format!("{} as written", chosen.display()))?;
-    std::fs::write(&out, &text).with_context(|| format!("--out {}", out.display()))?;
+    let route = steps::route(a.mechanism, a.switch_ns, &mut say)?;
+    steps::write_sidecar(&traced.cap, &server.marker_names)?;
+    let common = steps::sim_args(&traced.cap.trace, &server.binary, &host, &route);
+    let d = steps::discover_stages(&sim, &common, &route, a.stages, &host, &work, &mut say)?;
+    let map = steps::write_map(a.out.as_deref(), &server.binary, &work, d.parts)?;
     say(&format!(
         "{} stages chosen; replaying the map against the unstaged models",
         d.parts
     ));
-    let rjson = work.join("replay.json");
-    let mut args = vec!["replay".to_string()];
-    args.extend(common);
-    args.extend(route.replay_args());
-    args.extend([
-        "--stage-map".into(),
-        out.display().to_string(),
-        "--json".into(),
-        rjson.display().to_string(),
-    ]);
-    model::stagesim(&sim, "replay", &args, &work.join("replay.log"), &mut say)?;
-    let p = Prediction::read(&rjson, route.mechanism)?;
+    let p = steps::replay(&sim, common, &route, &map, &work, &mut say)?;
     let facts = report::Facts {
-        binary: &binary,
-        request: &request,
-        instrs,
-        threads,
-        load_seconds: cap.load_seconds,
-        cores,
-        l2,
+        binary: &server.binary,
+        request: &server.request,
+        instrs: traced.instrs,
+        threads: traced.threads,
+        load_seconds: traced.cap.load_seconds,
+        cores: host.cores,
+        l2: host.l2,
         route: &route,
-        map: &out,
+        map: &map,
     };
     print!("{}", report::render(&facts, &d, &p));
     Ok(())

@@ -281,52 +281,107 @@ impl CounterReader {
 
 /// One vCPU's delta against `base` (updated in place), `now` being the
 /// guest TSC of this read, `window` the ticks since the previous one and
-/// `raised` the clock's raises so far (ticks).
+/// `raised` the clock's raises so far (ticks). The steps: the raw
+/// counters' growth ([`counter_growth`]), each code's exact time
+/// ([`exact_times`]), the bound on the totals since REGISTER
+/// ([`bound_totals`]), and the window's split over the codes
+/// ([`split_window`]); `clamps` is the sum of the clamps each counts.
 fn delta(base: &mut Baseline, new: &VcpuCounters, now: u64, window: u64, raised: u64) -> VcpuDelta {
-    let mut d = VcpuDelta::default();
-    let slack = window / SLACK_DIV;
     let mut clamps = 0;
-    let mut cycles = [0u64; NUM_CODES];
-    let mut timed = [0u64; NUM_CODES];
+    let g = counter_growth(&mut base.raw, new, window, &mut clamps);
+    let exact = exact_times(base, &g.cycles, new.state, now, window, &mut clamps);
+    bound_totals(base, &exact, window, raised, &mut clamps);
+    let current = state_code(new.state) as usize;
+    let ticks = split_window(&g, &exact, &base.raw, current, window);
+    VcpuDelta {
+        ticks,
+        counts: g.counts,
+        migrations_in: g.migrations_in,
+        migrations_out: g.migrations_out,
+        clamps,
+    }
+}
+
+/// What one vCPU's raw counters grew by in a window ([`counter_growth`]).
+struct Growth {
+    /// Per state code, transitions into it, at most one per tick.
+    counts: [u64; NUM_CODES],
+    /// Per state code, guest TSC ticks of the timed visits that ended.
+    cycles: [u64; NUM_CODES],
+    /// Per state code, timed visits that ended.
+    timed: [u64; NUM_CODES],
+    /// Per stage, migrations in, at most one per tick.
+    migrations_in: [u64; MAX_STAGES],
+    /// Per stage, migrations out, at most one per tick.
+    migrations_out: [u64; MAX_STAGES],
+}
+
+/// The growth of every counter of `new` over `raw` (the last read's copy,
+/// each field replaced by `new`'s), `window` the ticks since that read.
+/// Counts a clamp for each counter that went backwards (it adds nothing:
+/// [`growth`]) and for each count or migration count above the window's
+/// ticks + 1/[`SLACK_DIV`] (cut to the window: at most one per tick);
+/// `cycles` and `timed` are not cut here (the exact times are bounded on
+/// their totals, [`bound_totals`]).
+fn counter_growth(
+    raw: &mut VcpuCounters,
+    new: &VcpuCounters,
+    window: u64,
+    clamps: &mut u64,
+) -> Growth {
+    let mut g = Growth {
+        counts: [0; NUM_CODES],
+        cycles: [0; NUM_CODES],
+        timed: [0; NUM_CODES],
+        migrations_in: [0; MAX_STAGES],
+        migrations_out: [0; MAX_STAGES],
+    };
     for c in 0..NUM_CODES {
-        d.counts[c] = growth(&mut base.raw.counts[c], new.counts[c], &mut clamps);
-        if d.counts[c] > window.saturating_add(slack) {
-            clamps += 1;
-            d.counts[c] = window;
-        }
-        cycles[c] = growth(&mut base.raw.cycles[c], new.cycles[c], &mut clamps);
-        timed[c] = growth(&mut base.raw.timed[c], new.timed[c], &mut clamps);
+        let n = growth(&mut raw.counts[c], new.counts[c], clamps);
+        g.counts[c] = one_per_tick(n, window, clamps);
+        g.cycles[c] = growth(&mut raw.cycles[c], new.cycles[c], clamps);
+        g.timed[c] = growth(&mut raw.timed[c], new.timed[c], clamps);
     }
     // Migrations are cut like the counts: a thread arrives or leaves at
     // most once per tick.
-    let cut = |v: u64, clamps: &mut u64| {
-        if v > window.saturating_add(slack) {
-            *clamps += 1;
-            window
-        } else {
-            v
-        }
-    };
     for s in 0..MAX_STAGES {
-        let m = growth(
-            &mut base.raw.migrations_in[s],
-            new.migrations_in[s],
-            &mut clamps,
-        );
-        d.migrations_in[s] = cut(m, &mut clamps);
-        let m = growth(
-            &mut base.raw.migrations_out[s],
-            new.migrations_out[s],
-            &mut clamps,
-        );
-        d.migrations_out[s] = cut(m, &mut clamps);
+        let m = growth(&mut raw.migrations_in[s], new.migrations_in[s], clamps);
+        g.migrations_in[s] = one_per_tick(m, window, clamps);
+        let m = growth(&mut raw.migrations_out[s], new.migrations_out[s], clamps);
+        g.migrations_out[s] = one_per_tick(m, window, clamps);
     }
-    // Exact time of timed visits per code in this window: visits that
-    // ended, minus the open part charged last time, plus the open part now
-    // (i128: nothing a guest writes overflows it).
+    g
+}
+
+/// `n` events in `window` ticks, or `window` (one per tick) with a clamp
+/// counted when `n` is above the window + 1/[`SLACK_DIV`] of it.
+fn one_per_tick(n: u64, window: u64, clamps: &mut u64) -> u64 {
+    if n > window.saturating_add(window / SLACK_DIV) {
+        *clamps += 1;
+        window
+    } else {
+        n
+    }
+}
+
+/// Per state code, the exact time of its timed visits in this window
+/// (ticks, each ≥ 0): the visits that ended (`cycles`, this window's
+/// growth), minus the open visit charged at the last read and the time
+/// still owed, plus the open visit now ([`open_visit`] of the `state` word
+/// at guest TSC `now`). `base`'s open visit and owed time are replaced by
+/// this read's (see [`settle_owed`]). Counts the open visit's clamps.
+/// i128: nothing a guest writes overflows it.
+fn exact_times(
+    base: &mut Baseline,
+    cycles: &[u64; NUM_CODES],
+    state: u64,
+    now: u64,
+    window: u64,
+    clamps: &mut u64,
+) -> [i128; NUM_CODES] {
     let mut exact = [0i128; NUM_CODES];
     for (e, c) in exact.iter_mut().zip(cycles) {
-        *e = i128::from(c);
+        *e = i128::from(*c);
     }
     if let Some((c, charged)) = base.open.take() {
         exact[c] -= i128::from(charged);
@@ -334,26 +389,47 @@ fn delta(base: &mut Baseline, new: &VcpuCounters, now: u64, window: u64, raised:
     for (e, owed) in exact.iter_mut().zip(base.owed) {
         *e -= i128::from(owed);
     }
-    let code = state_code(new.state) as usize;
-    let since = state_since(new.state);
+    base.open = open_visit(state, now, window, clamps);
+    if let Some((code, open)) = base.open {
+        exact[code] += i128::from(open);
+    }
+    settle_owed(&mut exact, &mut base.owed);
+    exact
+}
+
+/// The open visit of the `state` word at guest TSC `now`: its code and the
+/// ticks it has lasted (`now − since`, 0 for a `since` up to `window` ticks
+/// after `now`), for a timed visit; none for an untimed one. Counts a clamp,
+/// and gives none, for a code out of range (timed or not) or a timed visit
+/// that started more than `window` ticks after `now`.
+fn open_visit(state: u64, now: u64, window: u64, clamps: &mut u64) -> Option<(usize, u64)> {
+    let code = state_code(state) as usize;
+    let since = state_since(state);
     if code >= NUM_CODES {
-        clamps += 1;
-    } else if state_timed(new.state) {
+        *clamps += 1;
+    } else if state_timed(state) {
         if since > now.saturating_add(window) {
-            clamps += 1;
+            *clamps += 1;
         } else {
-            let open = now.saturating_sub(since);
-            exact[code] += i128::from(open);
-            base.open = Some((code, open));
+            return Some((code, now.saturating_sub(since)));
         }
     }
-    // A visit charged as open at an earlier read whose length is not in
-    // `cycles` yet — a copy torn by a transition in flight, or a writer
-    // preempted between its state word and its adds (libstage, any number
-    // of reads long) — leaves its code short now: what is short is owed
-    // and taken back from the reads that see the length, instead of being
-    // counted twice. The time moves to the window where the adds land.
-    for (e, owed) in exact.iter_mut().zip(base.owed.iter_mut()) {
+    None
+}
+
+/// Settles each code's `exact` time (ticks) against what it owes: a
+/// negative time becomes 0 and its magnitude the code's new `owed`
+/// (saturating at `u64::MAX`), else `owed` is 0. No clamp: a short time is
+/// no lie.
+///
+/// A visit charged as open at an earlier read whose length is not in
+/// `cycles` yet — a copy torn by a transition in flight, or a writer
+/// preempted between its state word and its adds (libstage, any number of
+/// reads long) — leaves its code short now: what is short is owed and
+/// taken back from the reads that see the length, instead of being counted
+/// twice. The time moves to the window where the adds land.
+fn settle_owed(exact: &mut [i128; NUM_CODES], owed: &mut [u64; NUM_CODES]) {
+    for (e, owed) in exact.iter_mut().zip(owed.iter_mut()) {
         *owed = if *e < 0 {
             u64::try_from(-*e).unwrap_or(u64::MAX)
         } else {
@@ -361,11 +437,24 @@ fn delta(base: &mut Baseline, new: &VcpuCounters, now: u64, window: u64, raised:
         };
         *e = (*e).max(0);
     }
-    // Late adds move time between windows, so a code's time above one
-    // window is no proof of a lie; above all the windows since REGISTER
-    // (+ 1/8, + the clock's raises) it is. Counted once per excess: the
-    // total is then cut to the bound. Not for "no stage": its first visit
-    // began when the agent set the block up, before REGISTER.
+}
+
+/// Adds this `window`'s ticks to `base.elapsed` and each code's `exact`
+/// time (ticks, ≥ 0) to its total since REGISTER, and bounds the totals by
+/// the windows' sum + 1/[`SLACK_DIV`] of it + `raised` (the clock's
+/// raises, ticks): each total above it counts one clamp and is cut to it.
+///
+/// Late adds move time between windows, so a code's time above one window
+/// is no proof of a lie; above all the windows since REGISTER it is. Not
+/// for "no stage": its first visit began when the agent set the block up,
+/// before REGISTER.
+fn bound_totals(
+    base: &mut Baseline,
+    exact: &[i128; NUM_CODES],
+    window: u64,
+    raised: u64,
+    clamps: &mut u64,
+) {
     base.elapsed += u128::from(window);
     let bound = base.elapsed + base.elapsed / u128::from(SLACK_DIV) + u128::from(raised);
     for (total, e) in base
@@ -374,68 +463,109 @@ fn delta(base: &mut Baseline, new: &VcpuCounters, now: u64, window: u64, raised:
         .zip(exact)
         .skip(CODE_IDLE as usize)
     {
-        *total = total.saturating_add(e as u128);
+        *total = total.saturating_add(*e as u128);
         if *total > bound {
-            clamps += 1;
+            *clamps += 1;
             *total = bound;
         }
     }
+}
+
+/// Splits the `window` (ticks) over the state codes: per code, its ticks,
+/// summing to `window`. Idle gets its `exact` time (cut to the window);
+/// the rest, the busy time, goes to the stages by [`stage_estimates`] and
+/// [`share_busy`], `current` being the state word's code (any value). The
+/// run's counters `run` (after this read) give the stages' mean visit when
+/// the window timed none. Counts no clamp: every cut here is an estimate's.
+fn split_window(
+    g: &Growth,
+    exact: &[i128; NUM_CODES],
+    run: &VcpuCounters,
+    current: usize,
+    window: u64,
+) -> [u64; NUM_CODES] {
+    let mut ticks = [0u64; NUM_CODES];
     let idle_code = CODE_IDLE as usize;
     let idle = exact[idle_code].clamp(0, i128::from(window)) as u64;
-    d.ticks[idle_code] = idle;
+    ticks[idle_code] = idle;
     let busy = window - idle;
-    // Each stage's estimate: its timed time plus its untimed visits at the
-    // mean timed length (this window's, else the run's). "No stage" takes
-    // the rest of the busy time: its visits include the odd very long one
-    // (the wait from REGISTER to the first switch, a thread blocked between
-    // requests), whose mean would wrongly scale its untimed ones.
-    let stages = CODE_FIRST_STAGE as usize..NUM_CODES;
+    let est = stage_estimates(g, exact, run, busy);
+    share_busy(&mut ticks, &g.counts, &est, current, busy);
+    ticks
+}
+
+/// Each stage's time estimate (ticks; 0 for idle and "no stage"): its
+/// `exact` time in the window plus its untimed visits (entries − timed
+/// visits, from `g`) at the mean length of its timed visits (ticks: this
+/// window's, else the whole `run`'s, else 0), at most `busy` each.
+fn stage_estimates(
+    g: &Growth,
+    exact: &[i128; NUM_CODES],
+    run: &VcpuCounters,
+    busy: u64,
+) -> [u128; NUM_CODES] {
     let mut est = [0u128; NUM_CODES];
-    for c in stages.clone() {
-        let mean = if timed[c] > 0 {
-            u128::from(cycles[c]) / u128::from(timed[c])
-        } else if base.raw.timed[c] > 0 {
-            u128::from(base.raw.cycles[c]) / u128::from(base.raw.timed[c])
+    for c in CODE_FIRST_STAGE as usize..NUM_CODES {
+        let mean = if g.timed[c] > 0 {
+            u128::from(g.cycles[c]) / u128::from(g.timed[c])
+        } else if run.timed[c] > 0 {
+            u128::from(run.cycles[c]) / u128::from(run.timed[c])
         } else {
             0
         };
-        let untimed = u128::from(d.counts[c].saturating_sub(timed[c]));
+        let untimed = u128::from(g.counts[c].saturating_sub(g.timed[c]));
         // At most the busy time each (< 2^62 ticks): the sum and the
-        // scaling products below stay far inside u128.
+        // scaling products in `share_busy` stay far inside u128.
         est[c] = (exact[c].max(0) as u128)
             .saturating_add(mean.saturating_mul(untimed))
             .min(u128::from(busy));
     }
+    est
+}
+
+/// Adds the `busy` ticks to `ticks` (per state code) by the stages'
+/// estimates `est` (ticks, each ≤ `busy`):
+/// * nothing entered (every `counts` 0) and nothing estimated: all to the
+///   `current` code — the whole window was the current visit — or to "no
+///   stage" when that code is idle or out of range;
+/// * more estimated than `busy`: the stages scaled to it, the division's
+///   remainder to the largest estimate;
+/// * else each stage its estimate and "no stage" the rest (its visits
+///   include the odd very long one — the wait from REGISTER to the first
+///   switch, a thread blocked between requests — whose mean would wrongly
+///   scale its untimed ones).
+fn share_busy(
+    ticks: &mut [u64; NUM_CODES],
+    counts: &[u64; NUM_CODES],
+    est: &[u128; NUM_CODES],
+    current: usize,
+    busy: u64,
+) {
+    let stages = CODE_FIRST_STAGE as usize..NUM_CODES;
     let total: u128 = est.iter().sum();
     let none = CODE_NONE as usize;
-    if d.counts.iter().all(|n| *n == 0) && total == 0 {
-        // Nothing entered: the whole window was the current visit (or no
-        // stage, when the state says nothing usable).
-        let c = if code < NUM_CODES && code != idle_code {
-            code
+    if counts.iter().all(|n| *n == 0) && total == 0 {
+        let c = if current < NUM_CODES && current != CODE_IDLE as usize {
+            current
         } else {
             none
         };
-        d.ticks[c] += busy;
+        ticks[c] += busy;
     } else if total > u128::from(busy) {
-        // More estimated than the vCPU had: scale the stages to its busy
-        // time, the division's remainder to the largest.
         let mut given = 0;
         for c in stages.clone() {
             let t = (u128::from(busy) * est[c] / total) as u64;
-            d.ticks[c] += t;
+            ticks[c] += t;
             given += t;
         }
         let largest = stages.max_by_key(|c| est[*c]).unwrap_or(none);
-        d.ticks[largest] += busy - given;
+        ticks[largest] += busy - given;
     } else {
         for c in stages {
-            d.ticks[c] += est[c] as u64;
+            ticks[c] += est[c] as u64;
         }
-        d.ticks[none] += busy - total as u64;
+        ticks[none] += busy - total as u64;
     }
-    d.clamps = clamps;
-    d
 }
 
 #[cfg(test)]
