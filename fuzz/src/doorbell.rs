@@ -65,7 +65,7 @@ fn run(mem: &GuestMemoryMmap, data: &[u8]) {
         header.magic ^= 1;
     }
     mem.write_obj(Obj(header), GuestAddress(AREA)).unwrap();
-    let dev = StageDevice::new(mem.clone(), MEM, n, 0, 1000);
+    let dev = StageDevice::new(std::sync::Arc::new(mem.clone()), MEM, n, 0, 1000);
 
     let mut status = vec![Status::Ok as u32; n as usize];
     let (mut registered, mut registrations, mut rejected) = (false, 0u64, 0u64);

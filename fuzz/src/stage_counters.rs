@@ -62,7 +62,13 @@ fn run(mem: &GuestMemoryMmap, data: &[u8]) {
         ..layout.header()
     };
     mem.write_obj(Obj(header), GuestAddress(AREA)).unwrap();
-    let dev = StageDevice::new(mem.clone(), MEM, vcpus, 2_000_000, 1000);
+    let dev = StageDevice::new(
+        std::sync::Arc::new(mem.clone()),
+        MEM,
+        vcpus,
+        2_000_000,
+        1000,
+    );
     let registered = dev
         .doorbell(0, DOORBELL_REGISTER, &((AREA >> 12) as u32).to_le_bytes())
         .expect("a valid area registers");

@@ -160,7 +160,13 @@ fn run(mem: &GuestMemoryMmap, data: &[u8]) {
     write_clipped(mem, MEM, gpa.saturating_add(STAGE_DESCS_OFFSET), &descs);
 
     let tsc_khz = inp.u64();
-    let dev = StageDevice::new(mem.clone(), MEM, vm_vcpus, tsc_khz, 1000);
+    let dev = StageDevice::new(
+        std::sync::Arc::new(mem.clone()),
+        MEM,
+        vm_vcpus,
+        tsc_khz,
+        1000,
+    );
     let vcpu = inp.below(vm_vcpus);
     let want = expected_status(&header, gpa, vm_vcpus, MEM);
     let registered = dev.doorbell(vcpu, DOORBELL_REGISTER, &pfn.to_le_bytes());

@@ -79,7 +79,7 @@ fn run(mem: &GuestMemoryMmap, data: &[u8]) {
     let _clean = ZeroOnDrop::new(mem, MEM, AREA, layout.area_size());
     mem.write_obj(Obj(layout.header()), GuestAddress(AREA))
         .unwrap();
-    let dev = StageDevice::new(mem.clone(), MEM, vcpus, 0, 1000);
+    let dev = StageDevice::new(std::sync::Arc::new(mem.clone()), MEM, vcpus, 0, 1000);
     dev.doorbell(0, DOORBELL_REGISTER, &((AREA >> 12) as u32).to_le_bytes());
     let mut st = [0u8; 4];
     dev.read_status(0, DOORBELL_STATUS, &mut st);

@@ -2,7 +2,7 @@
 //! (docs/embedding.md): the stage device that speaks
 //! [`hypercall_abi::stage`] and the stage scheduling that drives it. It
 //! knows nothing of the VMM's bus, builder or threads; the VMM gives it
-//! guest memory (any `vm-memory` [`GuestMemoryBackend`](vm_memory::GuestMemoryBackend)),
+//! guest memory (any `vm-memory` address space: [`stage::StageMemory`]),
 //! creates it in its device manager, calls it from four places and runs
 //! one loop:
 //!
@@ -45,7 +45,7 @@
 //!     setup: &host_sched::vm::Setup,
 //! ) -> std::io::Result<()> {
 //!     // Device manager: TSC kHz unknown (0), 1 ms drain period.
-//!     let device = Arc::new(StageDevice::new(memory, ram_end, vcpus, 0, 1000));
+//!     let device = Arc::new(StageDevice::new(Arc::new(memory), ram_end, vcpus, 0, 1000));
 //!     let sched = StageSched::new(setup, vcpus, Some(device.clone()))?;
 //!
 //!     // vCPU thread `index`, at its start; then its port-I/O `out` exits.

@@ -15,9 +15,9 @@ use std::sync::Arc;
 use hypercall_abi::stage::DOORBELL_REGISTER;
 use vm_device::bus::{PioAddress, PioAddressOffset, PioRange};
 use vm_device::DevicePio;
-use vm_memory::GuestMemoryBackend;
 
 use crate::sched::StageSched;
+use crate::stage::StageMemory;
 
 /// First doorbell port (REGISTER, also the status port).
 pub const BASE: u16 = DOORBELL_REGISTER;
@@ -31,11 +31,11 @@ pub const LEN: u16 = 16;
 /// a REGISTER is planned for ([`StageSched::on_register`]) before the vCPU
 /// resumes, an `in` reads the thread's last status. Ports outside the
 /// channel's and a scheduler without a device are ignored.
-pub struct StagePorts<M: GuestMemoryBackend = vm_memory::GuestMemoryMmap> {
+pub struct StagePorts<M: StageMemory = Arc<vm_memory::GuestMemoryMmap>> {
     sched: Arc<StageSched<M>>,
 }
 
-impl<M: GuestMemoryBackend + Send + Sync> StagePorts<M> {
+impl<M: StageMemory> StagePorts<M> {
     /// The ports of `sched`'s device.
     pub fn new(sched: Arc<StageSched<M>>) -> Self {
         Self { sched }
@@ -49,7 +49,7 @@ impl<M: GuestMemoryBackend + Send + Sync> StagePorts<M> {
     }
 }
 
-impl<M: GuestMemoryBackend + Send + Sync> DevicePio for StagePorts<M> {
+impl<M: StageMemory> DevicePio for StagePorts<M> {
     fn pio_read(&self, base: PioAddress, offset: PioAddressOffset, data: &mut [u8]) {
         if let Some(device) = self.sched.device() {
             device.read_status_from_current(base.0.wrapping_add(offset), data);
@@ -80,12 +80,12 @@ mod tests {
     #[test]
     fn a_wake_through_the_io_manager_ends_a_wait_parked_in_it() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        let device = Arc::new(StageDevice::new(mem, 1 << 20, 2, 0, 0));
+        let device = Arc::new(StageDevice::new(std::sync::Arc::new(mem), 1 << 20, 2, 0, 0));
         let setup = crate::sched::test_setup("0", "[policy]\nname = \"static\"\n");
         let sched = StageSched::new(&setup, 2, Some(device.clone())).unwrap();
         let mut io = IoManager::new();
         io.register_pio(
-            StagePorts::<GuestMemoryMmap>::range().unwrap(),
+            StagePorts::<Arc<GuestMemoryMmap>>::range().unwrap(),
             Arc::new(StagePorts::new(sched)),
         )
         .unwrap();

@@ -85,7 +85,7 @@ impl Host {
         )])
         .unwrap();
         let dev = Arc::new(StageDevice::new(
-            memory,
+            Arc::new(memory),
             AREA_GPA + len,
             vcpus,
             tsc_khz,

@@ -198,7 +198,7 @@ fn main() -> Result<()> {
     // The stage device and its scheduling (the operator's budgets: a
     // policy on this host's CPUs).
     let device = Arc::new(StageDevice::new(
-        mem.clone(),
+        Arc::new(mem.clone()),
         layout::ram_end(mem_size),
         args.vcpus,
         tsc_khz,
@@ -218,7 +218,7 @@ fn main() -> Result<()> {
         Arc::new(Serial),
     )?;
     io.register_pio(
-        StagePorts::<GuestMemoryMmap>::range()?,
+        StagePorts::<Arc<GuestMemoryMmap>>::range()?,
         Arc::new(StagePorts::new(sched.clone())),
     )?;
     let (io, exit) = (

@@ -89,7 +89,13 @@ fn in_a_guest_the_vmms_map_sets_the_gate_and_the_vmm_counts_every_visit() {
         Some(FileOffset::new(memfd.try_clone().unwrap(), 0)),
     )])
     .unwrap();
-    let dev = Arc::new(StageDevice::new(memory, AREA_GPA + len, n, tsc_khz(), 1000));
+    let dev = Arc::new(StageDevice::new(
+        Arc::new(memory),
+        AREA_GPA + len,
+        n,
+        tsc_khz(),
+        1000,
+    ));
     let toml = format!(
         "[host]\ncores = \"0-{}\"\n[policy]\nname = \"pinned\"\nvisit = \"cohort\"\n{}",
         n - 1,

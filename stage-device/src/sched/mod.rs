@@ -65,7 +65,7 @@ pub use pinner::{Pinner, ThreadCpu};
 pub use run_loop::run_loop;
 pub use stage_sched::{Pacer, StageSched};
 
-impl<M: vm_memory::GuestMemoryBackend + Send + Sync> StageSched<M> {
+impl<M: crate::stage::StageMemory> StageSched<M> {
     /// The final drain and counter read after the guest stopped, and the
     /// reports: the stage channel's counters (`None` without a device) and
     /// what the scheduler did, with the whole timeline moved out of the

@@ -7,7 +7,6 @@
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use vm_memory::GuestMemoryBackend;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
@@ -34,7 +33,7 @@ const TOKEN_REGISTERED: u64 = 2;
 ///
 /// Errors: the epoll or timer descriptors cannot be set up, waiting fails
 /// (other than `EINTR`, which is retried), or `ready` fails.
-pub fn run_loop<M: GuestMemoryBackend + Send + Sync>(
+pub fn run_loop<M: crate::stage::StageMemory>(
     sched: &StageSched<M>,
     drain_period: Duration,
     exit: &EventFd,

@@ -16,13 +16,13 @@ use std::time::{Duration, Instant};
 
 use host_sched::config::StagesConfigError;
 use host_sched::vm::Setup;
-use vm_memory::{GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::controller::{Change, Controller, Decision};
 use super::cpu::read_schedstat;
 use super::pinner::{thread_cpu_ns, Pinner};
-use crate::stage::{Blocks, Drain, Registered, StageDevice};
+use crate::stage::{Blocks, Drain, Registered, StageDevice, StageMemory};
 
 /// Most of a core the `stage-sched` thread spends on a counters guest's
 /// event trace: the drain interval grows until the thread's measured CPU
@@ -32,9 +32,9 @@ pub const TRACE_CPU_BUDGET: f64 = 0.01;
 
 /// The stage scheduling of one VM: controller, pinner and the stage device
 /// they drive (none with `--no-stage-device`), over the VMM's guest memory
-/// `M` (any `vm-memory` [`GuestMemoryBackend`], e.g. `GuestMemoryMmap<B>` for any
-/// dirty bitmap `B`).
-pub struct StageSched<M: GuestMemoryBackend = GuestMemoryMmap> {
+/// `M` (a [`StageMemory`]: `Arc<GuestMemoryMmap<B>>` for any dirty bitmap
+/// `B`, or a `GuestMemoryAtomic` of it).
+pub struct StageSched<M: StageMemory = Arc<GuestMemoryMmap>> {
     pub(super) controller: Mutex<Controller>,
     pub(super) pinner: Pinner,
     pub(super) device: Option<Arc<StageDevice<M>>>,
@@ -42,7 +42,7 @@ pub struct StageSched<M: GuestMemoryBackend = GuestMemoryMmap> {
     registered: EventFd,
 }
 
-impl<M: GuestMemoryBackend + Send + Sync> StageSched<M> {
+impl<M: StageMemory> StageSched<M> {
     /// Stage scheduling for a VM of `num_vcpus` vCPUs under `setup`,
     /// driving `device`. Errors: the "registered" `EventFd` cannot be
     /// created.
@@ -243,10 +243,7 @@ impl Pacer {
     /// they need it (a rings guest; a trace is drained less often, see
     /// [`TRACE_CPU_BUDGET`]). Call it on the thread that will call
     /// [`Pacer::wake`]: it measures that thread's CPU time.
-    pub fn new<M: GuestMemoryBackend + Send + Sync>(
-        sched: &StageSched<M>,
-        drain_period: Duration,
-    ) -> Self {
+    pub fn new<M: StageMemory>(sched: &StageSched<M>, drain_period: Duration) -> Self {
         Self {
             drain_period,
             tick: sched.tick(drain_period, 0.0),
@@ -269,7 +266,7 @@ impl Pacer {
     /// period if one is due. Returns the timer's new interval when it
     /// changed by more than an eighth (a re-arm is a system call), else
     /// `None`.
-    pub fn wake<M: GuestMemoryBackend + Send + Sync>(
+    pub fn wake<M: StageMemory>(
         &mut self,
         sched: &StageSched<M>,
         registered: bool,

@@ -38,7 +38,7 @@ pub struct Blocks {
     pub latency: Vec<VcpuLatency>,
 }
 
-impl<M: GuestMemoryBackend> StageDevice<M> {
+impl<M: super::StageMemory> StageDevice<M> {
     /// Copies every vCPU's [`VcpuCounters`] into `out` (cleared first);
     /// `None` without an area or when the area has no counters. O(vCPUs ×
     /// 768 bytes).
@@ -70,7 +70,7 @@ impl<M: GuestMemoryBackend> StageDevice<M> {
         if let Some(area) = inner.area.as_ref().filter(|a| a.layout.latency) {
             for vcpu in 0..area.layout.num_vcpus {
                 let at = GuestAddress(area.gpa + area.layout.latency_offset(vcpu));
-                out.latency.push(copy_latency(&self.memory, at));
+                out.latency.push(copy_latency(&*self.memory.memory(), at));
             }
         }
         self.copy_counters(inner, &mut out.counters)
@@ -89,7 +89,7 @@ impl<M: GuestMemoryBackend> StageDevice<M> {
         };
         for vcpu in 0..area.layout.num_vcpus {
             let at = GuestAddress(area.gpa + area.layout.counters_offset(vcpu));
-            out.push(copy_block(&self.memory, at));
+            out.push(copy_block(&*self.memory.memory(), at));
         }
         Some(copy)
     }

@@ -26,7 +26,7 @@
 //! outside its area; nothing it writes can panic the VMM.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use hypercall_abi::boot::KERNEL_MIN_GPA;
@@ -36,7 +36,7 @@ use hypercall_abi::stage::{
     DOORBELL_WAKE, MAX_STAGES, STAGE_DESCS_OFFSET, STAGE_MAP_OFFSET, WAIT_MAX_US,
 };
 use stagevm_report::{ChannelReport, VcpuRingStats};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryBackend, GuestMemoryMmap};
 
 use crate::abi::Obj;
 use crate::park::Parkers;
@@ -101,9 +101,18 @@ struct Inner {
     final_counters: Option<(CounterCopy, Blocks)>,
 }
 
+/// Guest memory as the stage device holds it: a `vm-memory` address space
+/// ([`GuestAddressSpace`]) of region-backed memory — `Arc<GuestMemoryMmap>`,
+/// or `GuestMemoryAtomic<GuestMemoryMmap>` for an embedder that adds
+/// memory while the VM runs (each access takes a snapshot, so a guest's
+/// area is always read against one consistent map).
+pub trait StageMemory: GuestAddressSpace<M: GuestMemoryBackend> + Send + Sync {}
+
+impl<T: GuestAddressSpace<M: GuestMemoryBackend> + Send + Sync> StageMemory for T {}
+
 /// The stage device of one VM. Shared by the vCPU threads (doorbell) and the
 /// `stage-sched` thread (drain, publish).
-pub struct StageDevice<M: GuestMemoryBackend = GuestMemoryMmap> {
+pub struct StageDevice<M: StageMemory = Arc<GuestMemoryMmap>> {
     memory: M,
     mem_size: u64,
     num_vcpus: u32,
@@ -135,7 +144,7 @@ fn status_name(s: Status) -> String {
     format!("{s:?}")
 }
 
-impl<M: GuestMemoryBackend> StageDevice<M> {
+impl<M: StageMemory> StageDevice<M> {
     /// A device for a VM of `num_vcpus` vCPUs with RAM `memory` ending at
     /// GPA `mem_size` (its ranges may leave a hole below); `tsc_khz` is the guest TSC frequency (kHz, 0 if unknown), which
     /// REGISTER writes into the area's header; `drain_period_us` is only
@@ -235,6 +244,7 @@ impl<M: GuestMemoryBackend> StageDevice<M> {
             .map(|id| {
                 let desc: Obj<StageDesc> = self
                     .memory
+                    .memory()
                     .read_obj(GuestAddress(gpa + STAGE_DESCS_OFFSET + 32 * u64::from(id)))
                     .unwrap_or_default();
                 let end = desc.0.name.iter().position(|b| *b == 0).unwrap_or(32);
@@ -269,13 +279,14 @@ impl<M: GuestMemoryBackend> StageDevice<M> {
         let names = self.read_names(gpa, &layout);
         let register_tsc: u64 = self
             .memory
+            .memory()
             .read_obj(GuestAddress(
                 gpa + core::mem::offset_of!(AreaHeader, register_tsc) as u64,
             ))
             .unwrap_or_default();
         let host_tsc = host_tsc();
         // Host-written header field; offset inside the validated area.
-        let _ = self.memory.write_obj(
+        let _ = self.memory.memory().write_obj(
             self.tsc_khz,
             GuestAddress(gpa + core::mem::offset_of!(AreaHeader, tsc_khz) as u64),
         );
@@ -323,12 +334,14 @@ impl<M: GuestMemoryBackend> StageDevice<M> {
         }
         let header: Obj<AreaHeader> = self
             .memory
+            .memory()
             .read_obj(GuestAddress(gpa))
             .map_err(|_| Status::BadRange)?;
         let layout = validate_header(&header.0, self.num_vcpus)?;
         // Within RAM, and in one range of it (not across the MMIO hole).
-        let in_ram = usize::try_from(header.0.area_size)
-            .is_ok_and(|len| GuestMemoryBackend::check_range(&self.memory, GuestAddress(gpa), len));
+        let in_ram = usize::try_from(header.0.area_size).is_ok_and(|len| {
+            GuestMemoryBackend::check_range(&*self.memory.memory(), GuestAddress(gpa), len)
+        });
         match gpa.checked_add(header.0.area_size) {
             Some(end) if end <= self.mem_size && in_ram => Ok(layout),
             _ => Err(Status::BadRange),
@@ -431,9 +444,10 @@ impl<M: GuestMemoryBackend> StageDevice<M> {
         } else {
             &mut drained.events
         };
+        let memory = self.memory.memory();
         for vcpu in 0..area.layout.num_vcpus {
             let ring = Ring {
-                memory: &self.memory,
+                memory: &*memory,
                 area_gpa: area.gpa,
                 layout: area.layout,
                 vcpu,
@@ -471,7 +485,10 @@ impl<M: GuestMemoryBackend> StageDevice<M> {
         });
         let map = area.gpa + STAGE_MAP_OFFSET;
         let store = |value: u64, offset: u64, order| {
-            let _ = self.memory.store(value, GuestAddress(map + offset), order);
+            let _ = self
+                .memory
+                .memory()
+                .store(value, GuestAddress(map + offset), order);
         };
         // Seqlock write: odd epoch, data, even epoch (release).
         store(area.epoch + 1, 0, Ordering::Release);
@@ -516,6 +533,7 @@ impl<M: GuestMemoryBackend> StageDevice<M> {
             let at = gpa + STAGE_MAP_OFFSET + core::mem::offset_of!(StageMap, trace_every) as u64;
             let _ = self
                 .memory
+                .memory()
                 .store(every, GuestAddress(at), Ordering::Relaxed);
         }
     }
@@ -552,6 +570,7 @@ impl<M: GuestMemoryBackend> StageDevice<M> {
             let base = gpa + Layout::vcpu_state_offset(vcpu);
             let word = |offset: usize| -> u32 {
                 self.memory
+                    .memory()
                     .load(GuestAddress(base + offset as u64), Ordering::Acquire)
                     .unwrap_or(0)
             };

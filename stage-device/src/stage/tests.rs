@@ -23,7 +23,10 @@ fn counters_device(mem: &GuestMemoryMmap, ring_entries: u32) -> (Layout, StageDe
     let layout = Layout::new(2, 3, ring_entries).unwrap().with_latency();
     mem.write_obj(Obj(layout.header()), GuestAddress(AREA))
         .unwrap();
-    (layout, StageDevice::new(mem.clone(), MEM, 2, 0, 0))
+    (
+        layout,
+        StageDevice::new(std::sync::Arc::new(mem.clone()), MEM, 2, 0, 0),
+    )
 }
 
 fn register(dev: &StageDevice) -> Status {
@@ -55,7 +58,7 @@ impl Platform for InProcess {
 fn agent_and_device_agree_under_concurrent_draining() {
     let mem = memory();
     let host = mem.get_host_address(GuestAddress(AREA)).unwrap();
-    let dev = Arc::new(StageDevice::new(mem, MEM, 2, 0, 0));
+    let dev = Arc::new(StageDevice::new(std::sync::Arc::new(mem), MEM, 2, 0, 0));
     let layout = Layout::new(2, 3, 4).unwrap();
     // SAFETY: the area lies in the device's guest memory, which outlives the agent.
     let agent = unsafe {
@@ -118,7 +121,7 @@ fn agent_and_device_agree_under_concurrent_draining() {
 #[test]
 fn register_refusals_and_unregister() {
     let mem = memory();
-    let dev = StageDevice::new(mem.clone(), MEM, 1, 0, 0);
+    let dev = StageDevice::new(std::sync::Arc::new(mem.clone()), MEM, 1, 0, 0);
     let layout = Layout::new(1, 2, 8).unwrap();
     // Below the minimum GPA, past the end of RAM.
     dev.doorbell(0, DOORBELL_REGISTER, &1u32.to_le_bytes());
@@ -150,6 +153,25 @@ fn register_refusals_and_unregister() {
     assert_eq!(r.registrations_rejected["AlreadyRegistered"], 2);
 }
 
+/// The device holds any `vm-memory` address space ([`super::StageMemory`]):
+/// over a borrowed `&GuestMemoryMmap` (as over the VMM's `Arc`), a guest's
+/// area registers and its counters are read through the space's snapshot.
+#[test]
+fn any_guest_address_space_serves() {
+    let mem = memory();
+    let layout = Layout::new(2, 3, 8).unwrap().with_latency();
+    mem.write_obj(Obj(layout.header()), GuestAddress(AREA))
+        .unwrap();
+    let dev: StageDevice<&GuestMemoryMmap> = StageDevice::new(&mem, MEM, 2, 0, 0);
+    let pfn = (AREA >> 12) as u32;
+    let registered = dev.doorbell(0, DOORBELL_REGISTER, &pfn.to_le_bytes());
+    assert!(registered.is_some_and(|r| r.counters));
+    assert!(dev.report().registered);
+    let mut blocks = Blocks::default();
+    assert!(dev.read_blocks(&mut blocks).is_some());
+    assert_eq!((blocks.counters.len(), blocks.latency.len()), (2, 2));
+}
+
 /// vCPU `vcpu` rings WAIT (the longest timeout) on a thread of its own;
 /// the thread returns how long it waited.
 fn wait_on(dev: &Arc<StageDevice>, vcpu: u32) -> std::thread::JoinHandle<Duration> {
@@ -163,7 +185,13 @@ fn wait_on(dev: &Arc<StageDevice>, vcpu: u32) -> std::thread::JoinHandle<Duratio
 
 #[test]
 fn wait_returns_on_wake_and_on_timeout() {
-    let dev = Arc::new(StageDevice::new(memory(), MEM, 2, 0, 0));
+    let dev = Arc::new(StageDevice::new(
+        std::sync::Arc::new(memory()),
+        MEM,
+        2,
+        0,
+        0,
+    ));
     let t0 = std::time::Instant::now();
     dev.doorbell(1, DOORBELL_WAIT, &2000u32.to_le_bytes());
     assert!(t0.elapsed() >= Duration::from_millis(2));
@@ -208,7 +236,7 @@ proptest! {
         h.area_size = area_pages.wrapping_mul(4096);
         h.version = version;
         mem.write_obj(Obj(h), GuestAddress(AREA)).unwrap();
-        let dev = StageDevice::new(mem, MEM, 2, 0, 0);
+        let dev = StageDevice::new(std::sync::Arc::new(mem), MEM, 2, 0, 0);
         let result = dev.doorbell(0, DOORBELL_REGISTER, &((AREA >> 12) as u32).to_le_bytes());
         let fits = hypercall_abi::stage::validate_header(&h, 2).is_ok()
             && AREA.checked_add(h.area_size).is_some_and(|end| end <= MEM);
@@ -232,7 +260,7 @@ proptest! {
         let mem = memory();
         let layout = Layout::new(1, 3, 8).unwrap();
         mem.write_obj(Obj(layout.header()), GuestAddress(AREA)).unwrap();
-        let dev = StageDevice::new(mem.clone(), MEM, 1, 0, 0);
+        let dev = StageDevice::new(std::sync::Arc::new(mem.clone()), MEM, 1, 0, 0);
         prop_assert_eq!(register(&dev), Status::Ok);
         let first_slot = AREA + layout.slot_offset(0, 0);
         mem.write_slice(&slots, GuestAddress(first_slot)).unwrap();
@@ -268,7 +296,7 @@ fn head_near_the_end_of_the_index_space_is_counted_not_overflowed() {
     let layout = Layout::new(1, 3, 8).unwrap();
     mem.write_obj(Obj(layout.header()), GuestAddress(AREA))
         .unwrap();
-    let dev = StageDevice::new(mem.clone(), MEM, 1, 0, 0);
+    let dev = StageDevice::new(std::sync::Arc::new(mem.clone()), MEM, 1, 0, 0);
     assert_eq!(register(&dev), Status::Ok);
     let head_gpa = GuestAddress(AREA + layout.ring_offset(0));
     // A jump far ahead: resynchronised to head = u64::MAX - 2.
@@ -288,7 +316,7 @@ fn head_near_the_end_of_the_index_space_is_counted_not_overflowed() {
 /// counted (issue 14 D1: every refusal used to log a line).
 #[test]
 fn refused_registers_are_logged_rate_limited() {
-    let dev = StageDevice::new(memory(), MEM, 1, 0, 0);
+    let dev = StageDevice::new(std::sync::Arc::new(memory()), MEM, 1, 0, 0);
     let before = crate::ratelimit::suppressed();
     for _ in 0..100_000 {
         dev.doorbell(0, DOORBELL_REGISTER, &1u32.to_le_bytes());
@@ -313,7 +341,13 @@ fn prefilled_rings_are_drained_in_bounded_passes_without_blocking_doorbells() {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), size as usize)]).unwrap();
     mem.write_obj(Obj(layout.header()), GuestAddress(AREA))
         .unwrap();
-    let dev = Arc::new(StageDevice::new(mem.clone(), size, VCPUS, 0, 0));
+    let dev = Arc::new(StageDevice::new(
+        std::sync::Arc::new(mem.clone()),
+        size,
+        VCPUS,
+        0,
+        0,
+    ));
     assert_eq!(register(&dev), Status::Ok);
     for v in 0..VCPUS {
         for i in 0..u64::from(ENTRIES) {
@@ -374,7 +408,7 @@ fn backoff_sums_saturate() {
     let layout = Layout::new(2, 2, 8).unwrap();
     mem.write_obj(Obj(layout.header()), GuestAddress(AREA))
         .unwrap();
-    let dev = StageDevice::new(mem.clone(), MEM, 2, 0, 0);
+    let dev = StageDevice::new(std::sync::Arc::new(mem.clone()), MEM, 2, 0, 0);
     assert_eq!(register(&dev), Status::Ok);
     for v in 0..2 {
         let backoffs = AREA + layout.ring_offset(v) + 128;
@@ -490,7 +524,8 @@ fn a_vmm_with_a_dirty_bitmap_embeds_the_device() {
     let region = mem.iter().next().unwrap();
     // As after a migration pass: nothing dirty.
     std::ops::Deref::deref(region).bitmap().reset();
-    let dev: StageDevice<DirtyMemory> = StageDevice::new(mem.clone(), MEM, 2, 0, 0);
+    let dev: StageDevice<std::sync::Arc<DirtyMemory>> =
+        StageDevice::new(std::sync::Arc::new(mem.clone()), MEM, 2, 0, 0);
     let registered = dev
         .doorbell(0, DOORBELL_REGISTER, &((AREA >> 12) as u32).to_le_bytes())
         .expect("REGISTER");

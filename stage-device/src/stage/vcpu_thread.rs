@@ -8,8 +8,6 @@
 
 use std::cell::Cell;
 
-use vm_memory::GuestMemoryBackend;
-
 use super::{Registered, StageDevice};
 
 thread_local! {
@@ -28,7 +26,7 @@ pub fn current_vcpu() -> Option<u32> {
     CURRENT.with(Cell::get)
 }
 
-impl<M: GuestMemoryBackend> StageDevice<M> {
+impl<M: super::StageMemory> StageDevice<M> {
     /// [`StageDevice::doorbell`] for the calling thread's vCPU
     /// ([`current_vcpu`]). A thread that is not a vCPU's gets nothing done
     /// and a rate-limited warning.
@@ -66,7 +64,7 @@ mod tests {
     #[test]
     fn a_doorbell_is_the_calling_vcpu_threads() {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
-        let dev = StageDevice::new(mem, 4 << 20, 2, 0, 0);
+        let dev = StageDevice::new(std::sync::Arc::new(mem), 4 << 20, 2, 0, 0);
         std::thread::scope(|s| {
             s.spawn(|| {
                 // Not a vCPU's thread: nothing rung, no status of its own.

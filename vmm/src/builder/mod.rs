@@ -471,7 +471,7 @@ pub fn build(config: &VmConfig) -> Result<Vmm, VmmError> {
     // Step 9: the stage device, the bus, the stage scheduler.
     let stage = config.stage_device.then(|| {
         let device = StageDevice::new(
-            memory.clone(),
+            Arc::new(memory.clone()),
             layout::ram_end(config.memory.size),
             num_vcpus,
             tsc_khz,

@@ -54,7 +54,7 @@ fn huge(size: u64) -> Result<GuestMemoryMmap, MemoryError> {
             GuestRegionMmap::new(region, GuestAddress(start)).ok_or(MemoryError::Overflow(start))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(GuestMemoryMmap::from_regions(regions).map_err(MemoryError::from)?)
+    GuestMemoryMmap::from_regions(regions).map_err(MemoryError::from)
 }
 
 /// What the host's huge-page pool holds, from `/proc/meminfo`.
