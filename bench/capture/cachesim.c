@@ -44,8 +44,8 @@ static int cache_init(Cache *c, const char *spec, uint64_t line)
     c->sets = lines / ways;
     if (c->sets & (c->sets - 1)) return -1;
     c->ways = ways;
-    c->tag = calloc(lines, sizeof *c->tag);
-    c->used = calloc(lines, sizeof *c->used);
+    c->tag = calloc(lines, sizeof(*c->tag));
+    c->used = calloc(lines, sizeof(*c->used));
     c->clock = 0;
     return c->tag && c->used ? 0 : -1;
 }
@@ -95,7 +95,7 @@ static int need(size_t n)
     memmove(buf, buf + bpos, blen - bpos);
     blen -= bpos; bpos = 0;
     while (blen < n) {
-        size_t r = fread(buf + blen, 1, sizeof buf - blen, in);
+        size_t r = fread(buf + blen, 1, sizeof(buf) - blen, in);
         if (r == 0) return 0;
         blen += r;
     }
@@ -113,7 +113,7 @@ static int pass(const char *path, int simulate, uint64_t warm, uint64_t *total)
 {
     char cmd[4200];
     if (strlen(path) > 4000 || strchr(path, '\'')) { fprintf(stderr, "cachesim: bad path\n"); return -1; }
-    snprintf(cmd, sizeof cmd, "zstd -dcq '%s'", path);
+    snprintf(cmd, sizeof(cmd), "zstd -dcq '%s'", path);
     in = popen(cmd, "r");
     if (!in) { perror("cachesim: zstd"); return -1; }
     blen = bpos = 0;
@@ -122,7 +122,7 @@ static int pass(const char *path, int simulate, uint64_t warm, uint64_t *total)
     uint64_t seen = 0;
     static const int len[7] = {0, 5, 13, 10, 10, 3, 1};
     while (need(1)) {
-        unsigned tag = buf[bpos];
+        unsigned int tag = buf[bpos];
         if (tag < 1 || tag > 6) { fprintf(stderr, "cachesim: unknown tag %u\n", tag); pclose(in); return -1; }
         if (!need(len[tag])) { fprintf(stderr, "cachesim: truncated record\n"); pclose(in); return -1; }
         const unsigned char *p = buf + bpos + 1;

@@ -33,7 +33,7 @@ static int need(size_t n)
     memmove(buf, buf + bpos, blen - bpos);
     blen -= bpos; bpos = 0;
     while (blen < n) {
-        size_t r = fread(buf + blen, 1, sizeof buf - blen, stdin);
+        size_t r = fread(buf + blen, 1, sizeof(buf) - blen, stdin);
         if (r == 0) return 0;
         blen += r;
     }
@@ -57,7 +57,7 @@ int main(void)
     uint32_t tid = 0;
     int ended = 0;
     while (need(1)) {
-        unsigned tag = buf[bpos];
+        unsigned int tag = buf[bpos];
         if (tag < 1 || tag > 6) { fprintf(stderr, "stage_seq: bad tag %#x\n", tag); return 1; }
         if (!need(len[tag])) break;                 /* truncated */
         const unsigned char *p = buf + bpos + 1;

@@ -24,7 +24,7 @@ static void set_add(Acc *a, uint64_t line)
 {
     if (a->n * 2 >= a->cap) {
         size_t ncap = a->cap ? a->cap * 2 : 4096;
-        uint64_t *ns = calloc(ncap, sizeof *ns);
+        uint64_t *ns = calloc(ncap, sizeof(*ns));
         for (size_t i = 0; i < a->cap; i++) {
             uint64_t v = a->set[i];
             if (!v) continue;
@@ -58,7 +58,7 @@ static int need(size_t n)
     memmove(buf, buf + bpos, blen - bpos);
     blen -= bpos; consumed += bpos; bpos = 0;
     while (blen < n) {
-        size_t r = fread(buf + blen, 1, sizeof buf - blen, stdin);
+        size_t r = fread(buf + blen, 1, sizeof(buf) - blen, stdin);
         if (r == 0) return 0;
         blen += r;
     }
@@ -85,7 +85,7 @@ int main(int argc, char **argv)
     Acc *tall = NULL;             /* no thread yet */
     for (;;) {
         if (!need(1)) break;
-        unsigned tag = buf[bpos];
+        unsigned int tag = buf[bpos];
         const unsigned char *p;
         switch (tag) {
         case 1: {
@@ -104,7 +104,7 @@ int main(int argc, char **argv)
             if (!need(13)) goto trunc;
             p = buf + bpos + 1; bpos += 13;
             if (tix < 0) { fprintf(stderr, "FETCH before THREAD\n"); return 1; }
-            uint64_t a = rd64(p); unsigned by = rd16(p + 8), in = rd16(p + 10);
+            uint64_t a = rd64(p); unsigned int by = rd16(p + 8), in = rd16(p + 10);
             Acc *s = get(stg, cur_stage_of[tix]);
             n_fetch++; n_instr += in;
             tall->fetches++; tall->instrs += in; tall->bytes += by;
@@ -152,7 +152,7 @@ done:
         Acc *s = stg[i];
         if (!s) continue;
         char nm[16];
-        if (i == NO_STAGE) snprintf(nm, sizeof nm, "none"); else snprintf(nm, sizeof nm, "%zu", i);
+        if (i == NO_STAGE) snprintf(nm, sizeof(nm), "none"); else snprintf(nm, sizeof(nm), "%zu", i);
         printf("%-8s %14llu %6.2f%% %12llu %12llu %12llu %10llu %12.1f\n", nm,
                (unsigned long long)s->instrs, n_instr ? 100.0 * s->instrs / n_instr : 0.0,
                (unsigned long long)s->fetches, (unsigned long long)s->loads,

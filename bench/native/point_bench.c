@@ -14,7 +14,8 @@
  *                                      futex handoff, no gate)
  *
  * probe_a/probe_b start with a RIP-relative store, so a detour must
- * relocate their first instruction. */
+ * relocate their first instruction.
+ */
 #define _GNU_SOURCE
 #include <linux/futex.h>
 #include <pthread.h>
@@ -46,6 +47,7 @@ static long iters;
 static uint64_t now_ns(void)
 {
 	struct timespec ts;
+
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
@@ -53,6 +55,7 @@ static uint64_t now_ns(void)
 static void *loop(void *arg)
 {
 	int x = (int)(intptr_t)arg;
+
 	for (long i = 0; i < iters; i++)
 		x = probe_b(probe_a(x));
 	return (void *)(intptr_t)x;
@@ -63,6 +66,7 @@ static _Atomic int turn;
 static void *pingpong(void *arg)
 {
 	int me = (int)(intptr_t)arg;
+
 	for (long i = 0; i < iters; i++) {
 		while (atomic_load(&turn) != me)
 			syscall(SYS_futex, &turn, FUTEX_WAIT_PRIVATE, 1 - me, NULL);
@@ -80,12 +84,14 @@ int main(int argc, char **argv)
 	}
 	iters = atol(argv[2]);
 	uint64_t t0 = now_ns();
+
 	if (!strcmp(argv[1], "calls")) {
 		loop(NULL);
 		printf("ns_per_call %.3f\n", (double)(now_ns() - t0) / (2.0 * (double)iters));
 	} else if (!strcmp(argv[1], "threads") && argc > 3) {
 		int n = atoi(argv[3]);
 		pthread_t th[256];
+
 		if (n < 1 || n > 256)
 			return 2;
 		for (int i = 0; i < n; i++)
@@ -95,6 +101,7 @@ int main(int argc, char **argv)
 		printf("elapsed_ns %llu\n", (unsigned long long)(now_ns() - t0));
 	} else if (!strcmp(argv[1], "futex")) {
 		pthread_t t;
+
 		pthread_create(&t, NULL, pingpong, (void *)1);
 		pingpong((void *)0);
 		pthread_join(t, NULL);

@@ -72,16 +72,16 @@
 /* ------------------------------------------------------------------ */
 /* options                                                             */
 
-static const HChar* clo_out = NULL;        /* output path (FIFO into zstd) */
-static const HChar* clo_stages = NULL;     /* address table */
-static const HChar* clo_ctl = NULL;        /* control file */
-static const HChar* clo_exe = "mariadbd";  /* basename of the executable the table refers to */
-static const HChar* clo_stats = NULL;      /* key = value statistics file */
+static const HChar *clo_out;               /* output path (FIFO into zstd) */
+static const HChar *clo_stages;            /* address table */
+static const HChar *clo_ctl;               /* control file */
+static const HChar *clo_exe = "mariadbd";  /* basename of the executable the table refers to */
+static const HChar *clo_stats;             /* key = value statistics file */
 static Bool clo_trace_mem = True;
 static Bool clo_start_on = False;          /* trace from the start */
-static ULong clo_max_instrs = 0;           /* 0: no bound on the traced instructions */
+static ULong clo_max_instrs;               /* 0: no bound on the traced instructions */
 
-static Bool st_process_cmd_line_option(const HChar* arg)
+static Bool st_process_cmd_line_option(const HChar *arg)
 {
    if      VG_STR_CLO(arg, "--out", clo_out) {}
    else if VG_STR_CLO(arg, "--stages", clo_stages) {}
@@ -114,7 +114,7 @@ static void st_print_debug_usage(void) { VG_(printf)("    (none)\n"); }
 /* output                                                              */
 
 #define OBUF_SIZE (4u << 20)
-static UChar* obuf;
+static UChar *obuf;
 static UInt   olen;
 static Int    ofd = -1;
 static ULong  bytes_written;
@@ -138,23 +138,27 @@ static inline void out_reserve(UInt n) { if (olen + n > OBUF_SIZE) out_flush(); 
 static inline void put8(UInt v)  { obuf[olen++] = (UChar)v; }
 static inline void put16(UInt v) { obuf[olen++] = (UChar)v; obuf[olen++] = (UChar)(v >> 8); }
 static inline void put32(UInt v) { put16(v & 0xFFFF); put16(v >> 16); }
-static inline void put64(ULong v){ put32((UInt)v); put32((UInt)(v >> 32)); }
+static inline void put64(ULong v) { put32((UInt)v); put32((UInt)(v >> 32)); }
 
 /* ------------------------------------------------------------------ */
 /* stage table                                                         */
 
-typedef struct { Addr addr; UShort stage; UShort flags; } StageFn;
+typedef struct {
+   Addr   addr;
+   UShort stage;
+   UShort flags;
+} StageFn;
 #define FL_TRIGGER 1
 
-static StageFn* fns;     /* sorted by file address, relocated in place once */
+static StageFn *fns;     /* sorted by file address, relocated in place once */
 static UInt     n_fns;
 static Bool     fns_relocated = False;
 static Addr     exe_lo, exe_hi;   /* relocated address range of the table */
 
-static ULong parse_hex(const HChar** p)
+static ULong parse_hex(const HChar **p)
 {
    ULong v = 0;
-   const HChar* s = *p;
+   const HChar *s = *p;
    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) s += 2;
    for (;;) {
       HChar c = *s;
@@ -168,18 +172,18 @@ static ULong parse_hex(const HChar** p)
    return v;
 }
 
-static ULong parse_dec(const HChar** p)
+static ULong parse_dec(const HChar **p)
 {
    ULong v = 0;
-   const HChar* s = *p;
+   const HChar *s = *p;
    while (*s >= '0' && *s <= '9') { v = v * 10 + (*s - '0'); s++; }
    *p = s;
    return v;
 }
 
-static Int cmp_fn(const void* a, const void* b)
+static Int cmp_fn(const void *a, const void *b)
 {
-   const StageFn* x = a; const StageFn* y = b;
+   const StageFn *x = a; const StageFn *y = b;
    return x->addr < y->addr ? -1 : x->addr > y->addr ? 1 : 0;
 }
 
@@ -195,7 +199,7 @@ static void load_stage_table(void)
    struct vg_stat st;
    VG_(fstat)(fd, &st);
    SizeT sz = st.size;
-   HChar* txt = VG_(malloc)("stgtrace.table", sz + 1);
+   HChar *txt = VG_(malloc)("stgtrace.table", sz + 1);
    SizeT got = 0;
    while (got < sz) {
       Int n = VG_(read)(fd, txt + got, sz - got);
@@ -206,7 +210,7 @@ static void load_stage_table(void)
    VG_(close)(fd);
    UInt cap = 64;
    fns = VG_(malloc)("stgtrace.fns", cap * sizeof(StageFn));
-   const HChar* p = txt;
+   const HChar *p = txt;
    while (*p) {
       while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
       if (!*p) break;
@@ -238,10 +242,10 @@ static void load_stage_table(void)
 static void try_relocate(void)
 {
    if (fns_relocated || n_fns == 0) return;
-   const DebugInfo* di;
+   const DebugInfo *di;
    SizeT exelen = VG_(strlen)(clo_exe);
    for (di = VG_(next_DebugInfo)(NULL); di; di = VG_(next_DebugInfo)(di)) {
-      const HChar* f = VG_(DebugInfo_get_filename)(di);
+      const HChar *f = VG_(DebugInfo_get_filename)(di);
       if (!f) continue;
       SizeT fl = VG_(strlen)(f);
       if (fl < exelen || VG_(strcmp)(f + fl - exelen, clo_exe) != 0) continue;
@@ -258,7 +262,7 @@ static void try_relocate(void)
    }
 }
 
-static const StageFn* find_fn(Addr a)
+static const StageFn *find_fn(Addr a)
 {
    if (!fns_relocated || a < exe_lo || a > exe_hi) return NULL;
    UInt lo = 0, hi = n_fns;
@@ -283,7 +287,7 @@ typedef struct {
    Bool   seen;           /* appeared in the trace */
 } ThreadSt;
 
-static ThreadSt* threads;        /* indexed by ThreadId, VG_N_THREADS entries */
+static ThreadSt *threads;        /* indexed by ThreadId, VG_N_THREADS entries */
 static ThreadId  last_tid = VG_INVALID_THREADID;
 static Bool      tracing = False;
 
@@ -295,7 +299,7 @@ static ULong n_windows, n_depth_overflow;
 static Bool  max_reached = False;  /* --max-instrs hit: tracing stays off */
 static UInt  threads_seen;
 
-static inline UInt cur_stage(ThreadSt* t)
+static inline UInt cur_stage(ThreadSt *t)
 {
    return t->depth ? t->stage[t->depth - 1] : NO_STAGE;
 }
@@ -343,13 +347,15 @@ static void check_ctl(void)
    }
 }
 
-/* Called at the start of every segment.
-   info: bits 0..15 bytes, 16..31 instrs, 32..47 stage+1 (0 = not a stage
-   entry), bit 48 trigger. */
+/*
+ * Called at the start of every segment.
+ * info: bits 0..15 bytes, 16..31 instrs, 32..47 stage+1 (0 = not a stage
+ * entry), bit 48 trigger.
+ */
 static VG_REGPARM(3) void st_segment(Addr addr, ULong info, Addr sp)
 {
    ThreadId tid = VG_(get_running_tid)();
-   ThreadSt* t = &threads[tid];
+   ThreadSt *t = &threads[tid];
 
    /* returns / unwinding */
    while (t->depth && sp > t->sp[t->depth - 1]) t->depth--;
@@ -420,21 +426,21 @@ static VG_REGPARM(2) void st_store(Addr a, UWord size)
 /* ------------------------------------------------------------------ */
 /* instrumentation                                                     */
 
-static void add_mem_call(IRSB* sb, Bool is_store, IRExpr* addr, Int size, IRExpr* guard)
+static void add_mem_call(IRSB *sb, Bool is_store, IRExpr *addr, Int size, IRExpr *guard)
 {
-   IRExpr** argv = mkIRExprVec_2(addr, mkIRExpr_HWord((HWord)size));
-   IRDirty* di = is_store
+   IRExpr **argv = mkIRExprVec_2(addr, mkIRExpr_HWord((HWord)size));
+   IRDirty *di = is_store
       ? unsafeIRDirty_0_N(2, "st_store", VG_(fnptr_to_fnentry)(&st_store), argv)
       : unsafeIRDirty_0_N(2, "st_load",  VG_(fnptr_to_fnentry)(&st_load),  argv);
    if (guard) di->guard = guard;
    addStmtToIRSB(sb, IRStmt_Dirty(di));
 }
 
-static void add_inline_count(IRSB* sb)
+static void add_inline_count(IRSB *sb)
 {
    IRTemp t1 = newIRTemp(sb->tyenv, Ity_I64);
    IRTemp t2 = newIRTemp(sb->tyenv, Ity_I64);
-   IRExpr* ctr = mkIRExpr_HWord((HWord)&n_instr_inline);
+   IRExpr *ctr = mkIRExpr_HWord((HWord)&n_instr_inline);
    addStmtToIRSB(sb, IRStmt_WrTmp(t1, IRExpr_Load(Iend_LE, Ity_I64, ctr)));
    addStmtToIRSB(sb, IRStmt_WrTmp(t2, IRExpr_Binop(Iop_Add64, IRExpr_RdTmp(t1),
                                                    IRExpr_Const(IRConst_U64(1)))));
@@ -443,10 +449,10 @@ static void add_inline_count(IRSB* sb)
 
 #define MAX_SEGS 512
 
-static IRSB* st_instrument(VgCallbackClosure* closure, IRSB* sbIn,
-                           const VexGuestLayout* layout,
-                           const VexGuestExtents* vge,
-                           const VexArchInfo* archinfo_host,
+static IRSB *st_instrument(VgCallbackClosure *closure, IRSB *sbIn,
+                           const VexGuestLayout *layout,
+                           const VexGuestExtents *vge,
+                           const VexArchInfo *archinfo_host,
                            IRType gWordTy, IRType hWordTy)
 {
    Int i, j;
@@ -461,13 +467,13 @@ static IRSB* st_instrument(VgCallbackClosure* closure, IRSB* sbIn,
    Bool new_seg = True;
    Addr next_addr = 0;
    for (i = 0; i < sbIn->stmts_used; i++) {
-      IRStmt* st = sbIn->stmts[i];
+      IRStmt *st = sbIn->stmts[i];
       if (!st) continue;
       if (st->tag == Ist_Exit) { new_seg = True; continue; }
       if (st->tag != Ist_IMark) continue;
       Addr a = (Addr)st->Ist.IMark.addr;
       UInt len = st->Ist.IMark.len;
-      const StageFn* f = find_fn(a);
+      const StageFn *f = find_fn(a);
       if (new_seg || f || a != next_addr || nseg == 0 ||
           (seg_info[nseg - 1] & 0xFFFF) + len > 0xFFFF) {
          tl_assert(nseg < MAX_SEGS);
@@ -482,8 +488,8 @@ static IRSB* st_instrument(VgCallbackClosure* closure, IRSB* sbIn,
       next_addr = a + len;
    }
 
-   IRSB* sbOut = deepCopyIRSBExceptStmts(sbIn);
-   IRTypeEnv* tyenv = sbIn->tyenv;
+   IRSB *sbOut = deepCopyIRSBExceptStmts(sbIn);
+   IRTypeEnv *tyenv = sbIn->tyenv;
    i = 0;
    while (i < sbIn->stmts_used && sbIn->stmts[i]->tag != Ist_IMark) {
       addStmtToIRSB(sbOut, sbIn->stmts[i]);
@@ -491,17 +497,17 @@ static IRSB* st_instrument(VgCallbackClosure* closure, IRSB* sbIn,
    }
    j = 0;
    for (; i < sbIn->stmts_used; i++) {
-      IRStmt* st = sbIn->stmts[i];
+      IRStmt *st = sbIn->stmts[i];
       if (!st || st->tag == Ist_NoOp) continue;
       switch (st->tag) {
       case Ist_IMark:
          if (j < nseg && seg_stmt[j] == i) {
             IRTemp spt = newIRTemp(sbOut->tyenv, Ity_I64);
             addStmtToIRSB(sbOut, IRStmt_WrTmp(spt, IRExpr_Get(layout->offset_SP, Ity_I64)));
-            IRExpr** argv = mkIRExprVec_3(mkIRExpr_HWord((HWord)seg_addr[j]),
+            IRExpr **argv = mkIRExprVec_3(mkIRExpr_HWord((HWord)seg_addr[j]),
                                           IRExpr_Const(IRConst_U64(seg_info[j])),
                                           IRExpr_RdTmp(spt));
-            IRDirty* di = unsafeIRDirty_0_N(3, "st_segment",
+            IRDirty *di = unsafeIRDirty_0_N(3, "st_segment",
                                             VG_(fnptr_to_fnentry)(&st_segment), argv);
             addStmtToIRSB(sbOut, IRStmt_Dirty(di));
             j++;
@@ -511,7 +517,7 @@ static IRSB* st_instrument(VgCallbackClosure* closure, IRSB* sbIn,
          break;
       case Ist_WrTmp:
          if (clo_trace_mem && st->Ist.WrTmp.data->tag == Iex_Load) {
-            IRExpr* d = st->Ist.WrTmp.data;
+            IRExpr *d = st->Ist.WrTmp.data;
             add_mem_call(sbOut, False, d->Iex.Load.addr, sizeofIRType(d->Iex.Load.ty), NULL);
          }
          addStmtToIRSB(sbOut, st);
@@ -525,7 +531,7 @@ static IRSB* st_instrument(VgCallbackClosure* closure, IRSB* sbIn,
          break;
       case Ist_StoreG:
          if (clo_trace_mem) {
-            IRStoreG* sg = st->Ist.StoreG.details;
+            IRStoreG *sg = st->Ist.StoreG.details;
             IRType ty = typeOfIRExpr(tyenv, sg->data);
             add_mem_call(sbOut, True, sg->addr, sizeofIRType(ty), sg->guard);
          }
@@ -533,7 +539,7 @@ static IRSB* st_instrument(VgCallbackClosure* closure, IRSB* sbIn,
          break;
       case Ist_LoadG:
          if (clo_trace_mem) {
-            IRLoadG* lg = st->Ist.LoadG.details;
+            IRLoadG *lg = st->Ist.LoadG.details;
             IRType ty = Ity_INVALID, tyw = Ity_INVALID;
             typeOfIRLoadGOp(lg->cvt, &tyw, &ty);
             add_mem_call(sbOut, False, lg->addr, sizeofIRType(ty), lg->guard);
@@ -542,7 +548,7 @@ static IRSB* st_instrument(VgCallbackClosure* closure, IRSB* sbIn,
          break;
       case Ist_Dirty:
          if (clo_trace_mem) {
-            IRDirty* d = st->Ist.Dirty.details;
+            IRDirty *d = st->Ist.Dirty.details;
             if (d->mFx != Ifx_None) {
                tl_assert(d->mAddr != NULL && d->mSize != 0);
                if (d->mFx == Ifx_Read || d->mFx == Ifx_Modify)
@@ -555,7 +561,7 @@ static IRSB* st_instrument(VgCallbackClosure* closure, IRSB* sbIn,
          break;
       case Ist_CAS:
          if (clo_trace_mem) {
-            IRCAS* cas = st->Ist.CAS.details;
+            IRCAS *cas = st->Ist.CAS.details;
             Int sz = sizeofIRType(typeOfIRExpr(tyenv, cas->dataLo));
             if (cas->dataHi != NULL) sz *= 2;
             add_mem_call(sbOut, False, cas->addr, sz, NULL);
@@ -639,7 +645,7 @@ static void st_fini(Int exitcode)
       if (!sr_isError(sr)) {
          Int fd = sr_Res(sr);
          HChar buf[2048];
-         Int n = VG_(snprintf)(buf, sizeof buf,
+         Int n = VG_(snprintf)(buf, sizeof(buf),
             "total_guest_instructions = %llu\n"
             "window_instructions_inline_counter = %llu\n"
             "window_instructions_fetch_records = %llu\n"

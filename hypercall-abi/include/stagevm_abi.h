@@ -11,9 +11,12 @@
 
 #define STAGEVM_AREA_MAGIC 0x314e414843475453ULL /* "STGCHAN1" little endian */
 #define STAGEVM_ABI_VERSION 1u
-#define STAGEVM_ABI_MINOR 4ull /* 1: map owned, minor; 2: counters, lossy trace rings; 3: map visit; 4: latency */
-#define STAGEVM_AREA_FLAG_COUNTERS 1u /* header flags: counter blocks follow the rings */
-#define STAGEVM_AREA_FLAG_LATENCY 2u /* minor 4, with COUNTERS: latency blocks follow the counter blocks */
+/* 1: map owned, minor; 2: counters, lossy trace rings; 3: map visit; 4: latency */
+#define STAGEVM_ABI_MINOR 4ull
+/* Header flags: counter blocks follow the rings. */
+#define STAGEVM_AREA_FLAG_COUNTERS 1u
+/* Minor 4, with COUNTERS: latency blocks follow the counter blocks. */
+#define STAGEVM_AREA_FLAG_LATENCY 2u
 /* Minor 3: stage-visit policies (stagevm_stage_map.visit, seed 002 ch. 3). */
 #define STAGEVM_VISIT_FIFO 0ull
 #define STAGEVM_VISIT_COHORT 1ull
@@ -108,7 +111,8 @@ struct stagevm_stage_event {
  * cycles[], timed[] and counts[]: 0 none (requests completed), 1 idle,
  * 2 + s stage s. About one visit per STAGEVM_TIMED_INTERVAL_NS per vCPU
  * is timed (one transition in STAGEVM_TIMED_EVERY when the TSC rate is
- * unknown); idle visits are always timed. */
+ * unknown); idle visits are always timed.
+ */
 #define STAGEVM_STATE_CODE_BITS 5u
 #define STAGEVM_STATE_CODE_MASK 31ull
 #define STAGEVM_STATE_TIMED 32ull
@@ -140,7 +144,8 @@ struct stagevm_vcpu_counters {
  * Buckets are log-linear over 16-ns units u = ns >> 4: u < 8 is bucket u;
  * else, with e = floor(log2 u), bucket 8 * (e - 2) + ((u >> (e - 3)) & 7),
  * at most 255 (>= 2^38 ns). The agent records a timed request's latency in
- * the vCPU it ends on: the bucket, sum_ns, then samples (release). */
+ * the vCPU it ends on: the bucket, sum_ns, then samples (release).
+ */
 #define STAGEVM_LATENCY_BUCKETS 256u
 #define STAGEVM_LATENCY_SUB_BITS 3u
 #define STAGEVM_LATENCY_UNIT_SHIFT 4u

@@ -42,7 +42,8 @@ static int failed;
 int hostile_agent(int fd);
 
 /* Records one case: `got` is the ioctl's result (-1 with errno, or >= 0),
- * `want` the errno expected (0: success). */
+ * `want` the errno expected (0: success).
+ */
 static void expect(const char *name, int got, int err, int want)
 {
 	int ok = want ? (got < 0 && err == want) : got >= 0;
@@ -56,8 +57,9 @@ static void expect(const char *name, int got, int err, int want)
  * into every vCPU's block: an out-of-range state code and counts of 2^62.
  * Returns 0 when the blocks were mapped and written, -1 (errno set) when
  * not. The values then stand for `hold_us` (several of the VMM's policy
- * periods of 20 ms) before the caller unregisters. */
-static int forge_counters(int fd, const struct stagevm_ioc_info *info, unsigned hold_us)
+ * periods of 20 ms) before the caller unregisters.
+ */
+static int forge_counters(int fd, const struct stagevm_ioc_info *info, unsigned int hold_us)
 {
 	const struct stagevm_area_header *h;
 	struct stagevm_layout l;
@@ -86,7 +88,7 @@ static int forge_counters(int fd, const struct stagevm_ioc_info *info, unsigned 
 			(void *)(rw + stagevm_counters_offset(&l, v) - STAGEVM_PAGE_SIZE);
 
 		c->state = STAGEVM_STATE_CODE_MASK; /* code 31: no such code */
-		for (unsigned k = 0; k < STAGEVM_NUM_CODES; k++)
+		for (unsigned int k = 0; k < STAGEVM_NUM_CODES; k++)
 			c->counts[k] = 1ull << 62;
 	}
 	usleep(hold_us);
@@ -94,13 +96,13 @@ static int forge_counters(int fd, const struct stagevm_ioc_info *info, unsigned 
 	return 0;
 }
 
-static int reg(int fd, unsigned n, const char *const *names)
+static int reg(int fd, unsigned int n, const char *const *names)
 {
 	struct stagevm_ioc_register r;
 
 	memset(&r, 0, sizeof(r));
 	r.num_stages = n;
-	for (unsigned i = 0; i < n && i < 16; i++)
+	for (unsigned int i = 0; i < n && i < 16; i++)
 		strncpy(r.names[i], names[i], sizeof(r.names[i]));
 	return ioctl(fd, STAGEVM_IOC_REGISTER, &r);
 }
@@ -145,7 +147,8 @@ int main(void)
 	r = reg(fd, 2, unknown);
 	expect("REGISTER twice", r, errno, EBUSY);
 	/* The read-only page may not be mapped writable; the area not beyond
-	 * its size. */
+	 * its size.
+	 */
 	r = ioctl(fd, STAGEVM_IOC_INFO, &info);
 	expect("INFO", r, errno, 0);
 	p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -157,11 +160,13 @@ int main(void)
 	if (p != MAP_FAILED)
 		munmap(p, info.area_size + 4096);
 	/* The counter blocks (after the rings) map read-write; the VMM must
-	 * clamp what is forged there, for 5 of its policy periods. */
+	 * clamp what is forged there, for 5 of its policy periods.
+	 */
 	r = forge_counters(fd, &info, 100000);
 	expect("forged stage counters (mapped read-write, held 100 ms)", r, errno, 0);
 	/* A process that exits in the middle of a stage (libstage, attached,
-	 * its area mapped, no stage_exit or detach). */
+	 * its area mapped, no stage_exit or detach).
+	 */
 	child = fork();
 	if (child == 0) {
 		if (stage_init() < 0 || stage_enter(1) < 0)
@@ -176,7 +181,8 @@ int main(void)
 	r = ioctl(fd, STAGEVM_IOC_UNREGISTER, 0);
 	expect("UNREGISTER twice", r, errno, ENOENT);
 	/* Stage maps (uprobes): bounded resolution, one-open attach, root's
-	 * privilege over an attached map, the unwinding of a failed attach. */
+	 * privilege over an attached map, the unwinding of a failed attach.
+	 */
 	failed += hostile_agent(fd);
 	close(fd);
 	printf("hostile: %d case(s) failed\n", failed);

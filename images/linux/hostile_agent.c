@@ -71,7 +71,8 @@
 /* The bomb's size: the unbounded resolution walked BOMB_SYMS entries per
  * header, 2.7 x 10^8 in all, 2.8 s natively (the issue's 65,535 headers
  * over a larger table took hours); every MiB written costs seconds of
- * emulated kernel mode here (page allocation and clearing). */
+ * emulated kernel mode here (page allocation and clearing).
+ */
 #define BOMB_SHDRS 16384u /* 1 MiB of Elf64_Shdr */
 #define BOMB_SYMS 16384u  /* 384 KiB of Elf64_Sym */
 #define NOBODY 65534
@@ -119,7 +120,7 @@ static int write_file(const char *path, const void *buf, size_t len)
 	return close(fd);
 }
 
-static void elf_header(Elf64_Ehdr *eh, uint64_t shoff, unsigned shnum, uint64_t file_size)
+static void elf_header(Elf64_Ehdr *eh, uint64_t shoff, unsigned int shnum, uint64_t file_size)
 {
 	Elf64_Phdr *ph = (Elf64_Phdr *)(eh + 1);
 
@@ -145,7 +146,8 @@ static void elf_header(Elf64_Ehdr *eh, uint64_t shoff, unsigned shnum, uint64_t 
 /* Writes a small ELF64 file with NFN functions of FN_BYTES at TEXT_OFF
  * (nops and a ret) named in its .symtab hf0, hf1, ... and, last, hftrap,
  * whose first byte is int3. `mark` (in e_ident's padding) makes two such
- * files differ. 0, or -1 with errno. */
+ * files differ. 0, or -1 with errno.
+ */
 static int write_elf(const char *path, uint8_t mark)
 {
 	static uint8_t buf[TEXT_OFF + NFN * FN_BYTES + (NFN + 1) * sizeof(Elf64_Sym) + NFN * 8 + 4 * sizeof(Elf64_Shdr) + 64];
@@ -156,7 +158,7 @@ static int write_elf(const char *path, uint8_t mark)
 	Elf64_Shdr *sh;
 
 	memset(buf, 0, sizeof(buf));
-	for (unsigned i = 0; i < NFN; i++) {
+	for (unsigned int i = 0; i < NFN; i++) {
 		uint8_t *fn = buf + TEXT_OFF + i * FN_BYTES;
 
 		memset(fn, 0x90, FN_BYTES - 1); /* nop */
@@ -188,7 +190,8 @@ static int write_elf(const char *path, uint8_t mark)
  * by the table's first bytes: ""), the table its own string table. The
  * unbounded resolution walked the whole table once per header. Written
  * through a shared mapping (no second copy in emulated kernel mode). 0, or
- * -1 with errno. */
+ * -1 with errno.
+ */
 static int write_bomb(void)
 {
 	uint64_t symoff = 4096, shoff = symoff + (uint64_t)BOMB_SYMS * sizeof(Elf64_Sym);
@@ -205,11 +208,11 @@ static int write_bomb(void)
 	if (buf == MAP_FAILED)
 		return -1;
 	sym = (Elf64_Sym *)(buf + symoff);
-	for (unsigned i = 0; i < BOMB_SYMS; i++)
+	for (unsigned int i = 0; i < BOMB_SYMS; i++)
 		sym[i] = (Elf64_Sym){ .st_info = ELF64_ST_INFO(STB_GLOBAL, STT_FUNC), .st_shndx = 1,
 				      .st_value = VADDR + symoff };
 	sh = (Elf64_Shdr *)(buf + shoff);
-	for (unsigned i = 0; i < BOMB_SHDRS; i++)
+	for (unsigned int i = 0; i < BOMB_SHDRS; i++)
 		sh[i] = (Elf64_Shdr){ .sh_type = SHT_SYMTAB, .sh_offset = symoff,
 				      .sh_size = (uint64_t)BOMB_SYMS * sizeof(Elf64_Sym), .sh_link = 0,
 				      .sh_entsize = sizeof(Elf64_Sym) };
@@ -249,7 +252,8 @@ static int attach(const char *binary, const char *map)
 
 /* Case 1 (item 10): stagectl refuses the bomb within 1 s, timed in the
  * child around stagectl's own work (a fork and an exit cost up to seconds
- * of emulated kernel mode here); the child is killed after 10 s. */
+ * of emulated kernel mode here); the child is killed after 10 s.
+ */
 static void bomb_case(void)
 {
 	const char *name = "a binary with 16384 SHT_SYMTAB headers over one table is refused within 1 s";
@@ -266,7 +270,8 @@ static void bomb_case(void)
 	child = fork();
 	if (child == 0) {
 		/* The message to a file, printed by the parent: the console's
-		 * emulated output is no part of stagectl's time. */
+		 * emulated output is no part of stagectl's time.
+		 */
 		int efd = open(BOMB_ERR, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 		double t;
 		int rc;
@@ -313,8 +318,11 @@ static unsigned long attached_inode(void)
 	log[n] = 0;
 	for (p = strstr(log, key); p; p = strstr(p + 1, key))
 		last = p;
-	if (last && (p = strstr(last, " on inode ")) != NULL)
-		ino = strtoul(p + strlen(" on inode "), NULL, 10);
+	if (last) {
+		p = strstr(last, " on inode ");
+		if (p)
+			ino = strtoul(p + strlen(" on inode "), NULL, 10);
+	}
 	return ino;
 }
 
@@ -327,7 +335,8 @@ static void swap_link(const char *binary)
 }
 
 /* Case 2 (item 8): root attaches MAP3 through LINK, swapped from ELF_A to
- * ELF_B between resolving and attaching. Leaves root's map attached. */
+ * ELF_B between resolving and attaching. Leaves root's map attached.
+ */
 static void swap_case(void)
 {
 	const char *name = "attach probes the file it resolved though the path is swapped in between";
@@ -367,7 +376,8 @@ static void swap_case(void)
 /* In a child as nobody, in /dev/stagevm's group when `unreg_case` is
  * given: UNREGISTER and DETACH_MAP against `want_unreg` and `want_detach`
  * (errnos; -1: not tried); else outside it, where opening the device must
- * fail with EACCES. The cases that failed. */
+ * fail with EACCES. The cases that failed.
+ */
 static int as_nobody(const char *unreg_case, int want_unreg, const char *detach_case, int want_detach)
 {
 	pid_t child = fork();
@@ -410,7 +420,8 @@ static int as_nobody(const char *unreg_case, int want_unreg, const char *detach_
 
 /* Case 3 (item 7, issue 50 S8): nobody outside the device's group, then
  * nobody in it against root's attached map; root detaches, nobody cannot
- * unregister root's stages, root does (nothing is registered afterwards). */
+ * unregister root's stages, root does (nothing is registered afterwards).
+ */
 static void privilege_case(int fd)
 {
 	struct stagevm_ioc_probe_stats ps;
@@ -444,7 +455,8 @@ static void *spin(void *fn)
 }
 
 /* Waits (at most 3 s) until the host's stage map gives stage 0 some of the
- * CPUs in `all` but not all of them: a probe hit then moves a thread. */
+ * CPUs in `all` but not all of them: a probe hit then moves a thread.
+ */
 static int stage0_restricted(int fd, uint64_t all, uint64_t *got)
 {
 	const uint8_t *ro = mmap(NULL, STAGEVM_PAGE_SIZE, PROT_READ, MAP_SHARED, fd, 0);
@@ -476,7 +488,8 @@ static uint64_t mask_bits(const cpu_set_t *s)
 }
 
 /* Case 4 (item 9): MAP_TRAP fails at its last probe while a thread runs
- * through its first. Registers parse, plan, execute and unregisters. */
+ * through its first. Registers parse, plan, execute and unregisters.
+ */
 static void unwind_case(int fd)
 {
 	static const char *const names[] = { "parse", "plan", "execute" };
@@ -490,7 +503,7 @@ static void unwind_case(int fd)
 	void *text;
 	int afd, rc = 0, tries = 0, r;
 
-	for (unsigned i = 0; i < 3; i++)
+	for (unsigned int i = 0; i < 3; i++)
 		strncpy(reg.names[i], names[i], sizeof(reg.names[i]));
 	r = ioctl(fd, STAGEVM_IOC_REGISTER, &reg);
 	if (!expect_errno("REGISTER of parse, plan, execute for the unwind case", r, errno, 0))
@@ -503,7 +516,8 @@ static void unwind_case(int fd)
 		goto out;
 	}
 	/* The binary mapped for execution: uprobe_register installs each
-	 * probe into this mapping at once, and refuses the int3. */
+	 * probe into this mapping at once, and refuses the int3.
+	 */
 	afd = open(ELF_A, O_RDONLY | O_CLOEXEC);
 	text = afd < 0 ? MAP_FAILED : mmap(NULL, TEXT_OFF + NFN * FN_BYTES, PROT_READ | PROT_EXEC, MAP_PRIVATE, afd, 0);
 	if (afd >= 0)
@@ -515,7 +529,8 @@ static void unwind_case(int fd)
 	while (!spin_started)
 		usleep(1000);
 	/* A try is conclusive when a probe was hit in the window between the
-	 * first probe's registration and the last one's refusal. */
+	 * first probe's registration and the last one's refusal.
+	 */
 	do {
 		rc = attach(ELF_A, MAP_TRAP);
 		r = ioctl(fd, STAGEVM_IOC_PROBE_STATS, &ps);
@@ -524,7 +539,7 @@ static void unwind_case(int fd)
 	sched_getaffinity(spin_tid, sizeof(after), &after);
 	result(aff_case, rc == 1 && r == 0 && ps.hits[0] > 0 && CPU_EQUAL(&orig, &after),
 	       "attach exit %d after %u hits of its first probes (tries %d); affinity %#llx, was %#llx; the map gave %#llx",
-	       rc, r == 0 ? (unsigned)ps.hits[0] : 0, tries + 1, (unsigned long long)mask_bits(&after),
+	       rc, r == 0 ? (unsigned int)ps.hits[0] : 0, tries + 1, (unsigned long long)mask_bits(&after),
 	       (unsigned long long)all, (unsigned long long)map0);
 	result(ref_case, r == 0 && ps.attached == 0 && ps.threads_held == 0,
 	       "%llu thread references held, %u probes attached", r == 0 ? (unsigned long long)ps.threads_held : 0,
@@ -538,21 +553,23 @@ out:
 }
 
 /* The map files: MAP3 (one symbol per stage) and MAP_TRAP (every
- * function in stage parse, the int3 last). 0 or -1. */
+ * function in stage parse, the int3 last). 0 or -1.
+ */
 static int write_maps(void)
 {
 	char trap[512] = "stagemap 1\nstage parse";
 	static const char map3[] = "stagemap 1\nstage parse hf0\nstage plan hf1\nstage execute hf2\n";
 	size_t len = strlen(trap);
 
-	for (unsigned i = 0; i + 1 < NFN; i++)
+	for (unsigned int i = 0; i + 1 < NFN; i++)
 		len += (size_t)snprintf(trap + len, sizeof(trap) - len, " hf%u", i);
 	snprintf(trap + len, sizeof(trap) - len, " hftrap\n");
 	return write_file(MAP3, map3, strlen(map3)) || write_file(MAP_TRAP, trap, strlen(trap)) ? -1 : 0;
 }
 
 /* Runs the cases on `fd` (/dev/stagevm, nothing registered); the number
- * that failed. */
+ * that failed.
+ */
 int hostile_agent(int fd)
 {
 	failed = 0;

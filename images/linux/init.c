@@ -49,7 +49,8 @@ int netecho_main(int argc, char **argv);
 
 static int hostile_entry(int argc, char **argv)
 {
-	(void)argc, (void)argv;
+	(void)argc;
+	(void)argv;
 	return hostile_main();
 }
 
@@ -65,7 +66,7 @@ void say(const char *fmt, ...)
 		ssize_t n = read(fd, up, sizeof(up) - 1);
 
 		up[n > 0 ? n : 0] = 0;
-		up[strcspn(up, " \n")] = 0;
+		up[strcspn(up, "\n ")] = 0;
 		close(fd);
 	}
 	printf("stagevm-linux: ");
@@ -83,7 +84,8 @@ void fail(const char *what)
 }
 
 /* The whole kernel log, NUL-terminated, in a static buffer; NULL when it
- * cannot be read. Each call reads it anew (and the caller may cut it up). */
+ * cannot be read. Each call reads it anew (and the caller may cut it up).
+ */
 static char *read_kernel_log(void)
 {
 	static char log[1 << 17];
@@ -97,7 +99,8 @@ static char *read_kernel_log(void)
 
 /* The kernel log's last line containing `word` (the kernel prints a
  * process's segfault at a level `quiet` keeps off the console), copied into
- * `buf`; "-" when there is none. */
+ * `buf`; "-" when there is none.
+ */
 static const char *last_kernel_line(const char *word, char *buf, size_t size)
 {
 	char *log = read_kernel_log();
@@ -117,7 +120,9 @@ static const char *last_kernel_line(const char *word, char *buf, size_t size)
 /* Lines of the kernel log that report an oops, BUG, WARNING or trace. */
 int kernel_log_problems(void)
 {
-	const char *pat[] = { "Oops", "BUG:", "WARNING:", "general protection", "Call Trace" };
+	static const char *const pat[] = {
+		"Oops", "BUG:", "WARNING:", "general protection", "Call Trace"
+	};
 	char *log = read_kernel_log();
 	int count = 0;
 
@@ -137,7 +142,8 @@ int kernel_log_problems(void)
  * binary), /bin/NAME executed otherwise. Returns its exit status, 128 +
  * signal when killed, and says which when it is not 0. The test's programs
  * run without an exec: each process start is a chance of the zeroed TLS
- * block this machine's KVM causes (images/linux/README.md). */
+ * block this machine's KVM causes (images/linux/README.md).
+ */
 int run(const char *name, int (*entry)(int, char **), char *const argv[])
 {
 	char path[64];
@@ -191,7 +197,8 @@ static int64_t crc32_file(const char *path)
 }
 
 /* The kernel command line's word that is `word` or starts with it (a
- * `key=` prefix), copied into `out` (`size` bytes); 0 when there is none. */
+ * `key=` prefix), copied into `out` (`size` bytes); 0 when there is none.
+ */
 int cmdline_word(const char *word, char *out, size_t size)
 {
 	char line[4096], *tok;
@@ -202,7 +209,7 @@ int cmdline_word(const char *word, char *out, size_t size)
 	if (fd >= 0)
 		close(fd);
 	line[n > 0 ? n : 0] = 0;
-	for (tok = strtok(line, " \n"); tok; tok = strtok(NULL, " \n"))
+	for (tok = strtok(line, "\n "); tok; tok = strtok(NULL, "\n "))
 		if (!strncmp(tok, word, len) && (word[len - 1] == '=' || tok[len] == 0)) {
 			snprintf(out, size, "%s", tok);
 			return 1;
@@ -223,7 +230,8 @@ static int netecho_entry(int argc, char **argv)
 }
 
 /* stagevm.net=ADDR/PREFIX: eth0 gets the address and echoes one TCP
- * connection (netecho.c). */
+ * connection (netecho.c).
+ */
 static void net_step(void)
 {
 	char word[64], *addr, *prefix;
@@ -247,7 +255,8 @@ static void net_step(void)
  * /bin/tlsprobe (multicall.c) again and again for EXEC_PROBE_S seconds;
  * reports how many process starts found their TLS wrong, with a status of
  * 1 when any did. Each start is an exec's burst of page faults and system
- * calls in emulated kernel mode (images/linux/README.md). */
+ * calls in emulated kernel mode (images/linux/README.md).
+ */
 #define EXEC_PROBE_S 180
 #define EXEC_PROBE_WORKERS 2
 static void exec_probe(void)
@@ -297,7 +306,8 @@ static void exec_probe(void)
  * the harness's interactive check: each line typed is answered on its own
  * line; "meminfo" answers with /proc/meminfo's MemTotal, "exit" ends it. The
  * tty is left in its canonical mode: the kernel echoes what is typed and
- * delivers whole lines. */
+ * delivers whole lines.
+ */
 static void console_shell(void)
 {
 	char line[256];
@@ -332,7 +342,8 @@ void shut_down(void)
 	snprintf(code, sizeof(code), "%d", status);
 	say("done, exit %d", status);
 	/* The console may still hold the last lines: send them before the VM
-	 * ends (a write returns once the tty has the bytes, not the UART). */
+	 * ends (a write returns once the tty has the bytes, not the UART).
+	 */
 	tcdrain(1);
 	stagevm_exit_main(2, argv);
 	/* Not reached under stagevm; PID 1 must not exit. */
@@ -349,10 +360,15 @@ int init_main(void)
 	mount("proc", "/proc", "proc", 0, NULL);
 	mount("sysfs", "/sys", "sysfs", 0, NULL);
 	mount("devtmpfs", "/dev", "devtmpfs", 0, NULL);
-	if (fcntl(1, F_GETFD) < 0 && (fd = open("/dev/console", O_RDWR)) >= 0) {
-		dup2(fd, 0), dup2(fd, 1), dup2(fd, 2);
-		if (fd > 2)
-			close(fd);
+	if (fcntl(1, F_GETFD) < 0) {
+		fd = open("/dev/console", O_RDWR);
+		if (fd >= 0) {
+			dup2(fd, 0);
+			dup2(fd, 1);
+			dup2(fd, 2);
+			if (fd > 2)
+				close(fd);
+		}
 	}
 	say("user space reached");
 	say("%ld CPUs", sysconf(_SC_NPROCESSORS_ONLN));
@@ -395,7 +411,7 @@ int init_main(void)
 		struct stat st;
 
 		if (stat("/dev/stagevm", &st) == 0 && (st.st_mode & 07777) == 0660)
-			say("/dev/stagevm present (mode 0660, group %u)", (unsigned)st.st_gid);
+			say("/dev/stagevm present (mode 0660, group %u)", (unsigned int)st.st_gid);
 		else
 			fail("/dev/stagevm is not mode 0660");
 	}
@@ -411,7 +427,7 @@ int init_main(void)
 		args[n > 0 ? n : 0] = 0;
 		close(fd);
 	}
-	for (char *tok = strtok(args, " \n"); tok && argc < 7; tok = strtok(NULL, " \n"))
+	for (char *tok = strtok(args, "\n "); tok && argc < 7; tok = strtok(NULL, "\n "))
 		staged_argv[argc++] = tok;
 	staged_argv[argc] = NULL;
 	say("staged start");

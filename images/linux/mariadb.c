@@ -57,11 +57,13 @@
 #define MODULE_PATH "/lib/stagevm/stagevm_agent.ko"
 #define MARIADBD "/usr/sbin/mariadbd"
 /* The issue's bound: a server that is not up 10 minutes after boot is a
- * finding (where the time goes), not something to wait for longer. */
+ * finding (where the time goes), not something to wait for longer.
+ */
 #define READY_WAIT_S 600
 /* The preload path: where the initramfs holds the files, where the chroot
  * sees them (/run is a tmpfs), and the gate's wait bound in the guest (a
- * futex hand-off is emulated kernel work here, ~1 ms). */
+ * futex hand-off is emulated kernel work here, ~1 ms).
+ */
 #define PRELOAD_SRC "/lib/stagevm/preload"
 #define PRELOAD_DIR "/run/stagevm"
 #define PRELOAD_MAX_WAIT_US "50000"
@@ -130,7 +132,8 @@ static int accepts(void)
 }
 
 /* Where a process's time went, from /proc/PID/stat: page faults (minor,
- * major) and user and system CPU seconds (system: emulated kernel mode here). */
+ * major) and user and system CPU seconds (system: emulated kernel mode here).
+ */
 static void say_costs(pid_t pid, const char *when)
 {
 	char path[64], buf[1024], *p;
@@ -165,7 +168,9 @@ static int network(void)
 		return 0;
 	addr = word + strlen("stagevm.net=");
 	prefix = strchr(addr, '/');
-	if (!prefix || (*prefix++ = 0, inet_pton(AF_INET, addr, &a) != 1)) {
+	if (prefix)
+		*prefix++ = 0;
+	if (!prefix || inet_pton(AF_INET, addr, &a) != 1) {
 		say("mariadb: stagevm.net= needs ADDR/PREFIX, got '%s'", word);
 		return -1;
 	}
@@ -209,7 +214,8 @@ static int install_preload(void)
 }
 
 /* Starts mariadbd chrooted at ROOT and waits until it accepts connections;
- * 0, or -1 when it exited or was not ready within READY_WAIT_S. */
+ * 0, or -1 when it exited or was not ready within READY_WAIT_S.
+ */
 static int start_server(void)
 {
 	double t0 = now_s();
@@ -225,7 +231,8 @@ static int start_server(void)
 		 * it AVX and AVX-512: a thread preempted inside an AVX string
 		 * function can resume with another thread's upper register
 		 * halves. glibc is told not to use them (mariadbd's own
-		 * AVX-512 CRC-32 is not configurable). */
+		 * AVX-512 CRC-32 is not configurable).
+		 */
 		if (setenv("GLIBC_TUNABLES", GLIBC_NO_AVX, 1) < 0)
 			_exit(126);
 		if (preload && (setenv("LD_PRELOAD", PRELOAD_DIR "/libstagevm_preload.so", 1) < 0 ||
@@ -296,7 +303,8 @@ static int load_module(void)
 }
 
 /* `gatectl ARGS...`: stagevm-gatectl on mariadbd's control page, chrooted
- * at ROOT; its exit status. */
+ * at ROOT; its exit status.
+ */
 static int gatectl(char **argv)
 {
 	char *args[20] = { "stagevm-gatectl", "--control", PRELOAD_DIR "/gate" };

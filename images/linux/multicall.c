@@ -22,7 +22,8 @@ int stagectl_main(int argc, char **argv);
 /* tlsprobe (init's `stagevm.test=exec` loop, images/linux/README.md): exits
  * 0 when the C library's static TLS block holds its initial values (its
  * locale pointer, copied from the binary's .tdata at startup, is not NULL)
- * and strtoul works; 3 when the pointer is NULL, 4 when strtoul fails. */
+ * and strtoul works; 3 when the pointer is NULL, 4 when strtoul fails.
+ */
 static int tlsprobe_main(void)
 {
 	if (uselocale((locale_t)0) == (locale_t)0)

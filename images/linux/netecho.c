@@ -55,7 +55,8 @@ static int set_addr(int sock, unsigned long req, in_addr_t addr)
 
 /* Gives eth0 the address `addr` (network order) with a /`prefix` netmask and
  * brings it up, with the classic interface ioctls. Returns 0, or 1 after
- * printing the failing step and errno. Also used by mariadb.c. */
+ * printing the failing step and errno. Also used by mariadb.c.
+ */
 int eth0_up(in_addr_t addr, long prefix)
 {
 	struct ifreq ifr;
@@ -89,8 +90,8 @@ int netecho_main(int argc, char **argv)
 	long prefix, echoed = 0;
 	int lsn, conn, one = 1;
 
-	if (argc != 3 || inet_pton(AF_INET, argv[1], &addr) != 1 ||
-	    (prefix = strtol(argv[2], NULL, 10)) < 1 || prefix > 30) {
+	prefix = argc == 3 ? strtol(argv[2], NULL, 10) : 0;
+	if (argc != 3 || inet_pton(AF_INET, argv[1], &addr) != 1 || prefix < 1 || prefix > 30) {
 		printf("netecho: FAILED: usage: netecho IPV4-ADDRESS PREFIX (1-30)\n");
 		return 1;
 	}

@@ -54,10 +54,11 @@
 #define MAX_THREADS 64
 static const char *const names[NSTAGES] = { "parse", "plan", "execute" };
 
-static unsigned iters;
+static unsigned int iters;
 static uint64_t work_ns;
 /* Begin each request with stage_request_begin() (phase "off") rather than
- * at its first stage_enter (phase "static"). */
+ * at its first stage_enter (phase "static").
+ */
 static int explicit_begin;
 
 #define MAX_VCPUS 64
@@ -71,7 +72,8 @@ struct worker {
 };
 
 /* Per vCPU, every switch and exit of the finished phases (and of the cost
- * loop), as reported by stage_enter/stage_exit's return value. */
+ * loop), as reported by stage_enter/stage_exit's return value.
+ */
 static uint64_t switches_on[MAX_VCPUS], exits_on[MAX_VCPUS];
 
 static uint64_t now_ns(void)
@@ -91,8 +93,9 @@ static void spin(uint64_t ns)
 }
 
 /* True when `vcpu` serves `stage` in `map` (a map with no vCPU for the
- * stage lets it run anywhere, as libstage does). */
-static int serves(const struct stage_map_view *map, unsigned stage, int vcpu)
+ * stage lets it run anywhere, as libstage does).
+ */
+static int serves(const struct stage_map_view *map, unsigned int stage, int vcpu)
 {
 	uint64_t mask = map->vcpus[stage];
 
@@ -105,10 +108,10 @@ static void *run(void *arg)
 	struct stage_map_view map;
 
 	stage_map(&map);
-	for (unsigned i = 0; i < iters; i++) {
+	for (unsigned int i = 0; i < iters; i++) {
 		if (explicit_begin && stage_request_begin() < 0)
 			w->enter_errors++;
-		for (unsigned s = 0; s < NSTAGES; s++) {
+		for (unsigned int s = 0; s < NSTAGES; s++) {
 			int vcpu = stage_enter(s);
 
 			if (vcpu < 0) {
@@ -138,7 +141,7 @@ static void *run(void *arg)
 }
 
 /* Runs one phase; prints its line; returns its violations + errors. */
-static uint64_t phase(const char *name, unsigned threads)
+static uint64_t phase(const char *name, unsigned int threads)
 {
 	struct worker w[MAX_THREADS] = { 0 };
 	struct stage_stats before, after;
@@ -148,26 +151,26 @@ static uint64_t phase(const char *name, unsigned threads)
 	stage_get_stats(&before);
 	stage_map(&map);
 	t0 = now_ns();
-	for (unsigned t = 0; t < threads; t++)
+	for (unsigned int t = 0; t < threads; t++)
 		if (pthread_create(&w[t].tid, NULL, run, &w[t]) != 0) {
 			fprintf(stderr, "staged: pthread_create failed\n");
 			exit(2);
 		}
-	for (unsigned t = 0; t < threads; t++) {
+	for (unsigned int t = 0; t < threads; t++) {
 		pthread_join(w[t].tid, NULL);
 		bad += w[t].violations;
 		errors += w[t].enter_errors;
-		for (unsigned v = 0; v < MAX_VCPUS; v++) {
+		for (unsigned int v = 0; v < MAX_VCPUS; v++) {
 			switches_on[v] += w[t].switches[v];
 			exits_on[v] += w[t].exits[v];
 		}
 	}
 	stage_get_stats(&after);
 	printf("staged: phase %s: epoch %llu map", name, (unsigned long long)map.epoch);
-	for (unsigned s = 0; s < NSTAGES; s++)
+	for (unsigned int s = 0; s < NSTAGES; s++)
 		printf(" %s=%#llx", names[s], (unsigned long long)map.vcpus[s]);
 	printf("; %.1f ms; enters", (double)(now_ns() - t0) / 1e6);
-	for (unsigned s = 0; s < NSTAGES; s++)
+	for (unsigned int s = 0; s < NSTAGES; s++)
 		printf(" %s=%llu", names[s],
 		       (unsigned long long)(after.enters[s] - before.enters[s]));
 	printf("; affinity_calls %llu cpu_changes %llu dropped %llu violations %llu errors %llu\n",
@@ -180,7 +183,7 @@ static uint64_t phase(const char *name, unsigned threads)
 }
 
 /* Waits until every vCPU serves every stage (the policy is off). */
-static int wait_for_off(unsigned vcpus, unsigned timeout_s)
+static int wait_for_off(unsigned int vcpus, unsigned int timeout_s)
 {
 	uint64_t all = vcpus >= 64 ? ~0ull : (1ull << vcpus) - 1;
 	uint64_t end = now_ns() + (uint64_t)timeout_s * 1000000000ull;
@@ -190,7 +193,7 @@ static int wait_for_off(unsigned vcpus, unsigned timeout_s)
 		int every = 1;
 
 		stage_map(&map);
-		for (unsigned s = 0; s < NSTAGES; s++)
+		for (unsigned int s = 0; s < NSTAGES; s++)
 			every &= (map.vcpus[s] & all) == all;
 		if (every)
 			return 0;
@@ -207,14 +210,15 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 /* Median of `n` timed calls of getppid() (a real system call every time:
- * syscall(2), so no libc caching), in ns. */
-static uint64_t syscall_ns(unsigned n)
+ * syscall(2), so no libc caching), in ns.
+ */
+static uint64_t syscall_ns(unsigned int n)
 {
 	uint64_t t[256];
 
 	if (n > 256)
 		n = 256;
-	for (unsigned i = 0; i < n; i++) {
+	for (unsigned int i = 0; i < n; i++) {
 		uint64_t a = now_ns();
 
 		syscall(SYS_getppid);
@@ -227,13 +231,14 @@ static uint64_t syscall_ns(unsigned n)
 /* stage_enter() of a stage this vCPU serves (no migration), ns per call:
  * the median of 9 batches of `n` (fewer than a ring's entries, with a pause
  * between batches for the VMM to drain, should libstage report through the
- * rings: a full ring would make it wait; counters never wait). */
-static double stage_enter_ns(unsigned n)
+ * rings: a full ring would make it wait; counters never wait).
+ */
+static double stage_enter_ns(unsigned int n)
 {
 	uint64_t t[9];
 	int vcpu = stage_cpu(), exit_vcpu;
 	struct stage_map_view map;
-	unsigned s = 0;
+	unsigned int s = 0;
 
 	if (n > 128)
 		n = 128;
@@ -242,15 +247,15 @@ static double stage_enter_ns(unsigned n)
 		s++;
 	if (s == NSTAGES)
 		return -1;
-	for (unsigned b = 0; b < 9; b++) {
+	for (unsigned int b = 0; b < 9; b++) {
 		int v[128];
 		uint64_t a = now_ns();
 
-		for (unsigned i = 0; i < n; i++)
+		for (unsigned int i = 0; i < n; i++)
 			v[i] = stage_enter(s);
 		t[b] = now_ns() - a;
 		/* Under "off" the kernel may move the thread between calls. */
-		for (unsigned i = 0; i < n; i++)
+		for (unsigned int i = 0; i < n; i++)
 			if (v[i] >= 0 && v[i] < MAX_VCPUS)
 				switches_on[v[i]]++;
 		usleep(50000);
@@ -266,7 +271,7 @@ static double stage_enter_ns(unsigned n)
 
 int main(int argc, char **argv)
 {
-	unsigned threads, vcpus;
+	unsigned int threads, vcpus;
 	struct stage_stats total;
 	struct stage_map_view map;
 	uint64_t bad = 0;
@@ -276,21 +281,23 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: staged THREADS ITERS WORK_US\n");
 		return 2;
 	}
-	threads = (unsigned)strtoul(argv[1], NULL, 0);
-	iters = (unsigned)strtoul(argv[2], NULL, 0);
+	threads = (unsigned int)strtoul(argv[1], NULL, 0);
+	iters = (unsigned int)strtoul(argv[2], NULL, 0);
 	work_ns = strtoull(argv[3], NULL, 0) * 1000ull;
 	if (threads == 0 || threads > MAX_THREADS) {
 		fprintf(stderr, "staged: THREADS = %u is not in 1-%d\n", threads, MAX_THREADS);
 		return 2;
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	if ((err = stage_init()) < 0) {
+	err = stage_init();
+	if (err < 0) {
 		fprintf(stderr, "staged: stage_init: %s\n", strerror(-err));
 		return 2;
 	}
-	for (unsigned s = 0; s < NSTAGES; s++)
+	for (unsigned int s = 0; s < NSTAGES; s++)
 		stage_name(s, names[s]);
-	if ((err = stage_register()) < 0) {
+	err = stage_register();
+	if (err < 0) {
 		fprintf(stderr, "staged: stage_register: %s\n", strerror(-err));
 		return 2;
 	}
@@ -315,23 +322,24 @@ int main(int argc, char **argv)
 	       stage_enter_ns(128));
 	/* No wait needed before rmmod: the VMM keeps the counters as UNREGISTER
 	 * leaves them and reads them once more (guest-agent/linux/README.md,
-	 * "The host's view"). */
+	 * "The host's view").
+	 */
 	stage_get_stats(&total);
 	printf("staged: total enters");
-	for (unsigned s = 0; s < NSTAGES; s++)
+	for (unsigned int s = 0; s < NSTAGES; s++)
 		printf(" %s=%llu", names[s], (unsigned long long)total.enters[s]);
 	printf(" exits=%llu dropped=%llu\n", (unsigned long long)total.exits,
 	       (unsigned long long)total.dropped);
 	printf("staged: vcpus");
-	for (unsigned v = 0; v < vcpus && v < MAX_VCPUS; v++)
+	for (unsigned int v = 0; v < vcpus && v < MAX_VCPUS; v++)
 		printf(" %u:switches=%llu,exits=%llu", v, (unsigned long long)switches_on[v],
 		       (unsigned long long)exits_on[v]);
 	printf("\n");
 	printf("staged: migrations in");
-	for (unsigned s = 0; s < NSTAGES; s++)
+	for (unsigned int s = 0; s < NSTAGES; s++)
 		printf(" %s=%llu", names[s], (unsigned long long)total.migrations_in[s]);
 	printf(" out");
-	for (unsigned s = 0; s < NSTAGES; s++)
+	for (unsigned int s = 0; s < NSTAGES; s++)
 		printf(" %s=%llu", names[s], (unsigned long long)total.migrations_out[s]);
 	printf("; mode %s, tsc reads %llu, state retries %llu, rseq aborts %llu\n", stage_mode(),
 	       (unsigned long long)total.tsc_reads, (unsigned long long)total.state_retries,

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Self-test program for stgtrace's stage markers: known call structure.
-   main -> stage_a (100x) -> stage_b (3x each) -> helper (no stage);
-   stage_c recurses 5 deep once per stage_a call (same stage: no new entry);
-   stage_throw unwinds through stage_b via longjmp (pops by SP rule). */
+/*
+ * Self-test program for stgtrace's stage markers: known call structure.
+ * main -> stage_a (100x) -> stage_b (3x each) -> helper (no stage);
+ * stage_c recurses 5 deep once per stage_a call (same stage: no new entry);
+ * stage_throw unwinds through stage_b via longjmp (pops by SP rule).
+ */
 #include <setjmp.h>
 #include <stdio.h>
 

@@ -90,9 +90,9 @@ static void *serve_conn(void *arg)
 {
     int fd = (int)(intptr_t)arg;
     char line[64], out[64];
-    while (read_line(fd, line, sizeof line) >= 0) {
+    while (read_line(fd, line, sizeof(line)) >= 0) {
         uint64_t r = handle_request(strtoull(line, NULL, 10));
-        int n = snprintf(out, sizeof out, "%llu\n", (unsigned long long)r);
+        int n = snprintf(out, sizeof(out), "%llu\n", (unsigned long long)r);
         if (send(fd, out, (size_t)n, MSG_NOSIGNAL) != n)
             break;
     }
@@ -116,8 +116,8 @@ static int serve(int port)
     int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(ls, (struct sockaddr *)&a, sizeof a) || listen(ls, 64)) {
+    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(ls, (struct sockaddr *)&a, sizeof(a)) || listen(ls, 64)) {
         fprintf(stderr, "stageserver: 127.0.0.1:%d: %s\n", port, strerror(errno));
         return 1;
     }
@@ -141,7 +141,7 @@ static void *client(void *arg)
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)load_port) };
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
         perror("stageserver load: connect");
         load_bad = 1;
         return NULL;
@@ -149,8 +149,8 @@ static void *client(void *arg)
     char line[64], in[64];
     for (int i = 0; i < load_reqs; i++) {
         uint64_t seed = id * 1000003u + (uint64_t)i * 7919u;
-        int n = snprintf(line, sizeof line, "%llu\n", (unsigned long long)seed);
-        if (send(fd, line, (size_t)n, MSG_NOSIGNAL) != n || read_line(fd, in, sizeof in) < 0 ||
+        int n = snprintf(line, sizeof(line), "%llu\n", (unsigned long long)seed);
+        if (send(fd, line, (size_t)n, MSG_NOSIGNAL) != n || read_line(fd, in, sizeof(in)) < 0 ||
             strtoull(in, NULL, 10) != handle_request(seed)) {
             fprintf(stderr, "stageserver load: request %d of client %llu failed\n", i, (unsigned long long)id);
             load_bad = 1;

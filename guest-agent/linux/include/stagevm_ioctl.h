@@ -57,7 +57,8 @@ struct stagevm_ioc_probe {
  * thread waits for its client's next request): besides entering `stage`,
  * its outermost entry ends the thread's request (counted as a completion,
  * a timed one's latency recorded) and its return - a uretprobe - begins the
- * next one (guest-agent/linux/README.md, "Requests"). */
+ * next one (guest-agent/linux/README.md, "Requests").
+ */
 #define STAGEVM_PROBE_REQUEST 1u
 
 /* Most probes one map attaches. */
@@ -82,23 +83,27 @@ struct stagevm_ioc_probe_stats {
 	__u64 map_detaches;      /* DETACH_MAPs (and unregistrations) that removed one */
 	__u64 threads_reset;     /* threads given all CPUs back at detach */
 	__u64 threads_lost;      /* moved threads the module's table (1024) could not
-				  * hold: they keep their last stage's vCPUs at detach */
+				  * hold: they keep their last stage's vCPUs at detach
+				  */
 	/* Requests (the map's `request` symbols; ABI minor 4). */
 	__u64 requests_begun;    /* begun at a request symbol's return */
 	__u64 requests_ended;    /* ended at a request symbol's entry: completions
-				  * counted in the CPU's counters */
+				  * counted in the CPU's counters
+				  */
 	__u64 requests_timed;    /* of which timed: latency recorded */
 	__u64 requests_dropped;  /* request events of threads the table could not hold */
 	__u64 threads_held;      /* threads in the module's table (each a struct pid
 				  * reference): 0 whenever no map is attached, also
-				  * after an attach that failed part-way */
+				  * after an attach that failed part-way
+				  */
 };
 
 /* Area geometry and state. */
 #define STAGEVM_IOC_INFO _IOR(STAGEVM_IOC_MAGIC, 1, struct stagevm_ioc_info)
 /* Lays out the area with these stages and sends REGISTER through the
  * doorbell; -EBUSY if registered already, -EIO (with `status` set) if the
- * host refused, -ENODEV if there is no stage device. */
+ * host refused, -ENODEV if there is no stage device.
+ */
 #define STAGEVM_IOC_REGISTER _IOWR(STAGEVM_IOC_MAGIC, 2, struct stagevm_ioc_register)
 /* A thread starts / stops using the channel (counted; returns the CPU). */
 #define STAGEVM_IOC_ATTACH _IO(STAGEVM_IOC_MAGIC, 3)
@@ -108,7 +113,8 @@ struct stagevm_ioc_probe_stats {
 /* Sends UNREGISTER (the module also does on unload), detaching an attached
  * stage map first. -ENOENT when nothing is registered; -EBUSY while a stage
  * map is attached and the caller lacks CAP_SYS_ADMIN (detaching the map is
- * root's, as DETACH_MAP; with no map attached any user may unregister). */
+ * root's, as DETACH_MAP; with no map attached any user may unregister).
+ */
 #define STAGEVM_IOC_UNREGISTER _IO(STAGEVM_IOC_MAGIC, 6)
 
 /* Attaches a stage map to a binary: a uprobe at each probe's offset whose
@@ -120,10 +126,12 @@ struct stagevm_ioc_probe_stats {
  * threads they moved meanwhile get every CPU back. -ENOENT before REGISTER,
  * -EBUSY with a map attached, -EINVAL for a bad count, stage, flag or offset,
  * -EBADF for a bad fd, -EOPNOTSUPP without CONFIG_UPROBES, -EPERM without
- * CAP_SYS_ADMIN (the probes act on every process running the binary). */
+ * CAP_SYS_ADMIN (the probes act on every process running the binary).
+ */
 #define STAGEVM_IOC_ATTACH_MAP _IOW(STAGEVM_IOC_MAGIC, 7, struct stagevm_ioc_attach_map)
 /* Removes the attached map's uprobes and gives the probed threads every CPU
- * back; -ENOENT with no map attached, -EPERM without CAP_SYS_ADMIN. */
+ * back; -ENOENT with no map attached, -EPERM without CAP_SYS_ADMIN.
+ */
 #define STAGEVM_IOC_DETACH_MAP _IO(STAGEVM_IOC_MAGIC, 8)
 #define STAGEVM_IOC_PROBE_STATS _IOR(STAGEVM_IOC_MAGIC, 9, struct stagevm_ioc_probe_stats)
 

@@ -26,11 +26,13 @@
  * the header, stage descriptors, stage map and the first vCPU states. Rings
  * start after RINGS_OFFSET (4864), inside the second page, the counter
  * blocks (minor 2) after the rings and the latency blocks (minor 4) after
- * them: all can be mapped read-write. */
+ * them: all can be mapped read-write.
+ */
 #define STAGEVM_RO_BYTES STAGEVM_PAGE_SIZE
 
 /* Offset of `head`, `tail`, `full_backoffs` and `trace_dropped` in a ring
- * header. */
+ * header.
+ */
 #define STAGEVM_RING_HEAD_OFF 0u
 #define STAGEVM_RING_TAIL_OFF 64u
 #define STAGEVM_RING_BACKOFFS_OFF 128u
@@ -50,11 +52,13 @@ struct stagevm_layout {
 	uint32_t ring_entries;
 	uint32_t counters; /* 1: a VcpuCounters block per vCPU follows the rings */
 	uint32_t latency;  /* 1 (with counters): a VcpuLatency block per vCPU follows the
-			    * counter blocks (minor 4) */
+			    * counter blocks (minor 4)
+			    */
 };
 
 /* Layout::new: 0 if the counts form a valid layout (rings only, no
- * counters), -1 otherwise. */
+ * counters), -1 otherwise.
+ */
 static inline int stagevm_layout_init(struct stagevm_layout *l, uint32_t num_vcpus,
 				      uint32_t num_stages, uint32_t ring_entries)
 {
@@ -71,7 +75,8 @@ static inline int stagevm_layout_init(struct stagevm_layout *l, uint32_t num_vcp
 }
 
 /* Layout::with_counters: the same layout with the per-vCPU counter blocks
- * after the rings (ABI minor 2, STAGEVM_AREA_FLAG_COUNTERS). */
+ * after the rings (ABI minor 2, STAGEVM_AREA_FLAG_COUNTERS).
+ */
 static inline void stagevm_layout_with_counters(struct stagevm_layout *l)
 {
 	l->counters = 1;
@@ -79,7 +84,8 @@ static inline void stagevm_layout_with_counters(struct stagevm_layout *l)
 
 /* Layout::with_latency: the same layout with the counter blocks and, after
  * them, the per-vCPU latency histograms (ABI minor 4,
- * STAGEVM_AREA_FLAG_LATENCY, which means nothing without the counters). */
+ * STAGEVM_AREA_FLAG_LATENCY, which means nothing without the counters).
+ */
 static inline void stagevm_layout_with_latency(struct stagevm_layout *l)
 {
 	l->counters = 1;
@@ -88,7 +94,8 @@ static inline void stagevm_layout_with_latency(struct stagevm_layout *l)
 
 /* The layout a header's `flags` announce (as validate_header): counters
  * with AREA_FLAG_COUNTERS, latency blocks too with AREA_FLAG_LATENCY as
- * well; a latency flag alone is ignored. */
+ * well; a latency flag alone is ignored.
+ */
 static inline void stagevm_layout_apply_flags(struct stagevm_layout *l, uint32_t flags)
 {
 	if (!(flags & STAGEVM_AREA_FLAG_COUNTERS))
@@ -124,7 +131,8 @@ static inline uint64_t stagevm_slot_offset(const struct stagevm_layout *l, uint3
 
 /* Layout::counters_offset: vCPU `vcpu`'s counter block, after the last ring
  * rounded up to STAGEVM_COUNTERS_ALIGN (128 bytes), blocks back to back
- * (768 bytes each). Only meaningful for a layout with counters. */
+ * (768 bytes each). Only meaningful for a layout with counters.
+ */
 static inline uint64_t stagevm_counters_offset(const struct stagevm_layout *l, uint32_t vcpu)
 {
 	uint64_t rings_end = stagevm_ring_offset(l, l->num_vcpus);
@@ -137,7 +145,8 @@ static inline uint64_t stagevm_counters_offset(const struct stagevm_layout *l, u
 /* Layout::latency_offset: vCPU `vcpu`'s latency histogram, right after the
  * last counter block (a multiple of STAGEVM_LATENCY_ALIGN, as every counter
  * block is), blocks back to back (2176 bytes each). Only meaningful for a
- * layout with latency blocks. */
+ * layout with latency blocks.
+ */
 static inline uint64_t stagevm_latency_offset(const struct stagevm_layout *l, uint32_t vcpu)
 {
 	return stagevm_counters_offset(l, l->num_vcpus) +
@@ -146,7 +155,8 @@ static inline uint64_t stagevm_latency_offset(const struct stagevm_layout *l, ui
 
 /* Layout::used_bytes: the end of the last ring, or of the last counter block
  * in a layout with counters, or of the last latency block in a layout with
- * latency blocks. */
+ * latency blocks.
+ */
 static inline uint64_t stagevm_used_bytes(const struct stagevm_layout *l)
 {
 	if (l->latency)
@@ -234,7 +244,8 @@ static inline uint64_t stagevm_state_since(uint64_t state)
 }
 
 /* needs_tsc: the transition from `state` into `code` with `countdown`
- * transitions left before a timed visit ends a timed visit or starts one. */
+ * transitions left before a timed visit ends a timed visit or starts one.
+ */
 static inline int stagevm_needs_tsc(uint64_t state, uint64_t countdown, uint32_t code)
 {
 	return stagevm_state_timed(state) || countdown == 0 || code == STAGEVM_CODE_IDLE;
@@ -256,8 +267,8 @@ static inline void stagevm_area_start_counters(void *base, const struct stagevm_
 	if (!l->counters)
 		return;
 	for (v = 0; v < l->num_vcpus; v++) {
-		struct stagevm_vcpu_counters *c =
-			(struct stagevm_vcpu_counters *)((char *)base + stagevm_counters_offset(l, v));
+		char *block = (char *)base + stagevm_counters_offset(l, v);
+		struct stagevm_vcpu_counters *c = (struct stagevm_vcpu_counters *)block;
 
 		c->state = stagevm_state_word(tsc, STAGEVM_CODE_NONE, 1);
 	}

@@ -29,7 +29,8 @@
 
 /* The longest countdown a writer of this header leaves (a stride of
  * TIMED_STRIDE_MAX plus up to 3, minus 1). A longer one is not ours (a
- * forged block): the next request is timed and re-arms it. */
+ * forged block): the next request is timed and re-arms it.
+ */
 #define STAGEVM_REQUEST_COUNTDOWN_MAX (STAGEVM_TIMED_STRIDE_MAX + 2u)
 
 static inline uint64_t stagevm_request_tsc(void)
@@ -41,14 +42,16 @@ static inline uint64_t stagevm_request_tsc(void)
 }
 
 /* ns per TSC tick x 2^32 for a TSC of `khz` kHz (> 0): (10^6 << 32) / khz,
- * below 2^52 (as Agent::register's ns_mult). */
+ * below 2^52 (as Agent::register's ns_mult).
+ */
 static inline uint64_t stagevm_ns_mult(uint64_t khz)
 {
 	return (1000000ull << 32) / khz;
 }
 
 /* TSC ticks as ns (Agent::ticks_to_ns): (ticks x ns_mult) >> 32 in 128
- * bits, saturated. */
+ * bits, saturated.
+ */
 static inline uint64_t stagevm_ticks_to_ns(uint64_t ticks, uint64_t ns_mult)
 {
 	unsigned __int128 ns = ((unsigned __int128)ticks * ns_mult) >> 32;
@@ -130,7 +133,8 @@ static inline uint64_t stagevm_request_begin(struct stagevm_vcpu_latency *b, uin
 						__ATOMIC_RELAXED, __ATOMIC_RELAXED))
 			return now ? now : 1;
 		/* Another writer re-armed it first: this request is one of its
-		 * stride. */
+		 * stride.
+		 */
 	}
 }
 
@@ -154,7 +158,8 @@ static inline uint32_t stagevm_latency_record(struct stagevm_vcpu_latency *b, ui
 
 /* The latency of a timed request that started at TSC `start`, ending now
  * (0 when the TSC is not past it, e.g. a start the caller gave in the
- * future). */
+ * future).
+ */
 static inline uint64_t stagevm_request_ns(uint64_t start, uint64_t ns_mult)
 {
 	uint64_t now = stagevm_request_tsc();

@@ -84,7 +84,7 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static inline volatile uint64_t *ring_word(uint8_t *ring, unsigned off)
+static inline volatile uint64_t *ring_word(uint8_t *ring, unsigned int off)
 {
 	return (volatile uint64_t *)(ring + off);
 }
@@ -97,10 +97,10 @@ static inline struct stagevm_vcpu_counters *block_at(uint32_t vcpu)
 /* ---- rings ---- */
 
 /* Waits after finding `ring` full; false once the wait exceeded its bound. */
-static int full_backoff(uint8_t *ring, uint64_t *since, unsigned *spins)
+static int full_backoff(uint8_t *ring, uint64_t *since, unsigned int *spins)
 {
 	uint64_t now;
-	unsigned i;
+	unsigned int i;
 
 	__atomic_fetch_add((uint64_t *)(ring + STAGEVM_RING_BACKOFFS_OFF), 1, __ATOMIC_RELAXED);
 	T.st.full_waits++;
@@ -120,11 +120,12 @@ static int full_backoff(uint8_t *ring, uint64_t *since, unsigned *spins)
 }
 
 /* The lock transport's per-ring lock (RingHeader.pad0[0]): 0 when taken,
- * -1 when it stayed busy for 64 tries. */
+ * -1 when it stayed busy for 64 tries.
+ */
 static int ring_trylock(uint8_t *ring)
 {
 	uint64_t *lock = (uint64_t *)(ring + STAGEVM_RING_LOCK_OFF);
-	unsigned i;
+	unsigned int i;
 
 	for (i = 0; i < 64; i++) {
 		uint64_t expected = 0;
@@ -170,7 +171,8 @@ static int lock_push(uint8_t *ring, uint64_t mask, uint64_t tsc, uint64_t stage_
 }
 
 /* Waits out a busy ring lock: yields, true while the wait stays under its
- * bound (a second). */
+ * bound (a second).
+ */
 static int lock_backoff(struct stage_thread *t, uint64_t *since)
 {
 	uint64_t now = now_ns();
@@ -199,7 +201,7 @@ static int push(struct stage_thread *t, uint32_t stage, uint32_t thread, uint64_
 	uint64_t tsc = __builtin_ia32_rdtsc();
 	uint64_t word = (uint64_t)stage | (uint64_t)thread << 32;
 	uint64_t mask = G.l.ring_entries - 1, since = 0;
-	unsigned spins = 0, migrated = 0;
+	unsigned int spins = 0, migrated = 0;
 
 	for (;;) {
 		int cpu = current_cpu(t), r;
@@ -211,7 +213,8 @@ static int push(struct stage_thread *t, uint32_t stage, uint32_t thread, uint64_
 		}
 		if (serve && !(serve >> cpu & 1)) {
 			/* At most one affinity change per event: after a failed
-			 * one (counted), write where the thread is. */
+			 * one (counted), write where the thread is.
+			 */
 			if (!migrated++) {
 				migrate(t, serve);
 				continue;
@@ -251,7 +254,8 @@ static int push(struct stage_thread *t, uint32_t stage, uint32_t thread, uint64_
 /* ---- counters mode (ABI minor 2) ---- */
 
 /* The state a transition into `code` enters: timed (since `tsc`) when the
- * countdown ran out or the vCPU goes idle, else untimed (transition()). */
+ * countdown ran out or the vCPU goes idle, else untimed (transition()).
+ */
 static inline uint64_t entered_state(uint64_t countdown, uint32_t code, uint64_t tsc)
 {
 	if (countdown == 0 || code == STAGEVM_CODE_IDLE)
@@ -260,13 +264,15 @@ static inline uint64_t entered_state(uint64_t countdown, uint32_t code, uint64_t
 }
 
 /* One committed state-word replacement: the state it replaced, the
- * countdown read with it and the TSC (read only when needed, else 0). */
+ * countdown read with it and the TSC (read only when needed, else 0).
+ */
 struct committed {
 	uint64_t old, countdown, tsc;
 };
 
 /* Lock transport: replaces vCPU `cpu`'s state word under ring `cpu`'s
- * lock. 0 done, -1 lock busy. */
+ * lock. 0 done, -1 lock busy.
+ */
 static int lock_transition(uint32_t cpu, uint32_t code, struct committed *c)
 {
 	struct stagevm_vcpu_counters *b = block_at(cpu);
@@ -346,7 +352,8 @@ static void trace_push(struct stage_thread *t, uint64_t tsc, uint32_t stage)
 			t->st.trace_written++;
 		} else {
 			/* Full (or its lock busy): drop, counted where the host
-			 * reads it. */
+			 * reads it.
+			 */
 			__atomic_fetch_add((uint64_t *)(ring + STAGEVM_RING_TRACE_DROPPED_OFF), 1,
 					   __ATOMIC_RELAXED);
 			t->st.trace_dropped++;
@@ -370,7 +377,7 @@ static int count(struct stage_thread *t, uint32_t code, uint32_t stage, uint64_t
 	struct stagevm_vcpu_counters *b;
 	struct committed c;
 	uint64_t n, since = 0, every;
-	unsigned migrated = 0;
+	unsigned int migrated = 0;
 	int from = -1, moved = 0, cpu;
 
 	for (;;) {
@@ -471,7 +478,7 @@ static int migrate(struct stage_thread *t, uint64_t mask)
 
 /* ---- the API's hot path ---- */
 
-int stage_enter(unsigned id)
+int stage_enter(unsigned int id)
 {
 	struct stage_thread *t = &T;
 	uint64_t mask;
@@ -485,7 +492,8 @@ int stage_enter(unsigned id)
 	if (id >= G.l.num_stages)
 		return -EINVAL;
 	/* A program that never begins its requests: each starts at its first
-	 * stage entry (on the CPU it runs on before any migration). */
+	 * stage entry (on the CPU it runs on before any migration).
+	 */
 	if (!t->req_open)
 		request_begin(t, 0);
 	if (__atomic_load_n(&map_at()->epoch, __ATOMIC_ACQUIRE) != t->epoch)

@@ -17,7 +17,7 @@
 #include <sched.h>
 #include <stdint.h>
 
-#if __has_include(<sys/rseq.h>)
+#if __has_include("sys/rseq.h")
 #include <sys/rseq.h>
 #define LIBSTAGE_GLIBC_RSEQ 1
 #else
@@ -35,7 +35,8 @@
 
 /* Signature before the abort handler; glibc registers rseq with this value
  * on x86, and libstage's own registration uses it too (rseq_cs.h spells it
- * out in the abort handler's signature). */
+ * out in the abort handler's signature).
+ */
 #define LIBSTAGE_RSEQ_SIG 0x53053053
 
 /* A thread's transport. */
@@ -43,7 +44,8 @@
 #define MODE_LOCK 2
 
 /* How the process reports (G.report): not decided yet (no map seen), every
- * switch an event in the rings, or per-vCPU counters (ABI minor 2). */
+ * switch an event in the rings, or per-vCPU counters (ABI minor 2).
+ */
 #define REPORT_UNDECIDED 0
 #define REPORT_RINGS 1
 #define REPORT_COUNTERS 2
@@ -63,7 +65,8 @@ struct stage_thread {
 	/* The thread's request clock (ABI minor 4; Rust: RequestClock): a
 	 * request is open from its begin (stage_request_begin*, or the first
 	 * stage_enter after a stage_exit) to its stage_exit; req_start is the
-	 * TSC a timed one started at, 0 for an untimed one. */
+	 * TSC a timed one started at, 0 for an untimed one.
+	 */
 	int req_open;
 	uint64_t req_start;
 	struct stage_stats st;
@@ -82,7 +85,8 @@ struct libstage_global {
 	uint8_t *counters;        /* counters mode: vCPU 0's counter block */
 	/* vCPU 0's latency block when requests are timed (counters mode, an
 	 * area with latency blocks, a host of minor >= 4 that gave the TSC
-	 * rate), else NULL; written before G.report. */
+	 * rate), else NULL; written before G.report.
+	 */
 	struct stagevm_vcpu_latency *latency;
 	uint64_t ns_mult;         /* ns per TSC tick x 2^32 (timed requests) */
 	uint64_t timed_every;     /* fixed stride of timed visits and requests, or 0: paced */
@@ -115,7 +119,8 @@ extern struct libstage_global G __asm__("libstage_G") LIBSTAGE_HIDDEN;
 extern pthread_mutex_t G_lock __asm__("libstage_G_lock") LIBSTAGE_HIDDEN;
 
 /* stage.c: copies the map into the thread's cache (stage_enter calls it when
- * the map's epoch changed). */
+ * the map's epoch changed).
+ */
 void read_map(struct stage_thread *t) __asm__("libstage_read_map") LIBSTAGE_HIDDEN;
 
 static inline uint8_t *ring_at(uint32_t vcpu)

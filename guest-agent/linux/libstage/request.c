@@ -35,7 +35,7 @@ int stage_request_begin_at(uint64_t tsc)
 	return begin_at(tsc);
 }
 
-int stage__test_record_latency(unsigned cpu, uint64_t ns)
+int stage__test_record_latency(unsigned int cpu, uint64_t ns)
 {
 	if (!G.registered || !G.l.latency)
 		return -ENODEV;

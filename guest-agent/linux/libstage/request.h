@@ -21,7 +21,8 @@
 
 /* Opens the thread's request clock: a request starts now, or at TSC `at`
  * when non-zero (as Agent::request_begin; one already open starts again).
- * Returns 1 when it is timed. */
+ * Returns 1 when it is timed.
+ */
 static inline int request_begin(struct stage_thread *t, uint64_t at)
 {
 	int cpu;
@@ -44,7 +45,8 @@ static inline int request_begin(struct stage_thread *t, uint64_t at)
 
 /* Closes the thread's request clock at a stage_exit that counted the
  * completion on vCPU `cpu`: a timed request's latency goes to `cpu`'s
- * histogram (as Agent::stage_exit_request). */
+ * histogram (as Agent::stage_exit_request).
+ */
 static inline void request_end(struct stage_thread *t, int cpu)
 {
 	uint64_t start = t->req_start;

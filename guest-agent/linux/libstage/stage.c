@@ -48,7 +48,8 @@ static uint64_t env_u64(const char *name, uint64_t dflt)
 /* ---- opening, the stage map, registration ---- */
 
 /* Maps the area: the first page read-only, the rest read-write, at
- * consecutive addresses (the module refuses a writable mapping of page 0). */
+ * consecutive addresses (the module refuses a writable mapping of page 0).
+ */
 static int map_area(int fd, size_t len)
 {
 	uint8_t *base;
@@ -86,12 +87,13 @@ static void common_init(void)
 }
 
 /* A consistent copy of the stage map's epoch, masks and minor (seqlock:
- * retries while the host writes). */
+ * retries while the host writes).
+ */
 static uint64_t read_map_raw(uint64_t v[STAGEVM_MAX_STAGES], uint64_t *owned, uint64_t *minor)
 {
 	const struct stagevm_stage_map *m = map_at();
 	uint64_t e;
-	unsigned i;
+	unsigned int i;
 
 	for (;;) {
 		e = __atomic_load_n(&m->epoch, __ATOMIC_ACQUIRE);
@@ -132,7 +134,8 @@ static void decide_report_locked(uint64_t epoch, uint64_t minor)
 	G.counters = G.base + stagevm_counters_offset(&G.l, 0);
 	/* The host wrote the TSC rate at REGISTER: timed visits are paced by
 	 * time when it is known, else one transition in TIMED_EVERY starts one
-	 * (as Agent::register; STAGE_TIMED_EVERY=N forces a stride). */
+	 * (as Agent::register; STAGE_TIMED_EVERY=N forces a stride).
+	 */
 	khz = __atomic_load_n(&h->tsc_khz, __ATOMIC_RELAXED);
 	G.pace_ticks = khz * STAGEVM_TIMED_INTERVAL_NS / 1000000u;
 	G.timed_every = env_u64("STAGE_TIMED_EVERY", 0);
@@ -141,7 +144,8 @@ static void decide_report_locked(uint64_t epoch, uint64_t minor)
 	if (G.timed_every == 0 && G.pace_ticks == 0)
 		G.timed_every = STAGEVM_TIMED_EVERY;
 	/* Minor 4: requests are timed in ns, so only with the TSC rate. The
-	 * hot path reads G.latency after G.report (acquire). */
+	 * hot path reads G.latency after G.report (acquire).
+	 */
 	if (G.l.latency && khz > 0 && minor >= 4) {
 		G.ns_mult = stagevm_ns_mult(khz);
 		G.latency = latency_at(0);
@@ -150,11 +154,12 @@ static void decide_report_locked(uint64_t epoch, uint64_t minor)
 }
 
 /* Copies the map into the thread's cache; the first published map decides
- * how the process reports. */
+ * how the process reports.
+ */
 void read_map(struct stage_thread *t)
 {
 	uint64_t v[STAGEVM_MAX_STAGES], owned, minor, e;
-	unsigned i;
+	unsigned int i;
 
 	e = read_map_raw(v, &owned, &minor);
 	for (i = 0; i < STAGEVM_MAX_STAGES; i++)
@@ -274,7 +279,7 @@ int stage_init(void)
 	return r;
 }
 
-int stage_name(unsigned id, const char *name)
+int stage_name(unsigned int id, const char *name)
 {
 	int r = 0;
 
@@ -327,7 +332,8 @@ static int register_fd_locked(void)
 
 		/* Counters (and the latency blocks after them) only where they
 		 * fit the area; else the rings, as an older layout (the host
-		 * serves both). */
+		 * serves both).
+		 */
 		stagevm_layout_with_counters(&c);
 		stagevm_layout_with_latency(&lat);
 		if (G.l.latency && stagevm_used_bytes(&lat) <= G.len)
@@ -399,7 +405,8 @@ static void setup_transport(struct stage_thread *t)
 	}
 #endif
 	/* glibc did not register rseq for this thread (old glibc, or
-	 * GLIBC_TUNABLES=glibc.pthread.rseq=0): register our own. */
+	 * GLIBC_TUNABLES=glibc.pthread.rseq=0): register our own.
+	 */
 	memset(&own_rs, 0, sizeof(own_rs));
 	own_rs.cpu_id = (uint32_t)RSEQ_CPU_ID_UNINITIALIZED;
 	if (syscall(__NR_rseq, &own_rs, sizeof(own_rs), 0, LIBSTAGE_RSEQ_SIG) == 0) {
@@ -522,7 +529,7 @@ int stage_map(struct stage_map_view *out)
 {
 	struct stage_thread tmp;
 	uint64_t v[STAGEVM_MAX_STAGES], owned, minor;
-	unsigned i;
+	unsigned int i;
 
 	if (!G.ready || !G.registered)
 		return -ENODEV;
@@ -547,7 +554,7 @@ uint64_t stage_map_epoch(void)
 	return __atomic_load_n(&map_at()->epoch, __ATOMIC_ACQUIRE) & ~1ull;
 }
 
-const char *stage_get_name(unsigned id)
+const char *stage_get_name(unsigned int id)
 {
 	if (!G.registered || id >= G.l.num_stages)
 		return NULL;
@@ -585,7 +592,7 @@ void stage_shutdown(void)
 	pthread_mutex_unlock(&G_lock);
 }
 
-int64_t stage__ring_pending(unsigned vcpu)
+int64_t stage__ring_pending(unsigned int vcpu)
 {
 	uint8_t *ring;
 

@@ -74,17 +74,20 @@ int stage_init(void);
 int stage_init_fd(int fd, size_t len);
 
 /* Names stage `id` (before registration; up to 32 bytes are kept). The
- * stages are 0..n-1 where n-1 is the highest id named. */
-int stage_name(unsigned id, const char *name);
+ * stages are 0..n-1 where n-1 is the highest id named.
+ */
+int stage_name(unsigned int id, const char *name);
 
 /* Lays out and registers the area with the named stages (device: through
  * the module's REGISTER ioctl and the doorbell), or joins a registration that
- * exists already. Called by the first stage_enter() if not before. */
+ * exists already. Called by the first stage_enter() if not before.
+ */
 int stage_register(void);
 
 /* The calling thread starts / stops using the channel. Attach is implicit in
  * stage_enter(); detach runs at thread exit, restores the affinity the
- * thread had at attach, and folds its counters into stage_get_stats(). */
+ * thread had at attach, and folds its counters into stage_get_stats().
+ */
 int stage_attach(void);
 int stage_detach(void);
 
@@ -95,13 +98,15 @@ int stage_detach(void);
  * -EINVAL for an unknown stage, -EAGAIN when the switch could not be
  * reported (rings: a ring full for a second; either mode: a ring lock busy
  * for a second; counted as dropped), -ERANGE on a CPU without a ring. In
- * counters mode it never waits for the host. */
-int stage_enter(unsigned id);
+ * counters mode it never waits for the host.
+ */
+int stage_enter(unsigned int id);
 
 /* Leaves the current stage: a request is done (reports STAGE_NONE, the
  * counters' "no stage" code); returns the vCPU written. It ends the
  * thread's request (see stage_request_begin): a timed one's latency, from
- * its start to now, goes to the latency histogram of the vCPU written. */
+ * its start to now, goes to the latency histogram of the vCPU written.
+ */
 int stage_exit(void);
 
 /*
@@ -132,17 +137,20 @@ int stage_current(void);
 int stage_cpu(void);
 
 /* "rseq" or "lock": how this thread writes rings and state words (after
- * attach). */
+ * attach).
+ */
 const char *stage_transport(void);
 
 /* How this process reports stage switches, decided once from the first
  * stage map libstage sees after registration: "counters" (the host's ABI
  * minor is >= 2 and the area has counter blocks), "rings" (an older host,
- * or an area without counters), "none" (no map seen yet). */
+ * or an area without counters), "none" (no map seen yet).
+ */
 const char *stage_mode(void);
 
 /* A consistent copy of the host's stage map (epoch 0: none published yet,
- * and then every vCPU serves every stage). */
+ * and then every vCPU serves every stage).
+ */
 struct stage_map_view {
 	uint64_t epoch;
 	uint32_t num_stages;
@@ -151,18 +159,19 @@ struct stage_map_view {
 	uint64_t owned;       /* minor 1: vCPUs alone on their host core */
 	uint64_t minor;       /* the host's ABI minor (0: v1.0 host) */
 	uint64_t trace_every; /* minor 2: 0 no trace, N every Nth event traced */
-	uint64_t visit;       /* minor 3: the stage-visit policy, STAGEVM_VISIT_*
-	                       * (FIFO from an older host) */
+	/* minor 3: the stage-visit policy, STAGEVM_VISIT_* (FIFO from an older host) */
+	uint64_t visit;
 };
 int stage_map(struct stage_map_view *out);
 
 /* The stage map's epoch now (one load; 0 before registration or before the
  * host published a map): a caller that acts on the map (a temporal gate
- * following its visit policy) calls stage_map() only when this changed. */
+ * following its visit policy) calls stage_map() only when this changed.
+ */
 uint64_t stage_map_epoch(void);
 
 /* Name of stage `id` as registered, or NULL. */
-const char *stage_get_name(unsigned id);
+const char *stage_get_name(unsigned int id);
 
 /* Counters of this process: detached threads plus the calling thread. */
 struct stage_stats {
@@ -200,17 +209,19 @@ void stage_shutdown(void);
  * the thread runs on, through the normal transport (waiting while the ring
  * is full, in either mode), with `seq` XOR-ed with `seq_xor` (0: the valid
  * form) and the given stage and thread; it returns the vCPU written.
- * stage__ring_pending returns head - tail of ring `vcpu`. */
+ * stage__ring_pending returns head - tail of ring `vcpu`.
+ */
 int stage__write_raw(uint64_t seq_xor, uint32_t stage, uint32_t thread);
-int64_t stage__ring_pending(unsigned vcpu);
+int64_t stage__ring_pending(unsigned int vcpu);
 /* The area's base address and length (read-only view), or NULL. */
 const void *stage__area(size_t *len);
 /* Test only (tests/libstage.rs compares it with the Rust agent): records a
  * request of `ns` nanoseconds in vCPU `cpu`'s latency block through the
  * path stage_exit uses for a timed request, whether or not requests are
  * timed (the area needs latency blocks). Returns the bucket, -ENODEV
- * without latency blocks, -ERANGE for a vCPU past the area's. */
-int stage__test_record_latency(unsigned cpu, uint64_t ns);
+ * without latency blocks, -ERANGE for a vCPU past the area's.
+ */
+int stage__test_record_latency(unsigned int cpu, uint64_t ns);
 
 #ifdef __cplusplus
 }

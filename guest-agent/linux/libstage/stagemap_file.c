@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Stage-map file parser and writer (format: stagemap_file.h). Standalone:
- * no channel state, so stagectl builds it too. */
+ * no channel state, so stagectl builds it too.
+ */
 #include "stagemap_file.h"
 
 #include <errno.h>
@@ -23,6 +24,7 @@ static int name_ok(const char *s, size_t n)
 		return 0;
 	for (i = 0; i < n; i++) {
 		char c = s[i];
+
 		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
 		      c == '_' || c == '.' || c == '-'))
 			return 0;
@@ -36,7 +38,8 @@ struct token {
 };
 
 /* Splits [p, end) into tokens up to a '#'; returns the count, or -1 when
- * there are more than `max`. */
+ * there are more than `max`.
+ */
 static int split(const char *p, const char *end, struct token *t, int max)
 {
 	int n = 0;
@@ -65,12 +68,12 @@ static int tok_is(const struct token *t, const char *word)
 /* Every symbol of the file so far, to refuse duplicates. */
 struct seen {
 	char **v;
-	unsigned n;
+	unsigned int n;
 };
 
 static int seen_has(const struct seen *s, const struct token *t)
 {
-	unsigned i;
+	unsigned int i;
 
 	for (i = 0; i < s->n; i++)
 		if (strlen(s->v[i]) == t->n && !memcmp(s->v[i], t->s, t->n))
@@ -110,12 +113,12 @@ bad:
 }
 
 int stagemap_file_parse(const char *text, size_t len, struct stagemap_file *out,
-			unsigned *bad_line, const char **why)
+			unsigned int *bad_line, const char **why)
 {
 	struct token *t = calloc(MAX_TOKENS, sizeof(*t));
 	struct seen all = { calloc(STAGEMAP_FILE_MAX_SYMBOLS, sizeof(char *)), 0 };
 	const char *p = text, *end = text + len, *msg = NULL;
-	unsigned line = 0;
+	unsigned int line = 0;
 	int version = 0, ret = -EINVAL, n, i;
 
 	memset(out, 0, sizeof(*out));
@@ -188,7 +191,7 @@ int stagemap_file_parse(const char *text, size_t len, struct stagemap_file *out,
 				msg = "more than 16 stages";
 				goto done;
 			}
-			if (all.n + (unsigned)(n - 2) > STAGEMAP_FILE_MAX_SYMBOLS) {
+			if (all.n + (unsigned int)(n - 2) > STAGEMAP_FILE_MAX_SYMBOLS) {
 				msg = "more than 4096 symbols";
 				goto done;
 			}
@@ -201,13 +204,13 @@ int stagemap_file_parse(const char *text, size_t len, struct stagemap_file *out,
 			if (is_req) {
 				out->request_stage = (int)(st - out->stages);
 				out->request = syms;
-				out->nrequest = (unsigned)(n - 2);
+				out->nrequest = (unsigned int)(n - 2);
 			} else {
 				st = &out->stages[out->nstages++];
 				memcpy(st->name, t[1].s, t[1].n);
 				st->name[t[1].n] = '\0';
 				st->syms = syms;
-				st->nsyms = (unsigned)(n - 2);
+				st->nsyms = (unsigned int)(n - 2);
 			}
 		} else {
 			msg = "unknown directive (stagemap, binary, stage, request)";
@@ -232,7 +235,7 @@ done:
 	return ret;
 }
 
-int stagemap_file_load(const char *path, struct stagemap_file *out, unsigned *bad_line,
+int stagemap_file_load(const char *path, struct stagemap_file *out, unsigned int *bad_line,
 		       const char **why)
 {
 	FILE *f = fopen(path, "rb");
@@ -259,9 +262,9 @@ int stagemap_file_load(const char *path, struct stagemap_file *out, unsigned *ba
 	return ret;
 }
 
-static void put_list(FILE *f, const char *word, const char *name, char **v, unsigned n)
+static void put_list(FILE *f, const char *word, const char *name, char **v, unsigned int n)
 {
-	unsigned i;
+	unsigned int i;
 
 	fprintf(f, "%s %s", word, name);
 	for (i = 0; i < n; i++)
@@ -271,7 +274,7 @@ static void put_list(FILE *f, const char *word, const char *name, char **v, unsi
 
 int stagemap_file_write(FILE *f, const struct stagemap_file *m)
 {
-	unsigned s;
+	unsigned int s;
 
 	fprintf(f, "stagemap %d\n", STAGEMAP_FILE_VERSION);
 	if (m->binary)
@@ -283,9 +286,9 @@ int stagemap_file_write(FILE *f, const struct stagemap_file *m)
 	return ferror(f) ? -EIO : 0;
 }
 
-static void free_list(char **v, unsigned n)
+static void free_list(char **v, unsigned int n)
 {
-	unsigned i;
+	unsigned int i;
 
 	if (!v)
 		return;
@@ -296,7 +299,7 @@ static void free_list(char **v, unsigned n)
 
 void stagemap_file_free(struct stagemap_file *m)
 {
-	unsigned s;
+	unsigned int s;
 
 	free(m->binary);
 	for (s = 0; s < m->nstages; s++)

@@ -44,33 +44,36 @@ extern "C" {
 
 struct stagemap_file_stage {
 	char name[STAGEMAP_FILE_NAME_MAX + 1];
-	unsigned nsyms;
+	unsigned int nsyms;
 	char **syms; /* nsyms strings */
 };
 
 struct stagemap_file {
 	char *binary; /* NULL when the file names none */
-	unsigned nstages;
+	unsigned int nstages;
 	struct stagemap_file_stage stages[STAGEMAP_FILE_MAX_STAGES];
 	int request_stage; /* index into stages, or -1: no request line */
-	unsigned nrequest;
+	unsigned int nrequest;
 	char **request; /* nrequest strings */
 };
 
 /* Parses `len` bytes of `text` into `*out` (which the caller frees with
  * stagemap_file_free, also after an error). Returns 0, -EINVAL for a
  * malformed file (with `*bad_line`, if not NULL, the 1-based line and
- * `why` a static message) or -ENOMEM. */
+ * `why` a static message) or -ENOMEM.
+ */
 int stagemap_file_parse(const char *text, size_t len, struct stagemap_file *out,
-			unsigned *bad_line, const char **why);
+			unsigned int *bad_line, const char **why);
 
 /* Reads and parses the file at `path` (at most 16 MiB). Returns as
- * stagemap_file_parse, or -errno of opening or reading it, -EFBIG. */
-int stagemap_file_load(const char *path, struct stagemap_file *out, unsigned *bad_line,
+ * stagemap_file_parse, or -errno of opening or reading it, -EFBIG.
+ */
+int stagemap_file_load(const char *path, struct stagemap_file *out, unsigned int *bad_line,
 		       const char **why);
 
 /* Writes `m` in canonical form (no comments, one space between tokens).
- * Returns 0 or -EIO. */
+ * Returns 0 or -EIO.
+ */
 int stagemap_file_write(FILE *f, const struct stagemap_file *m);
 
 /* Frees what a parse allocated and empties `*m`. */

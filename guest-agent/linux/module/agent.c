@@ -86,7 +86,8 @@ static int status_errno(u32 s)
 }
 
 /* One doorbell command. The VMM keeps the status per vCPU: the `out` and
- * the `in` must run on the same CPU. Called with sv.lock held. */
+ * the `in` must run on the same CPU. Called with sv.lock held.
+ */
 static u32 doorbell(u16 port, u32 value)
 {
 	u32 status;
@@ -117,7 +118,8 @@ static long do_register(struct stagevm_ioc_register __user *uarg)
 	struct stagevm_ioc_register req;
 	struct stagevm_layout l;
 	/* Static (under sv.lock), not on the stack: with `req` they would
-	 * pass the kernel's 1024-byte frame limit. */
+	 * pass the kernel's 1024-byte frame limit.
+	 */
 	static char names[STAGEVM_MAX_STAGES][33];
 	static const char *ptrs[STAGEVM_MAX_STAGES];
 	unsigned long pfn;
@@ -139,13 +141,15 @@ static long do_register(struct stagevm_ioc_register __user *uarg)
 		goto out;
 	}
 	/* A fresh layout on every registration: the area is zeroed, so every
-	 * counter of a new registration starts at 0 (the host's baseline). */
+	 * counter of a new registration starts at 0 (the host's baseline).
+	 */
 	if (stagevm_area_init(sv.area, sv.size, &l, ptrs)) {
 		ret = -EINVAL;
 		goto out;
 	}
 	/* As Agent::register: every vCPU in a timed "no stage" visit from the
-	 * TSC read just before REGISTER, which the header also carries. */
+	 * TSC read just before REGISTER, which the header also carries.
+	 */
 	stagevm_area_start_counters(sv.area, &l, rdtsc());
 	/* Header, names and counters before the host reads them at REGISTER. */
 	wmb();
@@ -156,7 +160,8 @@ static long do_register(struct stagevm_ioc_register __user *uarg)
 	if (ret) {
 		sv.register_failures++;
 		pr_warn_ratelimited("REGISTER of %llu bytes at %#llx refused: %s (%u)\n",
-				    sv.size, (u64)PFN_PHYS(pfn), stagevm_status_name(status), status);
+				    sv.size, (u64)PFN_PHYS(pfn), stagevm_status_name(status),
+				    status);
 	} else {
 		sv.registered = true;
 		sv.owner = current_euid();
@@ -228,17 +233,21 @@ static long stagevm_ioctl(struct file *file, unsigned int cmd, unsigned long arg
 		 * in the way, and the same call succeeds once root detaches it;
 		 * libstage programs of any user unregister their own stages).
 		 * Otherwise anyone could detach root's map and register names
-		 * that make root's next attach be refused. */
+		 * that make root's next attach be refused.
+		 */
 		if (stagevm_probes_attached() && !capable(CAP_SYS_ADMIN)) {
 			pr_warn_ratelimited("UNREGISTER by pid %d refused: a stage map is attached (detaching it needs CAP_SYS_ADMIN)\n",
 					    task_pid_nr(current));
 			ret = -EBUSY;
-		} else if (sv.registered && !uid_eq(current_euid(), sv.owner) && !capable(CAP_SYS_ADMIN)) {
+		} else if (sv.registered && !uid_eq(current_euid(), sv.owner) &&
+			   !capable(CAP_SYS_ADMIN)) {
 			/* A registration is undone by the user who made it (or
 			 * root): another member of the device's group cannot
-			 * take a server's stages away (issue 50 S8). */
+			 * take a server's stages away (issue 50 S8).
+			 */
 			pr_warn_ratelimited("UNREGISTER by pid %d (uid %u) refused: uid %u registered\n",
-					    task_pid_nr(current), from_kuid(&init_user_ns, current_euid()),
+					    task_pid_nr(current),
+					    from_kuid(&init_user_ns, current_euid()),
 					    from_kuid(&init_user_ns, sv.owner));
 			ret = -EPERM;
 		} else {
@@ -273,7 +282,8 @@ static long stagevm_ioctl(struct file *file, unsigned int cmd, unsigned long arg
 
 		/* /dev/stagevm is open to its group (libstage programs), but a stage map
 		 * probes every process running the binary and moves its threads:
-		 * root's, like `perf probe`. */
+		 * root's, like `perf probe`.
+		 */
 		if (!capable(CAP_SYS_ADMIN))
 			return -EPERM;
 		mutex_lock(&sv.lock);
@@ -350,7 +360,8 @@ static struct miscdevice stagevm_misc = {
 	 * schedules by), so the group is the guest's trusted servers. The
 	 * kernel creates the node root:root; the agent's package sets the
 	 * group `stagevm` with a udev rule (60-stagevm.rules), as /dev/kvm's
-	 * `kvm` group is set (issue 50 S8). */
+	 * `kvm` group is set (issue 50 S8).
+	 */
 	.mode = 0660,
 };
 
@@ -369,7 +380,8 @@ static int __init stagevm_init(void)
 	}
 	/* The area's size does not depend on the number of stages; with
 	 * counters it includes the counter blocks after the rings, and with
-	 * latency the latency blocks after those. */
+	 * latency the latency blocks after those.
+	 */
 	sv.size = stagevm_area_size(&l);
 	sv.order = get_order(sv.size);
 	sv.pages = alloc_pages(GFP_KERNEL | __GFP_ZERO, sv.order);

@@ -86,7 +86,8 @@ struct stage_probe {
 };
 
 /* A thread the probes know: one whose affinity a hit changed (given every
- * CPU back at detach), or one in or between requests (request symbols). */
+ * CPU back at detach), or one in or between requests (request symbols).
+ */
 struct probed_thread {
 	struct pid *pid; /* a reference; NULL: a free slot */
 	u64 start;       /* the TSC an open timed request started at, else 0 */
@@ -101,7 +102,8 @@ struct probed_thread {
 
 static struct {
 	/* Attached map (written under the agent's lock, read by hits while
-	 * attached: uprobe_unregister waits for running handlers). */
+	 * attached: uprobe_unregister waits for running handlers).
+	 */
 	struct inode *inode;
 	struct stage_probe *probes;
 	u32 num_probes;
@@ -109,13 +111,14 @@ static struct {
 	atomic64_t hits[STAGEVM_MAX_STAGES];
 	atomic64_t counted, not_counted, migrations, affinity_failures;
 	u64 map_attaches, map_detaches, threads_reset;
-	spinlock_t threads_lock;
+	spinlock_t threads_lock; /* threads[] and threads_held, between concurrent hits */
 	struct probed_thread threads[PROBED_THREADS];
 	u64 threads_held; /* struct pid references in `threads` (slots in use) */
 	atomic64_t threads_lost;
 	/* Requests are timed (set at attach): an area with latency blocks, a
 	 * host of minor >= 4 that gave the TSC rate; its ns per tick (x 2^32)
-	 * and the TSC ticks of TIMED_INTERVAL_NS. */
+	 * and the TSC ticks of TIMED_INTERVAL_NS.
+	 */
 	bool latency_on;
 	u64 ns_mult, pace_ticks;
 	atomic64_t requests_begun, requests_ended, requests_timed, requests_dropped;
@@ -129,7 +132,8 @@ static u32 home_slot(const struct pid *pid)
 }
 
 /* Frees slot `i`, moving back the entries after it that may no longer be
- * found past the hole (backward-shift deletion: no tombstones). */
+ * found past the hole (backward-shift deletion: no tombstones).
+ */
 static void slot_free(u32 i)
 {
 	u32 j = i;
@@ -174,7 +178,8 @@ static bool sweep_exited(void)
 
 /* The calling thread's slot, or -1. With `add`, a thread without one gets
  * a free slot (and the table a reference to its pid); -1 when the table is
- * full of live threads. */
+ * full of live threads.
+ */
 static int thread_slot(bool add)
 {
 	struct pid *pid = task_pid(current);
@@ -218,7 +223,8 @@ static void remember_thread(void)
 }
 
 /* The vCPUs serving `stage` in the host's map as a cpumask; false when the
- * map gives it none (the thread then stays where it is, a fallback). */
+ * map gives it none (the thread then stays where it is, a fallback).
+ */
 static bool serving(u32 stage, struct cpumask *mask)
 {
 	const struct stagevm_stage_map *m = pm.area.base + STAGEVM_STAGE_MAP_OFFSET;
@@ -232,11 +238,18 @@ static bool serving(u32 stage, struct cpumask *mask)
 	return !cpumask_empty(mask);
 }
 
+/* vCPU `cpu`'s latency block in the attached area (minor 4). */
+static struct stagevm_vcpu_latency *latency_block(u32 cpu)
+{
+	return pm.area.base + stagevm_latency_offset(&pm.area.layout, cpu);
+}
+
 /* The state-word transition of libstage's count() (hot.c) into `code` on
  * this CPU's block, with preemption off. A transition into "no stage" ends
  * a request: with `timed_start` (its start TSC, if timed), its latency then
  * goes to the same CPU's latency block, as libstage's stage_exit. Returns
- * the CPU, or -1 when there is no block to count in. */
+ * the CPU, or -1 when there is no block to count in.
+ */
 static int count_on_this_cpu(u32 code, u32 stage, bool moved, u64 timed_start)
 {
 	const struct stagevm_stage_map *m = pm.area.base + STAGEVM_STAGE_MAP_OFFSET;
@@ -259,8 +272,8 @@ static int count_on_this_cpu(u32 code, u32 stage, bool moved, u64 timed_start)
 	if (stagevm_state_timed(old) && stagevm_state_code(old) < STAGEVM_NUM_CODES) {
 		u64 end = tsc & ~STAGEVM_STATE_LOW_MASK, start = stagevm_state_since(old);
 
-		__atomic_add_fetch(&b->cycles[stagevm_state_code(old)], end > start ? end - start : 0,
-				   __ATOMIC_RELAXED);
+		__atomic_add_fetch(&b->cycles[stagevm_state_code(old)],
+				   end > start ? end - start : 0, __ATOMIC_RELAXED);
 		__atomic_add_fetch(&b->timed[stagevm_state_code(old)], 1, __ATOMIC_RELAXED);
 	}
 	if (moved)
@@ -270,7 +283,7 @@ static int count_on_this_cpu(u32 code, u32 stage, bool moved, u64 timed_start)
 		/* After counts[CODE_NONE]: never more timed than completed. */
 		atomic64_inc(&pm.requests_ended);
 		if (timed_start && pm.latency_on) {
-			stagevm_latency_record(pm.area.base + stagevm_latency_offset(&pm.area.layout, cpu),
+			stagevm_latency_record(latency_block(cpu),
 					       stagevm_request_ns(timed_start, pm.ns_mult));
 			atomic64_inc(&pm.requests_timed);
 		}
@@ -281,7 +294,8 @@ static int count_on_this_cpu(u32 code, u32 stage, bool moved, u64 timed_start)
 
 /* A request symbol's entry: the thread's outermost one ends its open
  * request. Returns true then, with the request's timed start (0: untimed)
- * in `*start`. */
+ * in `*start`.
+ */
 static bool request_entry(u64 *start)
 {
 	unsigned long flags;
@@ -303,7 +317,8 @@ static bool request_entry(u64 *start)
 }
 
 /* A request symbol's return (uretprobe): the thread's outermost one begins
- * a request on the CPU it runs on (one already open starts again). */
+ * a request on the CPU it runs on (one already open starts again).
+ */
 static int probe_ret(struct uprobe_consumer *uc, unsigned long func, struct pt_regs *regs)
 {
 	struct probed_thread *t;
@@ -323,9 +338,8 @@ static int probe_ret(struct uprobe_consumer *uc, unsigned long func, struct pt_r
 			t->open = true;
 			t->start = 0;
 			if (pm.latency_on && cpu < pm.area.layout.num_vcpus)
-				t->start = stagevm_request_begin(pm.area.base +
-								 stagevm_latency_offset(&pm.area.layout, cpu),
-								 0, pm.pace_ticks);
+				t->start = stagevm_request_begin(latency_block(cpu), 0,
+								 pm.pace_ticks);
 			atomic64_inc(&pm.requests_begun);
 		}
 	}
@@ -371,7 +385,8 @@ static int probe_hit(struct uprobe_consumer *uc, struct pt_regs *regs)
 
 /* Gives every thread a hit moved all CPUs back and empties the table
  * (open requests are forgotten), dropping its struct pid references.
- * Returns the threads given their CPUs back. */
+ * Returns the threads given their CPUs back.
+ */
 static u64 reset_threads(void)
 {
 	u64 reset = 0;
@@ -470,7 +485,8 @@ long stagevm_probes_attach(const struct stagevm_agent_area *area,
 			 * this one were live, and a thread that hit one in the
 			 * meantime was moved and is held in the table. Once they
 			 * are unregistered no hit runs (uprobe_unregister waits
-			 * for running handlers), so the table is ours to empty. */
+			 * for running handlers), so the table is ours to empty.
+			 */
 			unregister_probes(i);
 			reset = reset_threads();
 			pr_warn_ratelimited("uprobe %u of %u at offset %#llx refused (%ld); nothing attached, %llu threads given every CPU back\n",
@@ -516,7 +532,7 @@ long stagevm_probes_detach(void)
 
 bool stagevm_probes_attached(void)
 {
-	return pm.inode != NULL;
+	return pm.inode;
 }
 
 long stagevm_probes_stats(struct stagevm_ioc_probe_stats __user *uarg)

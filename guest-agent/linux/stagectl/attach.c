@@ -43,7 +43,7 @@
 
 struct wanted {
 	const char *sym;
-	unsigned stage;
+	unsigned int stage;
 	int request;     /* a `request` symbol (STAGEVM_PROBE_REQUEST) */
 	uint64_t offset; /* 0 until found (a function never starts at offset 0) */
 };
@@ -58,7 +58,8 @@ struct wanted {
  * wanted names (at most 9 comparisons for 256) and, on a match, one look
  * through the segments: attach's whole resolution is O(sections +
  * segments + entries x 9 x 1,024 bytes), seconds at worst, milliseconds
- * for real binaries. */
+ * for real binaries.
+ */
 #define STAGECTL_MAX_SYMBOLS (1u << 22)
 #define STAGECTL_MAX_LOADS 64
 
@@ -68,10 +69,10 @@ struct elf_view {
 	size_t size;
 	const Elf64_Ehdr *eh;
 	const Elf64_Phdr *loads[STAGECTL_MAX_LOADS]; /* its PT_LOAD headers */
-	unsigned nloads;
+	unsigned int nloads;
 	struct wanted *w;
-	unsigned n;
-	unsigned *order;  /* indices of w sorted by symbol name */
+	unsigned int n;
+	unsigned int *order;  /* indices of w sorted by symbol name */
 	size_t longest;   /* bytes of the longest wanted name */
 };
 
@@ -84,10 +85,11 @@ static const void *at(const uint8_t *base, size_t size, uint64_t off, uint64_t l
 }
 
 /* File offset of virtual address `va` through the PT_LOAD segments; 0 when
- * no segment holds it in its file bytes. */
+ * no segment holds it in its file bytes.
+ */
 static uint64_t va_to_offset(const struct elf_view *v, uint64_t va)
 {
-	for (unsigned i = 0; i < v->nloads; i++) {
+	for (unsigned int i = 0; i < v->nloads; i++) {
 		const Elf64_Phdr *ph = v->loads[i];
 
 		if (va >= ph->p_vaddr && va - ph->p_vaddr < ph->p_filesz)
@@ -100,17 +102,18 @@ static const struct wanted *sort_base;
 
 static int by_name(const void *a, const void *b)
 {
-	return strcmp(sort_base[*(const unsigned *)a].sym, sort_base[*(const unsigned *)b].sym);
+	return strcmp(sort_base[*(const unsigned int *)a].sym, sort_base[*(const unsigned int *)b].sym);
 }
 
 /* The index in v->w of the wanted symbol `name`, or -1: a binary search
- * (the map file names each symbol once). */
+ * (the map file names each symbol once).
+ */
 static int find_wanted(const struct elf_view *v, const char *name)
 {
-	unsigned lo = 0, hi = v->n;
+	unsigned int lo = 0, hi = v->n;
 
 	while (lo < hi) {
-		unsigned mid = lo + (hi - lo) / 2;
+		unsigned int mid = lo + (hi - lo) / 2;
 		int c = strcmp(name, v->w[v->order[mid]].sym);
 
 		if (!c)
@@ -124,7 +127,8 @@ static int find_wanted(const struct elf_view *v, const char *name)
 }
 
 /* Resolves the wanted symbols in one symbol table section (its entries
- * were counted against STAGECTL_MAX_SYMBOLS by the caller). */
+ * were counted against STAGECTL_MAX_SYMBOLS by the caller).
+ */
 static void resolve_section(const struct elf_view *v, const Elf64_Shdr *sh)
 {
 	const Elf64_Shdr *strh;
@@ -134,7 +138,10 @@ static void resolve_section(const struct elf_view *v, const Elf64_Shdr *sh)
 	    !at(v->base, v->size, sh->sh_offset, sh->sh_size))
 		return;
 	strh = at(v->base, v->size, v->eh->e_shoff + (uint64_t)sh->sh_link * sizeof(*strh), sizeof(*strh));
-	if (!strh || !(strtab = at(v->base, v->size, strh->sh_offset, strh->sh_size)))
+	if (!strh)
+		return;
+	strtab = at(v->base, v->size, strh->sh_offset, strh->sh_size);
+	if (!strtab)
 		return;
 	for (uint64_t k = 0; k < sh->sh_size / sizeof(Elf64_Sym); k++) {
 		const Elf64_Sym *s = (const Elf64_Sym *)(v->base + sh->sh_offset) + k;
@@ -148,7 +155,8 @@ static void resolve_section(const struct elf_view *v, const Elf64_Shdr *sh)
 		room = strh->sh_size - s->st_name;
 		lim = room < v->longest + 1 ? room : v->longest + 1;
 		/* No NUL in the first `lim` bytes: longer than every wanted
-		 * name, or running out of the table; it matches none. */
+		 * name, or running out of the table; it matches none.
+		 */
 		if (strnlen(name, lim) == lim)
 			continue;
 		i = find_wanted(v, name);
@@ -160,13 +168,14 @@ static void resolve_section(const struct elf_view *v, const Elf64_Shdr *sh)
 /* Finds every wanted symbol in the ELF file open as `fd` (named `path` in
  * messages), the descriptor that is then handed to the module; `*st` gets
  * its fstat. 0, or 1 after saying what is wrong: the first missing symbol
- * and its stage, or the work bound (above) the file exceeds. */
-static int resolve(int fd, const char *path, struct stat *st, struct wanted *w, unsigned n,
+ * and its stage, or the work bound (above) the file exceeds.
+ */
+static int resolve(int fd, const char *path, struct stat *st, struct wanted *w, unsigned int n,
 		   const struct stagemap_file *m)
 {
 	struct elf_view v = { .w = w, .n = n };
 	const Elf64_Shdr *tabs[2] = { NULL, NULL }; /* .symtab, .dynsym */
-	unsigned order[STAGEVM_MAX_PROBES];
+	unsigned int order[STAGEVM_MAX_PROBES];
 	uint64_t entries = 0;
 	uint8_t *base;
 	int rc = 1;
@@ -192,7 +201,7 @@ static int resolve(int fd, const char *path, struct stat *st, struct wanted *w, 
 		fprintf(stderr, "stagectl: %s: not a 64-bit ELF file\n", path);
 		goto out;
 	}
-	for (unsigned i = 0; i < v.eh->e_phnum; i++) {
+	for (unsigned int i = 0; i < v.eh->e_phnum; i++) {
 		const Elf64_Phdr *ph = at(base, v.size, v.eh->e_phoff + (uint64_t)i * sizeof(*ph), sizeof(*ph));
 
 		if (!ph || ph->p_type != PT_LOAD)
@@ -205,10 +214,11 @@ static int resolve(int fd, const char *path, struct stat *st, struct wanted *w, 
 		v.loads[v.nloads++] = ph;
 	}
 	/* One pass over the section headers (at most 65,535): the symbol
-	 * tables, at most one of each kind. */
-	for (unsigned i = 0; i < v.eh->e_shnum; i++) {
+	 * tables, at most one of each kind.
+	 */
+	for (unsigned int i = 0; i < v.eh->e_shnum; i++) {
 		const Elf64_Shdr *sh = at(base, v.size, v.eh->e_shoff + (uint64_t)i * sizeof(*sh), sizeof(*sh));
-		unsigned kind;
+		unsigned int kind;
 
 		if (!sh || (sh->sh_type != SHT_SYMTAB && sh->sh_type != SHT_DYNSYM))
 			continue;
@@ -227,7 +237,7 @@ static int resolve(int fd, const char *path, struct stat *st, struct wanted *w, 
 			path, (unsigned long long)entries, STAGECTL_MAX_SYMBOLS);
 		goto out;
 	}
-	for (unsigned i = 0; i < n; i++) {
+	for (unsigned int i = 0; i < n; i++) {
 		size_t len = strlen(w[i].sym);
 
 		order[i] = i;
@@ -237,11 +247,12 @@ static int resolve(int fd, const char *path, struct stat *st, struct wanted *w, 
 	qsort(order, n, sizeof(order[0]), by_name);
 	v.order = order;
 	/* .symtab first (every function of an unstripped binary), then .dynsym
-	 * (what a stripped distribution binary keeps). */
-	for (unsigned kind = 0; kind < 2; kind++)
+	 * (what a stripped distribution binary keeps).
+	 */
+	for (unsigned int kind = 0; kind < 2; kind++)
 		if (tabs[kind])
 			resolve_section(&v, tabs[kind]);
-	for (unsigned i = 0; i < n; i++)
+	for (unsigned int i = 0; i < n; i++)
 		if (!w[i].offset) {
 			fprintf(stderr, "stagectl: symbol %s (stage %s) is not a function defined in %s; nothing attached\n",
 				w[i].sym, m->stages[w[i].stage].name, path);
@@ -254,7 +265,8 @@ out:
 }
 
 /* The registered stages agree with the map's, or are registered now from
- * it. 0, or 1 after saying which stage disagrees. */
+ * it. 0, or 1 after saying which stage disagrees.
+ */
 static int check_registration(int dev, const struct stagemap_file *m, const char *map)
 {
 	struct stagevm_ioc_info info;
@@ -267,7 +279,7 @@ static int check_registration(int dev, const struct stagemap_file *m, const char
 		return 1;
 	}
 	if (!info.registered) {
-		for (unsigned s = 0; s < m->nstages; s++)
+		for (unsigned int s = 0; s < m->nstages; s++)
 			strncpy(reg.names[s], m->stages[s].name, sizeof(reg.names[s]));
 		if (ioctl(dev, STAGEVM_IOC_REGISTER, &reg) < 0) {
 			fprintf(stderr, "stagectl: registering the map's %u stages: %s (host status %s)\n",
@@ -287,7 +299,7 @@ static int check_registration(int dev, const struct stagemap_file *m, const char
 		fprintf(stderr, "stagectl: mmap of /dev/stagevm: %s\n", strerror(errno));
 		return 1;
 	}
-	for (unsigned s = 0; s < m->nstages; s++) {
+	for (unsigned int s = 0; s < m->nstages; s++) {
 		const struct stagevm_stage_desc *d =
 			(const void *)((const char *)h + STAGEVM_STAGE_DESCS_OFFSET) + s * sizeof(*d);
 
@@ -314,7 +326,7 @@ int stagectl_attach(int argc, char **argv)
 	struct stagevm_ioc_attach_map req = { 0 };
 	struct stagemap_file m;
 	struct stat st;
-	unsigned n = 0, line = 0;
+	unsigned int n = 0, line = 0;
 	int r, dev, bin, rc = 1;
 
 	for (int i = 1; i < argc; i++) {
@@ -347,8 +359,8 @@ int stagectl_attach(int argc, char **argv)
 		fprintf(stderr, "stagectl: %s names no binary: give --binary PATH\n", map);
 		goto out;
 	}
-	for (unsigned s = 0; s < m.nstages; s++)
-		for (unsigned k = 0; k < m.stages[s].nsyms + (m.request_stage == (int)s ? m.nrequest : 0); k++) {
+	for (unsigned int s = 0; s < m.nstages; s++)
+		for (unsigned int k = 0; k < m.stages[s].nsyms + (m.request_stage == (int)s ? m.nrequest : 0); k++) {
 			if (n == STAGEVM_MAX_PROBES) {
 				fprintf(stderr, "stagectl: %s has more than %u symbols; nothing attached\n", map,
 					STAGEVM_MAX_PROBES);
@@ -361,7 +373,8 @@ int stagectl_attach(int argc, char **argv)
 	/* One open: the file whose symbols give the offsets is the file the
 	 * module probes. Opening the path again for the module would let a
 	 * rename or symlink swap in between put the probes (int3s at offsets
-	 * computed for this file) into another one, libc say. */
+	 * computed for this file) into another one, libc say.
+	 */
 	bin = open(binary, O_RDONLY | O_CLOEXEC);
 	if (bin < 0) {
 		fprintf(stderr, "stagectl: %s: %s\n", binary, strerror(errno));
@@ -380,7 +393,7 @@ int stagectl_attach(int argc, char **argv)
 		goto out;
 	}
 	if (!check_registration(dev, &m, map)) {
-		for (unsigned i = 0; i < n; i++)
+		for (unsigned int i = 0; i < n; i++)
 			probes[i] = (struct stagevm_ioc_probe){
 				.offset = w[i].offset, .stage = w[i].stage,
 				.flags = w[i].request ? STAGEVM_PROBE_REQUEST : 0 };
@@ -393,7 +406,7 @@ int stagectl_attach(int argc, char **argv)
 		} else {
 			printf("stagectl: attached %s to %s (inode %llu): %u uprobes, %u stages\n", map, binary,
 			       (unsigned long long)st.st_ino, n, m.nstages);
-			for (unsigned i = 0; i < n; i++)
+			for (unsigned int i = 0; i < n; i++)
 				printf("stagectl:   stage %s: %s at file offset %#llx%s\n", m.stages[w[i].stage].name,
 				       w[i].sym, (unsigned long long)w[i].offset,
 				       w[i].request ? " (request: entry ends one, return begins one)" : "");
@@ -453,7 +466,7 @@ int stagectl_probes(int argc, char **argv)
 		return 1;
 	}
 	printf("stagectl: probes attached %u, hits", st.attached);
-	for (unsigned s = 0; s < st.num_stages && s < STAGEVM_MAX_STAGES; s++)
+	for (unsigned int s = 0; s < st.num_stages && s < STAGEVM_MAX_STAGES; s++)
 		printf(" %llu", (unsigned long long)st.hits[s]);
 	printf(", counted %llu, not counted %llu, migrations %llu, affinity failures %llu, threads reset %llu, threads lost %llu, "
 	       "threads held %llu, requests begun %llu ended %llu timed %llu dropped %llu\n",

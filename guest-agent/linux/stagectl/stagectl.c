@@ -59,7 +59,8 @@ static uint64_t load(const void *p)
 }
 
 /* Name of state code `code`: "none", "idle", a stage's name, or "code N"
- * for a code past the registered stages (a forged state word). */
+ * for a code past the registered stages (a forged state word).
+ */
 static const char *code_name(const uint8_t *base, const struct stagevm_layout *l, uint32_t code,
 			     char *buf, size_t len)
 {
@@ -80,7 +81,8 @@ static const char *code_name(const uint8_t *base, const struct stagevm_layout *l
 
 /* vCPU `v`'s counter block: its state, then one line per code with
  * anything counted. Counters are totals since REGISTER, read without the
- * writers' cooperation (a line may be one transition behind another). */
+ * writers' cooperation (a line may be one transition behind another).
+ */
 static void print_counters(const uint8_t *base, const struct stagevm_layout *l, uint32_t v)
 {
 	const struct stagevm_vcpu_counters *c =
@@ -123,7 +125,8 @@ static void print_counters(const uint8_t *base, const struct stagevm_layout *l, 
 
 /* vCPU `v`'s latency histogram (minor 4): timed requests, their mean and
  * the range of buckets holding them, read without the writers'
- * cooperation. */
+ * cooperation.
+ */
 static void print_latency(const uint8_t *base, const struct stagevm_layout *l, uint32_t v)
 {
 	const struct stagevm_vcpu_latency *b =
@@ -144,12 +147,13 @@ static void print_latency(const uint8_t *base, const struct stagevm_layout *l, u
 
 /* `stagectl --map-file PATH`: parses a stage-map file and prints it in
  * canonical form (stagemap_file.h); exit status 1 with the line and reason
- * when it is malformed. */
+ * when it is malformed.
+ */
 static int print_map_file(const char *path)
 {
 	struct stagemap_file m;
 	const char *why = NULL;
-	unsigned line = 0;
+	unsigned int line = 0;
 	int r = stagemap_file_load(path, &m, &line, &why);
 
 	if (r == -EINVAL)
@@ -183,14 +187,14 @@ int main(int argc, char **argv)
 	if (argc > 1 && !strcmp(argv[1], "probes"))
 		return stagectl_probes(argc - 1, argv + 1);
 	for (i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--map-file") && i + 1 < argc)
+			return print_map_file(argv[i + 1]);
 		if (!strcmp(argv[i], "--device") && i + 1 < argc)
 			device = argv[++i];
 		else if (!strcmp(argv[i], "--fd") && i + 1 < argc)
 			fd = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--file") && i + 1 < argc)
 			file = argv[++i];
-		else if (!strcmp(argv[i], "--map-file") && i + 1 < argc)
-			return print_map_file(argv[i + 1]);
 		else {
 			fprintf(stderr, "usage: stagectl [--device PATH | --fd N | --file PATH]\n"
 					"       stagectl --map-file PATH   (check and print a stage-map file)\n"

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* stagectl's subcommands on stage maps (attach.c); each returns the exit
- * status: 0 done, 1 refused or failed (with a message), 2 bad usage. */
+ * status: 0 done, 1 refused or failed (with a message), 2 bad usage.
+ */
 #ifndef STAGECTL_H
 #define STAGECTL_H
 
@@ -11,7 +12,8 @@ int stagectl_probes(int argc, char **argv);
 /* A test's hook (images/linux/hostile_agent.c): when set, `stagectl attach`
  * calls it with the binary's path after resolving the symbols and before
  * attaching the probes, where a swap of the path must change nothing. NULL
- * (not called) in stagectl itself. */
+ * (not called) in stagectl itself.
+ */
 extern void (*stagectl_attach_hook)(const char *binary);
 
 #endif

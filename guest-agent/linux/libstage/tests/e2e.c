@@ -105,11 +105,16 @@ static void setup(void)
 
 	if (r)
 		die("stage_init", r);
-	if ((r = stage_name(0, "parse")) || (r = stage_name(1, "execute")))
+	r = stage_name(0, "parse");
+	if (!r)
+		r = stage_name(1, "execute");
+	if (r)
 		die("stage_name", r);
-	if ((r = stage_register()))
+	r = stage_register();
+	if (r)
 		die("stage_register", r);
-	if ((r = stage_attach()))
+	r = stage_attach();
+	if (r)
 		die("stage_attach", r);
 }
 
@@ -149,7 +154,7 @@ static void *worker_main(void *arg)
 
 			for (s = 0; s < NSTAGES; s++) {
 				struct stage_map_view map;
-				int v = stage_enter((unsigned)s);
+				int v = stage_enter((unsigned int)s);
 
 				if (v < 0) {
 					w->errors++;
@@ -158,7 +163,8 @@ static void *worker_main(void *arg)
 				w->enters[s]++;
 				w->on_vcpu[s][v]++;
 				/* The map cannot change within phases 0 and 1 (the
-				 * host flips it between them), so this is exact. */
+				 * host flips it between them), so this is exact.
+				 */
 				if (p < 2 && stage_map(&map) == 0 && !(map.vcpus[s] >> v & 1))
 					w->violations++;
 				spin_ns(R.work_ns);
@@ -174,7 +180,8 @@ static void *worker_main(void *arg)
 		pthread_barrier_wait(&R.end);
 	}
 	/* Stay (with the affinity of the last stage) until the host has looked
-	 * at /proc: thread exit detaches, which restores the affinity. */
+	 * at /proc: thread exit detaches, which restores the affinity.
+	 */
 	pthread_barrier_wait(&R.start);
 	return NULL;
 }
@@ -214,8 +221,8 @@ static int run(int argc, char **argv)
 	say("ready transport %s", stage_transport());
 	expect_line("go");
 	print_map();
-	pthread_barrier_init(&R.start, NULL, (unsigned)R.threads + 1);
-	pthread_barrier_init(&R.end, NULL, (unsigned)R.threads + 1);
+	pthread_barrier_init(&R.start, NULL, (unsigned int)R.threads + 1);
+	pthread_barrier_init(&R.end, NULL, (unsigned int)R.threads + 1);
 	for (t = 0; t < R.threads; t++) {
 		R.w[t].index = t;
 		if (pthread_create(&R.w[t].th, NULL, worker_main, &R.w[t]))
@@ -302,7 +309,7 @@ static int run(int argc, char **argv)
 
 /* ---- bench ---- */
 
-static __attribute__((noinline)) int empty(unsigned id)
+static __attribute__((noinline)) int empty(unsigned int id)
 {
 	__asm__ volatile("" : : "r"(id) : "memory");
 	return 0;
@@ -317,7 +324,7 @@ static int cmp_u64(const void *a, const void *b)
 
 static void wait_drained(void)
 {
-	unsigned v;
+	unsigned int v;
 	int busy = 1;
 
 	while (busy) {
@@ -377,7 +384,8 @@ static int bench(int argc, char **argv)
 	setup();
 	h = stage__area(NULL);
 	/* Half a ring per batch: the host drains between batches, so no
-	 * batch waits for ring space. */
+	 * batch waits for ring space.
+	 */
 	per_batch = (long)h->ring_entries / 2;
 	say("ready transport %s", stage_transport());
 	expect_line("go");
@@ -447,7 +455,8 @@ static void *request_worker(void *arg)
 		int v, r = 0;
 
 		/* Request i begins at its first stage_enter, at
-		 * stage_request_begin() or AGE_US before now. */
+		 * stage_request_begin() or AGE_US before now.
+		 */
 		if (i % 3 == 1)
 			r = stage_request_begin();
 		else if (i % 3 == 2)

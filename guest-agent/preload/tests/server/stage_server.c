@@ -17,7 +17,8 @@
  *                 calls it with the stack misaligned; exits 3 when a
  *                 register changed
  * Prints "thread ID FINISH_MS MAX_REQUEST_US" per thread, then
- * "done THREADS REQUESTS CHECKSUM MAX_REQUEST_US ELAPSED_MS", and exits 0. */
+ * "done THREADS REQUESTS CHECKSUM MAX_REQUEST_US ELAPSED_MS", and exits 0.
+ */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -37,6 +38,7 @@ static uint64_t start_ns;
 static uint64_t now_ns(void)
 {
 	struct timespec ts;
+
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
@@ -64,7 +66,8 @@ __attribute__((noinline)) uint64_t stage_parse(int id, uint64_t x)
 
 /* Set by thread 0 as it starts its sleep (--sleep-ms): the others start
  * their requests only then, so they meet the sleeper at the gate however
- * late the machine's load starts thread 0. */
+ * late the machine's load starts thread 0.
+ */
 static int sleeper_in;
 
 __attribute__((noinline)) uint64_t stage_plan(int id, int r, uint64_t x)
@@ -79,6 +82,7 @@ __attribute__((noinline)) uint64_t stage_plan(int id, int r, uint64_t x)
 __attribute__((noinline)) uint64_t stage_exec(int id, uint64_t x)
 {
 	uint64_t y = spin(x, work);
+
 	if (use_mutex)
 		pthread_mutex_unlock(&big);
 	return y + (uint64_t)id;
@@ -96,7 +100,8 @@ __asm__(".text\n.globl reg_probe\n.type reg_probe,@function\nreg_probe:\n"
 
 /* Calls reg_probe with values in rcx, rdx, rsi, r8-r11, xmm8, xmm15 and
  * (with AVX) the upper half of ymm9, and with rsp misaligned by 8; returns
- * 1 when all of them survived. */
+ * 1 when all of them survived.
+ */
 __asm__(".text\n.globl regs_survive\n.type regs_survive,@function\nregs_survive:\n"
 	"  push %rbx\n"
 	"  mov %edi, %ebx\n"
@@ -123,8 +128,10 @@ static void *worker(void *arg)
 {
 	int id = (int)(intptr_t)arg;
 	uint64_t x = (uint64_t)id;
+
 	if (check_regs) {
 		int avx = __builtin_cpu_supports("avx");
+
 		for (int k = 0; k < 3; k++)
 			if (!regs_survive(avx)) {
 				printf("regs clobbered (thread %d, call %d)\n", id, k);
@@ -137,11 +144,13 @@ static void *worker(void *arg)
 	for (int r = 0; r < nrequests; r++) {
 		req_wait(id);
 		uint64_t t0 = now_ns();
+
 		x = stage_parse(id, x);
 		x = stage_plan(id, r, x);
 		x = stage_exec(id, x);
 		x += (uint64_t)tight_loop(3);
 		uint64_t d = now_ns() - t0;
+
 		if (d > max_req_ns[id])
 			max_req_ns[id] = d;
 	}
@@ -180,13 +189,16 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	pthread_t th[1024];
+
 	if (start_delay_ms > 0)
 		usleep((useconds_t)start_delay_ms * 1000);
 	uint64_t t0 = now_ns();
+
 	start_ns = t0;
 	for (int i = 0; i < nthreads; i++)
 		pthread_create(&th[i], NULL, worker, (void *)(intptr_t)i);
 	uint64_t sum = 0, maxd = 0;
+
 	for (int i = 0; i < nthreads; i++) {
 		pthread_join(th[i], NULL);
 		sum ^= checksum[i];
