@@ -13,7 +13,8 @@ setup:
     #!/usr/bin/env bash
     set -euo pipefail
     missing=()
-    for pkg in build-essential util-linux linux-headers-cloud-amd64 zstd python3 python3-venv strace iproute2 pkg-config kmod valgrind; do
+    # shellcheck and linux-source-6.1 (the kernel's scripts/checkpatch.pl) for `just lint`.
+    for pkg in build-essential util-linux linux-headers-cloud-amd64 zstd python3 python3-venv strace iproute2 pkg-config kmod valgrind shellcheck linux-source-6.1; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
     done
     if [ ${#missing[@]} -gt 0 ]; then
@@ -217,7 +218,8 @@ ruff_version := "0.17.6"
 ruff := "target/ruff-venv/bin/ruff"
 
 # Formatting, lints (the workspace's [workspace.lints] and the guest's copy of them) and rustdoc links, warnings as
-# errors; the Python with ruff (installed into target/ruff-venv on first use).
+# errors; the Python with ruff (installed into target/ruff-venv on first use); the shell scripts with shellcheck and
+# the C with the kernel's checkpatch.pl (tests/lint/).
 lint: setup
     cargo fmt --all --check
     cd {{guest_dir}} && cargo fmt --check
@@ -231,3 +233,8 @@ lint: setup
     {{ruff}} format --check .
     # Every C source and header names its licence (SPDX, as the kernel's).
     ! git ls-files '*.c' '*.h' | xargs grep -L 'SPDX-License-Identifier' | grep . || { echo "lint: the files above have no SPDX-License-Identifier line" >&2; exit 1; }
+    # Every tracked shell script (*.sh and sh/bash shebangs) passes shellcheck.
+    tests/lint/shellcheck.sh
+    # The C in the kernel's style: scripts/checkpatch.pl from Debian's linux-source-6.1 tarball (extracted into
+    # target/checkpatch once), with the checks each group of files skips listed in the script.
+    tests/lint/checkpatch.sh

@@ -7,7 +7,7 @@
 # reproduce it) is printed. Extra arguments go to the test binary (e.g. a
 # target name to run only that one).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 cases="${STAGEVM_FUZZ_CASES:-1000000}"
 report="$(mktemp)"
 trap 'rm -f "$report" "$report.log"' EXIT

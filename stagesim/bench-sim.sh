@@ -101,7 +101,9 @@ OLD=(--migration-target-cycles 0 --migration-latency 0)
 # the cross-core transfer cost.
 XFER=(--transfer-cycles 150)
 MECH_unikernel=(--migration-cycles 500 --migration-target-cycles 500 --migration-latency 1700)
+# shellcheck disable=SC2034 # read by name (${!ref}, ${!sw}) in verdict()
 MECH_seed000=(--migration-cycles 500 --migration-target-cycles 500 --migration-latency 3250)
+# shellcheck disable=SC2034 # read by name (${!ref}, ${!sw}) in verdict()
 MECH_linux=(--migration-cycles 25000 --migration-target-cycles 0 --migration-latency 0)
 MARIADBD=${MARIADBD:-/usr/sbin/mariadbd}
 verdict() {
@@ -124,12 +126,13 @@ verdict() {
     run_to "$out/$name-cachesim-256.json" "$out/cachesim" --l2 256:8 --json "$t"
     run "$sim" replay --trace "$t" --policy captured --cores 1 --json "$out/$name-verdict-captured.json"
     for l2 in 512 256; do
+        # shellcheck disable=SC2054 # comma lists (--cores 2,4,8) are single arguments, as on the add lines
         local v=(--trace "$t" --cores 4,6,8 --slice 100000 --l2 "$l2:8" "${XFER[@]}" --jobs "$jobs"
             --static-weights load)
         add "$batch" "${v[@]}" --policy baseline,pinned --json "$out/$name-verdict-$l2-base.json"
         add "$batch" "${v[@]}" --policy baseline,pinned --repeat 2 --json "$out/$name-verdict-$l2-base2.json"
         for mech in unikernel seed000 linux; do
-            local ref="MECH_$mech[@]"
+            local ref="MECH_${mech}[@]"
             local m=("${!ref}")
             maps=(hand)
             [ -f "$out/$name-points-best.stagemap" ] && maps+=(points)
@@ -165,10 +168,14 @@ verdict() {
 # 2026-11-28 (bench/RESULTS.md) took 42 min on one job: read-only with
 # P = 50, D = 10 (18 min), read-write and TPC-C with the defaults.
 SW_unikernel=163
+# shellcheck disable=SC2034 # read by name (${!ref}, ${!sw}) in temporal_trace()
 SW_scx=2000
+# shellcheck disable=SC2034 # read by name (${!ref}, ${!sw}) in temporal_trace()
 SW_linux=3500
 TMECH_unikernel=(--migration-cycles 500 --migration-target-cycles 500 --migration-latency 1700)
+# shellcheck disable=SC2034 # read by name (${!ref}, ${!sw}) in temporal_trace()
 TMECH_scx=(--migration-cycles 25000 --migration-target-cycles 0 --migration-latency 0)
+# shellcheck disable=SC2034 # read by name (${!ref}, ${!sw}) in temporal_trace()
 TMECH_linux=(--migration-cycles 25000 --migration-target-cycles 0 --migration-latency 0)
 TPCT=${STAGESIM_TEMPORAL_PCT:-25}
 TLAPS=${STAGESIM_TEMPORAL_LAPS:-4}
@@ -214,7 +221,7 @@ temporal_trace() {
             [ "$map" = tbest ] && sm=(--stage-map "$out/$name-tpoints-best.stagemap" --binary "$MARIADBD")
             for mech in unikernel scx linux; do
                 [ "$mech" != unikernel ] && [ "$l2" = 512 ] && continue
-                local ref="TMECH_$mech[@]" sw="SW_$mech"
+                local ref="TMECH_${mech}[@]" sw="SW_$mech"
                 local m=("${!ref}")
                 local f="$out/$name-t$l2-$mech-$map"
                 local tv=(--policy pinned --steal on --switch-cycles "${!sw}")
@@ -353,6 +360,7 @@ for t in target/traces/mariadb-*.strace.zst target/traces/footprint-host.strace.
     # trace loaded once).
     batch="$out/$name-issue16.batch"
     : >"$batch"
+    # shellcheck disable=SC2054 # comma lists (--cores 2,4,8) are single arguments, as on the add lines
     matrix=(--cores 2,4,8 --slice 100000 --policy baseline,captured,pinned,static,proportional,auto
         --migration-cycles 1700,4250 "${OLD[@]}" "${groups[@]}" --jobs "$jobs")
     add "$batch" --trace "$t" "${matrix[@]}" --json "$out/$name.json" "$@"
@@ -371,6 +379,7 @@ for t in target/traces/mariadb-*.strace.zst target/traces/footprint-host.strace.
     # auto over 4 laps of the trace (its trials take a fixed number of policy
     # periods, which one 100-transaction window cannot amortize), with the
     # baseline of the same run.
+    # shellcheck disable=SC2054 # comma lists (--cores 2,4,8) are single arguments, as on the add lines
     autorun=(--cores 2,4,8 --slice 100000 --policy baseline,auto --repeat 4 --migration-cycles 1700,4250 "${OLD[@]}"
         "${groups[@]}" --jobs "$jobs")
     add "$batch" --trace "$t" "${autorun[@]}" --json "$out/$name-auto.json"

@@ -112,6 +112,7 @@ check "/etc/stagevm/budgets.toml boots the test guest as the units run it (user 
     sh -c "cat '$work/boot.out'; [ $booted = 0 ] && grep -q 'stage' '$work/boot.out'"
 
 # stagevm-agent-dkms: built for the Debian cloud kernel whose headers are here
+# shellcheck disable=SC2012 # sort -V orders kernel versions; the directory names are plain
 kernel=$(basename "$(ls -d /usr/src/linux-headers-*-cloud-amd64 | sort -V | tail -n 1)" | sed 's/^linux-headers-//')
 check "dkms installed stagevm-agent/$version for $kernel" sh -c \
     "dkms status -m stagevm-agent -v $version -k $kernel | grep -q installed"

@@ -79,11 +79,13 @@ while [ ${#queue[@]} -gt 0 ]; do
             { apt-get update -q >/dev/null && (cd "$debs" && apt-get download -q "$pkg" >/dev/null); } ||
             { log "apt-get download $pkg failed"; exit 1; }
     fi
-    deb="$(ls "$debs/${pkg}"_*.deb | head -n 1)"
+    found=("$debs/${pkg}"_*.deb)
+    deb="${found[0]}"
     for dep in $(dpkg-deb -f "$deb" Depends Pre-Depends | tr ',' '\n' | sed 's/[|(].*//; s/:any//' | tr -d ' '); do
         case "$dep" in lib* | zlib1g) [ -z "${seen[$dep]:-}" ] && queue+=("$dep") ;; esac
     done
 done
+# shellcheck disable=SC2012 # .deb names (name_version_arch) are plain; the key must stay as it was
 key="$( { ls "$debs" | sort; cat "$here/my.cnf" "$map" "$here"/refused/*; echo "rows=$rows"; } | sha256sum | cut -c1-12)"
 if [ -f "$out/root.ext4" ] && [ -f "$out/expected.tsv" ] && [ "$(cat "$out/root.key" 2>/dev/null)" = "$key" ]; then
     log "root disk cached ($key)"
