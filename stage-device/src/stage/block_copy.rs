@@ -68,9 +68,10 @@ impl<M: super::StageMemory> StageDevice<M> {
     pub(super) fn copy_blocks(&self, inner: &Inner, out: &mut Blocks) -> Option<CounterCopy> {
         out.latency.clear();
         if let Some(area) = inner.area.as_ref().filter(|a| a.layout.latency) {
+            let memory = self.memory.memory();
             for vcpu in 0..area.layout.num_vcpus {
                 let at = GuestAddress(area.gpa + area.layout.latency_offset(vcpu));
-                out.latency.push(copy_latency(&*self.memory.memory(), at));
+                out.latency.push(copy_latency(&*memory, at));
             }
         }
         self.copy_counters(inner, &mut out.counters)
@@ -87,9 +88,10 @@ impl<M: super::StageMemory> StageDevice<M> {
             generation: inner.report.registrations,
             host_tsc: host_tsc(),
         };
+        let memory = self.memory.memory();
         for vcpu in 0..area.layout.num_vcpus {
             let at = GuestAddress(area.gpa + area.layout.counters_offset(vcpu));
-            out.push(copy_block(&*self.memory.memory(), at));
+            out.push(copy_block(&*memory, at));
         }
         Some(copy)
     }

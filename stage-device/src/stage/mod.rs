@@ -104,8 +104,9 @@ struct Inner {
 /// Guest memory as the stage device holds it: a `vm-memory` address space
 /// ([`GuestAddressSpace`]) of region-backed memory — `Arc<GuestMemoryMmap>`,
 /// or `GuestMemoryAtomic<GuestMemoryMmap>` for an embedder that adds
-/// memory while the VM runs (each access takes a snapshot, so a guest's
-/// area is always read against one consistent map).
+/// memory while the VM runs (each read of the area — a copy of every
+/// vCPU's block, the stage names, the parked words — takes one snapshot,
+/// so it sees one consistent map).
 pub trait StageMemory: GuestAddressSpace<M: GuestMemoryBackend> + Send + Sync {}
 
 impl<T: GuestAddressSpace<M: GuestMemoryBackend> + Send + Sync> StageMemory for T {}
@@ -240,11 +241,10 @@ impl<M: StageMemory> StageDevice<M> {
 
     /// Stage names of a validated area at `gpa` (lossy UTF-8, NUL-trimmed).
     fn read_names(&self, gpa: u64, layout: &Layout) -> Vec<String> {
+        let memory = self.memory.memory();
         (0..layout.num_stages)
             .map(|id| {
-                let desc: Obj<StageDesc> = self
-                    .memory
-                    .memory()
+                let desc: Obj<StageDesc> = memory
                     .read_obj(GuestAddress(gpa + STAGE_DESCS_OFFSET + 32 * u64::from(id)))
                     .unwrap_or_default();
                 let end = desc.0.name.iter().position(|b| *b == 0).unwrap_or(32);
@@ -566,11 +566,11 @@ impl<M: StageMemory> StageDevice<M> {
             Some(area) => area.gpa,
             None => return,
         };
+        let memory = self.memory.memory();
         for vcpu in 0..self.num_vcpus {
             let base = gpa + Layout::vcpu_state_offset(vcpu);
             let word = |offset: usize| -> u32 {
-                self.memory
-                    .memory()
+                memory
                     .load(GuestAddress(base + offset as u64), Ordering::Acquire)
                     .unwrap_or(0)
             };
