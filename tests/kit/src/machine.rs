@@ -62,26 +62,33 @@ pub fn test_guest() -> &'static Path {
 /// executable (`target/<profile>/deps/..`).
 ///
 /// Built by `cargo test --workspace --no-run`, the build `./dev test` has
-/// just done (a no-op there, ~0.2 s), which builds the binaries of every
-/// package with integration tests: `cargo build -p package` would resolve
-/// the dependencies' features for that package alone and compile ~35
-/// crates a second time (~30 s of a fresh clone's test run). Run from one
+/// just done (a no-op there, ~0.2 s, once per test process), which builds
+/// the binaries of every package with integration tests: `cargo build -p
+/// package` would resolve the dependencies' features for that package
+/// alone and compile 33 crates a second time (~30 s of a fresh clone's
+/// test run). Run from one
 /// package's tests alone, the first call builds the workspace's tests.
 /// `package` must have integration tests (`stagevm` and `stagesim` do).
 /// Panics with cargo's output on failure, or if the binary is missing.
 pub fn workspace_binary(package: &str, name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's own path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps");
-    let mut cmd = cargo();
-    cmd.args(["test", "--workspace", "--no-run", "--quiet"]);
-    if dir.file_name().is_some_and(|p| p == "release") {
-        cmd.arg("--release");
-    }
-    cmd.current_dir(repo_root());
-    build(cmd, name);
+    // One build serves every binary: run it once per test process.
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test's own path");
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/<profile>/deps")
+            .to_path_buf();
+        let mut cmd = cargo();
+        cmd.args(["test", "--workspace", "--no-run", "--quiet"]);
+        if dir.file_name().is_some_and(|p| p == "release") {
+            cmd.arg("--release");
+        }
+        cmd.current_dir(repo_root());
+        build(cmd, "the workspace's binaries");
+        dir
+    });
     let bin = dir.join(name);
     assert!(
         bin.is_file(),
