@@ -149,6 +149,10 @@ pub struct DuelReport {
     pub veto: Option<String>,
     /// The candidate became the incumbent.
     pub won: bool,
+    /// The duel stopped as futile: its first pairs fell behind by far more
+    /// than the trial's noise measured by its earlier duels.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub futile: bool,
 }
 
 /// A mode a trial did not run, and why.

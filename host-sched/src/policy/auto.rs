@@ -73,6 +73,7 @@ pub mod cusum;
 mod hold;
 mod measure;
 mod params;
+mod settle;
 pub mod sprt;
 #[cfg(test)]
 mod tests;
@@ -82,8 +83,9 @@ use super::{build, Context, Observation, Plan, Policy, PolicyKind, VisitPolicy};
 use hold::{Hold, Step};
 pub use measure::{LatencyBound, ModeSummary, Objective, TrialSummary};
 pub use params::AutoParams;
+use settle::Settle;
 pub use trial::DuelSummary;
-use trial::{Settle, Trial, Verdict};
+use trial::{Trial, Verdict};
 
 /// The temporal policy of the `temporal` and `both` modes when the operator
 /// named none (`[policy] visit` is FIFO): SRPT (the pipeline's last stage

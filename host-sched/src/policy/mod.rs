@@ -154,6 +154,33 @@ pub struct Observation {
     /// Stage entries (visits) in the period; with `cpu_ns`, the mean visit
     /// (`auto`'s candidates).
     pub entries: Option<f64>,
+    /// Per guest stage, the work it did in the period and the time that
+    /// took (`None`: not measured). `auto` weighs its slices' figures by
+    /// one stage mix with them ([`StageWork`]).
+    pub stages: Option<Vec<StageWork>>,
+}
+
+/// One stage's work in a policy period: `work` in units whose cost does
+/// not depend on the mode (the VMM: the stage's entries, i.e. visits;
+/// stagesim: its instructions) and the time they took, `time` (the VMM:
+/// vCPU time in the stage, ns; stagesim: core cycles; only ratios of it
+/// are used).
+///
+/// Why `auto` needs it: a visit policy changes *which* stages run in a
+/// short slice, not only how fast. SRPT serves the pipeline's last stages
+/// first, so a slice of it runs more of their work and leaves the first
+/// stages' work queued for the slice after; when the stages' speeds
+/// differ, the slice's rate then measures the mix as much as the mode. On
+/// MariaDB's oltp_read_only trace (stagesim, L2 512 KiB, 2 cores) SRPT's
+/// slices ran 66 % of a period in `execute` against FIFO's 50 %, and
+/// measured temporal 5.5 % ahead of unstaged where full replays put it
+/// 7.3 % behind (bench/RESULTS.md, issue 49).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StageWork {
+    /// Work done (visits or instructions).
+    pub work: f64,
+    /// The time it took (ns or cycles).
+    pub time: f64,
 }
 
 impl Observation {

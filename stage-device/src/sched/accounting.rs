@@ -43,6 +43,8 @@ pub struct Window {
     pub requests: u64,
     /// Stage entries (`stage_enter`s).
     pub entries: u64,
+    /// Per stage, its entries (they sum to `entries`).
+    pub stage_entries: Vec<u64>,
     /// A counters guest: the window's length (ns, the reads' own); `None`
     /// for a rings guest (the caller's period is the window).
     pub length_ns: Option<u64>,
@@ -73,8 +75,10 @@ pub struct Accounting {
     window_ns: Vec<u64>,
     /// Requests completed (valid `stage_exit` events) in the same window.
     window_requests: u64,
-    /// Stage entries (valid `stage_enter` events) in the same window.
+    /// Stage entries (valid `stage_enter` events) in the same window, and
+    /// per stage.
     window_entries: u64,
+    window_stage_entries: Vec<u64>,
     /// Requests completed and stage entries since REGISTER.
     total_requests: u64,
     total_entries: u64,
@@ -115,6 +119,7 @@ impl Accounting {
                 .collect(),
             current: vec![None; num_vcpus as usize],
             window_ns: vec![0; names.len()],
+            window_stage_entries: vec![0; names.len()],
             cohorts: Cohorts::new(names.len(), num_vcpus as usize),
             ..Default::default()
         }
@@ -193,6 +198,8 @@ impl Accounting {
                 stage.migrations_in = stage.migrations_in.saturating_add(d.migrations_in[s]);
                 stage.migrations_out = stage.migrations_out.saturating_add(d.migrations_out[s]);
                 self.window_ns[s] = self.window_ns[s].saturating_add(ns);
+                let e = &mut self.window_stage_entries[s];
+                *e = e.saturating_add(d.counts[code]);
             }
             let requests = d.counts[CODE_NONE as usize];
             self.window_requests = self.window_requests.saturating_add(requests);
@@ -285,6 +292,9 @@ impl Accounting {
             } else if let Some(s) = self.stages.get_mut(ev.stage as usize) {
                 s.events += 1;
                 self.window_entries += 1;
+                if let Some(e) = self.window_stage_entries.get_mut(ev.stage as usize) {
+                    *e += 1;
+                }
                 self.total_entries += 1;
                 if previous.map(|(p, _)| p) != Some(ev.stage) {
                     s.arrivals += 1;
@@ -332,6 +342,11 @@ impl Accounting {
             busy,
             requests: std::mem::take(&mut self.window_requests),
             entries: std::mem::take(&mut self.window_entries),
+            stage_entries: {
+                let e = self.window_stage_entries.clone();
+                self.window_stage_entries.iter_mut().for_each(|e| *e = 0);
+                e
+            },
             length_ns: self
                 .counters
                 .as_ref()

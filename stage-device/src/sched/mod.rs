@@ -201,6 +201,7 @@ fn trial_report(t: &host_sched::policy::auto::TrialSummary) -> TrialReport {
                 confidence: d.confidence,
                 veto: d.veto.map(Into::into),
                 won: d.won,
+                futile: d.futile,
             })
             .collect(),
         skipped: t

@@ -3,7 +3,7 @@
 //! cost ([`super::cpu`]), the utilisation and the requests the guest timed
 //! ([`super::latency_reader`]); and the run's totals of them for the report.
 
-use host_sched::policy::Observation;
+use host_sched::policy::{Observation, StageWork};
 use stagevm_report::CpuReport;
 
 use super::accounting::Window;
@@ -59,6 +59,18 @@ impl Observer {
             utilisation: cpu.as_ref().map(|c| c.utilisation),
             latency: window.latency.take(),
             entries: Some(window.entries as f64),
+            // Per stage, its visits and the vCPU time they took.
+            stages: (window.stage_entries.len() == window.busy.len()).then(|| {
+                window
+                    .stage_entries
+                    .iter()
+                    .zip(&window.busy)
+                    .map(|(e, ns)| StageWork {
+                        work: *e as f64,
+                        time: *ns as f64,
+                    })
+                    .collect()
+            }),
         }
     }
 

@@ -113,6 +113,12 @@ fn agent_and_device_agree_under_concurrent_draining() {
     let counted: Vec<u64> = r.stages.iter().map(|s| s.events).collect();
     assert_eq!(counted, written);
     assert_eq!(r.vcpus[0].exits, 1);
+    // The policy period's window counts the same entries, per stage (what
+    // `auto` weighs its slices by) and in all.
+    let w = accounting.take_window();
+    assert_eq!(w.stage_entries, written);
+    assert_eq!(w.entries, written.iter().sum::<u64>());
+    assert_eq!(accounting.take_window().stage_entries, [0; 3]);
     // A 4-entry ring cannot hold 20 000 events: the guest must have waited.
     assert!(r.ring_full_backoffs > 0);
     assert_eq!(r.ring_full_backoffs, agent.ring_full_backoffs(0));

@@ -53,6 +53,10 @@ pub(super) struct Plans {
     pub next_period: u64,
     /// Instructions per stage (group) in the current period.
     pub load: Vec<u64>,
+    /// Cycles the cores ran each stage's instructions in, in the current
+    /// period (`auto`'s [`host_sched::policy::StageWork`]; switches and
+    /// migrations are in the period's time, not a stage's).
+    pub cycles: Vec<f64>,
     /// Periods evaluated.
     pub periods: u64,
     /// Periods whose plan differed from the previous one.
@@ -149,6 +153,7 @@ impl Plans {
             period_total,
             next_period: period_total,
             load: vec![0; stages + 1],
+            cycles: vec![0.0; stages + 1],
             periods: 0,
             changes: 0,
             period_start: 0.0,
@@ -181,7 +186,8 @@ impl Plans {
     }
 
     /// Ends the period if `executed` reached it, at replay time `now`
-    /// (cycles of the core running): passes the period's rate (`auto`) and
+    /// (cycles of the core running): passes the period's rate and each
+    /// stage's instructions and cycles (`auto`) and
     /// load (cores' worth of work: instructions / `period`) to the policy and
     /// applies its plan.
     pub fn tick(&mut self, executed: u64, period: u64, now: f64) {
@@ -197,10 +203,20 @@ impl Plans {
             .iter()
             .map(|l| *l as f64 / period as f64)
             .collect();
+        let stages = self.load[..self.stages]
+            .iter()
+            .zip(&self.cycles)
+            .map(|(i, c)| host_sched::policy::StageWork {
+                work: *i as f64,
+                time: *c,
+            })
+            .collect();
         self.load.fill(0);
-        self.policy.observe(&host_sched::policy::Observation::rate(
-            instrs as f64 / seconds,
-        ));
+        self.cycles.fill(0.0);
+        self.policy.observe(&host_sched::policy::Observation {
+            stages: Some(stages),
+            ..host_sched::policy::Observation::rate(instrs as f64 / seconds)
+        });
         let plan = self.policy.plan(&load);
         if let Some(d) = self.policy.decision() {
             self.decisions

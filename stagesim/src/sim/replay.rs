@@ -403,6 +403,7 @@ impl<'a> Replay<'a> {
             budget = budget.saturating_sub(done);
             if let Some(p) = &mut self.plans {
                 p.load[stage] += done;
+                p.cycles[stage] += self.cfg.model.cycles(&delta);
                 if self.acct.executed >= p.next_period {
                     // The period's end in time: the cores' mean clock. One
                     // core's clock runs up to a slice ahead of or behind

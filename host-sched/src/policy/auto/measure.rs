@@ -16,7 +16,12 @@
 //! at or above [`super::AutoParams::saturation`] the server is saturated.
 
 use crate::histogram::Histogram;
-use crate::policy::Observation;
+use crate::policy::{Observation, StageWork};
+
+/// The largest share by which [`mix_correction`] moves a pair's log ratio
+/// (e = 2.7×): stage figures come from the guest, and a correction beyond
+/// it says they are not worth trusting, not that the mix moved that much.
+const MAX_MIX_CORRECTION: f64 = 1.0;
 
 /// What a trial optimises.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,6 +94,10 @@ pub(super) struct Measured {
     utilisation: Vec<f64>,
     /// The measured periods' sampled latencies.
     latency: Histogram,
+    /// Per stage, the work and its time over the measured periods that
+    /// gave them ([`Observation::stages`]), and how many did.
+    stages: Vec<StageWork>,
+    stage_periods: usize,
 }
 
 fn mean(v: &[f64]) -> Option<f64> {
@@ -112,6 +121,45 @@ impl Measured {
         if let Some(h) = &o.latency {
             self.latency.merge(h);
         }
+        if let Some(stages) = &o.stages {
+            if self.stages.len() < stages.len() {
+                self.stages.resize(stages.len(), StageWork::default());
+            }
+            let valid = |x: f64| if x.is_finite() && x > 0.0 { x } else { 0.0 };
+            for (sum, w) in self.stages.iter_mut().zip(stages) {
+                sum.work += valid(w.work);
+                sum.time += valid(w.time);
+            }
+            self.stage_periods += 1;
+        }
+    }
+
+    /// Per stage, its share of the work, when every measured period gave
+    /// stage figures and some stage did work.
+    fn mix(&self) -> Option<Vec<f64>> {
+        let total: f64 = self.stages.iter().map(|s| s.work).sum();
+        (self.stage_periods > 0 && self.stage_periods == self.periods() && total > 0.0)
+            .then(|| self.stages.iter().map(|s| s.work / total).collect())
+    }
+
+    /// Time per unit of work had the stages run in the shares `mix`:
+    /// `Σ mixₛ · timeₛ ÷ workₛ`, a stage that did no work here costing the
+    /// average unit.
+    fn unit_cost(&self, mix: &[f64]) -> Option<f64> {
+        let work: f64 = self.stages.iter().map(|s| s.work).sum();
+        let time: f64 = self.stages.iter().map(|s| s.time).sum();
+        if work <= 0.0 || time <= 0.0 {
+            return None;
+        }
+        let cost: f64 = mix
+            .iter()
+            .enumerate()
+            .map(|(i, m)| match self.stages.get(i) {
+                Some(s) if s.work > 0.0 => m * s.time / s.work,
+                _ => m * time / work,
+            })
+            .sum();
+        (cost.is_finite() && cost > 0.0).then_some(cost)
     }
 
     /// Measured periods.
@@ -152,6 +200,32 @@ impl Measured {
             Objective::Rate => self.rate(),
             Objective::CpuPerRequest => self.cpu_per_request_ns().map(|c| -c),
         }
+    }
+}
+
+/// What to add to a pair's log ratio (candidate `c` over incumbent `i`,
+/// either objective) so that both sides are judged at one stage mix, the
+/// mean of their two ([`StageWork`] says why the mix of a short slice
+/// moves with the mode). A side's figure is scaled by `f = κ(ref) ÷
+/// κ(own)`, where `κ(mix)` is its time per unit of work at that mix: the
+/// rate divided by `f`, CPU per request multiplied by it. Either way the
+/// log ratio gains `ln fᵢ − ln f꜀`, bounded by [`MAX_MIX_CORRECTION`];
+/// 0 when either side has no stage figures.
+pub(super) fn mix_correction(i: &Measured, c: &Measured) -> f64 {
+    let (Some(mi), Some(mc)) = (i.mix(), c.mix()) else {
+        return 0.0;
+    };
+    let n = mi.len().max(mc.len());
+    let at = |m: &[f64], k: usize| m.get(k).copied().unwrap_or(0.0);
+    let reference: Vec<f64> = (0..n).map(|k| (at(&mi, k) + at(&mc, k)) / 2.0).collect();
+    let ln_f = |m: &Measured, own: &[f64]| -> Option<f64> {
+        Some((m.unit_cost(&reference)? / m.unit_cost(own)?).ln())
+    };
+    match (ln_f(i, &mi), ln_f(c, &mc)) {
+        (Some(fi), Some(fc)) if (fi - fc).is_finite() => {
+            (fi - fc).clamp(-MAX_MIX_CORRECTION, MAX_MIX_CORRECTION)
+        }
+        _ => 0.0,
     }
 }
 

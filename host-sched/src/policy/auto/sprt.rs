@@ -40,6 +40,14 @@
 /// within 1 % is not worth three more.
 const DECISIVE_PAIRS: u32 = 3;
 
+/// How many of the trial's standard deviations (a pair's, measured by an
+/// earlier duel) beyond the margin a candidate's first pairs must fall
+/// behind for the duel to stop as futile ([`Sprt::with_prior_sigma`]):
+/// a normal pair falls that far below its mean once in 10⁹, and the prior
+/// spread, itself estimated from a few pairs, may be half the true one
+/// and still leave three.
+const FUTILE_SIGMAS: f64 = 6.0;
+
 /// Student's t quantiles 0.95 and 0.999 by degrees of freedom (NIST/SEMATECH
 /// *e-Handbook of Statistical Methods* §1.3.6.7.2).
 const T_TABLE: [(u32, f64, f64); 8] = [
@@ -140,6 +148,7 @@ pub struct Sprt {
     n: u32,
     sum: f64,
     sum_sq: f64,
+    prior_sigma: Option<f64>,
 }
 
 impl Sprt {
@@ -150,6 +159,39 @@ impl Sprt {
             n: 0,
             sum: 0.0,
             sum_sq: 0.0,
+            prior_sigma: None,
+        }
+    }
+
+    /// The test with `sigma` (a fraction), the spread of a pair's
+    /// difference an earlier duel of the same trial measured
+    /// ([`Sprt::spread`]): a **futility** stop. From the first pair, a
+    /// candidate whose mean falls behind by more than the margin plus
+    /// [`FUTILE_SIGMAS`] · σ ÷ √n stops as no better, before the pairs
+    /// could estimate their own spread. A mode at half the incumbent's
+    /// rate (spatial staging of MariaDB's 9 captured stages on 4 cores in
+    /// stagesim: −79 %) then costs one slice instead of four. It never
+    /// stops a duel as better: a switch needs the pairs' own evidence, so
+    /// the false-switch rate α is untouched.
+    pub fn with_prior_sigma(mut self, sigma: Option<f64>) -> Self {
+        self.prior_sigma = sigma.filter(|s| s.is_finite() && *s > 0.0);
+        self
+    }
+
+    /// The spread of a pair's difference as the test uses it (see
+    /// `sigma_test`), with two pairs: the prior of a later duel.
+    pub fn spread(&self) -> Option<f64> {
+        self.sigma_test()
+    }
+
+    /// True when the pairs so far are futile beside the prior spread
+    /// ([`Sprt::with_prior_sigma`]).
+    pub fn futile(&self) -> bool {
+        match (self.prior_sigma, self.mean()) {
+            (Some(s), Some(m)) => {
+                m < -(self.p.margin + FUTILE_SIGMAS * s / f64::from(self.n).sqrt())
+            }
+            _ => false,
         }
     }
 
@@ -214,6 +256,9 @@ impl Sprt {
             return Some(self.decide().unwrap_or(Outcome::Capped));
         }
         if self.n < self.p.min_pairs.max(2) {
+            if self.futile() {
+                return Some(Outcome::NoBetter);
+            }
             return self.decisive().filter(|_| self.n >= DECISIVE_PAIRS);
         }
         self.decide()

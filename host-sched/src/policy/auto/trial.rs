@@ -9,7 +9,7 @@
 //! A B, … (so a drift of the load that is linear in time cancels over two
 //! pairs, and the plan changes only every other slice). After each change
 //! of plan the slice skips the **settling** periods, which the trial
-//! measures (the [`Settle`] meter below). Each pair's difference of the
+//! measures (the [`Settle`] meter, the `settle` submodule). Each pair's difference of the
 //! objective goes to the sequential test ([`Sprt`]): the duel ends when the
 //! test shows the candidate better by the margin (it becomes the
 //! incumbent), or not better, or at the cap on pairs. The objective's p99
@@ -19,7 +19,10 @@
 //! the incumbent's (it does not keep up with the arrivals) is refused. The
 //! trial keeps the last incumbent.
 
-use super::measure::{LatencyBound, Measured, ModeSummary, Objective, TrialSummary};
+use super::measure::{
+    mix_correction, LatencyBound, Measured, ModeSummary, Objective, TrialSummary,
+};
+use super::settle::Settle;
 use super::sprt::{Outcome, Sprt, SprtParams};
 use super::{AutoParams, Mode};
 use crate::policy::Observation;
@@ -28,66 +31,6 @@ use crate::policy::Observation;
 /// and the other's did: a loss of 1 − e⁻¹ = 63 %, decisive over a few
 /// pairs.
 const STARVED: f64 = 1.0;
-
-/// Switched slices that measure the settling before its estimate is used.
-const SETTLE_SAMPLES: usize = 4;
-
-/// Measures how many periods after a change of plan differ from the
-/// slice's steady figure: per position after the change (0 = the period
-/// the threads move), the relative deviations of the period's score from
-/// the mean of the slice's measured periods. A position is settled when
-/// its mean deviation is within the larger of half the margin and two
-/// standard errors; the settling is the number of positions up to the last
-/// unsettled one. Until [`SETTLE_SAMPLES`] changes were measured it is the
-/// most ([`AutoParams::max_settle`]).
-#[derive(Clone, Debug, Default)]
-pub(super) struct Settle {
-    dev: Vec<Vec<f64>>,
-    estimate: Option<u32>,
-}
-
-impl Settle {
-    /// Periods a slice that begins with a change of plan skips.
-    pub fn periods(&self, p: &AutoParams) -> u32 {
-        self.estimate.unwrap_or(p.max_settle).min(p.max_settle)
-    }
-
-    /// A switched slice's per-period scores (`None`: no requests) ended
-    /// with `skipped` periods unmeasured: adds the deviations.
-    fn add(&mut self, p: &AutoParams, scores: &[Option<f64>], skipped: usize) {
-        if self.estimate.is_some() {
-            return;
-        }
-        let steady: Vec<f64> = scores[skipped.min(scores.len())..]
-            .iter()
-            .flatten()
-            .copied()
-            .collect();
-        if steady.is_empty() {
-            return;
-        }
-        let m = steady.iter().sum::<f64>() / steady.len() as f64;
-        if m == 0.0 || !m.is_finite() {
-            return;
-        }
-        let max = p.max_settle as usize;
-        self.dev.resize_with(max, Vec::new);
-        for (i, s) in scores.iter().take(max).enumerate() {
-            if let Some(s) = s {
-                self.dev[i].push((s - m) / m.abs());
-            }
-        }
-        if self.dev.iter().all(|d| d.len() >= SETTLE_SAMPLES) {
-            let unsettled = self.dev.iter().rposition(|d| {
-                let n = d.len() as f64;
-                let mean = d.iter().sum::<f64>() / n;
-                let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
-                mean.abs() > (p.margin / 2.0).max(2.0 * (var / n).sqrt())
-            });
-            self.estimate = Some(unsettled.map_or(0, |i| i as u32 + 1));
-        }
-    }
-}
 
 /// How a duel ended, for the summary.
 #[derive(Clone, Debug, PartialEq)]
@@ -119,6 +62,9 @@ pub struct DuelSummary {
     pub rate_diff: Option<(f64, f64)>,
     /// The candidate became the incumbent.
     pub won: bool,
+    /// The duel stopped as futile: its first pairs fell behind by far more
+    /// than the trial's noise ([`Sprt::with_prior_sigma`]).
+    pub futile: bool,
 }
 
 /// The running duel.
@@ -145,7 +91,15 @@ struct Duel {
 }
 
 impl Duel {
-    fn new(incumbent: Mode, candidate: Mode, sprt: SprtParams, switched: bool) -> Self {
+    /// `noise`: the prior spread of a pair's difference (the futility
+    /// stop's, [`Sprt::with_prior_sigma`]).
+    fn new(
+        incumbent: Mode,
+        candidate: Mode,
+        sprt: SprtParams,
+        switched: bool,
+        noise: Option<f64>,
+    ) -> Self {
         Self {
             incumbent,
             candidate,
@@ -156,7 +110,7 @@ impl Duel {
             switched,
             done: [None, None],
             sides: Default::default(),
-            test: Sprt::new(sprt),
+            test: Sprt::new(sprt).with_prior_sigma(noise),
             rate_diff: Sprt::new(sprt),
         }
     }
@@ -204,6 +158,10 @@ pub(super) struct Trial {
     ran: [u64; 4],
     /// The latency bound's limit of the duel that set the kept mode.
     limit_ns: Option<f64>,
+    /// The largest spread of a pair's difference the trial's finished
+    /// duels measured: the prior of the next duel's futility stop
+    /// ([`Sprt::with_prior_sigma`]).
+    noise: Option<f64>,
 }
 
 impl Trial {
@@ -231,6 +189,7 @@ impl Trial {
             measured: Default::default(),
             ran: [0; 4],
             limit_ns: None,
+            noise: None,
         };
         t.next_duel(p, from);
         t
@@ -246,10 +205,15 @@ impl Trial {
                 "neither temporal nor spatial beat unstaged: both pays for the two".into(),
             ));
         }
-        self.duel = self
-            .queue
-            .pop()
-            .map(|c| Duel::new(self.incumbent, c, p.sprt(), self.incumbent != last));
+        self.duel = self.queue.pop().map(|c| {
+            Duel::new(
+                self.incumbent,
+                c,
+                p.sprt(),
+                self.incumbent != last,
+                self.noise,
+            )
+        });
         self.mode = self.duel.as_ref().map_or(self.incumbent, Duel::mode);
         self.period = 0;
     }
@@ -362,7 +326,7 @@ impl Trial {
             return Err(None);
         }
         if d.switched {
-            self.settle.add(p, &d.scores, skip as usize);
+            self.settle.add(p, d.mode(), &d.scores, skip as usize);
         }
         let slice = std::mem::take(&mut d.slice);
         if self.objective.is_none() && slice.periods() > 0 {
@@ -379,7 +343,8 @@ impl Trial {
                 // small ones. A plain ratio of two noisy figures leans
                 // towards the candidate (E[c / i] > 1 for alike modes, by
                 // ~1 % at 14 % noise, a third of the margin: 27 of 200
-                // noisy trials kept an identical mode).
+                // noisy trials kept an identical mode). Both sides are
+                // then judged at the pair's stage mix (`mix_correction`).
                 let diff = |a: Option<f64>, b: Option<f64>| match (a, b) {
                     (Some(a), Some(b)) if a * b > 0.0 => {
                         Some(if b > 0.0 { (a / b).ln() } else { (b / a).ln() })
@@ -392,7 +357,8 @@ impl Trial {
                 let x = match (c.periods(), i.periods()) {
                     (0, n) if n > 0 => Some(-STARVED),
                     (n, 0) if n > 0 => Some(STARVED),
-                    _ => diff(c.score(objective), i.score(objective)),
+                    _ => diff(c.score(objective), i.score(objective))
+                        .map(|x| x + mix_correction(i, c)),
                 };
                 if let Some(x) = x {
                     d.test.push(x);
@@ -471,6 +437,7 @@ impl Trial {
             veto,
             won,
             rate_diff: d.rate_diff.mean().zip(d.rate_diff.se()),
+            futile: outcome == Outcome::NoBetter && d.test.futile() && pairs < p.min_pairs,
         };
         let what = describe_duel(&s);
         let last = d.mode();
@@ -479,6 +446,9 @@ impl Trial {
             self.limit_ns = p99.map(|c| bound.limit_ns(c));
         } else if self.incumbent == d.incumbent && self.limit_ns.is_none() {
             self.limit_ns = limit;
+        }
+        if let Some(spread) = d.test.spread() {
+            self.noise = Some(self.noise.map_or(spread, |n| n.max(spread)));
         }
         self.duels.push(s);
         self.next_duel(p, last);
@@ -552,6 +522,13 @@ fn describe_duel(d: &DuelSummary) -> String {
             s += &format!(", confidence {:.1} %", c * 100.0);
         }
         s += ")";
+    } else if let Some(m) = d.mean.filter(|_| d.futile) {
+        s += &format!(
+            " ({:+.1} %, {} pair{}: futile beside the trial's noise)",
+            m * 100.0,
+            d.pairs,
+            if d.pairs == 1 { "" } else { "s" }
+        );
     }
     if let Some(v) = d.veto {
         s += &format!(", refused: {v}");

@@ -24,11 +24,12 @@ fn slices_alternate_in_balanced_pairs_and_skip_the_settling_after_a_switch() {
     let modes = drive_auto(&mut p, 60, rates([1000.0, 1000.0, 0.0, 0.0]));
     // Pair 0 is U then T, pair 1 T then U, …: the plan changes every other
     // slice; a slice after a change runs the most settling periods (3)
-    // first, until the settling is measured (0 here, after 4 changes). The
-    // duel ends at its least pairs (6), unstaged kept.
+    // first, until the settling is measured (0 here, once each mode was
+    // switched to three times: at the duel's last slice). The duel ends at
+    // its least pairs (6), unstaged kept.
     let s = letters(&modes);
     let (u, t) = ("U".repeat(7), "T".repeat(7));
-    let pairs = format!("UU{t}{u}{t}{u}TTTTUUUU");
+    let pairs = format!("UU{t}{u}{t}{u}{t}UUUUU");
     assert_eq!(s[..pairs.len()], pairs, "{s}");
     assert_eq!(s[pairs.len()..], "U".repeat(60 - pairs.len()), "{s}");
     assert_eq!(p.last_trial().unwrap().settle_periods, 0);
@@ -56,6 +57,37 @@ fn the_settling_is_measured_from_the_figures() {
     let s = verdicts(&decisions)[0].summary.clone().unwrap();
     assert_eq!(s.settle_periods, 1, "{:?}", verdicts(&decisions)[0].what);
     assert_eq!(s.kept, "unstaged");
+}
+
+#[test]
+fn the_settling_is_measured_per_mode_when_the_transients_mirror() {
+    // Alike modes whose first period after a change mirror each other, as
+    // SRPT's slice completes the last stages' queued work (+20 %) and
+    // leaves the first stages' to FIFO's (-20 %): pooled, the deviations
+    // cancel and no settling is seen, so every pair finds temporal ahead.
+    let mut p = auto_now(AutoParams {
+        candidates: Modes::of(&[Mode::Temporal]),
+        ..Default::default()
+    });
+    let mut last = Mode::Unstaged;
+    let (_, decisions) = drive_observed(
+        &mut p,
+        300,
+        |_| [0.5, 0.5],
+        |m, _| {
+            let moved = m != last;
+            last = m;
+            let kick = match (moved, m) {
+                (false, _) => 1.0,
+                (true, Mode::Unstaged) => 0.8,
+                (true, _) => 1.2,
+            };
+            Observation::rate(1000.0 * kick)
+        },
+    );
+    let s = verdicts(&decisions)[0].summary.clone().unwrap();
+    assert_eq!(s.settle_periods, 1, "{}", verdicts(&decisions)[0].what);
+    assert_eq!(s.kept, "unstaged", "{}", verdicts(&decisions)[0].what);
 }
 
 #[test]

@@ -68,6 +68,40 @@ fn candidates_better_by_the_margin_are_found_but_for_beta() {
 }
 
 #[test]
+fn a_futile_candidate_stops_at_once_and_a_good_one_never_does() {
+    let p = SprtParams::default();
+    // Beside a prior spread of 6 %, a pair 50 % behind is futile: no better
+    // after one pair; one 20 % behind waits (0.03 + 6 · 0.06 = 0.39).
+    let mut t = Sprt::new(p).with_prior_sigma(Some(0.06));
+    t.push(-0.5);
+    assert!(t.futile());
+    assert_eq!(t.outcome(), Some(Outcome::NoBetter));
+    let mut t = Sprt::new(p).with_prior_sigma(Some(0.06));
+    t.push(-0.2);
+    assert!(!t.futile());
+    assert_eq!(t.outcome(), None);
+    // Without a prior, one pair never decides.
+    let mut t = Sprt::new(p);
+    t.push(-0.5);
+    assert_eq!(t.outcome(), None);
+    // A prior never makes a gain decide sooner.
+    let mut t = Sprt::new(p).with_prior_sigma(Some(0.01));
+    t.push(0.5);
+    assert_eq!(t.outcome(), None);
+    // Candidates better by the margin, their pairs' spread 1.5 times the
+    // prior (it was estimated from few pairs): a futile stop is a 5σ event
+    // at the first pair (less after), and none comes in 20 000 duels.
+    let mut seed = 21u64 << 32;
+    for _ in 0..20_000 {
+        let mut t = Sprt::new(p).with_prior_sigma(Some(0.04));
+        for _ in 1..p.min_pairs {
+            t.push(p.margin + 0.06 * normal(&mut seed));
+            assert!(!t.futile(), "mean {:?}", t.mean());
+        }
+    }
+}
+
+#[test]
 fn the_test_waits_for_its_least_pairs_and_stops_at_its_cap() {
     let p = SprtParams::default();
     // Fewer than 3 pairs never decide; 3 that agree on a large gain do.
