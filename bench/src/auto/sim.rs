@@ -73,6 +73,15 @@ pub fn trace_name(trace: &Path) -> String {
     f.split('.').next().unwrap_or_default().to_string()
 }
 
+/// Laps of the trace a replay runs: the fixed modes' full replays (the
+/// oracle: their throughput is the same lap after lap) and `auto`'s runs
+/// (a server runs for hours; trials take a fixed number of periods).
+#[derive(Clone, Copy, Debug)]
+pub struct Laps {
+    pub oracle: u32,
+    pub auto: u32,
+}
+
 /// Runs the replays of one trace (every map and L2 size, 2 and 4 cores)
 /// in one `stagesim replay-batch` (the trace loads once); returns its
 /// cells.
@@ -83,7 +92,7 @@ pub fn run_trace(
     stagesim: &Path,
     trace: &Path,
     l2s: &[u32],
-    repeat: u32,
+    laps: Laps,
     period: u64,
     dir: &Path,
 ) -> Result<Vec<(Cell, Oracle)>> {
@@ -92,7 +101,6 @@ pub fn run_trace(
     let mut outs = Vec::new();
     for (map_name, map) in maps(trace) {
         for &l2 in l2s {
-            let base = common(trace, map.as_deref(), l2, repeat, period);
             for (k, policy) in [
                 "--policy pinned --visit fifo,srpt --steal on",
                 "--policy static --visit fifo,srpt",
@@ -102,6 +110,8 @@ pub fn run_trace(
             .iter()
             .enumerate()
             {
+                let repeat = if k < 2 { laps.oracle } else { laps.auto };
+                let base = common(trace, map.as_deref(), l2, repeat, period);
                 let out = dir.join(format!("{name}-{map_name}-{l2}-{k}.json"));
                 lines.push(format!("{base} {policy} --json {}", out.display()));
                 outs.push((map_name.clone(), l2, k, out));

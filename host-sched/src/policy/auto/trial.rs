@@ -29,7 +29,11 @@ use crate::policy::Observation;
 
 /// The log ratio a pair counts when one side's slice completed no request
 /// and the other's did: a loss of 1 − e⁻¹ = 63 %, decisive over a few
-/// pairs.
+/// pairs. It is also the most any pair counts either way: a slice that
+/// completed next to nothing (stagesim's temporal slices while InnoDB's
+/// background threads ran first: −99.9 %, log ratios near −7) would
+/// otherwise swell the pairs' spread until no bound could stop the duel
+/// before its least pairs.
 const STARVED: f64 = 1.0;
 
 /// How a duel ended, for the summary.
@@ -358,7 +362,7 @@ impl Trial {
                     (0, n) if n > 0 => Some(-STARVED),
                     (n, 0) if n > 0 => Some(STARVED),
                     _ => diff(c.score(objective), i.score(objective))
-                        .map(|x| x + mix_correction(i, c)),
+                        .map(|x| (x + mix_correction(i, c)).clamp(-STARVED, STARVED)),
                 };
                 if let Some(x) = x {
                     d.test.push(x);

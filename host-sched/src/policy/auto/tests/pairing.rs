@@ -185,3 +185,25 @@ fn a_mode_that_starves_the_guest_loses_its_duel_and_no_duel_runs_for_ever() {
     );
     assert_eq!(s.kept, "unstaged");
 }
+
+#[test]
+fn a_mode_that_completes_next_to_nothing_loses_in_the_least_pairs() {
+    // Temporal completes a millionth of unstaged's rate (not none: the
+    // starved rule does not apply): each pair counts at most a 63 % loss,
+    // so the pairs agree and the duel is decisive at 3 pairs.
+    let mut p = auto_now(AutoParams {
+        candidates: Modes::of(&[Mode::Temporal]),
+        ..Default::default()
+    });
+    let (_, decisions) = drive_auto_with(
+        &mut p,
+        200,
+        |_| [0.5, 0.5],
+        rates([1000.0, 0.001, 0.0, 0.0]),
+    );
+    let s = verdicts(&decisions)[0].summary.clone().unwrap();
+    let d = &s.duels[0];
+    assert_eq!((d.outcome, d.pairs), ("no better", 3), "{d:?}");
+    assert!((d.mean.unwrap() + 0.632).abs() < 1e-3, "{d:?}");
+    assert_eq!(s.kept, "unstaged");
+}
