@@ -167,7 +167,7 @@ impl Sprt {
     /// difference an earlier duel of the same trial measured
     /// ([`Sprt::spread`]): a **futility** stop. From the first pair, a
     /// candidate whose mean falls behind by more than the margin plus
-    /// [`FUTILE_SIGMAS`] · σ ÷ √n stops as no better, before the pairs
+    /// 6 σ ÷ √n (`FUTILE_SIGMAS`) stops as no better, before the pairs
     /// could estimate their own spread. A mode at half the incumbent's
     /// rate (spatial staging of MariaDB's 9 captured stages on 4 cores in
     /// stagesim: −79 %) then costs one slice instead of four. It never
