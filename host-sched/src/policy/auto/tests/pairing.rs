@@ -35,36 +35,10 @@ fn slices_alternate_in_balanced_pairs_and_skip_the_settling_after_a_switch() {
     assert_eq!(p.last_trial().unwrap().settle_periods, 0);
 }
 
-#[test]
-fn the_settling_is_measured_from_the_figures() {
-    // The period after a change of plan runs at half the rate (the threads
-    // move); the one after it is steady: one period of settling.
-    let mut p = auto_now(AutoParams {
-        candidates: Modes::of(&[Mode::Temporal]),
-        ..Default::default()
-    });
-    let mut last = Mode::Unstaged;
-    let (_, decisions) = drive_observed(
-        &mut p,
-        200,
-        |_| [0.5, 0.5],
-        |m, _| {
-            let moved = m != last;
-            last = m;
-            Observation::rate(if moved { 500.0 } else { 1000.0 })
-        },
-    );
-    let s = verdicts(&decisions)[0].summary.clone().unwrap();
-    assert_eq!(s.settle_periods, 1, "{:?}", verdicts(&decisions)[0].what);
-    assert_eq!(s.kept, "unstaged");
-}
-
-#[test]
-fn the_settling_is_measured_per_mode_when_the_transients_mirror() {
-    // Alike modes whose first period after a change mirror each other, as
-    // SRPT's slice completes the last stages' queued work (+20 %) and
-    // leaves the first stages' to FIFO's (-20 %): pooled, the deviations
-    // cancel and no settling is seen, so every pair finds temporal ahead.
+/// The first trial of temporal against unstaged, each period measuring
+/// `rate(mode, moved)` requests/s (`moved`: the first period of the mode
+/// after a change of plan); its verdict's summary and line.
+fn trial_with_transients(rate: impl Fn(Mode, bool) -> f64) -> (TrialSummary, String) {
     let mut p = auto_now(AutoParams {
         candidates: Modes::of(&[Mode::Temporal]),
         ..Default::default()
@@ -77,17 +51,35 @@ fn the_settling_is_measured_per_mode_when_the_transients_mirror() {
         |m, _| {
             let moved = m != last;
             last = m;
-            let kick = match (moved, m) {
-                (false, _) => 1.0,
-                (true, Mode::Unstaged) => 0.8,
-                (true, _) => 1.2,
-            };
-            Observation::rate(1000.0 * kick)
+            Observation::rate(rate(m, moved))
         },
     );
-    let s = verdicts(&decisions)[0].summary.clone().unwrap();
-    assert_eq!(s.settle_periods, 1, "{}", verdicts(&decisions)[0].what);
-    assert_eq!(s.kept, "unstaged", "{}", verdicts(&decisions)[0].what);
+    let v = verdicts(&decisions)[0];
+    (v.summary.clone().unwrap(), v.what.clone())
+}
+
+#[test]
+fn the_settling_is_measured_from_the_figures() {
+    // The period after a change of plan runs at half the rate (the threads
+    // move); the one after it is steady: one period of settling.
+    let (s, what) = trial_with_transients(|_, moved| if moved { 500.0 } else { 1000.0 });
+    assert_eq!(s.settle_periods, 1, "{what}");
+    assert_eq!(s.kept, "unstaged");
+}
+
+#[test]
+fn the_settling_is_measured_per_mode_when_the_transients_mirror() {
+    // Alike modes whose first period after a change mirror each other, as
+    // SRPT's slice completes the last stages' queued work (+20 %) and
+    // leaves the first stages' to FIFO's (-20 %): pooled, the deviations
+    // cancel and no settling is seen, so every pair finds temporal ahead.
+    let (s, what) = trial_with_transients(|m, moved| match (moved, m) {
+        (false, _) => 1000.0,
+        (true, Mode::Unstaged) => 800.0,
+        (true, _) => 1200.0,
+    });
+    assert_eq!(s.settle_periods, 1, "{what}");
+    assert_eq!(s.kept, "unstaged", "{what}");
 }
 
 #[test]
@@ -191,19 +183,9 @@ fn a_mode_that_completes_next_to_nothing_loses_in_the_least_pairs() {
     // Temporal completes a millionth of unstaged's rate (not none: the
     // starved rule does not apply): each pair counts at most a 63 % loss,
     // so the pairs agree and the duel is decisive at 3 pairs.
-    let mut p = auto_now(AutoParams {
-        candidates: Modes::of(&[Mode::Temporal]),
-        ..Default::default()
-    });
-    let (_, decisions) = drive_auto_with(
-        &mut p,
-        200,
-        |_| [0.5, 0.5],
-        rates([1000.0, 0.001, 0.0, 0.0]),
-    );
-    let s = verdicts(&decisions)[0].summary.clone().unwrap();
+    let (s, what) = trial_with_transients(|m, _| if m == Mode::Temporal { 0.001 } else { 1000.0 });
     let d = &s.duels[0];
-    assert_eq!((d.outcome, d.pairs), ("no better", 3), "{d:?}");
-    assert!((d.mean.unwrap() + 0.632).abs() < 1e-3, "{d:?}");
+    assert_eq!((d.outcome, d.pairs), ("no better", 3), "{what}");
+    assert!((d.mean.unwrap() + 0.632).abs() < 1e-3, "{what}");
     assert_eq!(s.kept, "unstaged");
 }
