@@ -154,7 +154,7 @@ bench-headline *ARGS: build
 # auto's decision procedure (issue 49): O1 (the mode auto holds, replayed in full, against the best mode, in
 # stagesim over the MariaDB traces x maps x L2 256/512/2048 KiB x 2 and 4 cores), O2 (unstaged against itself:
 # no false switches), O4 (a VM whose load alternates 90 % and 30 % every 20 s for 2 minutes); O3 is bench-open's.
-# Writes bench/RESULTS.md's auto-decisions section (~25 min; run alone).
+# Writes bench/RESULTS.md's auto-decisions section (~41 min: 35 in stagesim, 6 in the VM; run alone).
 bench-auto *ARGS: build guest
     cargo build --release -q -p stagesim -p stagevm-bench --bin auto-bench
     target/release/auto-bench {{ARGS}}
