@@ -159,18 +159,44 @@ fn auto_keeps_temporal_when_it_is_fastest_by_more_than_the_margin() {
     assert!(k[0].contains("(settling 3 periods)"), "{k:?}");
     let s = verdicts(&decisions)[0].summary.clone().unwrap();
     assert_eq!(s.duels.len(), 3);
-    // Differences this clear stop before the least pairs (decisive); one
-    // 18 % behind, against the first duel's spread of ~0.6 %, after its
-    // first pair (futile).
+    // Differences this clear stop before the least pairs (decisive); no
+    // duel ran its least pairs, so none measured the noise a futility
+    // stop needs.
     assert!(s
         .duels
         .iter()
-        .all(|d| (3..=AutoParams::default().min_pairs).contains(&d.pairs) || d.futile));
-    assert_eq!(
-        s.duels.iter().map(|d| d.futile).collect::<Vec<_>>(),
-        [false, true, false]
+        .all(|d| (3..=AutoParams::default().min_pairs).contains(&d.pairs) && !d.futile));
+}
+
+#[test]
+fn a_candidate_far_behind_the_noise_an_earlier_duel_measured_stops_at_once() {
+    use Mode::*;
+    // Temporal alike unstaged within ±2 % noise (its duel runs its least
+    // pairs and measures the spread); spatial 40 % behind stops after its
+    // first pair; both is skipped.
+    let mut p = auto_now(Default::default());
+    let (_, decisions) = drive_observed(
+        &mut p,
+        300,
+        |_| [0.5, 0.5],
+        |m, i| {
+            let wobble = 1.0 + 0.02 * f64::from(((i * 7) % 5) as u8 as i8 - 2) / 2.0;
+            Observation::rate([1000.0, 1000.0, 600.0, 600.0][m.index()] * wobble)
+        },
     );
-    assert_eq!(s.duels[1].pairs, 1);
+    let s = verdicts(&decisions)[0].summary.clone().unwrap();
+    let what = &verdicts(&decisions)[0].what;
+    assert_eq!(s.kept, Unstaged.name(), "{what}");
+    assert!(
+        s.duels[0].pairs >= AutoParams::default().min_pairs,
+        "{what}"
+    );
+    assert!(!s.duels[0].futile);
+    assert!(s.duels[1].futile && s.duels[1].pairs == 1, "{what}");
+    assert!(
+        what.contains("1 pair: futile beside the trial's noise"),
+        "{what}"
+    );
 }
 
 #[test]

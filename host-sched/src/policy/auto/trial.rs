@@ -163,7 +163,8 @@ pub(super) struct Trial {
     /// The latency bound's limit of the duel that set the kept mode.
     limit_ns: Option<f64>,
     /// The largest spread of a pair's difference the trial's finished
-    /// duels measured: the prior of the next duel's futility stop
+    /// duels of at least their least pairs measured: the prior of the
+    /// next duel's futility stop
     /// ([`Sprt::with_prior_sigma`]).
     noise: Option<f64>,
 }
@@ -451,7 +452,11 @@ impl Trial {
         } else if self.incumbent == d.incumbent && self.limit_ns.is_none() {
             self.limit_ns = limit;
         }
-        if let Some(spread) = d.test.spread() {
+        // Only a duel that ran its least pairs measured the noise: a
+        // decisive or starved one stops at 3 pairs that agree (their
+        // spread is the floor's), and a prior that small would call a
+        // candidate 7 % behind on its first pair futile.
+        if let Some(spread) = d.test.spread().filter(|_| pairs >= p.min_pairs) {
             self.noise = Some(self.noise.map_or(spread, |n| n.max(spread)));
         }
         self.duels.push(s);
