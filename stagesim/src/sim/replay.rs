@@ -344,7 +344,7 @@ impl<'a> Replay<'a> {
                     return;
                 }
                 let lim = self.acct.limit(u64::MAX);
-                if let (Stop::Stage(raw), _, _) = self.run_step(0, t, events, lim, progress) {
+                if let (Stop::Stage(raw), ..) = self.run_step(0, t, events, lim, progress) {
                     self.sched.threads[t].stage = self.lookup[raw.min(self.lookup.len() - 1)];
                 }
             }
@@ -354,7 +354,8 @@ impl<'a> Replay<'a> {
     /// Runs one chunk of thread `t`'s `events` on core `k`, at most `lim`
     /// instructions (up to its next stage marker), and charges it: the
     /// core's clock and the accounting (warm-up included). Returns where the
-    /// chunk stopped, its counters and the stage it ran in.
+    /// chunk stopped, its counters, the stage it ran in and the cycles it
+    /// charged.
     fn run_step(
         &mut self,
         k: usize,
@@ -362,7 +363,7 @@ impl<'a> Replay<'a> {
         events: &[u64],
         lim: u64,
         progress: &mut dyn FnMut(u64),
-    ) -> (Stop, Counters, usize) {
+    ) -> (Stop, Counters, usize, f64) {
         let mut delta = Counters::default();
         let thread = &mut self.sched.threads[t];
         let stage = thread.stage;
@@ -380,10 +381,11 @@ impl<'a> Replay<'a> {
             self.shift,
             &mut delta,
         );
-        self.sched.cores[k].clock += self.cfg.model.cycles(&delta);
+        let cycles = self.cfg.model.cycles(&delta);
+        self.sched.cores[k].clock += cycles;
         self.acct.record(k, stage, &delta, progress);
         self.acct.pass_warmup(&self.sched.cores);
-        (stop, delta, stage)
+        (stop, delta, stage, cycles)
     }
 
     /// Runs thread `t` on core `k` for up to one slice, in chunks that end
@@ -397,13 +399,13 @@ impl<'a> Replay<'a> {
             if let Some(p) = &self.plans {
                 lim = lim.min(p.next_period.saturating_sub(self.acct.executed).max(1));
             }
-            let (stop, delta, stage) = self.run_step(k, t, events, lim, progress);
+            let (stop, delta, stage, cycles) = self.run_step(k, t, events, lim, progress);
             let done = delta.instrs;
             self.sched.threads[t].visit += done;
             budget = budget.saturating_sub(done);
             if let Some(p) = &mut self.plans {
                 p.load[stage] += done;
-                p.cycles[stage] += self.cfg.model.cycles(&delta);
+                p.cycles[stage] += cycles;
                 if self.acct.executed >= p.next_period {
                     // The period's end in time: the cores' mean clock. One
                     // core's clock runs up to a slice ahead of or behind
