@@ -75,9 +75,8 @@ pub struct Accounting {
     window_ns: Vec<u64>,
     /// Requests completed (valid `stage_exit` events) in the same window.
     window_requests: u64,
-    /// Stage entries (valid `stage_enter` events) in the same window, and
-    /// per stage.
-    window_entries: u64,
+    /// Per stage, its entries (valid `stage_enter` events) in the same
+    /// window.
     window_stage_entries: Vec<u64>,
     /// Requests completed and stage entries since REGISTER.
     total_requests: u64,
@@ -207,7 +206,6 @@ impl Accounting {
             let entries = (0..self.stages.len())
                 .map(|s| d.counts[stage_code(s as u32) as usize])
                 .fold(0u64, u64::saturating_add);
-            self.window_entries = self.window_entries.saturating_add(entries);
             self.total_entries = self.total_entries.saturating_add(entries);
             if let Some(t) = self.vcpu_totals.get_mut(v) {
                 t.events = t
@@ -291,7 +289,6 @@ impl Accounting {
                 }
             } else if let Some(s) = self.stages.get_mut(ev.stage as usize) {
                 s.events += 1;
-                self.window_entries += 1;
                 if let Some(e) = self.window_stage_entries.get_mut(ev.stage as usize) {
                     *e += 1;
                 }
@@ -332,6 +329,10 @@ impl Accounting {
     pub fn take_window(&mut self) -> Window {
         let busy = self.window_ns.clone();
         self.window_ns.iter_mut().for_each(|w| *w = 0);
+        let stage_entries = std::mem::replace(
+            &mut self.window_stage_entries,
+            vec![0; self.window_ns.len()],
+        );
         let length = std::mem::take(&mut self.window_ticks);
         let idle_ns = self
             .window_idle_ticks
@@ -341,12 +342,8 @@ impl Accounting {
         Window {
             busy,
             requests: std::mem::take(&mut self.window_requests),
-            entries: std::mem::take(&mut self.window_entries),
-            stage_entries: {
-                let e = self.window_stage_entries.clone();
-                self.window_stage_entries.iter_mut().for_each(|e| *e = 0);
-                e
-            },
+            entries: stage_entries.iter().fold(0u64, |a, e| a.saturating_add(*e)),
+            stage_entries,
             length_ns: self
                 .counters
                 .as_ref()
