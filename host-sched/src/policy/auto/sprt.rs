@@ -184,9 +184,12 @@ impl Sprt {
         self.sigma_test()
     }
 
-    /// True when the pairs so far are futile beside the prior spread
-    /// ([`Sprt::with_prior_sigma`]).
+    /// True when the pairs so far, fewer than the least, are futile beside
+    /// the prior spread ([`Sprt::with_prior_sigma`]): the test stops on it.
     pub fn futile(&self) -> bool {
+        if self.n >= self.p.min_pairs.max(2) {
+            return false;
+        }
         match (self.prior_sigma, self.mean()) {
             (Some(s), Some(m)) => {
                 m < -(self.p.margin + FUTILE_SIGMAS * s / f64::from(self.n).sqrt())

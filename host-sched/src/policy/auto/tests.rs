@@ -180,7 +180,7 @@ fn a_candidate_far_behind_the_noise_an_earlier_duel_measured_stops_at_once() {
         300,
         |_| [0.5, 0.5],
         |m, i| {
-            let wobble = 1.0 + 0.02 * f64::from(((i * 7) % 5) as u8 as i8 - 2) / 2.0;
+            let wobble = 1.0 + 0.01 * ((i * 7 % 5) as f64 - 2.0);
             Observation::rate([1000.0, 1000.0, 600.0, 600.0][m.index()] * wobble)
         },
     );

@@ -9,11 +9,11 @@
 //! A B, … (so a drift of the load that is linear in time cancels over two
 //! pairs, and the plan changes only every other slice). After each change
 //! of plan the slice skips the **settling** periods, which the trial
-//! measures (the [`Settle`] meter, the `settle` submodule). Each pair's difference of the
-//! objective goes to the sequential test ([`Sprt`]): the duel ends when the
-//! test shows the candidate better by the margin (it becomes the
-//! incumbent), or not better, or at the cap on pairs. The objective's p99
-//! is a veto: a candidate whose p99 over the duel passes the latency bound
+//! measures (the [`Settle`] meter, the `settle` submodule). Each pair's
+//! difference of the objective goes to the sequential test ([`Sprt`]): the
+//! duel ends when the test shows the candidate better by the margin (it
+//! becomes the incumbent), or not better, or at the cap on pairs. The
+//! objective's p99 is a veto: a candidate whose p99 over the duel passes the latency bound
 //! (against the incumbent's) is refused, and one past twice the bound is
 //! refused at once; below saturation a candidate whose rate falls behind
 //! the incumbent's (it does not keep up with the arrivals) is refused. The
@@ -442,7 +442,7 @@ impl Trial {
             veto,
             won,
             rate_diff: d.rate_diff.mean().zip(d.rate_diff.se()),
-            futile: outcome == Outcome::NoBetter && d.test.futile() && pairs < p.min_pairs,
+            futile: outcome == Outcome::NoBetter && d.test.futile(),
         };
         let what = describe_duel(&s);
         let last = d.mode();
